@@ -1,0 +1,503 @@
+//! An in-memory [`Store`]: the same semantics as the MongoDB backend (it runs the
+//! reference evaluator in [`store_trait::semantics`]), deterministic under a paused
+//! tokio runtime, cheap enough for property tests with tens of thousands of steps,
+//! and with fault injection so upper crates can test their error paths.
+//!
+//! ```
+//! use store_memory::MemoryStore;
+//! use store_trait::{Collection, Condition, Key, Mutation, Store, Ttl, Write};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), store_trait::StoreError> {
+//! let store = MemoryStore::new();
+//! let (locks, key) = (Collection::new("locks")?, Key::new("job")?);
+//! let ttl = Ttl::new(Duration::from_secs(5))?;
+//! let take = |who: &str| Write::new(Condition::Free, Mutation::new().grant(who, ttl).bump_fence()).upsert();
+//! assert!(store.write(&locks, &key, &take("a")).await?.is_applied());
+//! assert!(!store.write(&locks, &key, &take("b")).await?.is_applied());
+//!
+//! // Make the next operation fail with a transient error, without applying it.
+//! store.faults().fail_next(1);
+//! assert!(store.write(&locks, &key, &take("a")).await.unwrap_err().is_retryable());
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{Bson, Document};
+use futures::StreamExt;
+use store_trait::{
+    fields, prepare_inserts, semantics, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition,
+    DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Order, Query, Record, Snapshot, Store, StoreError,
+    StoreResult, StoreTime, TokioClock, Write, WriteOutcome,
+};
+use tokio::sync::broadcast;
+
+/// The in-memory store. Clones share the same data.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    clock: Arc<dyn Clock>,
+    change_streams: bool,
+    state: Mutex<State>,
+    faults: Faults,
+    ops: AtomicU64,
+    nonce: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    collections: HashMap<String, Coll>,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Coll {
+    docs: HashMap<String, Entry>,
+    indexes: Vec<IndexSpec>,
+    events: broadcast::Sender<ChangeEvent>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    seq: u64,
+    doc: Document,
+}
+
+impl Default for Coll {
+    fn default() -> Self {
+        Coll { docs: HashMap::new(), indexes: Vec::new(), events: broadcast::channel(1024).0 }
+    }
+}
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryStoreBuilder {
+    clock: Option<Arc<dyn Clock>>,
+    change_streams: bool,
+}
+
+impl MemoryStoreBuilder {
+    /// The store's clock (default: a [`TokioClock`] starting at the system time).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Whether [`Store::watch`] works (default `true`). Turn it off to test the
+    /// polling fallback of the crates above, as on a standalone `mongod`.
+    pub fn change_streams(mut self, on: bool) -> Self {
+        self.change_streams = on;
+        self
+    }
+
+    /// Builds the store. Call it inside a tokio runtime when using the default clock.
+    pub fn build(self) -> MemoryStore {
+        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::from_system_with_offset(0)));
+        MemoryStore {
+            inner: Arc::new(Inner {
+                clock,
+                change_streams: self.change_streams,
+                state: Mutex::new(State::default()),
+                faults: Faults::default(),
+                ops: AtomicU64::new(0),
+                nonce: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// Fault injection for a [`MemoryStore`]: failures and latency that the crates
+/// above must survive. All counters are shared by clones of the store.
+#[derive(Debug, Default)]
+pub struct Faults {
+    fail_before: AtomicU64,
+    fail_after: AtomicU64,
+    latency_ms: AtomicU64,
+    unreachable: std::sync::atomic::AtomicBool,
+}
+
+impl Faults {
+    /// The next `n` operations fail with a transient error **without** being applied.
+    pub fn fail_next(&self, n: u64) {
+        self.fail_before.store(n, AtomicOrdering::SeqCst);
+    }
+
+    /// The next `n` operations are **applied** and then report a transient error, as
+    /// when a connection drops after the server committed: the ambiguous case.
+    pub fn fail_next_after_apply(&self, n: u64) {
+        self.fail_after.store(n, AtomicOrdering::SeqCst);
+    }
+
+    /// Every operation takes this long (on tokio time) before it is applied.
+    pub fn set_latency(&self, d: Duration) {
+        self.latency_ms.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), AtomicOrdering::SeqCst);
+    }
+
+    /// While set, every operation fails with [`FaultKind::Unreachable`].
+    pub fn set_unreachable(&self, on: bool) {
+        self.unreachable.store(on, AtomicOrdering::SeqCst);
+    }
+
+    /// Clears all faults.
+    pub fn clear(&self) {
+        self.fail_next(0);
+        self.fail_next_after_apply(0);
+        self.set_latency(Duration::ZERO);
+        self.set_unreachable(false);
+    }
+
+    fn take(counter: &AtomicU64) -> bool {
+        counter.fetch_update(AtomicOrdering::SeqCst, AtomicOrdering::SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the default clock and change notifications. Call it inside a
+    /// tokio runtime.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder { clock: None, change_streams: true }
+    }
+
+    /// Fault injection.
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
+    }
+
+    /// How many operations were attempted (including failed ones).
+    pub fn operation_count(&self) -> u64 {
+        self.inner.ops.load(AtomicOrdering::SeqCst)
+    }
+
+    /// Deletes documents whose TTL-indexed date is past, as MongoDB's TTL monitor
+    /// does (about once a minute there). Returns how many were deleted.
+    pub fn prune_ttl(&self) -> usize {
+        let now = self.inner.clock.now().as_millis();
+        let mut state = self.lock();
+        let mut removed = 0;
+        for coll in state.collections.values_mut() {
+            let ttl: Vec<(String, i64)> = coll
+                .indexes
+                .iter()
+                .filter_map(|i| i.expire_after.map(|d| (i.keys[0].0.clone(), i64::try_from(d.as_millis()).unwrap_or(i64::MAX))))
+                .collect();
+            let expired: Vec<String> = coll
+                .docs
+                .iter()
+                .filter(|(_, e)| {
+                    ttl.iter().any(|(f, after)| {
+                        matches!(e.doc.get(f), Some(Bson::DateTime(d)) if d.timestamp_millis().saturating_add(*after) <= now)
+                    })
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in expired {
+                if let Some(e) = coll.docs.remove(&k) {
+                    removed += 1;
+                    let key = e.doc.get(fields::ID).cloned().and_then(|b| Key::from_bson(b).ok());
+                    let _ = coll.events.send(ChangeEvent { key, kind: ChangeKind::Delete });
+                }
+            }
+        }
+        removed
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied write: every
+        // operation computes its result before mutating. So a poisoned lock is safe
+        // to keep using.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn next_nonce(&self) -> String {
+        format!("mem-{}", self.inner.nonce.fetch_add(1, AtomicOrdering::SeqCst))
+    }
+
+    /// Runs one operation with fault injection around it.
+    async fn op<T>(&self, f: impl FnOnce(&mut State, StoreTime) -> StoreResult<T>) -> StoreResult<T> {
+        self.inner.ops.fetch_add(1, AtomicOrdering::SeqCst);
+        let faults = &self.inner.faults;
+        let latency = faults.latency_ms.load(AtomicOrdering::SeqCst);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        if faults.unreachable.load(AtomicOrdering::SeqCst) {
+            return Err(StoreError::backend(FaultKind::Unreachable, "injected: store unreachable"));
+        }
+        if Faults::take(&faults.fail_before) {
+            return Err(StoreError::backend(FaultKind::Transient, "injected: failed before apply"));
+        }
+        let now = self.inner.clock.now();
+        let out = {
+            let mut state = self.lock();
+            f(&mut state, now)?
+        };
+        if Faults::take(&faults.fail_after) {
+            return Err(StoreError::backend(FaultKind::Transient, "injected: failed after apply"));
+        }
+        Ok(out)
+    }
+}
+
+fn map_key(k: &Key) -> String {
+    match k.as_bson() {
+        Bson::String(s) => format!("s:{s}"),
+        Bson::ObjectId(o) => format!("o:{o}"),
+        other => format!("n:{}", semantics::as_i64(other).unwrap_or_default()),
+    }
+}
+
+fn to_record(coll: &str, doc: &Document) -> StoreResult<Record> {
+    Record::from_document(coll, doc.clone())
+}
+
+impl State {
+    fn coll(&mut self, c: &Collection) -> &mut Coll {
+        self.collections.entry(c.as_str().to_owned()).or_default()
+    }
+}
+
+impl Coll {
+    /// Checks unique indexes for `doc` replacing the document at `own` (if any).
+    fn check_unique(&self, cname: &str, own: &str, doc: &Document) -> StoreResult<()> {
+        for idx in self.indexes.iter().filter(|i| i.unique) {
+            let vals: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| doc.get(f)).collect();
+            if idx.sparse && vals.iter().all(Option::is_none) {
+                continue;
+            }
+            let clash = self.docs.iter().any(|(k, e)| {
+                k != own && {
+                    let other: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| e.doc.get(f)).collect();
+                    !(idx.sparse && other.iter().all(Option::is_none))
+                        && vals.iter().zip(&other).all(|(a, b)| {
+                            semantics::value_eq(a.unwrap_or(&Bson::Null), b.unwrap_or(&Bson::Null))
+                        })
+                }
+            });
+            if clash {
+                return Err(StoreError::DuplicateKey {
+                    collection: cname.to_owned(),
+                    key: format!("{} {:?}", idx.name, vals),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn notify(&self, key: &Key, kind: ChangeKind) {
+        let _ = self.events.send(ChangeEvent { key: Some(key.clone()), kind });
+    }
+
+    fn select(&self, q: &Query, now: StoreTime) -> Vec<&Entry> {
+        let mut hits: Vec<&Entry> = self
+            .docs
+            .values()
+            .filter(|e| semantics::filter_matches(&q.filter, &e.doc) && semantics::eval(&q.condition, Some(&e.doc), now))
+            .collect();
+        hits.sort_by(|a, b| {
+            for (f, order) in &q.sort {
+                let (x, y) = (a.doc.get(f).unwrap_or(&Bson::Null), b.doc.get(f).unwrap_or(&Bson::Null));
+                let o = semantics::compare(x, y);
+                let o = if *order == Order::Desc { o.reverse() } else { o };
+                if o != std::cmp::Ordering::Equal {
+                    return o;
+                }
+            }
+            a.seq.cmp(&b.seq)
+        });
+        if let Some(n) = q.limit {
+            hits.truncate(n as usize);
+        }
+        hits
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn now(&self) -> StoreResult<StoreTime> {
+        self.op(|_, now| Ok(now)).await
+    }
+
+    async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
+        self.op(|state, now| {
+            let record = match state.collections.get(coll.as_str()).and_then(|c| c.docs.get(&map_key(key))) {
+                Some(e) => Some(to_record(coll.as_str(), &e.doc)?),
+                None => None,
+            };
+            Ok(Snapshot { record, now })
+        })
+        .await
+    }
+
+    async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
+        write.validate()?;
+        let nonce = self.next_nonce();
+        self.op(|state, now| {
+            state.seq += 1;
+            let seq = state.seq;
+            let c = state.coll(coll);
+            let mk = map_key(key);
+            let existing = c.docs.get(&mk);
+            let current = existing.map(|e| e.doc.clone());
+            if !semantics::eval(&write.condition, current.as_ref(), now) || (existing.is_none() && !write.upsert) {
+                let rec = match &current {
+                    Some(d) => Some(to_record(coll.as_str(), d)?),
+                    None => None,
+                };
+                return Ok(WriteOutcome::Rejected(rec));
+            }
+            let doc = semantics::apply(current.as_ref(), key, &write.mutation, now, &nonce)?;
+            c.check_unique(coll.as_str(), &mk, &doc)?;
+            let record = to_record(coll.as_str(), &doc)?;
+            let seq = existing.map_or(seq, |e| e.seq);
+            let kind = if existing.is_some() { ChangeKind::Update } else { ChangeKind::Insert };
+            c.docs.insert(mk, Entry { seq, doc });
+            c.notify(key, kind);
+            Ok(WriteOutcome::Applied(record))
+        })
+        .await
+    }
+
+    async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
+        condition.validate()?;
+        self.op(|state, now| {
+            let c = state.coll(coll);
+            let mk = map_key(key);
+            let Some(e) = c.docs.get(&mk) else { return Ok(DeleteOutcome::Rejected(None)) };
+            let record = to_record(coll.as_str(), &e.doc)?;
+            if !semantics::eval(condition, Some(&e.doc), now) {
+                return Ok(DeleteOutcome::Rejected(Some(record)));
+            }
+            c.docs.remove(&mk);
+            c.notify(key, ChangeKind::Delete);
+            Ok(DeleteOutcome::Deleted(record))
+        })
+        .await
+    }
+
+    async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+        claim.validate()?;
+        let nonce = self.next_nonce();
+        self.op(|state, now| {
+            let c = state.coll(coll);
+            let q = Query { limit: Some(1), ..claim.query.clone() };
+            let Some(entry) = c.select(&q, now).into_iter().next().cloned() else { return Ok(None) };
+            let key = match entry.doc.get(fields::ID).cloned().map(Key::from_bson) {
+                Some(Ok(k)) => k,
+                _ => return Err(StoreError::Malformed { collection: coll.to_string(), key: "?".into(), reason: "bad _id".into() }),
+            };
+            let doc = semantics::apply(Some(&entry.doc), &key, &claim.mutation, now, &nonce)?;
+            let mk = map_key(&key);
+            c.check_unique(coll.as_str(), &mk, &doc)?;
+            let record = to_record(coll.as_str(), &doc)?;
+            c.docs.insert(mk, Entry { seq: entry.seq, doc });
+            c.notify(&key, ChangeKind::Update);
+            Ok(Some(record))
+        })
+        .await
+    }
+
+    async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
+        let prepared = prepare_inserts(docs)?;
+        self.op(|state, _| {
+            let mut out = Vec::with_capacity(prepared.len());
+            for (key, doc) in prepared {
+                state.seq += 1;
+                let seq = state.seq;
+                let c = state.coll(coll);
+                let mk = map_key(&key);
+                if c.docs.contains_key(&mk) || c.check_unique(coll.as_str(), &mk, &doc).is_err() {
+                    out.push(InsertOutcome::Duplicate(key));
+                    continue;
+                }
+                c.docs.insert(mk, Entry { seq, doc });
+                c.notify(&key, ChangeKind::Insert);
+                out.push(InsertOutcome::Inserted(key));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>> {
+        query.validate()?;
+        self.op(|state, now| match state.collections.get(coll.as_str()) {
+            Some(c) => c.select(query, now).into_iter().map(|e| to_record(coll.as_str(), &e.doc)).collect(),
+            None => Ok(Vec::new()),
+        })
+        .await
+    }
+
+    async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
+        query.validate()?;
+        let q = Query { limit: None, sort: Vec::new(), ..query.clone() };
+        self.op(|state, now| Ok(state.collections.get(coll.as_str()).map_or(0, |c| c.select(&q, now).len() as u64)))
+            .await
+    }
+
+    async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
+        if !self.inner.change_streams {
+            return Err(StoreError::Unsupported {
+                feature: "change streams",
+                reason: "disabled on this memory store".into(),
+            });
+        }
+        // Subscribe before returning, so no change after this call is missed.
+        let rx = self.op(|state, _| Ok(state.coll(coll).events.subscribe())).await?;
+        let want = key.cloned();
+        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
+            let out = match item {
+                Ok(ev) if want.is_none() || ev.key == want => Some(Ok(ev)),
+                Ok(_) => None,
+                Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(_)) => {
+                    Some(Ok(ChangeEvent { key: None, kind: ChangeKind::Resync }))
+                }
+            };
+            futures::future::ready(out)
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
+        for i in indexes {
+            i.validate()?;
+        }
+        self.op(|state, _| {
+            let c = state.coll(coll);
+            for idx in indexes {
+                match c.indexes.iter().find(|i| i.name == idx.name) {
+                    Some(existing) if existing != idx => {
+                        return Err(StoreError::invalid("index", format!("{} exists with other options", idx.name)))
+                    }
+                    Some(_) => {}
+                    None => c.indexes.push(idx.clone()),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+}

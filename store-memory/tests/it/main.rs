@@ -1,0 +1,133 @@
+//! Integration tests of the in-memory store: the whole conformance suite under
+//! paused tokio time, plus fault injection and clock behaviour.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use bson::doc;
+use store_memory::MemoryStore;
+use store_trait::testing::Harness;
+use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TokioClock, Ttl, Write, WriteOutcome};
+
+struct Memory {
+    change_streams: bool,
+}
+
+#[async_trait::async_trait]
+impl Harness for Memory {
+    type Store = MemoryStore;
+    async fn store(&self, _test: &str) -> MemoryStore {
+        MemoryStore::builder().change_streams(self.change_streams).build()
+    }
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(3)
+    }
+    fn change_streams_expected(&self) -> bool {
+        self.change_streams
+    }
+}
+
+async fn harness() -> Option<Memory> {
+    Some(Memory { change_streams: true })
+}
+
+store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
+
+mod without_change_streams {
+    async fn harness() -> Option<super::Memory> {
+        Some(super::Memory { change_streams: false })
+    }
+    store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
+}
+
+mod multi_thread {
+    // The same suite with real threads racing on the store's mutex.
+    async fn harness() -> Option<super::Memory> {
+        Some(super::Memory { change_streams: true })
+    }
+    store_trait::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 4)]);
+}
+
+fn acquire(owner: &str) -> Write {
+    let ttl = Ttl::new(Duration::from_secs(10)).unwrap();
+    Write::new(Condition::Free.or(Condition::HeldBy(owner.into())), Mutation::new().grant(owner, ttl).bump_fence()).upsert()
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_before_apply_changes_nothing() {
+    let s = MemoryStore::new();
+    let (c, k) = (Collection::new("l").unwrap(), Key::new("k").unwrap());
+    s.faults().fail_next(2);
+    for _ in 0..2 {
+        let e = s.write(&c, &k, &acquire("a")).await.unwrap_err();
+        assert!(e.is_retryable() && e.is_ambiguous(), "{e}");
+    }
+    assert!(s.get(&c, &k).await.unwrap().record.is_none());
+    assert!(s.write(&c, &k, &acquire("a")).await.unwrap().is_applied());
+    assert_eq!(s.operation_count(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_after_apply_is_ambiguous_but_applied() {
+    let s = MemoryStore::new();
+    let (c, k) = (Collection::new("l").unwrap(), Key::new("k").unwrap());
+    s.faults().fail_next_after_apply(1);
+    assert!(s.write(&c, &k, &acquire("a")).await.unwrap_err().is_ambiguous());
+    let r = s.get(&c, &k).await.unwrap().record.unwrap();
+    assert_eq!(r.lease().unwrap().owner, "a", "the write was applied although it reported an error");
+    // Retrying the same acquire is safe: the owner still holds it, with a new token.
+    match s.write(&c, &k, &acquire("a")).await.unwrap() {
+        WriteOutcome::Applied(r) => assert_eq!((r.fence(), r.lease().unwrap().owner.as_str()), (2, "a")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_and_latency() {
+    let s = MemoryStore::new();
+    s.faults().set_unreachable(true);
+    let e = s.now().await.unwrap_err();
+    assert_eq!(e.fault_kind(), Some(store_trait::FaultKind::Unreachable));
+    s.faults().clear();
+    s.faults().set_latency(Duration::from_millis(250));
+    let start = tokio::time::Instant::now();
+    s.now().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(250));
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_clock_offsets_change_nothing() {
+    // Leases are relative to the store's own clock: a store whose clock is an hour
+    // ahead or behind behaves identically.
+    let mut results = Vec::new();
+    for offset in [-3_600_000_i64, 0, 3_600_000] {
+        let s = MemoryStore::builder().clock(TokioClock::from_system_with_offset(offset)).build();
+        let (c, k) = (Collection::new("l").unwrap(), Key::new("k").unwrap());
+        let mut trace = Vec::new();
+        for step in 0..6 {
+            let who = if step % 2 == 0 { "a" } else { "b" };
+            trace.push(s.write(&c, &k, &acquire(who)).await.unwrap().is_applied());
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+        results.push(trace);
+    }
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[1], results[2]);
+    // a takes it at 0 s, renews at 8 s and 16 s (ttl 10 s); b never gets it.
+    assert_eq!(results[0], [true, false, true, false, true, false]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_prune_deletes_only_expired() {
+    let s = MemoryStore::builder().clock(TokioClock::starting_at(StoreTime::from_millis(1_000_000))).build();
+    let c = Collection::new("status").unwrap();
+    s.ensure_indexes(&c, &[store_trait::IndexSpec::gc()]).await.unwrap();
+    let gc = |secs| Write::new(Condition::Always, Mutation::new().gc_after(Ttl::new(Duration::from_secs(secs)).unwrap())).upsert();
+    s.write(&c, &Key::new("short").unwrap(), &gc(1)).await.unwrap();
+    s.write(&c, &Key::new("long").unwrap(), &gc(100)).await.unwrap();
+    s.insert_many(&c, vec![doc! {"_id": "none"}]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(s.prune_ttl(), 1);
+    assert!(s.get(&c, &Key::new("short").unwrap()).await.unwrap().record.is_none());
+    assert!(s.get(&c, &Key::new("long").unwrap()).await.unwrap().record.is_some());
+}

@@ -1,0 +1,177 @@
+//! Compiles contract data ([`Condition`], [`Mutation`], [`Query`]) into MongoDB
+//! aggregation expressions, filters and pipeline updates.
+//!
+//! Times are compared as epoch milliseconds (`$toLong` of `$$NOW`): comparing
+//! dates against `$$NOW` directly is wrong on some MongoDB-compatible servers,
+//! and this form is right on all of them.
+
+use bson::{doc, Bson, Document};
+use store_trait::{fields, Condition, LeaseOp, Mutation, Query};
+
+/// The temporary field holding the condition's value during a pipeline update.
+const OK: &str = "__mc_ok";
+
+fn now_ms() -> Bson {
+    Bson::Document(doc! { "$toLong": "$$NOW" })
+}
+
+fn field(f: &str) -> Bson {
+    Bson::String(format!("${f}"))
+}
+
+/// The lease expiry as epoch ms, 0 when missing or null.
+fn until_ms() -> Bson {
+    Bson::Document(doc! { "$convert": { "input": field(fields::LEASE_UNTIL), "to": "long", "onError": 0_i64, "onNull": 0_i64 } })
+}
+
+fn counter(f: &str) -> Bson {
+    Bson::Document(doc! { "$ifNull": [field(f), 0_i64] })
+}
+
+fn is_null_or_missing(f: &str) -> Bson {
+    Bson::Document(doc! { "$eq": [{ "$ifNull": [field(f), Bson::Null] }, Bson::Null] })
+}
+
+/// Converts an unsigned counter (validated to fit by `Condition::validate`).
+fn int(n: u64) -> Bson {
+    Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// An aggregation expression that is true exactly when `semantics::eval` is.
+pub(crate) fn condition(c: &Condition) -> Bson {
+    match c {
+        Condition::Always => Bson::Boolean(true),
+        Condition::Absent => is_null_or_missing(fields::REV),
+        Condition::Free => Bson::Document(doc! {
+            "$or": [is_null_or_missing(fields::LEASE_OWNER), { "$lte": [until_ms(), now_ms()] }]
+        }),
+        Condition::HeldBy(o) => Bson::Document(doc! {
+            "$and": [{ "$eq": [field(fields::LEASE_OWNER), { "$literal": o }] }, { "$gt": [until_ms(), now_ms()] }]
+        }),
+        Condition::OwnedBy(o) => Bson::Document(doc! { "$eq": [field(fields::LEASE_OWNER), { "$literal": o }] }),
+        Condition::FenceIs(n) => Bson::Document(doc! { "$eq": [counter(fields::FENCE), int(*n)] }),
+        Condition::RevIs(n) => Bson::Document(doc! { "$eq": [counter(fields::REV), int(*n)] }),
+        // A missing field compares unequal to every value in aggregation `$eq`.
+        Condition::FieldEq(f, v) => Bson::Document(doc! { "$eq": [field(f), { "$literal": v.clone() }] }),
+        Condition::Exists(f) => Bson::Document(doc! { "$not": [is_null_or_missing(f)] }),
+        Condition::DueBy(f) => Bson::Document(doc! {
+            "$lte": [{ "$convert": { "input": field(f), "to": "long", "onError": 0_i64, "onNull": 0_i64 } }, now_ms()]
+        }),
+        Condition::Not(c) => Bson::Document(doc! { "$not": [condition(c)] }),
+        Condition::All(cs) if cs.is_empty() => Bson::Boolean(true),
+        Condition::Any(cs) if cs.is_empty() => Bson::Boolean(false),
+        Condition::All(cs) => Bson::Document(doc! { "$and": cs.iter().map(condition).collect::<Vec<_>>() }),
+        Condition::Any(cs) => Bson::Document(doc! { "$or": cs.iter().map(condition).collect::<Vec<_>>() }),
+        other => {
+            // `Condition` is non-exhaustive for users; every variant is handled above.
+            // A future variant this backend does not know must never match.
+            tracing::error!(condition = ?other, "condition not understood by the MongoDB backend; treated as false");
+            Bson::Boolean(false)
+        }
+    }
+}
+
+/// A find filter: equality fields plus the condition as `$expr`.
+pub(crate) fn filter(q: &Query) -> Document {
+    let mut f = q.filter.clone();
+    if q.condition != Condition::Always {
+        f.insert("$expr", condition(&q.condition));
+    }
+    f
+}
+
+/// A sort document.
+pub(crate) fn sort(q: &Query) -> Option<Document> {
+    if q.sort.is_empty() {
+        return None;
+    }
+    Some(q.sort.iter().map(|(f, o)| (f.clone(), Bson::Int32(o.as_i32()))).collect())
+}
+
+/// A pipeline update applying `m` when `cond` holds (always when `None`), stamping
+/// `nonce` so the caller can tell from the returned document whether it applied.
+pub(crate) fn update(cond: Option<&Condition>, m: &Mutation, nonce: &str) -> Vec<Document> {
+    let mut set = Document::new();
+    let mut put = |name: &str, value: Bson| {
+        let value = match cond {
+            None => value,
+            Some(_) => Bson::Document(doc! { "$cond": [format!("${OK}"), value, field(name)] }),
+        };
+        set.insert(name, value);
+    };
+    match &m.lease {
+        LeaseOp::Keep => {}
+        LeaseOp::Grant { owner, ttl } => {
+            let same_live = doc! {
+                "$and": [{ "$eq": [field(fields::LEASE_OWNER), { "$literal": owner }] }, { "$gt": [until_ms(), now_ms()] }]
+            };
+            put(fields::LEASE_OWNER, Bson::Document(doc! { "$literal": owner }));
+            put(
+                fields::LEASE_SINCE,
+                Bson::Document(doc! { "$cond": [same_live, { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] }, now_ms()] }),
+            );
+            put(fields::LEASE_UNTIL, Bson::Document(doc! { "$add": [now_ms(), ttl.as_millis()] }));
+        }
+        LeaseOp::Release => {
+            for f in [fields::LEASE_OWNER, fields::LEASE_SINCE, fields::LEASE_UNTIL] {
+                put(f, Bson::Document(doc! { "$literal": Bson::Null }));
+            }
+        }
+        _ => {}
+    }
+    put(fields::FENCE, Bson::Document(doc! { "$add": [counter(fields::FENCE), i64::from(m.bump_fence)] }));
+    put(fields::REV, Bson::Document(doc! { "$add": [counter(fields::REV), 1_i64] }));
+    put(fields::LAST_OP, Bson::Document(doc! { "$literal": nonce }));
+    for (k, v) in &m.set {
+        put(k, Bson::Document(doc! { "$literal": v.clone() }));
+    }
+    for k in &m.unset {
+        put(k, Bson::String("$$REMOVE".into()));
+    }
+    for (k, ms) in &m.set_time {
+        put(k, Bson::Document(doc! { "$add": ["$$NOW", *ms] }));
+    }
+    for (k, by) in &m.inc {
+        put(k, Bson::Document(doc! { "$add": [{ "$ifNull": [field(k), 0_i64] }, *by] }));
+    }
+    if let Some(ttl) = m.gc {
+        put(fields::GC_AT, Bson::Document(doc! { "$add": ["$$NOW", ttl.as_millis()] }));
+    }
+    match cond {
+        None => vec![doc! { "$set": set }],
+        Some(c) => vec![doc! { "$set": { OK: condition(c) } }, doc! { "$set": set }, doc! { "$unset": [OK] }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use store_trait::Ttl;
+
+    #[test]
+    fn conditional_update_has_three_stages_and_stamps_nonce() {
+        let m = Mutation::new().grant("me", Ttl::new(Duration::from_secs(1)).unwrap()).bump_fence();
+        let p = update(Some(&Condition::Free), &m, "n-1");
+        assert_eq!(p.len(), 3);
+        let set = p[1].get_document("$set").unwrap();
+        assert!(set.contains_key("lease_owner") && set.contains_key("last_op") && set.contains_key("fence"));
+        assert_eq!(p[2], doc! { "$unset": [OK] });
+        assert_eq!(update(None, &m, "n").len(), 1);
+    }
+
+    #[test]
+    fn user_values_are_literals() {
+        // A user string starting with '$' must not be read as a field path.
+        let m = Mutation::new().set("s", "$lease_owner");
+        let p = update(None, &m, "n");
+        assert_eq!(p[0].get_document("$set").unwrap().get_document("s").unwrap(), &doc! { "$literal": "$lease_owner" });
+    }
+
+    #[test]
+    fn empty_combinators() {
+        assert_eq!(condition(&Condition::Any(vec![])), Bson::Boolean(false));
+        assert_eq!(condition(&Condition::All(vec![])), Bson::Boolean(true));
+        assert!(!filter(&Query::all()).contains_key("$expr"));
+    }
+}

@@ -1,0 +1,281 @@
+//! Finding a real MongoDB server for tests, in this order:
+//!
+//! 1. `MONGODB_URI`, when set;
+//! 2. a testcontainers `mongo` container (a one-node replica set), when a Docker
+//!    engine answers;
+//! 3. a SecantusDB server started here (PyPI `SecantusDB`, pinned to
+//!    [`SECANTUS_VERSION`], installed into a venv under `target/` if missing);
+//! 4. otherwise the test is skipped with a message written straight to stderr
+//!    (which `cargo test` does not capture) — or, with `CI` set, it fails.
+//!
+//! Each test gets its own database, named from the test, so tests run in parallel.
+#![allow(clippy::print_stderr)]
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::MongoStore;
+
+/// The SecantusDB release the tests are pinned to.
+pub const SECANTUS_VERSION: &str = "0.7.0b3";
+
+/// URI options for test connections: fail fast when no server answers, and poll
+/// the server's state so an injected "shutting down" error does not stall the
+/// client until the next heartbeat.
+pub const TEST_URI_OPTIONS: &str = "directConnection=true&serverSelectionTimeoutMS=5000&serverMonitoringMode=poll&heartbeatFrequencyMS=500";
+
+static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
+
+/// Whether a missing server must fail the test (`CI` is set) instead of skipping it.
+pub fn required() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// The URI of a test server, finding or starting one on first use.
+/// `Err` says why none could be found.
+pub fn server_uri() -> Result<String, String> {
+    SERVER
+        .get_or_init(|| {
+            // Discovery may start a blocking container runtime; keep it off any
+            // async runtime the caller is on.
+            std::thread::spawn(discover).join().unwrap_or_else(|_| Err("server discovery panicked".into()))
+        })
+        .clone()
+}
+
+fn discover() -> Result<String, String> {
+    if let Ok(uri) = std::env::var("MONGODB_URI") {
+        if !uri.trim().is_empty() {
+            return Ok(uri);
+        }
+    }
+    let mut why = Vec::new();
+    if docker_available() {
+        match docker::start() {
+            Ok(uri) => return Ok(uri),
+            Err(e) => why.push(format!("testcontainers: {e}")),
+        }
+    } else {
+        why.push("no Docker engine (no /var/run/docker.sock, DOCKER_HOST unset)".to_owned());
+    }
+    match start_secantus() {
+        Ok(uri) => Ok(uri),
+        Err(e) => {
+            why.push(format!("SecantusDB: {e}"));
+            Err(why.join("; "))
+        }
+    }
+}
+
+fn docker_available() -> bool {
+    std::env::var_os("DOCKER_HOST").is_some() || Path::new("/var/run/docker.sock").exists()
+}
+
+mod docker {
+    use std::sync::OnceLock;
+    use testcontainers_modules::mongo::Mongo;
+    use testcontainers_modules::testcontainers::runners::SyncRunner;
+    use testcontainers_modules::testcontainers::Container;
+
+    // Kept for the life of the test process.
+    static CONTAINER: OnceLock<Container<Mongo>> = OnceLock::new();
+
+    pub(super) fn start() -> Result<String, String> {
+        let c = Mongo::repl_set().start().map_err(|e| e.to_string())?;
+        let host = c.get_host().map_err(|e| e.to_string())?;
+        let port = c.get_host_port_ipv4(27017).map_err(|e| e.to_string())?;
+        let _ = CONTAINER.set(c);
+        Ok(format!("mongodb://{host}:{port}/?{}", super::TEST_URI_OPTIONS))
+    }
+}
+
+/// The workspace's `target` directory.
+pub fn target_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target")
+}
+
+/// Where the pinned SecantusDB is installed.
+pub fn secantus_venv() -> PathBuf {
+    target_dir().join("secantus").join(format!("venv-{SECANTUS_VERSION}"))
+}
+
+/// Installs the pinned SecantusDB into [`secantus_venv`] unless it is there.
+/// Safe to call from several processes at once.
+pub fn install_secantus() -> Result<PathBuf, String> {
+    let venv = secantus_venv();
+    let bin = venv.join("bin").join("secantusd-py");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    let parent = venv.parent().ok_or("bad venv path")?;
+    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+    let lock = parent.join("install.lock");
+    let started = Instant::now();
+    while std::fs::create_dir(&lock).is_err() {
+        if bin.exists() {
+            return Ok(bin);
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(format!("timed out waiting for another install ({})", lock.display()));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let result = (|| {
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        run(Command::new(&python).args(["-m", "venv"]).arg(&venv))?;
+        run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "--disable-pip-version-check"]).arg(format!("SecantusDB=={SECANTUS_VERSION}")))?;
+        if bin.exists() {
+            Ok(bin.clone())
+        } else {
+            Err(format!("{} missing after install", bin.display()))
+        }
+    })();
+    let _ = std::fs::remove_dir(&lock);
+    result
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// Waits until something accepts connections on `port`.
+pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("nothing listening on port {port} after {timeout:?}"))
+}
+
+/// Starts an in-memory SecantusDB for this process. A small shell watchdog stops
+/// the server when this process exits, however it exits.
+fn start_secantus() -> Result<String, String> {
+    let bin = install_secantus()?;
+    let port = free_port()?;
+    let log = target_dir().join("secantus").join(format!("server-{port}.log"));
+    let script = format!(
+        "'{bin}' --port {port} --storage-path :memory: --enable-test-commands --log-level WARNING >'{log}' 2>&1 & s=$!; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; kill $s 2>/dev/null",
+        bin = bin.display(),
+        log = log.display(),
+        parent = std::process::id()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start SecantusDB: {e}"))?;
+    wait_for_port(port, Duration::from_secs(60))?;
+    Ok(format!("mongodb://127.0.0.1:{port}/?{TEST_URI_OPTIONS}"))
+}
+
+/// A database name for a test: the test's name made safe, at most 63 bytes.
+pub fn db_name(test: &str) -> String {
+    let clean: String = test.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let mut h: u32 = 2166136261;
+    for b in test.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(16777619);
+    }
+    let keep = clean.len().min(50);
+    format!("t_{}_{h:08x}", &clean[clean.len() - keep..])
+}
+
+/// Tells the person running the tests that this test did not run against a
+/// server, bypassing libtest's output capture; panics instead under `CI`.
+pub fn skip(test: &str, why: &str) {
+    let msg = format!("SKIPPED {test}: no MongoDB server ({why}). Set MONGODB_URI or run `cargo xtask test`.");
+    assert!(!required(), "{msg} (CI is set: a Mongo test must not skip)");
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+/// A fresh, empty database for `test` on the test server, or `None` (after
+/// [`skip`]) when there is none.
+pub async fn test_store(test: &str) -> Option<MongoStore> {
+    let uri = match server_uri() {
+        Ok(uri) => uri,
+        Err(why) => {
+            skip(test, &why);
+            return None;
+        }
+    };
+    let store = match MongoStore::connect(&uri, &db_name(test)).await {
+        Ok(s) => s,
+        Err(e) => {
+            skip(test, &e.to_string());
+            return None;
+        }
+    };
+    if let Err(e) = store.database().drop().await {
+        panic!("cannot drop test database {}: {e}", db_name(test));
+    }
+    Some(store)
+}
+
+/// A client connected to the test server, for side channels such as
+/// `configureFailPoint` (send those from a separate client).
+pub async fn admin_client() -> Option<mongodb::Client> {
+    let uri = server_uri().ok()?;
+    mongodb::Client::with_uri_str(&uri).await.ok()
+}
+
+/// The [`Harness`](store_trait::testing::Harness) for the conformance suite.
+#[derive(Debug, Clone, Copy)]
+pub struct MongoHarness;
+
+impl MongoHarness {
+    /// The harness, or `None` (after [`skip`]) when there is no server.
+    pub async fn get() -> Option<MongoHarness> {
+        match server_uri() {
+            Ok(_) => Some(MongoHarness),
+            Err(why) => {
+                skip("conformance suite", &why);
+                None
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl store_trait::testing::Harness for MongoHarness {
+    type Store = MongoStore;
+
+    async fn store(&self, test: &str) -> MongoStore {
+        match test_store(&format!("conf_{test}")).await {
+            Some(s) => s,
+            None => panic!("the test server went away during {test}"),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(600)
+    }
+
+    fn change_streams_expected(&self) -> bool {
+        // SecantusDB and a testcontainers replica set have them. Set
+        // MONGODB_EXPECT_CHANGE_STREAMS=0 when MONGODB_URI is a standalone `mongod`.
+        std::env::var("MONGODB_EXPECT_CHANGE_STREAMS").map_or(true, |v| v != "0")
+    }
+}

@@ -1,0 +1,14 @@
+//! Integration tests of the MongoDB store against a real server: the whole
+//! conformance suite, plus what only a real server can show (one command per
+//! operation, failpoints).
+#![allow(clippy::unwrap_used)]
+
+mod round_trips;
+
+use store_mongo::testing::MongoHarness;
+
+async fn harness() -> Option<MongoHarness> {
+    MongoHarness::get().await
+}
+
+store_trait::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);

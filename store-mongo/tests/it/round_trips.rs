@@ -1,0 +1,92 @@
+//! Each contract operation used by a lock acquire, renew, release and a task
+//! claim is exactly one command to the server, counted with the driver's
+//! command monitoring.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::doc;
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::ClientOptions;
+use store_mongo::testing::{db_name, server_uri, skip};
+use store_mongo::MongoStore;
+use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
+
+async fn monitored(test: &str) -> Option<(MongoStore, Arc<Mutex<Vec<String>>>)> {
+    let uri = match server_uri() {
+        Ok(u) => u,
+        Err(why) => {
+            skip(test, &why);
+            return None;
+        }
+    };
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let mut opts = ClientOptions::parse(&uri).await.unwrap();
+    opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
+        if let CommandEvent::Started(s) = ev {
+            sink.lock().unwrap().push(s.command_name);
+        }
+    }));
+    let client = mongodb::Client::with_options(opts).unwrap();
+    let db = client.database(&db_name(test));
+    db.drop().await.unwrap();
+    Some((MongoStore::new(db), seen))
+}
+
+fn take(seen: &Mutex<Vec<String>>) -> Vec<String> {
+    std::mem::take(&mut *seen.lock().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_claim_operations_are_one_command_each() {
+    let Some((s, seen)) = monitored("round_trips").await else { return };
+    let (c, k) = (Collection::new("locks").unwrap(), Key::new("k").unwrap());
+    let ttl = Ttl::new(Duration::from_secs(30)).unwrap();
+    s.now().await.unwrap(); // connection established
+    take(&seen);
+
+    let acquire = Write::new(Condition::Free.or(Condition::HeldBy("a".into())), Mutation::new().grant("a", ttl).bump_fence()).upsert();
+    assert!(s.write(&c, &k, &acquire).await.unwrap().is_applied());
+    assert_eq!(take(&seen), ["findAndModify"], "acquire");
+
+    let contended = Write::new(Condition::Free, Mutation::new().grant("b", ttl).bump_fence()).upsert();
+    assert!(!s.write(&c, &k, &contended).await.unwrap().is_applied());
+    assert_eq!(take(&seen), ["findAndModify"], "a failed acquire also reports the holder in one command");
+
+    let renew = Write::new(Condition::HeldBy("a".into()), Mutation::new().grant("a", ttl));
+    assert!(s.write(&c, &k, &renew).await.unwrap().is_applied());
+    assert_eq!(take(&seen), ["findAndModify"], "renew");
+
+    let release = Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(1)), Mutation::new().release());
+    assert!(s.write(&c, &k, &release).await.unwrap().is_applied());
+    assert_eq!(take(&seen), ["findAndModify"], "release");
+
+    let snap = s.get(&c, &k).await.unwrap();
+    assert!(snap.record.is_some());
+    assert_eq!(take(&seen), ["aggregate"], "get with server time");
+
+    let q = Collection::new("tasks").unwrap();
+    s.insert_many(&q, vec![doc! {"_id": "t1", "agent_name": "x", "ready": true}]).await.unwrap();
+    assert_eq!(take(&seen), ["insert"], "insert_many");
+    let claim = Claim {
+        query: Query::eq(doc! {"agent_name": "x", "ready": true}).sort("_id", store_trait::Order::Asc),
+        mutation: Mutation::new().grant("w", ttl).bump_fence().set("ready", false),
+    };
+    assert!(s.claim(&q, &claim).await.unwrap().is_some());
+    assert_eq!(take(&seen), ["findAndModify"], "claim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_a_typed_error() {
+    // Nothing listens on this port: connecting fails fast and is classified.
+    let port = store_mongo::testing::free_port().unwrap();
+    let uri = format!("mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=300");
+    let err = MongoStore::connect(&uri, "x").await.unwrap_err();
+    assert_eq!(err.fault_kind(), Some(store_trait::FaultKind::Unreachable), "{err}");
+    let err = MongoStore::connect("not a uri", "x").await.unwrap_err();
+    assert!(matches!(err, store_trait::StoreError::InvalidInput { .. }), "{err}");
+    let err = MongoStore::connect("mongodb://user:hunter2@127.0.0.1:1/?connectTimeoutMS=abc", "x").await.unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "passwords never appear in errors: {err}");
+}

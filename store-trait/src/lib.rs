@@ -1,0 +1,182 @@
+//! The store contract of mongocoord: named collections of documents keyed by id,
+//! changed by **atomic conditional writes measured on the store's own clock**.
+//!
+//! Locks, elections and task queues are all built from these few operations, and
+//! each one is exactly one round trip on MongoDB:
+//!
+//! | operation | what it is for |
+//! |---|---|
+//! | [`Store::get`] | read a record and the store's current time |
+//! | [`Store::write`] | "if absent, or its lease lapsed, or I own it: grant me the lease until now + ttl and bump the fencing token" — returns the new record, or the current one when the condition fails |
+//! | [`Store::delete`] | conditional delete |
+//! | [`Store::claim`] | find the first matching document in a given order and change it, atomically (a task queue's claim) |
+//! | [`Store::insert_many`] | idempotent inserts, duplicates reported per document |
+//! | [`Store::find`] / [`Store::count`] | read-only queries |
+//! | [`Store::watch`] | change notifications, or [`StoreError::Unsupported`] so callers poll |
+//! | [`Store::ensure_indexes`] | indexes the caller needs |
+//!
+//! ```
+//! use store_trait::{Collection, Condition, Key, Mutation, Store, StoreResult, Ttl, Write, WriteOutcome};
+//! use std::time::Duration;
+//!
+//! /// Try once to take a lease; `Ok(Some(token))` when we got it.
+//! async fn try_lock(store: &impl Store, me: &str) -> StoreResult<Option<u64>> {
+//!     let coll = Collection::new("locks")?;
+//!     let key = Key::new("nightly-report")?;
+//!     let ttl = Ttl::new(Duration::from_secs(15))?;
+//!     let write = Write::new(
+//!         Condition::Free.or(Condition::HeldBy(me.into())),
+//!         Mutation::new().grant(me, ttl).bump_fence(),
+//!     )
+//!     .upsert();
+//!     Ok(match store.write(&coll, &key, &write).await? {
+//!         WriteOutcome::Applied(record) => Some(record.fence()),
+//!         WriteOutcome::Rejected(_current_holder) => None,
+//!     })
+//! }
+//! ```
+//!
+//! Backends: `store-memory` (deterministic under paused tokio time, fault
+//! injection) and `store-mongo`. With the `testing` feature this crate ships
+//! the conformance suite ([`testing`]) that every backend runs in full.
+
+mod error;
+mod key;
+mod ops;
+mod record;
+pub mod semantics;
+mod time;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::sync::Arc;
+
+pub use bson;
+
+pub use error::{FaultKind, StoreError, StoreResult};
+pub use key::{check_field_name, Collection, Key};
+pub use ops::{
+    ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome, LeaseOp,
+    Mutation, Order, Query, Write, WriteOutcome,
+};
+pub use record::{fields, Lease, Record, Snapshot};
+pub use time::{Clock, StoreTime, SystemClock, TokioClock, Ttl};
+
+use bson::Document;
+
+/// The contract every backend implements.
+///
+/// Every method is one atomic operation on the store. Conditions are evaluated and
+/// leases stamped on the store's clock. Inputs are validated before anything is
+/// sent and rejected with [`StoreError::InvalidInput`].
+///
+/// A transient error leaves the outcome unknown: the write may or may not have
+/// been applied (see [`StoreError::is_ambiguous`]). Callers that must know read
+/// the record back and compare owner and fencing token.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// A short name for logs and reports (`"memory"`, `"mongodb"`).
+    fn backend_name(&self) -> &'static str;
+
+    /// The store's current time.
+    async fn now(&self) -> StoreResult<StoreTime>;
+
+    /// Reads one record together with the store's current time.
+    async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot>;
+
+    /// Applies `write.mutation` if `write.condition` holds on the current document,
+    /// creating it first when `write.upsert` is set and it does not exist.
+    async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome>;
+
+    /// Deletes the document if `condition` holds.
+    async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome>;
+
+    /// Applies `claim.mutation` to the first document matching `claim.query` (in its
+    /// sort order); `None` when no document matches.
+    async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>>;
+
+    /// Inserts documents (each gets rev 1 and fence 0; a missing `_id` gets a fresh
+    /// `ObjectId`). Duplicates are reported per document; the others are inserted.
+    /// Documents must not carry reserved fields other than `_id`.
+    async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>>;
+
+    /// Documents matching `query`, in its order.
+    async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>>;
+
+    /// How many documents match `query` (sort and limit ignored).
+    async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64>;
+
+    /// Change notifications for the collection, or for one key. Subscribe
+    /// **before** reading the state you wait on, so no change falls between.
+    /// [`StoreError::Unsupported`] when the backend cannot (a standalone `mongod`).
+    async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream>;
+
+    /// Creates the indexes if missing (idempotent).
+    async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()>;
+}
+
+macro_rules! forward_store {
+    ($($ty:tt)*) => {
+        #[async_trait::async_trait]
+        impl<S: Store + ?Sized> Store for $($ty)*<S> {
+            fn backend_name(&self) -> &'static str {
+                (**self).backend_name()
+            }
+            async fn now(&self) -> StoreResult<StoreTime> {
+                (**self).now().await
+            }
+            async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
+                (**self).get(coll, key).await
+            }
+            async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
+                (**self).write(coll, key, write).await
+            }
+            async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
+                (**self).delete(coll, key, condition).await
+            }
+            async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+                (**self).claim(coll, claim).await
+            }
+            async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
+                (**self).insert_many(coll, docs).await
+            }
+            async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>> {
+                (**self).find(coll, query).await
+            }
+            async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
+                (**self).count(coll, query).await
+            }
+            async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
+                (**self).watch(coll, key).await
+            }
+            async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
+                (**self).ensure_indexes(coll, indexes).await
+            }
+        }
+    };
+}
+
+forward_store!(Arc);
+forward_store!(Box);
+
+/// Checks documents for [`Store::insert_many`] and gives each an `_id`; shared by
+/// backends so they reject the same inputs.
+pub fn prepare_inserts(docs: Vec<Document>) -> StoreResult<Vec<(Key, Document)>> {
+    docs.into_iter()
+        .map(|mut d| {
+            let key = match d.remove(fields::ID) {
+                Some(id) => Key::from_bson(id)?,
+                None => Key::generate(),
+            };
+            for name in d.keys() {
+                check_field_name(name)?;
+            }
+            let mut out = bson::doc! { fields::ID: key.as_bson().clone() };
+            out.extend(d);
+            out.insert(fields::FENCE, 0_i64);
+            out.insert(fields::REV, 1_i64);
+            Ok((key, out))
+        })
+        .collect()
+}

@@ -1,0 +1,225 @@
+//! Records: a document with the store's lease metadata beside the user's fields.
+
+use bson::{Bson, Document};
+
+use crate::{Key, StoreError, StoreTime};
+
+/// The field names the store reserves at the top level of every document.
+///
+/// Both backends store a record as one flat document: the user's fields and
+/// these. Keeping them top-level keeps task documents field-compatible with the
+/// original `mongo_agent` shape and lets indexes cover them.
+pub mod fields {
+    /// The document id.
+    pub const ID: &str = "_id";
+    /// The lease holder's identity, or null when free.
+    pub const LEASE_OWNER: &str = "lease_owner";
+    /// When the current holder first took the lease (epoch ms, store clock).
+    pub const LEASE_SINCE: &str = "lease_since";
+    /// When the lease lapses (epoch ms as an `i64`, store clock).
+    pub const LEASE_UNTIL: &str = "lease_until";
+    /// The fencing counter: grows by one on every grant that asks for it, never
+    /// shrinks, survives release.
+    pub const FENCE: &str = "fence";
+    /// Revision: grows by one on every applied write.
+    pub const REV: &str = "rev";
+    /// The nonce of the last applied write, which lets a backend tell in one round
+    /// trip whether its own conditional write was applied.
+    pub const LAST_OP: &str = "last_op";
+    /// A BSON date after which the document may be garbage-collected by a TTL
+    /// index. Never used for correctness.
+    pub const GC_AT: &str = "gc_at";
+
+    /// All reserved names.
+    pub const ALL: [&str; 8] = [ID, LEASE_OWNER, LEASE_SINCE, LEASE_UNTIL, FENCE, REV, LAST_OP, GC_AT];
+
+    /// Whether `name` is reserved.
+    pub fn is_reserved(name: &str) -> bool {
+        ALL.contains(&name)
+    }
+}
+
+/// A lease on a record: who holds it, since when, until when (store clock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The holder's identity.
+    pub owner: String,
+    /// When this holder took the lease.
+    pub since: StoreTime,
+    /// When the lease lapses unless renewed.
+    pub until: StoreTime,
+}
+
+impl Lease {
+    /// Whether the lease is still valid at store time `now`.
+    pub fn is_live_at(&self, now: StoreTime) -> bool {
+        self.until > now
+    }
+}
+
+/// A document as the store sees it.
+///
+/// ```
+/// use store_trait::{Record, StoreTime};
+/// use bson::doc;
+///
+/// let r = Record::from_document(
+///     "locks",
+///     doc! { "_id": "a", "lease_owner": "me", "lease_since": 1_i64,
+///            "lease_until": 10_i64, "fence": 3_i64, "rev": 4_i64, "color": "red" },
+/// ).unwrap();
+/// assert_eq!(r.fence(), 3);
+/// assert_eq!(r.holder_at(StoreTime::from_millis(5)).unwrap().owner, "me");
+/// assert!(r.holder_at(StoreTime::from_millis(10)).is_none());
+/// assert_eq!(r.data().get_str("color").unwrap(), "red");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    key: Key,
+    lease: Option<Lease>,
+    fence: u64,
+    rev: u64,
+    data: Document,
+}
+
+impl Record {
+    /// Reads a stored document. Missing metadata reads as "never written through the
+    /// store" (no lease, fence 0, rev 0); metadata of the wrong type is
+    /// [`StoreError::Malformed`].
+    pub fn from_document(collection: &str, mut doc: Document) -> Result<Record, StoreError> {
+        let key = match doc.remove(fields::ID) {
+            Some(id) => Key::from_bson(id).map_err(|e| StoreError::Malformed {
+                collection: collection.to_owned(),
+                key: "?".into(),
+                reason: e.to_string(),
+            })?,
+            None => {
+                return Err(StoreError::Malformed {
+                    collection: collection.to_owned(),
+                    key: "?".into(),
+                    reason: "document has no _id".into(),
+                })
+            }
+        };
+        let bad = |field: &str, v: &Bson| StoreError::malformed(collection, &key, format!("field {field} has unexpected value {v}"));
+        let int = |doc: &mut Document, field: &str| -> Result<Option<i64>, StoreError> {
+            match doc.remove(field) {
+                None | Some(Bson::Null) => Ok(None),
+                Some(Bson::Int64(v)) => Ok(Some(v)),
+                Some(Bson::Int32(v)) => Ok(Some(i64::from(v))),
+                Some(Bson::DateTime(d)) => Ok(Some(d.timestamp_millis())),
+                Some(Bson::Double(v)) if v.fract() == 0.0 && v.abs() < 9.0e15 => Ok(Some(v as i64)),
+                Some(v) => Err(bad(field, &v)),
+            }
+        };
+        let owner = match doc.remove(fields::LEASE_OWNER) {
+            None | Some(Bson::Null) => None,
+            Some(Bson::String(s)) => Some(s),
+            Some(v) => return Err(bad(fields::LEASE_OWNER, &v)),
+        };
+        let since = int(&mut doc, fields::LEASE_SINCE)?;
+        let until = int(&mut doc, fields::LEASE_UNTIL)?;
+        let fence = int(&mut doc, fields::FENCE)?.unwrap_or(0);
+        let rev = int(&mut doc, fields::REV)?.unwrap_or(0);
+        doc.remove(fields::LAST_OP);
+        doc.remove(fields::GC_AT);
+        let lease = match (owner, until) {
+            (Some(owner), Some(until)) => Some(Lease {
+                owner,
+                since: StoreTime::from_millis(since.unwrap_or(until)),
+                until: StoreTime::from_millis(until),
+            }),
+            (Some(_), None) => {
+                return Err(StoreError::malformed(collection, &key, "lease_owner is set but lease_until is missing"))
+            }
+            (None, _) => None,
+        };
+        let to_u64 = |field: &str, v: i64| u64::try_from(v).map_err(|_| bad(field, &Bson::Int64(v)));
+        Ok(Record { fence: to_u64(fields::FENCE, fence)?, rev: to_u64(fields::REV, rev)?, key, lease, data: doc })
+    }
+
+    /// The document id.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The last lease granted, live or lapsed; `None` when free or released.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// The lease if it is still valid at store time `now`.
+    pub fn holder_at(&self, now: StoreTime) -> Option<&Lease> {
+        self.lease.as_ref().filter(|l| l.is_live_at(now))
+    }
+
+    /// Whether `owner` holds a live lease at `now`.
+    pub fn is_held_by_at(&self, owner: &str, now: StoreTime) -> bool {
+        self.holder_at(now).is_some_and(|l| l.owner == owner)
+    }
+
+    /// The fencing counter (0 when never granted).
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// The revision (0 when never written through the store).
+    pub fn rev(&self) -> u64 {
+        self.rev
+    }
+
+    /// The user's fields (everything but the reserved ones).
+    pub fn data(&self) -> &Document {
+        &self.data
+    }
+
+    /// Takes the user's fields.
+    pub fn into_data(self) -> Document {
+        self.data
+    }
+}
+
+/// A record read together with the store's clock, in one round trip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The record, if the document exists.
+    pub record: Option<Record>,
+    /// The store's time when it was read.
+    pub now: StoreTime,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn parses_foreign_documents() {
+        // A task in the original mongo_agent shape: no store metadata at all.
+        let r = Record::from_document("q", doc! { "_id": bson::oid::ObjectId::new(), "agent_name": "a", "ready": true }).unwrap();
+        assert_eq!((r.fence(), r.rev()), (0, 0));
+        assert!(r.lease().is_none());
+        assert_eq!(r.data().len(), 2);
+    }
+
+    #[test]
+    fn rejects_malformed_metadata() {
+        for bad in [
+            doc! { "_id": "a", "fence": "x" },
+            doc! { "_id": "a", "fence": -1_i64 },
+            doc! { "_id": "a", "lease_owner": 5 },
+            doc! { "_id": "a", "lease_owner": "me" },
+            doc! { "_id": "" },
+            doc! { "x": 1 },
+        ] {
+            let e = Record::from_document("c", bad.clone()).unwrap_err();
+            assert!(matches!(e, StoreError::Malformed { .. }), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn accepts_numeric_variants() {
+        let r = Record::from_document("c", doc! { "_id": "a", "fence": 2_i32, "rev": 3.0, "lease_owner": null }).unwrap();
+        assert_eq!((r.fence(), r.rev()), (2, 3));
+    }
+}

@@ -1,0 +1,654 @@
+//! The conformance suite: one set of behavioural tests every backend runs in full.
+//!
+//! A backend implements [`Harness`] and invokes [`conformance_tests!`](crate::conformance_tests)
+//! once in its integration tests:
+//!
+//! ```ignore
+//! async fn harness() -> Option<MyHarness> { Some(MyHarness::new()) }
+//! store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
+//! ```
+//!
+//! Nothing here is backend-specific except time control: the suite waits with
+//! `tokio::time::sleep`, which a paused runtime (memory) skips through instantly
+//! and a real server (MongoDB) waits out with short leases.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::Duration;
+
+use bson::{doc, Bson};
+
+use crate::{
+    ChangeKind, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation, Order, Query,
+    Record, Store, StoreError, StoreTime, Ttl, Write, WriteOutcome,
+};
+
+/// What a backend provides to run the suite.
+#[async_trait::async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// The store under test.
+    type Store: Store + Clone;
+    /// A store isolated from every other test (own database or own instance),
+    /// named from the test.
+    async fn store(&self, test: &str) -> Self::Store;
+    /// A lease length that is short but reliably longer than a few round trips.
+    fn ttl(&self) -> Duration;
+    /// Whether this backend must support change notifications (the suite fails if
+    /// it reports `Unsupported` when they were expected, and vice versa).
+    fn change_streams_expected(&self) -> bool;
+}
+
+/// Generates one `#[test]` function per conformance test. `$harness` is a path to
+/// an `async fn() -> Option<impl Harness>` (`None` skips: the backend reports why);
+/// `$attr` the test attribute to use.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:path, #[$attr:meta]) => {
+        $crate::__conformance_tests!($harness, #[$attr],
+            now_advances, get_absent_and_present, absent_key_is_created_with_fence_one,
+            live_lease_is_never_taken, lease_expires_on_store_clock, owner_renews_and_keeps_since,
+            renew_needs_a_live_lease, release_keeps_the_fence, fence_grows_over_1000_cycles,
+            compare_and_set_on_fence_and_rev, conditional_delete, racers_32_fresh_key_one_winner,
+            racers_32_expired_lease_one_winner, claim_orders_by_priority_then_time,
+            claim_respects_leases_and_due_times, claim_on_empty_queue, insert_many_reports_duplicates,
+            unique_index_dedupes, data_mutations_on_store_clock, find_and_count, field_conditions,
+            due_by_tolerates_malformed_values, watch_or_clean_absence, bad_inputs_are_typed_errors,
+            foreign_documents_are_readable
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
+        $(
+            #[$attr]
+            async fn $name() {
+                let Some(h) = $harness().await else { return };
+                $crate::testing::$name(&h).await;
+            }
+        )*
+    };
+}
+
+fn coll(name: &str) -> Collection {
+    Collection::new(name).unwrap()
+}
+
+fn key(k: &str) -> Key {
+    Key::new(k).unwrap()
+}
+
+fn ttl_of(d: Duration) -> Ttl {
+    Ttl::new(d).unwrap()
+}
+
+fn acquire(owner: &str, ttl: Ttl) -> Write {
+    Write::new(
+        Condition::Free.or(Condition::HeldBy(owner.into())),
+        Mutation::new().grant(owner, ttl).bump_fence(),
+    )
+    .upsert()
+}
+
+fn release(owner: &str) -> Write {
+    Write::new(Condition::OwnedBy(owner.into()), Mutation::new().release())
+}
+
+fn applied(o: WriteOutcome) -> Record {
+    match o {
+        WriteOutcome::Applied(r) => r,
+        WriteOutcome::Rejected(r) => panic!("expected the write to apply, it was rejected; current: {r:?}"),
+    }
+}
+
+fn rejected(o: WriteOutcome) -> Option<Record> {
+    match o {
+        WriteOutcome::Rejected(r) => r,
+        WriteOutcome::Applied(r) => panic!("expected the write to be rejected, it applied: {r:?}"),
+    }
+}
+
+pub async fn now_advances<H: Harness>(h: &H) {
+    let s = h.store("now_advances").await;
+    let a = s.now().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b = s.now().await.unwrap();
+    assert!(b.as_millis() >= a.as_millis() + 40, "store clock did not advance: {a} -> {b}");
+    let snap = s.get(&coll("c"), &key("nothing")).await.unwrap();
+    assert!(snap.now >= b, "get() returns the store's time: {} < {b}", snap.now);
+}
+
+pub async fn get_absent_and_present<H: Harness>(h: &H) {
+    let s = h.store("get_absent_and_present").await;
+    let (c, k) = (coll("locks"), key("k"));
+    assert!(s.get(&c, &k).await.unwrap().record.is_none());
+    applied(s.write(&c, &k, &acquire("a", ttl_of(h.ttl()))).await.unwrap());
+    let snap = s.get(&c, &k).await.unwrap();
+    let r = snap.record.expect("record exists");
+    assert_eq!(r.key(), &k);
+    assert!(r.is_held_by_at("a", snap.now));
+}
+
+pub async fn absent_key_is_created_with_fence_one<H: Harness>(h: &H) {
+    let s = h.store("absent_key_is_created_with_fence_one").await;
+    let before = s.now().await.unwrap();
+    let ttl = ttl_of(Duration::from_secs(30));
+    let r = applied(s.write(&coll("locks"), &key("k"), &acquire("a", ttl)).await.unwrap());
+    let after = s.now().await.unwrap();
+    assert_eq!((r.fence(), r.rev()), (1, 1));
+    let lease = r.lease().expect("leased");
+    assert_eq!(lease.owner, "a");
+    assert!(lease.since >= before && lease.since <= after, "since {} not in [{before}, {after}]", lease.since);
+    assert_eq!(lease.until.as_millis() - lease.since.as_millis(), 30_000);
+    // Without upsert nothing is created.
+    let w = Write::new(Condition::Free, Mutation::new().grant("a", ttl));
+    assert_eq!(rejected(s.write(&coll("locks"), &key("other"), &w).await.unwrap()), None);
+    assert!(s.get(&coll("locks"), &key("other")).await.unwrap().record.is_none());
+}
+
+/// The test that catches a server comparing dates wrongly: a live lease must never
+/// be granted to someone else.
+pub async fn live_lease_is_never_taken<H: Harness>(h: &H) {
+    let s = h.store("live_lease_is_never_taken").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let held = applied(s.write(&c, &k, &acquire("a", ttl_of(Duration::from_secs(60)))).await.unwrap());
+    for other in ["b", "c"] {
+        let cur = rejected(s.write(&c, &k, &acquire(other, ttl_of(Duration::from_secs(60)))).await.unwrap())
+            .expect("current record is returned");
+        let lease = cur.lease().expect("still leased");
+        assert_eq!(lease.owner, "a");
+        assert_eq!(lease.until, held.lease().unwrap().until);
+        assert_eq!(cur.fence(), 1);
+    }
+    let free = Write::new(Condition::Free, Mutation::new().set("x", 1));
+    rejected(s.write(&c, &k, &free).await.unwrap());
+}
+
+pub async fn lease_expires_on_store_clock<H: Harness>(h: &H) {
+    let s = h.store("lease_expires_on_store_clock").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(h.ttl());
+    let r = applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
+    rejected(s.write(&c, &k, &acquire("b", ttl)).await.unwrap());
+    // Wait until the store clock is past the lease.
+    let until = r.lease().unwrap().until;
+    loop {
+        let now = s.now().await.unwrap();
+        if now > until {
+            break;
+        }
+        tokio::time::sleep(now.until(until) + Duration::from_millis(5)).await;
+    }
+    let snap = s.get(&c, &k).await.unwrap();
+    assert!(snap.record.as_ref().unwrap().holder_at(snap.now).is_none(), "lapsed lease reads as free");
+    let b = applied(s.write(&c, &k, &acquire("b", ttl)).await.unwrap());
+    assert_eq!(b.lease().unwrap().owner, "b");
+    assert_eq!(b.fence(), 2, "a new holder gets a larger token");
+}
+
+pub async fn owner_renews_and_keeps_since<H: Harness>(h: &H) {
+    let s = h.store("owner_renews_and_keeps_since").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(Duration::from_secs(30));
+    let first = applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let renew = Write::new(Condition::HeldBy("a".into()), Mutation::new().grant("a", ttl));
+    let second = applied(s.write(&c, &k, &renew).await.unwrap());
+    assert!(second.lease().unwrap().until > first.lease().unwrap().until);
+    assert_eq!(second.lease().unwrap().since, first.lease().unwrap().since);
+    assert_eq!(second.fence(), first.fence(), "renewal does not bump the token");
+    assert_eq!(second.rev(), first.rev() + 1);
+    // Re-acquiring through the acquire path while live is also a renewal of the same term.
+    let third = applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
+    assert_eq!(third.lease().unwrap().since, first.lease().unwrap().since);
+}
+
+pub async fn renew_needs_a_live_lease<H: Harness>(h: &H) {
+    let s = h.store("renew_needs_a_live_lease").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(h.ttl());
+    let renew = |o: &str| Write::new(Condition::HeldBy(o.into()), Mutation::new().grant(o, ttl));
+    assert_eq!(rejected(s.write(&c, &k, &renew("a")).await.unwrap()), None);
+    applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
+    let cur = rejected(s.write(&c, &k, &renew("b")).await.unwrap()).unwrap();
+    assert_eq!(cur.lease().unwrap().owner, "a");
+    tokio::time::sleep(ttl.as_duration() + Duration::from_millis(100)).await;
+    rejected(s.write(&c, &k, &renew("a")).await.unwrap());
+}
+
+pub async fn release_keeps_the_fence<H: Harness>(h: &H) {
+    let s = h.store("release_keeps_the_fence").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(Duration::from_secs(30));
+    applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
+    let cur = rejected(s.write(&c, &k, &release("b")).await.unwrap()).unwrap();
+    assert_eq!(cur.lease().unwrap().owner, "a", "only the owner releases");
+    let r = applied(s.write(&c, &k, &release("a")).await.unwrap());
+    assert!(r.lease().is_none());
+    assert_eq!(r.fence(), 1);
+    let b = applied(s.write(&c, &k, &acquire("b", ttl)).await.unwrap());
+    assert_eq!(b.fence(), 2);
+    // Releasing twice: the second is rejected, nothing changes.
+    applied(s.write(&c, &k, &release("b")).await.unwrap());
+    let cur = rejected(s.write(&c, &k, &release("b")).await.unwrap()).unwrap();
+    assert_eq!(cur.fence(), 2);
+}
+
+pub async fn fence_grows_over_1000_cycles<H: Harness>(h: &H) {
+    let s = h.store("fence_grows_over_1000_cycles").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(Duration::from_secs(30));
+    let mut last = 0;
+    for i in 0..1000 {
+        let owner = if i % 2 == 0 { "a" } else { "b" };
+        let r = applied(s.write(&c, &k, &acquire(owner, ttl)).await.unwrap());
+        assert!(r.fence() > last, "cycle {i}: token {} after {last}", r.fence());
+        last = r.fence();
+        applied(s.write(&c, &k, &release(owner)).await.unwrap());
+    }
+    assert_eq!(last, 1000);
+}
+
+pub async fn compare_and_set_on_fence_and_rev<H: Harness>(h: &H) {
+    let s = h.store("compare_and_set_on_fence_and_rev").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let r = applied(s.write(&c, &k, &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap());
+    let stale = Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence() + 1)), Mutation::new().set("v", 1));
+    rejected(s.write(&c, &k, &stale).await.unwrap());
+    let good = Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence())), Mutation::new().set("v", 1));
+    let r2 = applied(s.write(&c, &k, &good).await.unwrap());
+    assert_eq!(r2.data().get("v"), Some(&Bson::Int32(1)));
+    let old_rev = Write::new(Condition::RevIs(r.rev()), Mutation::new().set("v", 2));
+    rejected(s.write(&c, &k, &old_rev).await.unwrap());
+    let cur_rev = Write::new(Condition::RevIs(r2.rev()), Mutation::new().set("v", 2));
+    assert_eq!(applied(s.write(&c, &k, &cur_rev).await.unwrap()).rev(), r2.rev() + 1);
+}
+
+pub async fn conditional_delete<H: Harness>(h: &H) {
+    let s = h.store("conditional_delete").await;
+    let (c, k) = (coll("locks"), key("k"));
+    match s.delete(&c, &k, &Condition::Always).await.unwrap() {
+        DeleteOutcome::Rejected(None) => {}
+        other => panic!("deleting an absent document: {other:?}"),
+    }
+    let r = applied(s.write(&c, &k, &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap());
+    let wrong = Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence() + 1));
+    match s.delete(&c, &k, &wrong).await.unwrap() {
+        DeleteOutcome::Rejected(Some(cur)) => assert_eq!(cur.fence(), r.fence()),
+        other => panic!("stale delete: {other:?}"),
+    }
+    let right = Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence()));
+    match s.delete(&c, &k, &right).await.unwrap() {
+        DeleteOutcome::Deleted(old) => assert_eq!(old.fence(), r.fence()),
+        other => panic!("delete: {other:?}"),
+    }
+    assert!(s.get(&c, &k).await.unwrap().record.is_none());
+}
+
+async fn race<S: Store + Clone>(s: &S, c: &Collection, k: &Key, n: usize, ttl: Ttl) -> Vec<WriteOutcome> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (s, c, k) = (s.clone(), c.clone(), k.clone());
+            tokio::spawn(async move { s.write(&c, &k, &acquire(&format!("racer-{i}"), ttl)).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in futures::future::join_all(tasks).await {
+        out.push(t.expect("racer task").expect("racer write"));
+    }
+    out
+}
+
+fn one_winner(outcomes: &[WriteOutcome], expected_fence: u64) {
+    let winners: Vec<&Record> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            WriteOutcome::Applied(r) => Some(r),
+            WriteOutcome::Rejected(_) => None,
+        })
+        .collect();
+    assert_eq!(winners.len(), 1, "exactly one racer wins, got {}", winners.len());
+    let winner = winners[0].lease().unwrap().owner.clone();
+    assert_eq!(winners[0].fence(), expected_fence);
+    for o in outcomes {
+        if let WriteOutcome::Rejected(cur) = o {
+            let cur = cur.as_ref().expect("losers see the current record");
+            assert_eq!(cur.lease().unwrap().owner, winner, "losers see the winner");
+        }
+    }
+}
+
+pub async fn racers_32_fresh_key_one_winner<H: Harness>(h: &H) {
+    let s = h.store("racers_32_fresh_key_one_winner").await;
+    let out = race(&s, &coll("locks"), &key("fresh"), 32, ttl_of(Duration::from_secs(60))).await;
+    one_winner(&out, 1);
+}
+
+pub async fn racers_32_expired_lease_one_winner<H: Harness>(h: &H) {
+    let s = h.store("racers_32_expired_lease_one_winner").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(h.ttl());
+    applied(s.write(&c, &k, &acquire("old", ttl)).await.unwrap());
+    tokio::time::sleep(ttl.as_duration() + Duration::from_millis(100)).await;
+    let out = race(&s, &c, &k, 32, ttl_of(Duration::from_secs(60))).await;
+    one_winner(&out, 2);
+}
+
+fn task(id: &str, priority: i32, run_at_ms: i64) -> bson::Document {
+    doc! { "_id": id, "agent_name": "a", "ready": true, "priority": priority, "run_at": bson::DateTime::from_millis(run_at_ms) }
+}
+
+fn claim_for(owner: &str, ttl: Ttl) -> Claim {
+    let claimable = Condition::FieldEq("ready".into(), Bson::Boolean(true)).or(Condition::Exists("complete".into())
+        .negate()
+        .and(Condition::Exists("claimed".into()))
+        .and(Condition::Free));
+    Claim {
+        query: Query::eq(doc! { "agent_name": "a" })
+            .when(claimable)
+            .when(Condition::DueBy("run_at".into()))
+            .sort("priority", Order::Desc)
+            .sort("run_at", Order::Asc)
+            .sort("_id", Order::Asc),
+        mutation: Mutation::new().grant(owner, ttl).bump_fence().set("ready", false).set("claimed", true).inc("attempts", 1),
+    }
+}
+
+pub async fn claim_orders_by_priority_then_time<H: Harness>(h: &H) {
+    let s = h.store("claim_orders_by_priority_then_time").await;
+    let c = coll("tasks");
+    let t0 = s.now().await.unwrap().as_millis() - 10_000;
+    let docs = vec![
+        task("low-old", 0, t0),
+        task("high-new", 5, t0 + 3),
+        task("high-old", 5, t0 + 1),
+        task("mid", 1, t0),
+        task("low-new", 0, t0 + 5),
+        doc! { "_id": "other-agent", "agent_name": "b", "ready": true, "priority": 9, "run_at": bson::DateTime::from_millis(t0) },
+    ];
+    s.insert_many(&c, docs).await.unwrap();
+    let ttl = ttl_of(Duration::from_secs(60));
+    let mut order = Vec::new();
+    while let Some(r) = s.claim(&c, &claim_for("w", ttl)).await.unwrap() {
+        assert_eq!(r.lease().unwrap().owner, "w");
+        assert_eq!(r.fence(), 1);
+        assert_eq!(r.data().get("ready"), Some(&Bson::Boolean(false)));
+        assert_eq!(r.data().get("attempts"), Some(&Bson::Int64(1)));
+        order.push(r.key().to_string());
+        assert!(order.len() <= 5, "claimed too many: {order:?}");
+    }
+    assert_eq!(order, ["high-old", "high-new", "mid", "low-old", "low-new"]);
+}
+
+pub async fn claim_respects_leases_and_due_times<H: Harness>(h: &H) {
+    let s = h.store("claim_respects_leases_and_due_times").await;
+    let c = coll("tasks");
+    let now = s.now().await.unwrap().as_millis();
+    s.insert_many(&c, vec![task("now", 0, now - 1000), task("later", 0, now + 3_600_000)]).await.unwrap();
+    let ttl = ttl_of(h.ttl());
+    let first = s.claim(&c, &claim_for("w1", ttl)).await.unwrap().expect("a due task");
+    assert_eq!(first.key().to_string(), "now");
+    assert!(s.claim(&c, &claim_for("w2", ttl)).await.unwrap().is_none(), "a leased task and a future task are not claimable");
+    tokio::time::sleep(ttl.as_duration() + Duration::from_millis(100)).await;
+    let again = s.claim(&c, &claim_for("w2", ttl)).await.unwrap().expect("an expired claim is claimable again");
+    assert_eq!(again.key().to_string(), "now");
+    assert_eq!(again.fence(), 2);
+    assert_eq!(again.data().get("attempts"), Some(&Bson::Int64(2)));
+    // The stale claimant's completion, fenced by its token, is rejected.
+    let complete = |owner: &str, fence: u64| {
+        Write::new(
+            Condition::OwnedBy(owner.into()).and(Condition::FenceIs(fence)),
+            Mutation::new().release().set("complete", true),
+        )
+    };
+    rejected(s.write(&c, first.key(), &complete("w1", first.fence())).await.unwrap());
+    applied(s.write(&c, first.key(), &complete("w2", again.fence())).await.unwrap());
+}
+
+pub async fn claim_on_empty_queue<H: Harness>(h: &H) {
+    let s = h.store("claim_on_empty_queue").await;
+    assert!(s.claim(&coll("tasks"), &claim_for("w", ttl_of(h.ttl()))).await.unwrap().is_none());
+}
+
+pub async fn insert_many_reports_duplicates<H: Harness>(h: &H) {
+    let s = h.store("insert_many_reports_duplicates").await;
+    let c = coll("tasks");
+    let out = s.insert_many(&c, vec![doc! {"_id": "a", "n": 1}, doc! {"_id": "b"}]).await.unwrap();
+    assert_eq!(out, vec![InsertOutcome::Inserted(key("a")), InsertOutcome::Inserted(key("b"))]);
+    let out = s
+        .insert_many(&c, vec![doc! {"_id": "a", "n": 2}, doc! {"_id": "c"}, doc! {"_id": "c"}, doc! {"x": 1}])
+        .await
+        .unwrap();
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0], InsertOutcome::Duplicate(key("a")));
+    assert_eq!(out[1], InsertOutcome::Inserted(key("c")));
+    assert_eq!(out[2], InsertOutcome::Duplicate(key("c")));
+    let generated = match &out[3] {
+        InsertOutcome::Inserted(k) => k.clone(),
+        other => panic!("generated id: {other:?}"),
+    };
+    let a = s.get(&c, &key("a")).await.unwrap().record.unwrap();
+    assert_eq!(a.data().get("n"), Some(&Bson::Int32(1)), "a duplicate never overwrites");
+    assert_eq!((a.rev(), a.fence()), (1, 0));
+    assert!(s.get(&c, &generated).await.unwrap().record.is_some());
+    assert_eq!(s.count(&c, &Query::all()).await.unwrap(), 4);
+}
+
+pub async fn unique_index_dedupes<H: Harness>(h: &H) {
+    let s = h.store("unique_index_dedupes").await;
+    let c = coll("tasks");
+    let idx = IndexSpec::new("dedupe", vec![("dedupe_key".into(), Order::Asc)]).unique().sparse();
+    s.ensure_indexes(&c, std::slice::from_ref(&idx)).await.unwrap();
+    s.ensure_indexes(&c, &[idx]).await.unwrap();
+    let out = s
+        .insert_many(&c, vec![doc! {"_id": "1", "dedupe_key": "x"}, doc! {"_id": "2", "dedupe_key": "x"}, doc! {"_id": "3"}, doc! {"_id": "4"}])
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            InsertOutcome::Inserted(key("1")),
+            InsertOutcome::Duplicate(key("2")),
+            InsertOutcome::Inserted(key("3")),
+            InsertOutcome::Inserted(key("4"))
+        ]
+    );
+    let clash = Write::new(Condition::Always, Mutation::new().set("dedupe_key", "x"));
+    match s.write(&c, &key("3"), &clash).await {
+        Err(StoreError::DuplicateKey { .. }) => {}
+        other => panic!("a write violating a unique index: {other:?}"),
+    }
+    let doc3 = s.get(&c, &key("3")).await.unwrap().record.unwrap();
+    assert!(doc3.data().get("dedupe_key").is_none(), "nothing half-written");
+    s.ensure_indexes(&c, &[IndexSpec::gc()]).await.unwrap();
+}
+
+pub async fn data_mutations_on_store_clock<H: Harness>(h: &H) {
+    let s = h.store("data_mutations_on_store_clock").await;
+    let (c, k) = (coll("tasks"), key("t"));
+    s.insert_many(&c, vec![doc! {"_id": "t", "drop": 1, "n": 5_i32}]).await.unwrap();
+    let before = s.now().await.unwrap();
+    let m = Mutation::new()
+        .set("added", "yes")
+        .unset("drop")
+        .set_now("started_at")
+        .set_time_after("retry_at", Duration::from_secs(10))
+        .inc("n", 2)
+        .inc("fresh", 1)
+        .gc_after(ttl_of(Duration::from_secs(60)));
+    let r = applied(s.write(&c, &k, &Write::new(Condition::Always, m)).await.unwrap());
+    let after = s.now().await.unwrap();
+    let d = r.data();
+    assert_eq!(d.get_str("added").unwrap(), "yes");
+    assert!(d.get("drop").is_none());
+    assert_eq!(d.get("n").and_then(crate::semantics::as_i64), Some(7));
+    assert_eq!(d.get("fresh").and_then(crate::semantics::as_i64), Some(1));
+    let started = d.get_datetime("started_at").unwrap().timestamp_millis();
+    assert!(started >= before.as_millis() && started <= after.as_millis(), "set_now uses the store clock");
+    assert_eq!(d.get_datetime("retry_at").unwrap().timestamp_millis(), started + 10_000);
+    assert!(d.get("gc_at").is_none(), "reserved fields are not user data");
+}
+
+pub async fn find_and_count<H: Harness>(h: &H) {
+    let s = h.store("find_and_count").await;
+    let c = coll("tasks");
+    let docs = (0..10).map(|i| doc! {"_id": format!("t{i}"), "agent_name": if i % 2 == 0 { "even" } else { "odd" }, "n": i}).collect();
+    s.insert_many(&c, docs).await.unwrap();
+    let q = Query::eq(doc! {"agent_name": "even"}).sort("n", Order::Desc).limit(3);
+    let got: Vec<String> = s.find(&c, &q).await.unwrap().iter().map(|r| r.key().to_string()).collect();
+    assert_eq!(got, ["t8", "t6", "t4"]);
+    assert_eq!(s.count(&c, &q).await.unwrap(), 5);
+    let q = Query::all().when(Condition::FieldEq("n".into(), Bson::Int64(3)));
+    assert_eq!(s.count(&c, &q).await.unwrap(), 1);
+    applied(s.write(&c, &key("t1"), &acquire("w", ttl_of(Duration::from_secs(30)))).await.unwrap());
+    let held = Query::all().when(Condition::Free.negate());
+    let got = s.find(&c, &held).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key().to_string(), "t1");
+    let by_owner = Query::eq(doc! {"lease_owner": "w"});
+    assert_eq!(s.count(&c, &by_owner).await.unwrap(), 1);
+}
+
+pub async fn field_conditions<H: Harness>(h: &H) {
+    let s = h.store("field_conditions").await;
+    let (c, k) = (coll("tasks"), key("t"));
+    s.insert_many(&c, vec![doc! {"_id": "t", "n": 1_i32, "s": "$notAnOperator", "z": null}]).await.unwrap();
+    let cases = [
+        (Condition::FieldEq("n".into(), Bson::Int64(1)), true),
+        (Condition::FieldEq("n".into(), Bson::Double(1.0)), true),
+        (Condition::FieldEq("n".into(), Bson::String("1".into())), false),
+        (Condition::FieldEq("s".into(), Bson::String("$notAnOperator".into())), true),
+        (Condition::FieldEq("missing".into(), Bson::Int32(1)), false),
+        (Condition::Exists("z".into()), false),
+        (Condition::Exists("missing".into()), false),
+        (Condition::Exists("n".into()), true),
+        (Condition::Exists("z".into()).negate(), true),
+        (Condition::Any(vec![]), false),
+        (Condition::All(vec![]), true),
+        (Condition::Absent, false),
+        (Condition::Free, true),
+    ];
+    for (cond, expect) in cases {
+        let w = Write::new(cond.clone(), Mutation::new());
+        let got = s.write(&c, &k, &w).await.unwrap().is_applied();
+        assert_eq!(got, expect, "{cond:?}");
+    }
+}
+
+pub async fn due_by_tolerates_malformed_values<H: Harness>(h: &H) {
+    let s = h.store("due_by_tolerates_malformed_values").await;
+    let c = coll("tasks");
+    let now = s.now().await.unwrap().as_millis();
+    s.insert_many(
+        &c,
+        vec![
+            doc! {"_id": "text", "run_at": "soon"},
+            doc! {"_id": "missing"},
+            doc! {"_id": "null", "run_at": null},
+            doc! {"_id": "future-ms", "run_at": now + 3_600_000},
+            doc! {"_id": "past-ms", "run_at": now - 1},
+            doc! {"_id": "future-date", "run_at": bson::DateTime::from_millis(now + 3_600_000)},
+        ],
+    )
+    .await
+    .unwrap();
+    let q = Query::all().when(Condition::DueBy("run_at".into())).sort("_id", Order::Asc);
+    let got: Vec<String> = s.find(&c, &q).await.unwrap().iter().map(|r| r.key().to_string()).collect();
+    assert_eq!(got, ["missing", "null", "past-ms", "text"]);
+}
+
+pub async fn watch_or_clean_absence<H: Harness>(h: &H) {
+    use futures::StreamExt;
+    let s = h.store("watch_or_clean_absence").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let stream = s.watch(&c, Some(&k)).await;
+    let mut all = s.watch(&c, None).await;
+    match (&stream, h.change_streams_expected()) {
+        (Err(StoreError::Unsupported { .. }), false) => return,
+        (Ok(_), true) => {}
+        (Err(e), true) => panic!("change streams expected: {e}"),
+        (Ok(_), false) => panic!("change streams reported where none were expected"),
+        (Err(e), false) => panic!("absence must be reported as Unsupported, got {e}"),
+    }
+    let mut stream = stream.unwrap();
+    let mut all_stream = all.as_mut().map(|s| s.as_mut()).ok();
+    s.write(&c, &key("other"), &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap();
+    s.write(&c, &k, &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap();
+    s.write(&c, &k, &release("a")).await.unwrap();
+    s.delete(&c, &k, &Condition::Always).await.unwrap();
+    let mut kinds = Vec::new();
+    while kinds.len() < 3 {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a change event within 10 s")
+            .expect("stream open")
+            .expect("event");
+        if ev.kind == ChangeKind::Resync {
+            continue;
+        }
+        assert_eq!(ev.key.as_ref(), Some(&k), "a key watch sees only its key");
+        kinds.push(ev.kind);
+    }
+    assert_eq!(kinds, [ChangeKind::Insert, ChangeKind::Update, ChangeKind::Delete]);
+    let all_stream = all_stream.as_mut().expect("collection watch");
+    let first = tokio::time::timeout(Duration::from_secs(10), all_stream.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(first.key, Some(key("other")), "a collection watch sees every key");
+}
+
+pub async fn bad_inputs_are_typed_errors<H: Harness>(h: &H) {
+    let s = h.store("bad_inputs_are_typed_errors").await;
+    let c = coll("locks");
+    let k = key("k");
+    let invalid = |r: Result<(), StoreError>, what: &str| match r {
+        Err(StoreError::InvalidInput { .. }) => {}
+        other => panic!("{what}: expected InvalidInput, got {other:?}"),
+    };
+    invalid(Key::new("").map(drop), "empty key");
+    invalid(Collection::new("").map(drop), "empty collection");
+    invalid(Ttl::new(Duration::ZERO).map(drop), "zero ttl");
+    invalid(Ttl::from_secs_f64(-3.0).map(drop), "negative ttl");
+    invalid(Ttl::new(Duration::from_secs(u64::MAX)).map(drop), "overflowing ttl");
+    let ttl = ttl_of(Duration::from_secs(1));
+    let bad_writes = [
+        Write::new(Condition::OwnedBy("a".into()), Mutation::new()).upsert(),
+        Write::new(Condition::Always, Mutation::new().set("lease_owner", "me")),
+        Write::new(Condition::Always, Mutation::new().set("$set", 1)),
+        Write::new(Condition::Always, Mutation::new().set("a.b", 1)),
+        Write::new(Condition::Always, Mutation::new().set("x", 1).unset("x")),
+        Write::new(Condition::Always, Mutation::new().grant("", ttl)),
+        Write::new(Condition::FieldEq("x".into(), Bson::Null), Mutation::new()),
+        Write::new(Condition::FenceIs(u64::MAX), Mutation::new()),
+    ];
+    for w in &bad_writes {
+        invalid(s.write(&c, &k, w).await.map(drop), &format!("{w:?}"));
+    }
+    invalid(s.insert_many(&c, vec![doc! {"_id": "x", "fence": 3}]).await.map(drop), "reserved field on insert");
+    invalid(s.insert_many(&c, vec![doc! {"_id": 1.5}]).await.map(drop), "float id");
+    invalid(s.insert_many(&c, vec![doc! {"_id": ""}]).await.map(drop), "empty id");
+    invalid(s.find(&c, &Query::eq(doc! {"n": {"$gt": 1}})).await.map(drop), "operator in filter");
+    invalid(s.ensure_indexes(&c, &[IndexSpec::new("", vec![])]).await, "empty index");
+    let claim = Claim { query: Query::all(), mutation: Mutation::new().set("_id", 1) };
+    invalid(s.claim(&c, &claim).await.map(drop), "claim changing _id");
+    // Nothing was written by any of the rejected calls.
+    assert_eq!(s.count(&c, &Query::all()).await.unwrap(), 0);
+}
+
+pub async fn foreign_documents_are_readable<H: Harness>(h: &H) {
+    // Tasks written by the original mongo_agent carry ObjectId ids and no store
+    // metadata; they must read, claim and complete like any other.
+    let s = h.store("foreign_documents_are_readable").await;
+    let c = coll("queue");
+    let oid = bson::oid::ObjectId::new();
+    s.insert_many(&c, vec![doc! {"_id": oid, "agent_name": "a", "ready": true}]).await.unwrap();
+    let claim = Claim {
+        query: Query::eq(doc! {"agent_name": "a", "ready": true}),
+        mutation: Mutation::new().grant("w", ttl_of(Duration::from_secs(30))).bump_fence().set("ready", false),
+    };
+    let r = s.claim(&c, &claim).await.unwrap().expect("claimed");
+    assert_eq!(r.key().as_bson(), &Bson::ObjectId(oid));
+    let done = Write::new(Condition::HeldBy("w".into()).and(Condition::FenceIs(r.fence())), Mutation::new().release().set("complete", true));
+    let r = applied(s.write(&c, r.key(), &done).await.unwrap());
+    assert_eq!(r.data().get("complete"), Some(&Bson::Boolean(true)));
+    assert!(StoreTime::from_millis(0) < s.now().await.unwrap());
+}
