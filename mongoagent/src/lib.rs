@@ -1,1 +1,1 @@
-//! placeholder
+//! `mongoagent`: being built on `store-trait`; see ARCHITECTURE.md.

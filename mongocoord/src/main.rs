@@ -1,1 +1,3 @@
+//! The `mongocoord` command-line tool: demo, shell runners, operator views.
+
 fn main() {}

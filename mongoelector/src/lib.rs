@@ -1,1 +1,1 @@
-//! placeholder
+//! `mongoelector`: being built on `store-trait`; see ARCHITECTURE.md.

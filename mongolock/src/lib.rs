@@ -1,1 +1,1 @@
-//! placeholder
+//! `mongolock`: being built on `store-trait`; see ARCHITECTURE.md.

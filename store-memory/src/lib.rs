@@ -198,7 +198,9 @@ impl MemoryStore {
             let ttl: Vec<(String, i64)> = coll
                 .indexes
                 .iter()
-                .filter_map(|i| i.expire_after.map(|d| (i.keys[0].0.clone(), i64::try_from(d.as_millis()).unwrap_or(i64::MAX))))
+                .filter_map(|i| {
+                    i.expire_after.map(|d| (i.keys[0].0.clone(), i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+                })
                 .collect();
             let expired: Vec<String> = coll
                 .docs
@@ -288,9 +290,10 @@ impl Coll {
                 k != own && {
                     let other: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| e.doc.get(f)).collect();
                     !(idx.sparse && other.iter().all(Option::is_none))
-                        && vals.iter().zip(&other).all(|(a, b)| {
-                            semantics::value_eq(a.unwrap_or(&Bson::Null), b.unwrap_or(&Bson::Null))
-                        })
+                        && vals
+                            .iter()
+                            .zip(&other)
+                            .all(|(a, b)| semantics::value_eq(a.unwrap_or(&Bson::Null), b.unwrap_or(&Bson::Null)))
                 }
             });
             if clash {
@@ -311,7 +314,9 @@ impl Coll {
         let mut hits: Vec<&Entry> = self
             .docs
             .values()
-            .filter(|e| semantics::filter_matches(&q.filter, &e.doc) && semantics::eval(&q.condition, Some(&e.doc), now))
+            .filter(|e| {
+                semantics::filter_matches(&q.filter, &e.doc) && semantics::eval(&q.condition, Some(&e.doc), now)
+            })
             .collect();
         hits.sort_by(|a, b| {
             for (f, order) in &q.sort {
@@ -407,7 +412,13 @@ impl Store for MemoryStore {
             let Some(entry) = c.select(&q, now).into_iter().next().cloned() else { return Ok(None) };
             let key = match entry.doc.get(fields::ID).cloned().map(Key::from_bson) {
                 Some(Ok(k)) => k,
-                _ => return Err(StoreError::Malformed { collection: coll.to_string(), key: "?".into(), reason: "bad _id".into() }),
+                _ => {
+                    return Err(StoreError::Malformed {
+                        collection: coll.to_string(),
+                        key: "?".into(),
+                        reason: "bad _id".into(),
+                    })
+                }
             };
             let doc = semantics::apply(Some(&entry.doc), &key, &claim.mutation, now, &nonce)?;
             let mk = map_key(&key);

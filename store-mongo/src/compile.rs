@@ -21,7 +21,9 @@ fn field(f: &str) -> Bson {
 
 /// The lease expiry as epoch ms, 0 when missing or null.
 fn until_ms() -> Bson {
-    Bson::Document(doc! { "$convert": { "input": field(fields::LEASE_UNTIL), "to": "long", "onError": 0_i64, "onNull": 0_i64 } })
+    Bson::Document(
+        doc! { "$convert": { "input": field(fields::LEASE_UNTIL), "to": "long", "onError": 0_i64, "onNull": 0_i64 } },
+    )
 }
 
 fn counter(f: &str) -> Bson {
@@ -108,7 +110,9 @@ pub(crate) fn update(cond: Option<&Condition>, m: &Mutation, nonce: &str) -> Vec
             put(fields::LEASE_OWNER, Bson::Document(doc! { "$literal": owner }));
             put(
                 fields::LEASE_SINCE,
-                Bson::Document(doc! { "$cond": [same_live, { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] }, now_ms()] }),
+                Bson::Document(
+                    doc! { "$cond": [same_live, { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] }, now_ms()] },
+                ),
             );
             put(fields::LEASE_UNTIL, Bson::Document(doc! { "$add": [now_ms(), ttl.as_millis()] }));
         }

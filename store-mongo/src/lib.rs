@@ -86,10 +86,9 @@ impl MongoStore {
     /// selection timeout unless the URI says otherwise. Fails with
     /// [`FaultKind::Unreachable`] when no server answers.
     pub async fn connect(uri: &str, db: &str) -> StoreResult<MongoStore> {
-        let mut opts = ClientOptions::parse(uri).await.map_err(|e| StoreError::InvalidInput {
-            what: "MongoDB URI",
-            reason: redact_error(&e.to_string(), uri),
-        })?;
+        let mut opts = ClientOptions::parse(uri)
+            .await
+            .map_err(|e| StoreError::InvalidInput { what: "MongoDB URI", reason: redact_error(&e.to_string(), uri) })?;
         if opts.app_name.is_none() {
             opts.app_name = Some("mongocoord".into());
         }
@@ -106,7 +105,12 @@ impl MongoStore {
     /// Uses an existing database handle (its client's options apply).
     pub fn new(db: Database) -> MongoStore {
         let prefix = bson::oid::ObjectId::new().to_hex();
-        MongoStore { db, consistency: Consistency::default(), nonce_prefix: prefix.into(), nonce: Arc::new(AtomicU64::new(0)) }
+        MongoStore {
+            db,
+            consistency: Consistency::default(),
+            nonce_prefix: prefix.into(),
+            nonce: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// Sets the consistency level (default [`Consistency::Majority`]).
@@ -135,19 +139,36 @@ impl MongoStore {
         format!("{}-{}", self.nonce_prefix, self.nonce.fetch_add(1, AtomicOrdering::Relaxed))
     }
 
-    async fn write_once(&self, coll: &Collection, key: &Key, write: &Write, nonce: &str) -> Result<WriteOutcome, StoreError> {
+    /// One `findAndModify`. `Ok(None)` means "lost a creation race, try again".
+    async fn write_once(
+        &self,
+        coll: &Collection,
+        key: &Key,
+        write: &Write,
+        nonce: &str,
+    ) -> Result<Option<WriteOutcome>, StoreError> {
         let pipeline = compile::update(Some(&write.condition), &write.mutation, nonce);
-        let doc = self
+        let result = self
             .coll(coll)
             .find_one_and_update(doc! { fields::ID: key.as_bson().clone() }, pipeline)
             .upsert(write.upsert)
             .return_document(ReturnDocument::After)
             .await
-            .map_err(map_err)?;
-        let Some(doc) = doc else { return Ok(WriteOutcome::Rejected(None)) };
+            .map_err(map_err);
+        let doc = match result {
+            // Concurrent upserts of a missing document race on the `_id` index:
+            // exactly one inserts, the others fail with a duplicate key (or, on some
+            // servers, come back empty). The document then exists, so another
+            // attempt evaluates the condition normally.
+            Err(StoreError::DuplicateKey { .. }) if write.upsert => return Ok(None),
+            Ok(None) if write.upsert => return Ok(None),
+            Ok(None) => return Ok(Some(WriteOutcome::Rejected(None))),
+            Ok(Some(doc)) => doc,
+            Err(e) => return Err(e),
+        };
         let applied = doc.get_str(fields::LAST_OP).is_ok_and(|n| n == nonce);
         let record = Record::from_document(coll.as_str(), doc)?;
-        Ok(if applied { WriteOutcome::Applied(record) } else { WriteOutcome::Rejected(Some(record)) })
+        Ok(Some(if applied { WriteOutcome::Applied(record) } else { WriteOutcome::Rejected(Some(record)) }))
     }
 }
 
@@ -179,9 +200,7 @@ pub fn redact_password(uri: &str) -> Option<(String, String)> {
 }
 
 /// Server error codes after which trying again may succeed.
-const TRANSIENT_CODES: &[i32] = &[
-    6, 7, 89, 91, 112, 189, 251, 9001, 10107, 11600, 11602, 13435, 13436, 262,
-];
+const TRANSIENT_CODES: &[i32] = &[6, 7, 89, 91, 112, 189, 251, 9001, 10107, 11600, 11602, 13435, 13436, 262];
 /// Server error codes meaning a deadline passed.
 const TIMEOUT_CODES: &[i32] = &[50, 64];
 
@@ -263,8 +282,12 @@ impl Store for MongoStore {
             agg = agg.read_concern(ReadConcern::majority());
         }
         let rows: Vec<Document> = agg.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
-        let row = rows.into_iter().next().ok_or_else(|| StoreError::backend(FaultKind::Permanent, "empty $documents result"))?;
-        let now = row.get_i64("now").map_err(|_| StoreError::backend(FaultKind::Permanent, "no server time in reply"))?;
+        let row = rows
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::backend(FaultKind::Permanent, "empty $documents result"))?;
+        let now =
+            row.get_i64("now").map_err(|_| StoreError::backend(FaultKind::Permanent, "no server time in reply"))?;
         let record = match row.get_array("doc").ok().and_then(|a| a.first()) {
             Some(Bson::Document(d)) => Some(Record::from_document(coll.as_str(), d.clone())?),
             _ => None,
@@ -275,17 +298,14 @@ impl Store for MongoStore {
     async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
         write.validate()?;
         let nonce = self.next_nonce();
-        // Concurrent upserts of a missing document race on the `_id` index: exactly
-        // one inserts, the others fail with a duplicate key. The document then
-        // exists, so one more attempt evaluates the condition normally.
-        let mut attempts = if write.upsert { 3 } else { 1 };
-        loop {
-            attempts -= 1;
-            match self.write_once(coll, key, write, &nonce).await {
-                Err(StoreError::DuplicateKey { .. }) if attempts > 0 => continue,
-                other => return other.map_err(in_coll(coll)),
+        for _ in 0..4 {
+            if let Some(outcome) = self.write_once(coll, key, write, &nonce).await.map_err(in_coll(coll))? {
+                return Ok(outcome);
             }
         }
+        // Still racing after four attempts: the document is being created and
+        // deleted concurrently. Report it as a transient conflict.
+        Err(StoreError::backend(FaultKind::Transient, format!("upsert of {key} in {coll} kept racing; try again")))
     }
 
     async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
@@ -376,7 +396,8 @@ impl Store for MongoStore {
         };
         let mapped = stream.map(|item| {
             let ev = item.map_err(map_err)?;
-            let key = ev.document_key.as_ref().and_then(|d| d.get(fields::ID)).cloned().and_then(|b| Key::from_bson(b).ok());
+            let key =
+                ev.document_key.as_ref().and_then(|d| d.get(fields::ID)).cloned().and_then(|b| Key::from_bson(b).ok());
             let kind = match ev.operation_type {
                 OperationType::Insert => ChangeKind::Insert,
                 OperationType::Update | OperationType::Replace => ChangeKind::Update,

@@ -26,7 +26,8 @@ pub const SECANTUS_VERSION: &str = "0.7.0b3";
 /// URI options for test connections: fail fast when no server answers, and poll
 /// the server's state so an injected "shutting down" error does not stall the
 /// client until the next heartbeat.
-pub const TEST_URI_OPTIONS: &str = "directConnection=true&serverSelectionTimeoutMS=5000&serverMonitoringMode=poll&heartbeatFrequencyMS=500";
+pub const TEST_URI_OPTIONS: &str =
+    "directConnection=true&serverSelectionTimeoutMS=5000&serverMonitoringMode=poll&heartbeatFrequencyMS=500";
 
 static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
 
@@ -130,7 +131,9 @@ pub fn install_secantus() -> Result<PathBuf, String> {
     let result = (|| {
         let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         run(Command::new(&python).args(["-m", "venv"]).arg(&venv))?;
-        run(Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "--disable-pip-version-check"]).arg(format!("SecantusDB=={SECANTUS_VERSION}")))?;
+        run(Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("SecantusDB=={SECANTUS_VERSION}")))?;
         if bin.exists() {
             Ok(bin.clone())
         } else {

@@ -105,11 +105,7 @@ impl StoreError {
 
     /// A [`StoreError::Malformed`] for a document.
     pub fn malformed(collection: &str, key: &Key, reason: impl Into<String>) -> Self {
-        StoreError::Malformed {
-            collection: collection.to_owned(),
-            key: key.to_string(),
-            reason: reason.into(),
-        }
+        StoreError::Malformed { collection: collection.to_owned(), key: key.to_string(), reason: reason.into() }
     }
 
     /// The fault kind, for backend errors.
@@ -123,10 +119,7 @@ impl StoreError {
     /// True when trying again may succeed (transient faults, timeouts and an
     /// unreachable server). Input errors and permanent faults are not retryable.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.fault_kind(),
-            Some(FaultKind::Transient | FaultKind::Timeout | FaultKind::Unreachable)
-        )
+        matches!(self.fault_kind(), Some(FaultKind::Transient | FaultKind::Timeout | FaultKind::Unreachable))
     }
 
     /// True when the operation may have been applied even though it failed
@@ -148,7 +141,12 @@ mod tests {
         let e = StoreError::backend(FaultKind::Transient, "boom");
         assert!(e.is_retryable() && e.is_ambiguous());
         assert_eq!(e.to_string(), "transient store fault: boom");
-        let e = StoreError::Backend { kind: FaultKind::Permanent, code: Some(13), message: "unauthorized".into(), source: None };
+        let e = StoreError::Backend {
+            kind: FaultKind::Permanent,
+            code: Some(13),
+            message: "unauthorized".into(),
+            source: None,
+        };
         assert!(!e.is_retryable());
         assert_eq!(e.to_string(), "permanent store fault (code 13): unauthorized");
         assert!(!StoreError::invalid("key", "empty").is_retryable());

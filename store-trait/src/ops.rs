@@ -414,7 +414,10 @@ impl Query {
             check_filter_field(k)?;
             if let Bson::Document(d) = v {
                 if d.keys().any(|k| k.starts_with('$')) {
-                    return Err(StoreError::invalid("filter", format!("{k}: operators are not allowed, only equality")));
+                    return Err(StoreError::invalid(
+                        "filter",
+                        format!("{k}: operators are not allowed, only equality"),
+                    ));
                 }
             }
         }

@@ -101,7 +101,9 @@ impl Record {
                 })
             }
         };
-        let bad = |field: &str, v: &Bson| StoreError::malformed(collection, &key, format!("field {field} has unexpected value {v}"));
+        let bad = |field: &str, v: &Bson| {
+            StoreError::malformed(collection, &key, format!("field {field} has unexpected value {v}"))
+        };
         let int = |doc: &mut Document, field: &str| -> Result<Option<i64>, StoreError> {
             match doc.remove(field) {
                 None | Some(Bson::Null) => Ok(None),
@@ -196,7 +198,9 @@ mod tests {
     #[test]
     fn parses_foreign_documents() {
         // A task in the original mongo_agent shape: no store metadata at all.
-        let r = Record::from_document("q", doc! { "_id": bson::oid::ObjectId::new(), "agent_name": "a", "ready": true }).unwrap();
+        let r =
+            Record::from_document("q", doc! { "_id": bson::oid::ObjectId::new(), "agent_name": "a", "ready": true })
+                .unwrap();
         assert_eq!((r.fence(), r.rev()), (0, 0));
         assert!(r.lease().is_none());
         assert_eq!(r.data().len(), 2);
@@ -219,7 +223,8 @@ mod tests {
 
     #[test]
     fn accepts_numeric_variants() {
-        let r = Record::from_document("c", doc! { "_id": "a", "fence": 2_i32, "rev": 3.0, "lease_owner": null }).unwrap();
+        let r =
+            Record::from_document("c", doc! { "_id": "a", "fence": 2_i32, "rev": 3.0, "lease_owner": null }).unwrap();
         assert_eq!((r.fence(), r.rev()), (2, 3));
     }
 }

@@ -289,7 +289,10 @@ mod tests {
         let ttl = Ttl::new(Duration::from_millis(10)).unwrap();
         let m = Mutation::new().grant("a", ttl).bump_fence();
         let d1 = apply(None, &key, &m, t(100), "n1").unwrap();
-        assert_eq!(d1, doc! { "_id": "k", "lease_owner": "a", "lease_since": 100_i64, "lease_until": 110_i64, "fence": 1_i64, "rev": 1_i64, "last_op": "n1" });
+        assert_eq!(
+            d1,
+            doc! { "_id": "k", "lease_owner": "a", "lease_since": 100_i64, "lease_until": 110_i64, "fence": 1_i64, "rev": 1_i64, "last_op": "n1" }
+        );
         let d2 = apply(Some(&d1), &key, &Mutation::new().grant("a", ttl), t(105), "n2").unwrap();
         assert_eq!(d2.get_i64("lease_since").unwrap(), 100, "renewal keeps since");
         assert_eq!(d2.get_i64("fence").unwrap(), 1);
@@ -303,7 +306,12 @@ mod tests {
     #[test]
     fn data_changes() {
         let key = Key::new("k").unwrap();
-        let m = Mutation::new().set("a", 1).unset("b").set_time_after("at", Duration::from_millis(5)).inc("n", 2).inc("m", 1);
+        let m = Mutation::new()
+            .set("a", 1)
+            .unset("b")
+            .set_time_after("at", Duration::from_millis(5))
+            .inc("n", 2)
+            .inc("m", 1);
         let d = apply(Some(&doc! {"_id": "k", "b": 1, "m": 1_i32}), &key, &m, t(10), "x").unwrap();
         assert_eq!(d.get_i32("a").unwrap(), 1);
         assert!(d.get("b").is_none());

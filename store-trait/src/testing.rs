@@ -3,7 +3,7 @@
 //! A backend implements [`Harness`] and invokes [`conformance_tests!`](crate::conformance_tests)
 //! once in its integration tests:
 //!
-//! ```ignore
+//! ```text
 //! async fn harness() -> Option<MyHarness> { Some(MyHarness::new()) }
 //! store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
 //! ```
@@ -84,11 +84,8 @@ fn ttl_of(d: Duration) -> Ttl {
 }
 
 fn acquire(owner: &str, ttl: Ttl) -> Write {
-    Write::new(
-        Condition::Free.or(Condition::HeldBy(owner.into())),
-        Mutation::new().grant(owner, ttl).bump_fence(),
-    )
-    .upsert()
+    Write::new(Condition::Free.or(Condition::HeldBy(owner.into())), Mutation::new().grant(owner, ttl).bump_fence())
+        .upsert()
 }
 
 fn release(owner: &str) -> Write {
@@ -254,9 +251,11 @@ pub async fn compare_and_set_on_fence_and_rev<H: Harness>(h: &H) {
     let s = h.store("compare_and_set_on_fence_and_rev").await;
     let (c, k) = (coll("locks"), key("k"));
     let r = applied(s.write(&c, &k, &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap());
-    let stale = Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence() + 1)), Mutation::new().set("v", 1));
+    let stale =
+        Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence() + 1)), Mutation::new().set("v", 1));
     rejected(s.write(&c, &k, &stale).await.unwrap());
-    let good = Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence())), Mutation::new().set("v", 1));
+    let good =
+        Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence())), Mutation::new().set("v", 1));
     let r2 = applied(s.write(&c, &k, &good).await.unwrap());
     assert_eq!(r2.data().get("v"), Some(&Bson::Int32(1)));
     let old_rev = Write::new(Condition::RevIs(r.rev()), Mutation::new().set("v", 2));
@@ -351,7 +350,12 @@ fn claim_for(owner: &str, ttl: Ttl) -> Claim {
             .sort("priority", Order::Desc)
             .sort("run_at", Order::Asc)
             .sort("_id", Order::Asc),
-        mutation: Mutation::new().grant(owner, ttl).bump_fence().set("ready", false).set("claimed", true).inc("attempts", 1),
+        mutation: Mutation::new()
+            .grant(owner, ttl)
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true)
+            .inc("attempts", 1),
     }
 }
 
@@ -389,7 +393,10 @@ pub async fn claim_respects_leases_and_due_times<H: Harness>(h: &H) {
     let ttl = ttl_of(h.ttl());
     let first = s.claim(&c, &claim_for("w1", ttl)).await.unwrap().expect("a due task");
     assert_eq!(first.key().to_string(), "now");
-    assert!(s.claim(&c, &claim_for("w2", ttl)).await.unwrap().is_none(), "a leased task and a future task are not claimable");
+    assert!(
+        s.claim(&c, &claim_for("w2", ttl)).await.unwrap().is_none(),
+        "a leased task and a future task are not claimable"
+    );
     tokio::time::sleep(ttl.as_duration() + Duration::from_millis(100)).await;
     let again = s.claim(&c, &claim_for("w2", ttl)).await.unwrap().expect("an expired claim is claimable again");
     assert_eq!(again.key().to_string(), "now");
@@ -442,7 +449,15 @@ pub async fn unique_index_dedupes<H: Harness>(h: &H) {
     s.ensure_indexes(&c, std::slice::from_ref(&idx)).await.unwrap();
     s.ensure_indexes(&c, &[idx]).await.unwrap();
     let out = s
-        .insert_many(&c, vec![doc! {"_id": "1", "dedupe_key": "x"}, doc! {"_id": "2", "dedupe_key": "x"}, doc! {"_id": "3"}, doc! {"_id": "4"}])
+        .insert_many(
+            &c,
+            vec![
+                doc! {"_id": "1", "dedupe_key": "x"},
+                doc! {"_id": "2", "dedupe_key": "x"},
+                doc! {"_id": "3"},
+                doc! {"_id": "4"},
+            ],
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -493,7 +508,9 @@ pub async fn data_mutations_on_store_clock<H: Harness>(h: &H) {
 pub async fn find_and_count<H: Harness>(h: &H) {
     let s = h.store("find_and_count").await;
     let c = coll("tasks");
-    let docs = (0..10).map(|i| doc! {"_id": format!("t{i}"), "agent_name": if i % 2 == 0 { "even" } else { "odd" }, "n": i}).collect();
+    let docs = (0..10)
+        .map(|i| doc! {"_id": format!("t{i}"), "agent_name": if i % 2 == 0 { "even" } else { "odd" }, "n": i})
+        .collect();
     s.insert_many(&c, docs).await.unwrap();
     let q = Query::eq(doc! {"agent_name": "even"}).sort("n", Order::Desc).limit(3);
     let got: Vec<String> = s.find(&c, &q).await.unwrap().iter().map(|r| r.key().to_string()).collect();
@@ -647,7 +664,10 @@ pub async fn foreign_documents_are_readable<H: Harness>(h: &H) {
     };
     let r = s.claim(&c, &claim).await.unwrap().expect("claimed");
     assert_eq!(r.key().as_bson(), &Bson::ObjectId(oid));
-    let done = Write::new(Condition::HeldBy("w".into()).and(Condition::FenceIs(r.fence())), Mutation::new().release().set("complete", true));
+    let done = Write::new(
+        Condition::HeldBy("w".into()).and(Condition::FenceIs(r.fence())),
+        Mutation::new().release().set("complete", true),
+    );
     let r = applied(s.write(&c, r.key(), &done).await.unwrap());
     assert_eq!(r.data().get("complete"), Some(&Bson::Boolean(true)));
     assert!(StoreTime::from_millis(0) < s.now().await.unwrap());

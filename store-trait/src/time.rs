@@ -85,10 +85,7 @@ impl Ttl {
             return Err(StoreError::invalid("ttl", format!("{d:?} is shorter than 1 ms")));
         }
         if d > Self::MAX {
-            return Err(StoreError::invalid(
-                "ttl",
-                format!("{d:?} is longer than the maximum of 366 days"),
-            ));
+            return Err(StoreError::invalid("ttl", format!("{d:?} is longer than the maximum of 366 days")));
         }
         Ok(Ttl(d))
     }

@@ -50,7 +50,8 @@ mod multi_thread {
 
 fn acquire(owner: &str) -> Write {
     let ttl = Ttl::new(Duration::from_secs(10)).unwrap();
-    Write::new(Condition::Free.or(Condition::HeldBy(owner.into())), Mutation::new().grant(owner, ttl).bump_fence()).upsert()
+    Write::new(Condition::Free.or(Condition::HeldBy(owner.into())), Mutation::new().grant(owner, ttl).bump_fence())
+        .upsert()
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,7 +123,9 @@ async fn ttl_prune_deletes_only_expired() {
     let s = MemoryStore::builder().clock(TokioClock::starting_at(StoreTime::from_millis(1_000_000))).build();
     let c = Collection::new("status").unwrap();
     s.ensure_indexes(&c, &[store_trait::IndexSpec::gc()]).await.unwrap();
-    let gc = |secs| Write::new(Condition::Always, Mutation::new().gc_after(Ttl::new(Duration::from_secs(secs)).unwrap())).upsert();
+    let gc = |secs| {
+        Write::new(Condition::Always, Mutation::new().gc_after(Ttl::new(Duration::from_secs(secs)).unwrap())).upsert()
+    };
     s.write(&c, &Key::new("short").unwrap(), &gc(1)).await.unwrap();
     s.write(&c, &Key::new("long").unwrap(), &gc(100)).await.unwrap();
     s.insert_many(&c, vec![doc! {"_id": "none"}]).await.unwrap();

@@ -47,7 +47,9 @@ async fn lock_and_claim_operations_are_one_command_each() {
     s.now().await.unwrap(); // connection established
     take(&seen);
 
-    let acquire = Write::new(Condition::Free.or(Condition::HeldBy("a".into())), Mutation::new().grant("a", ttl).bump_fence()).upsert();
+    let acquire =
+        Write::new(Condition::Free.or(Condition::HeldBy("a".into())), Mutation::new().grant("a", ttl).bump_fence())
+            .upsert();
     assert!(s.write(&c, &k, &acquire).await.unwrap().is_applied());
     assert_eq!(take(&seen), ["findAndModify"], "acquire");
 
