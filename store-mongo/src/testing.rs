@@ -217,8 +217,14 @@ pub fn skip(test: &str, why: &str) {
 /// A fresh, empty database for `test` on the test server, or `None` (after
 /// [`skip`]) when there is none.
 pub async fn test_store(test: &str) -> Option<MongoStore> {
+    test_store_as(test, "mongocoord").await
+}
+
+/// As [`test_store`], connecting with application name `app`, so a
+/// `configureFailPoint` with `appName` hits only this test's commands.
+pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
     let uri = match server_uri() {
-        Ok(uri) => uri,
+        Ok(uri) => with_app_name(&uri, app),
         Err(why) => {
             skip(test, &why);
             return None;
@@ -235,6 +241,18 @@ pub async fn test_store(test: &str) -> Option<MongoStore> {
         panic!("cannot drop test database {}: {e}", db_name(test));
     }
     Some(store)
+}
+
+fn with_app_name(uri: &str, app: &str) -> String {
+    let sep = if uri.contains('?') {
+        '&'
+    } else if uri.matches('/').count() >= 3 {
+        '?'
+    } else {
+        '/'
+    };
+    let sep = if sep == '/' { "/?".to_owned() } else { sep.to_string() };
+    format!("{uri}{sep}appName={app}")
 }
 
 /// A client connected to the test server, for side channels such as

@@ -1,0 +1,66 @@
+//! Errors of the lock.
+
+use std::time::Duration;
+
+use store_trait::StoreError;
+
+use crate::LockInfo;
+
+/// Everything a lock operation can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// A non-blocking acquire found the lock held by someone else.
+    #[error("lock {key} is held by {} until {} (token {})", holder.owner, holder.expires, holder.token)]
+    Held {
+        /// The lock's key.
+        key: String,
+        /// Who holds it, until when, with which token.
+        holder: Box<LockInfo>,
+    },
+    /// A blocking acquire gave up after its timeout.
+    #[error("timed out after {waited:?} waiting for lock {key}{}", holder.as_ref().map(|h| format!(" (held by {} until {})", h.owner, h.expires)).unwrap_or_default())]
+    Timeout {
+        /// The lock's key.
+        key: String,
+        /// How long it waited.
+        waited: Duration,
+        /// The holder when it gave up, if known.
+        holder: Option<Box<LockInfo>>,
+    },
+    /// This acquisition no longer holds the lock: its lease lapsed, was taken by
+    /// force, or was released. `current` is the lock as the store has it now.
+    #[error("lock {key} (token {token}) was lost{}", current.as_ref().map(|h| format!("; now held by {} (token {})", h.owner, h.token)).unwrap_or_default())]
+    Lost {
+        /// The lock's key.
+        key: String,
+        /// The token of the acquisition that lost it.
+        token: u64,
+        /// The current holder, if any.
+        current: Option<Box<LockInfo>>,
+    },
+    /// The operation needs a held lock and this instance holds none.
+    #[error("lock {key} is not held by this instance")]
+    NotHeld {
+        /// The lock's key.
+        key: String,
+    },
+    /// The configuration was rejected (empty key, ttl zero or too large, renew
+    /// interval not below the ttl, …). Nothing was written.
+    #[error("invalid lock configuration: {0}")]
+    Config(String),
+    /// The store failed. See [`StoreError::is_retryable`].
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl LockError {
+    /// Whether trying again later may succeed (held, timed out, transient store faults).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            LockError::Held { .. } | LockError::Timeout { .. } => true,
+            LockError::Store(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}

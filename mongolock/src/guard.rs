@@ -1,0 +1,352 @@
+//! One acquisition: the guard the caller holds, and the keeper task that renews
+//! the lease and raises the lost-lock signal in time.
+//!
+//! The keeper follows the periodic-executor design: it sleeps until the next
+//! renewal or until the lease could lapse, wakes early on demand (`renew_now`,
+//! `touch`), stops promptly when the guard is released or dropped, and never
+//! wakes in between.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use store_trait::{Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::lock::{spawn_with_deadline, LockInner, Metrics};
+use crate::{LockError, LockInfo};
+
+#[derive(Debug)]
+struct TermState {
+    /// The local instant by which the lease must be confirmed again: the send time
+    /// of the last confirmed grant plus ttl minus the safety margin. The lease
+    /// cannot lapse on the server before it (it was granted after we sent).
+    deadline: Instant,
+    /// The last confirmed expiry on the store clock.
+    expires: StoreTime,
+}
+
+/// One acquisition of a lock.
+#[derive(Debug)]
+pub(crate) struct Term<S> {
+    lock: Arc<LockInner<S>>,
+    owner: String,
+    token: u64,
+    since: StoreTime,
+    state: Mutex<TermState>,
+    lost: CancellationToken,
+    stop: CancellationToken,
+    wake: Notify,
+    released: AtomicBool,
+}
+
+impl<S: Store + Clone> Term<S> {
+    /// Starts the keeper for a fresh acquisition (`record` as granted, the request
+    /// sent at `sent`) and returns its guard.
+    pub(crate) fn start(
+        lock: Arc<LockInner<S>>,
+        owner: String,
+        record: &Record,
+        sent: Instant,
+        auto_renew: bool,
+    ) -> LockGuard<S> {
+        let lease = record.lease();
+        let term = Arc::new(Term {
+            owner,
+            token: record.fence(),
+            since: lease.map_or_else(StoreTime::default, |l| l.since),
+            state: Mutex::new(TermState {
+                deadline: sent + lock.ttl.as_duration() - lock.margin,
+                expires: lease.map_or_else(StoreTime::default, |l| l.until),
+            }),
+            lost: CancellationToken::new(),
+            stop: CancellationToken::new(),
+            wake: Notify::new(),
+            released: AtomicBool::new(false),
+            lock,
+        });
+        Metrics::bump(&term.lock.metrics.acquisitions);
+        tracing::info!(key = %term.lock.key, owner = %term.owner, token = term.token, auto_renew, "lock acquired");
+        term.lock.set_current(Some(&term));
+        tokio::spawn(keeper(term.clone(), auto_renew));
+        LockGuard { term }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, TermState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deadline(&self) -> Instant {
+        self.state().deadline
+    }
+
+    fn lost_error(&self, current: Option<&Record>) -> LockError {
+        LockError::Lost {
+            key: self.lock.key_string(),
+            token: self.token,
+            current: current.and_then(|r| LockInfo::from_record(r, None)).map(Box::new),
+        }
+    }
+
+    fn fenced(&self) -> Condition {
+        Condition::OwnedBy(self.owner.clone()).and(Condition::FenceIs(self.token))
+    }
+
+    /// Marks the acquisition lost (once): fires the signal, counts, logs.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        if self.lost.is_cancelled() {
+            return;
+        }
+        self.lost.cancel();
+        if !self.released.load(Ordering::SeqCst) {
+            Metrics::bump(&self.lock.metrics.losses);
+            tracing::warn!(key = %self.lock.key, owner = %self.owner, token = self.token, why, "lock lost");
+        }
+        self.clear_current();
+    }
+
+    fn clear_current(&self) {
+        if self.lock.current_term().is_some_and(|t| std::ptr::eq(Arc::as_ptr(&t), self)) {
+            self.lock.set_current(None);
+        }
+    }
+
+    /// Renews the lease once; returns the new expiry. The call may not outlive the
+    /// point where the lease could lapse: then the lock is reported lost.
+    pub(crate) async fn renew(&self) -> Result<StoreTime, LockError> {
+        if self.lost.is_cancelled() || self.released.load(Ordering::SeqCst) {
+            return Err(self.lost_error(None));
+        }
+        let lock = &self.lock;
+        let write = Write::new(
+            Condition::HeldBy(self.owner.clone()).and(Condition::FenceIs(self.token)),
+            Mutation::new().grant(self.owner.clone(), lock.ttl),
+        );
+        let sent = Instant::now();
+        let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), lock.key.clone());
+        let result = spawn_with_deadline(self.deadline(), async move { store.write(&coll, &key, &write).await });
+        match result.await {
+            None => {
+                self.mark_lost("renewal not confirmed before the lease could lapse");
+                Err(self.lost_error(None))
+            }
+            Some(Ok(WriteOutcome::Applied(r))) => {
+                let until = r.lease().map_or_else(StoreTime::default, |l| l.until);
+                let mut st = self.state();
+                st.deadline = st.deadline.max(sent + lock.ttl.as_duration() - lock.margin);
+                st.expires = until;
+                drop(st);
+                tracing::debug!(key = %lock.key, token = self.token, expires = %until, "lock renewed");
+                Ok(until)
+            }
+            Some(Ok(WriteOutcome::Rejected(current))) => {
+                self.mark_lost("renewal rejected: the lease lapsed or was taken");
+                Err(self.lost_error(current.as_ref()))
+            }
+            Some(Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// Releases the lease if this acquisition still holds it.
+    pub(crate) async fn release(&self) -> Result<(), LockError> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Err(LockError::NotHeld { key: self.lock.key_string() });
+        }
+        self.stop.cancel();
+        self.clear_current();
+        let lock = &self.lock;
+        let write = Write::new(self.fenced(), Mutation::new().release());
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match lock.store.write(&lock.coll, &lock.key, &write).await {
+                Ok(WriteOutcome::Applied(_)) => {
+                    tracing::info!(key = %lock.key, owner = %self.owner, token = self.token, "lock released");
+                    return Ok(());
+                }
+                // An earlier attempt that reported an error was applied after all.
+                Ok(WriteOutcome::Rejected(Some(r)))
+                    if r.lease().is_none() && r.fence() == self.token && attempt > 1 =>
+                {
+                    return Ok(());
+                }
+                Ok(WriteOutcome::Rejected(current)) => {
+                    self.lost.cancel();
+                    return Err(self.lost_error(current.as_ref()));
+                }
+                Err(e) if e.is_retryable() && attempt < 4 => {
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Best-effort release in the background (drop, or after a loss).
+    fn release_in_background(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let lock = &self.lock;
+        let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), lock.key.clone());
+        let write = Write::new(self.fenced(), Mutation::new().release());
+        let (owner, token) = (self.owner.clone(), self.token);
+        rt.spawn(async move {
+            match store.write(&coll, &key, &write).await {
+                Ok(o) if o.is_applied() => tracing::info!(%key, owner, token, "lock released in the background"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(%key, owner, token, error = %e, "background release failed; the lease will lapse")
+                }
+            }
+        });
+    }
+}
+
+/// Renews until the guard goes away or the lease is lost.
+async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
+    let every = term.lock.renew_every;
+    let mut next_renew = Instant::now() + every;
+    loop {
+        let deadline = term.deadline();
+        let renew_due = tokio::select! {
+            biased;
+            _ = term.stop.cancelled() => return,
+            _ = term.lost.cancelled() => break,
+            _ = tokio::time::sleep_until(deadline) => {
+                if term.deadline() <= Instant::now() {
+                    term.mark_lost("lease not renewed before it could lapse");
+                    break;
+                }
+                false
+            }
+            _ = tokio::time::sleep_until(next_renew), if auto_renew => true,
+            _ = term.wake.notified() => auto_renew,
+        };
+        if renew_due {
+            renew_with_retries(&term).await;
+            next_renew = Instant::now() + every;
+        }
+    }
+    // Lost: if the server still counts our lease, free it for others now rather
+    // than at expiry.
+    if !term.stop.is_cancelled() {
+        term.release_in_background();
+    }
+}
+
+async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
+    let lock = &term.lock;
+    let mut backoff = (lock.renew_every / 20).max(Duration::from_millis(5));
+    loop {
+        match term.renew().await {
+            Ok(_) | Err(LockError::Lost { .. }) => return,
+            Err(e) => {
+                Metrics::bump(&lock.metrics.renew_failures);
+                tracing::warn!(key = %lock.key, token = term.token, error = %e, "lock renewal failed");
+                if !e.is_retryable() {
+                    term.mark_lost("renewal failed permanently");
+                    return;
+                }
+                let now = Instant::now();
+                let deadline = term.deadline();
+                if now >= deadline {
+                    term.mark_lost("lease not renewed before it could lapse");
+                    return;
+                }
+                let jitter = Duration::from_millis(fastrand::u64(0..=backoff.as_millis().min(50) as u64));
+                let pause = (backoff + jitter).min(deadline - now);
+                tokio::select! {
+                    _ = term.stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                backoff = (backoff * 2).min(lock.renew_every / 2);
+            }
+        }
+    }
+}
+
+/// A held lock. Release it with [`LockGuard::release`]; dropping it without
+/// releasing schedules a best-effort release in the background (it never blocks or
+/// panics; the lease lapses at its expiry if that release cannot reach the store).
+///
+/// Select on [`LockGuard::lost`] around the work the lock protects: it fires
+/// *before* the lease can lapse on the server when renewal cannot be confirmed,
+/// and when someone took the lock by force.
+#[derive(Debug)]
+pub struct LockGuard<S: Store + Clone> {
+    term: Arc<Term<S>>,
+}
+
+impl<S: Store + Clone> LockGuard<S> {
+    /// The fencing token: strictly greater than every earlier token of this lock.
+    /// Pass it to whatever the lock protects, which should reject smaller ones.
+    pub fn token(&self) -> u64 {
+        self.term.token
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &Key {
+        &self.term.lock.key
+    }
+
+    /// The owner string recorded in the store for this acquisition.
+    pub fn owner(&self) -> &str {
+        &self.term.owner
+    }
+
+    /// When this acquisition took the lock (store clock).
+    pub fn since(&self) -> StoreTime {
+        self.term.since
+    }
+
+    /// The last confirmed expiry (store clock).
+    pub fn expires(&self) -> StoreTime {
+        self.term.state().expires
+    }
+
+    /// Whether the lock has been lost (or may have lapsed).
+    pub fn is_lost(&self) -> bool {
+        self.term.lost.is_cancelled()
+    }
+
+    /// Waits until the lock is lost. Cancel-safe; use it in `select!`.
+    pub async fn lost(&self) {
+        self.term.lost.cancelled().await;
+    }
+
+    /// A token that is cancelled when the lock is lost, for handing to other tasks.
+    /// Cancelling it yourself does not affect the lock.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.term.lost.child_token()
+    }
+
+    /// Renews the lease now (the seed's `touch`); returns the new expiry.
+    pub async fn touch(&self) -> Result<StoreTime, LockError> {
+        let out = self.term.renew().await;
+        self.term.wake.notify_one();
+        out
+    }
+
+    /// Asks the auto-renew task to renew at once instead of at its next interval.
+    pub fn renew_now(&self) {
+        self.term.wake.notify_one();
+    }
+
+    /// Releases the lock. `Err(Lost)` when it was no longer held by this
+    /// acquisition (nothing was changed then).
+    pub async fn release(self) -> Result<(), LockError> {
+        self.term.release().await
+    }
+}
+
+impl<S: Store + Clone> Drop for LockGuard<S> {
+    fn drop(&mut self) {
+        self.term.stop.cancel();
+        if !self.term.released.swap(true, Ordering::SeqCst) {
+            tracing::debug!(key = %self.term.lock.key, token = self.term.token, "lock guard dropped without release");
+            self.term.clear_current();
+            self.term.release_in_background();
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! A counting semaphore: up to N holders of one key, each with its own lease and
+//! fencing token, with the lock's guarantees per permit.
+//!
+//! The N permits are N slot documents (`key#0` … `key#N-1`) in the lock
+//! collection; acquiring a permit is one `claim` (find a free slot and lease it,
+//! atomically), so N holders can never become N+1.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::doc;
+use futures::StreamExt;
+use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError};
+use tokio::time::Instant;
+
+use crate::guard::Term;
+use crate::lock::{data, Lock, LockBuilder, LockInner};
+use crate::{LockError, LockGuard};
+
+/// Fields of a slot document.
+mod slot {
+    pub(super) const SEMAPHORE: &str = "semaphore";
+    pub(super) const SLOT: &str = "slot";
+    pub(super) const PERMITS: &str = "permits";
+}
+
+/// Up to `permits` concurrent holders of one key.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongolock::LockError> {
+/// let store = store_memory::MemoryStore::new();
+/// let sem = mongolock::Semaphore::new(mongolock::Lock::builder(store, "exports"), 2)?;
+/// let a = sem.acquire().await?;
+/// let b = sem.acquire().await?;
+/// assert!(sem.try_acquire().await?.is_none(), "a third holder must wait");
+/// assert_ne!(a.key(), b.key());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Semaphore<S> {
+    key: String,
+    permits: u32,
+    slots: Vec<Arc<LockInner<S>>>,
+}
+
+impl<S: Store + Clone> Semaphore<S> {
+    /// A semaphore with `permits` permits, configured like a lock (store, key, ttl,
+    /// collection, …).
+    pub fn new(config: LockBuilder<S>, permits: u32) -> Result<Semaphore<S>, LockError> {
+        if permits == 0 {
+            return Err(LockError::Config("a semaphore needs at least one permit".into()));
+        }
+        let base: Lock<S> = config.build()?;
+        let key = base.key().to_string();
+        let inner = &base.inner;
+        let slots = (0..permits)
+            .map(|i| {
+                Ok(Arc::new(LockInner {
+                    store: inner.store.clone(),
+                    coll: inner.coll.clone(),
+                    key: store_trait::Key::new(format!("{key}#{i}")).map_err(|e| LockError::Config(e.to_string()))?,
+                    ttl: inner.ttl,
+                    step: inner.step,
+                    renew_every: inner.renew_every,
+                    margin: inner.margin,
+                    identity: inner.identity.clone(),
+                    clock: inner.clock.clone(),
+                    seq: std::sync::atomic::AtomicU64::new(1),
+                    current: std::sync::Mutex::new(None),
+                    metrics: Default::default(),
+                }))
+            })
+            .collect::<Result<Vec<_>, LockError>>()?;
+        Ok(Semaphore { key, permits, slots })
+    }
+
+    /// The number of permits.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    fn first(&self) -> &Arc<LockInner<S>> {
+        &self.slots[0]
+    }
+
+    async fn ensure_slots(&self) -> Result<(), StoreError> {
+        let docs = (0..self.permits)
+            .map(|i| {
+                doc! { "_id": format!("{}#{i}", self.key), slot::SEMAPHORE: &self.key, slot::SLOT: i64::from(i), slot::PERMITS: i64::from(self.permits) }
+            })
+            .collect();
+        self.first().store.insert_many(&self.first().coll, docs).await.map(drop)
+    }
+
+    /// Tries once for a free permit.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard<S>>, LockError> {
+        self.try_once(false).await
+    }
+
+    /// Blocks until a permit is free.
+    pub async fn acquire(&self) -> Result<LockGuard<S>, LockError> {
+        self.acquire_with(None, false).await
+    }
+
+    /// Blocks at most `timeout`; `auto_renew` renews the permit in the background.
+    pub async fn acquire_with(&self, timeout: Option<Duration>, auto_renew: bool) -> Result<LockGuard<S>, LockError> {
+        let start = Instant::now();
+        let first = self.first();
+        let mut events = first.store.watch(&first.coll, None).await.ok();
+        loop {
+            if let Some(g) = self.try_once(auto_renew).await? {
+                return Ok(g);
+            }
+            let mut wait = first.step;
+            if events.is_some() {
+                // Until the earliest lease of a slot lapses, unless a change comes first.
+                let now = first.store.now().await?;
+                let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
+                let soonest =
+                    first.store.find(&first.coll, &q).await?.iter().filter_map(|r| r.lease().map(|l| l.until)).min();
+                wait = soonest.map_or(first.step, |t| now.until(t)) + Duration::from_millis(fastrand::u64(0..=5));
+            }
+            let mut until = Instant::now() + wait;
+            if let Some(t) = timeout {
+                if start.elapsed() >= t {
+                    return Err(LockError::Timeout { key: self.key.clone(), waited: start.elapsed(), holder: None });
+                }
+                until = until.min(start + t);
+            }
+            match events.as_mut() {
+                Some(s) => tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    ev = s.next() => if !matches!(ev, Some(Ok(_))) { events = None },
+                },
+                None => tokio::time::sleep_until(until).await,
+            }
+        }
+    }
+
+    async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
+        let first = self.first();
+        let owner = first.identity.owner(first.seq.fetch_add(1, Ordering::Relaxed));
+        let claim = Claim {
+            query: Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) })
+                .when(Condition::Free)
+                .sort(slot::SLOT, Order::Asc),
+            mutation: Mutation::new()
+                .grant(owner.clone(), first.ttl)
+                .bump_fence()
+                .set(data::HOST, first.identity.host())
+                .set(data::PID, i64::from(first.identity.pid()))
+                .set(data::INSTANCE, first.identity.instance()),
+        };
+        let sent = Instant::now();
+        let mut record = first.store.claim(&first.coll, &claim).await?;
+        if record.is_none() && self.missing_slots().await? {
+            self.ensure_slots().await?;
+            record = first.store.claim(&first.coll, &claim).await?;
+        }
+        let Some(record) = record else { return Ok(None) };
+        let slot = record.data().get(slot::SLOT).and_then(store_trait::semantics::as_i64).unwrap_or(-1);
+        let inner = usize::try_from(slot).ok().and_then(|i| self.slots.get(i)).ok_or_else(|| {
+            LockError::Store(StoreError::malformed(first.coll.as_str(), record.key(), "semaphore slot out of range"))
+        })?;
+        Ok(Some(Term::start(inner.clone(), owner, &record, sent, auto_renew)))
+    }
+
+    async fn missing_slots(&self) -> Result<bool, StoreError> {
+        let first = self.first();
+        let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
+        Ok(first.store.count(&first.coll, &q).await? < u64::from(self.permits))
+    }
+}

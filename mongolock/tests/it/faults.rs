@@ -1,0 +1,127 @@
+//! Fault injection: the in-memory store's faults, and `configureFailPoint` on a
+//! real server. The holder must see its lost-lock signal before its lease can
+//! lapse, nobody else may hold the lock early, and no operation reports success
+//! for work it did not do.
+
+use std::time::Duration;
+
+use bson::doc;
+use mongolock::{Acquire, Lock, LockError};
+use store_memory::MemoryStore;
+use store_trait::{Collection, Key, Store};
+
+#[tokio::test(start_paused = true)]
+async fn ambiguous_acquire_is_resolved_by_reading_back() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    store.faults().fail_next_after_apply(1);
+    let g = lock.try_acquire().await.unwrap().expect("applied although the reply was lost");
+    assert_eq!(g.token(), 1);
+    assert!(lock.owned().await.unwrap());
+    g.release().await.unwrap();
+    // Failed before apply: the blocking acquire retries.
+    store.faults().fail_next(2);
+    let g = lock.acquire_timeout(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(g.token(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_renewal_failures_are_retried_inside_the_lease() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(9)).build().unwrap();
+    let g = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_900)).await;
+    store.faults().fail_next(3);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!g.is_lost());
+    assert_eq!(lock.metrics().renew_failures, 3);
+    assert!(lock.owned().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_store_signals_loss_before_expiry() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(6)).build().unwrap();
+    let g = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    store.faults().set_unreachable(true);
+    g.lost().await;
+    let snap = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap();
+    assert!(snap.record.unwrap().is_held_by_at(g.owner(), snap.now), "signalled while the lease was still valid");
+    store.faults().set_unreachable(false);
+    let other = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(6)).build().unwrap();
+    // The lost holder frees the lock in the background once it can; the other
+    // client gets it, never before the first lease lapsed or was released.
+    let g2 = other.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+    assert!(g2.token() > g.token());
+    assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
+}
+
+async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document) {
+    admin
+        .database("admin")
+        .run_command(doc! { "configureFailPoint": "failCommand", "mode": { "times": 1 }, "data": data })
+        .await
+        .unwrap();
+}
+
+async fn clear_fail_point(admin: &store_mongo::mongodb::Client) {
+    admin.database("admin").run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" }).await.unwrap();
+}
+
+/// All failpoint scenarios in one test: a failpoint is server-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongo_failpoints() {
+    // A failpoint is server-wide: it only matches this test's application name.
+    let Some(store) = store_mongo::testing::test_store_as("lock_failpoints", "lockfp").await else { return };
+    let Some(admin) = store_mongo::testing::admin_client().await else { return };
+    let ttl = Duration::from_millis(1500);
+    let make = || Lock::builder(store.clone(), "job").ttl(ttl).build().unwrap();
+
+    // An error code on acquire: a clear error, nothing held.
+    fail_point(&admin, doc! { "failCommands": ["findAndModify"], "errorCode": 2, "appName": "lockfp" }).await;
+    let a = make();
+    match a.try_acquire().await {
+        Err(LockError::Store(e)) => assert!(!e.is_retryable(), "{e}"),
+        other => panic!("an injected BadValue: {other:?}"),
+    }
+    assert!(!a.locked().await.unwrap(), "nothing half-written");
+
+    // A dropped connection on acquire: the driver retries once by itself, or the
+    // lock reads back; either way the caller learns the truth.
+    fail_point(&admin, doc! { "failCommands": ["findAndModify"], "closeConnection": true, "appName": "lockfp" }).await;
+    let outcome = a.try_acquire().await;
+    let holds = a.owned().await.unwrap();
+    match outcome {
+        Ok(Some(g)) => {
+            assert!(holds);
+            g.release().await.unwrap();
+        }
+        Ok(None) => panic!("nobody else holds it"),
+        Err(e) => assert!(!holds, "reported failure but holds the lock: {e}"),
+    }
+
+    // A renewal blocked longer than the lease: the holder is told before its lease
+    // can lapse, then frees the lock; the blocked renewal, applied late, must not
+    // take it back from the next holder.
+    let g = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    admin
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": { "times": 1 },
+            "data": { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": "lockfp" }
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), g.lost()).await.expect("lost signal while the renewal hangs");
+    let b = make();
+    let g2 = b.acquire_with(Acquire::new().timeout(Duration::from_secs(15)).auto_renew()).await.unwrap();
+    assert!(g.is_lost(), "the first holder was told before the second got the lock");
+    assert!(g2.token() > g.token());
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let cur = b.get_current().await.unwrap().expect("still held");
+    assert_eq!((cur.owner.as_str(), cur.token), (g2.owner(), g2.token()), "the late renewal was rejected");
+    assert!(!g2.is_lost());
+    clear_fail_point(&admin).await;
+    g2.release().await.unwrap();
+    let _ = store.now().await.unwrap();
+}

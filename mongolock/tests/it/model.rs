@@ -1,0 +1,223 @@
+//! A property-based model test on the in-memory store under paused time:
+//! random sequences of acquire, release, touch, force, partitions, crashes,
+//! store faults and the passing of time. After every step:
+//! - every holder that has not been told it lost the lock (and was not forced
+//!   out) holds a live lease on the store clock — so at most one does, and a
+//!   holder whose lease lapsed was signalled first;
+//! - fencing tokens of successive acquisitions strictly increase.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::Document;
+use mongolock::{Acquire, Lock, LockGuard};
+use proptest::prelude::*;
+use store_memory::MemoryStore;
+use store_trait::{
+    ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Query, Record,
+    Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
+};
+
+/// One client's view of the store: a network partition cuts it off.
+#[derive(Debug, Clone)]
+struct Gate {
+    store: MemoryStore,
+    down: Arc<AtomicBool>,
+}
+
+impl Gate {
+    fn check(&self) -> StoreResult<()> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::backend(FaultKind::Unreachable, "partitioned"));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Gate {
+    fn backend_name(&self) -> &'static str {
+        "gate"
+    }
+    async fn now(&self) -> StoreResult<StoreTime> {
+        self.check()?;
+        self.store.now().await
+    }
+    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
+        self.check()?;
+        self.store.get(c, k).await
+    }
+    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
+        self.check()?;
+        self.store.write(c, k, w).await
+    }
+    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
+        self.check()?;
+        self.store.delete(c, k, cond).await
+    }
+    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+        self.check()?;
+        self.store.claim(c, claim).await
+    }
+    async fn insert_many(&self, c: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
+        self.check()?;
+        self.store.insert_many(c, docs).await
+    }
+    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
+        self.check()?;
+        self.store.find(c, q).await
+    }
+    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
+        self.check()?;
+        self.store.count(c, q).await
+    }
+    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
+        self.check()?;
+        self.store.watch(c, k).await
+    }
+    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
+        self.check()?;
+        self.store.ensure_indexes(c, i).await
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    TryAcquire { client: usize, auto_renew: bool },
+    Release(usize),
+    Touch(usize),
+    Force(usize),
+    Partition(usize, bool),
+    Crash(usize),
+    Faults(u64),
+    Advance(u64),
+}
+
+const CLIENTS: usize = 4;
+const TTL_MS: u64 = 3_000;
+
+fn op() -> impl Strategy<Value = Op> {
+    let c = 0..CLIENTS;
+    prop_oneof![
+        4 => (c.clone(), any::<bool>()).prop_map(|(client, auto_renew)| Op::TryAcquire { client, auto_renew }),
+        2 => c.clone().prop_map(Op::Release),
+        1 => c.clone().prop_map(Op::Touch),
+        1 => c.clone().prop_map(Op::Force),
+        2 => (c.clone(), any::<bool>()).prop_map(|(c, d)| Op::Partition(c, d)),
+        1 => c.prop_map(Op::Crash),
+        1 => (1..4_u64).prop_map(Op::Faults),
+        4 => (1..2 * TTL_MS).prop_map(Op::Advance),
+    ]
+}
+
+struct Client {
+    gate: Gate,
+    lock: Lock<Gate>,
+    guard: Option<LockGuard<Gate>>,
+    forced_out: bool,
+}
+
+fn client(store: &MemoryStore) -> Client {
+    let gate = Gate { store: store.clone(), down: Arc::new(AtomicBool::new(false)) };
+    let lock = Lock::builder(gate.clone(), "job").ttl(Duration::from_millis(TTL_MS)).build().unwrap();
+    Client { gate, lock, guard: None, forced_out: false }
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let store = MemoryStore::new();
+    let (coll, key) = (Collection::new("mongolocker").unwrap(), Key::new("job").unwrap());
+    let mut clients: Vec<Client> = (0..CLIENTS).map(|_| client(&store)).collect();
+    let mut max_token = 0;
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::TryAcquire { client, auto_renew } => {
+                let c = &mut clients[client];
+                if c.guard.is_none() {
+                    let opts = if auto_renew { Acquire::try_once().auto_renew() } else { Acquire::try_once() };
+                    if let Ok(g) = c.lock.acquire_with(opts).await {
+                        prop_assert!(g.token() > max_token, "step {step}: token {} after {max_token}", g.token());
+                        max_token = g.token();
+                        c.guard = Some(g);
+                        c.forced_out = false;
+                    }
+                }
+            }
+            Op::Release(client) => {
+                if let Some(g) = clients[client].guard.take() {
+                    let _ = g.release().await;
+                }
+            }
+            Op::Touch(client) => {
+                if let Some(g) = &clients[client].guard {
+                    let _ = g.touch().await;
+                }
+            }
+            Op::Force(client) => {
+                if clients[client].guard.is_none() {
+                    if let Ok(g) = clients[client].lock.acquire_with(Acquire::try_once().force()).await {
+                        prop_assert!(g.token() > max_token);
+                        max_token = g.token();
+                        for (i, other) in clients.iter_mut().enumerate() {
+                            if i != client && other.guard.is_some() {
+                                other.forced_out = true;
+                            }
+                        }
+                        clients[client].guard = Some(g);
+                        clients[client].forced_out = false;
+                    }
+                }
+            }
+            Op::Partition(client, down) => clients[client].gate.down.store(down, Ordering::SeqCst),
+            Op::Crash(client) => {
+                // The process dies: it can no longer reach the store, its guard is
+                // gone without a release; it restarts as a fresh instance.
+                clients[client].gate.down.store(true, Ordering::SeqCst);
+                clients[client].guard = None;
+                settle().await;
+                clients[client] = client_fresh(&store);
+            }
+            Op::Faults(n) => store.faults().fail_next(n),
+            Op::Advance(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+        settle().await;
+        let snap = store.peek(&coll, &key).unwrap();
+        for (i, c) in clients.iter().enumerate() {
+            let Some(g) = &c.guard else { continue };
+            if g.is_lost() || c.forced_out {
+                continue;
+            }
+            let rec = snap.record.as_ref();
+            let holds = rec.is_some_and(|r| r.is_held_by_at(g.owner(), snap.now) && r.fence() == g.token());
+            prop_assert!(
+                holds,
+                "step {step}: client {i} believes it holds token {} but the store has {:?} at {}",
+                g.token(),
+                rec,
+                snap.now
+            );
+        }
+    }
+    store.faults().clear();
+    Ok(())
+}
+
+fn client_fresh(store: &MemoryStore) -> Client {
+    client(store)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn at_most_one_believing_holder_and_increasing_tokens(ops in prop::collection::vec(op(), 1..80)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(run(ops))?;
+    }
+}
