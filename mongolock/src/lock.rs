@@ -364,6 +364,11 @@ impl<S: Store + Clone> Lock<S> {
         &self.inner.key
     }
 
+    /// The collection.
+    pub fn collection(&self) -> &Collection {
+        &self.inner.coll
+    }
+
     /// The lease length.
     pub fn ttl(&self) -> Duration {
         self.inner.ttl.as_duration()

@@ -6,81 +6,12 @@
 //!   holder whose lease lapsed was signalled first;
 //! - fencing tokens of successive acquisitions strictly increase.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use bson::Document;
 use mongolock::{Acquire, Lock, LockGuard};
 use proptest::prelude::*;
-use store_memory::MemoryStore;
-use store_trait::{
-    ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Query, Record,
-    Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
-};
-
-/// One client's view of the store: a network partition cuts it off.
-#[derive(Debug, Clone)]
-struct Gate {
-    store: MemoryStore,
-    down: Arc<AtomicBool>,
-}
-
-impl Gate {
-    fn check(&self) -> StoreResult<()> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::backend(FaultKind::Unreachable, "partitioned"));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for Gate {
-    fn backend_name(&self) -> &'static str {
-        "gate"
-    }
-    async fn now(&self) -> StoreResult<StoreTime> {
-        self.check()?;
-        self.store.now().await
-    }
-    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
-        self.check()?;
-        self.store.get(c, k).await
-    }
-    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
-        self.check()?;
-        self.store.write(c, k, w).await
-    }
-    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
-        self.check()?;
-        self.store.delete(c, k, cond).await
-    }
-    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        self.check()?;
-        self.store.claim(c, claim).await
-    }
-    async fn insert_many(&self, c: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
-        self.check()?;
-        self.store.insert_many(c, docs).await
-    }
-    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
-        self.check()?;
-        self.store.find(c, q).await
-    }
-    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
-        self.check()?;
-        self.store.count(c, q).await
-    }
-    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
-        self.check()?;
-        self.store.watch(c, k).await
-    }
-    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
-        self.check()?;
-        self.store.ensure_indexes(c, i).await
-    }
-}
+use store_memory::{Client as Gate, MemoryStore};
+use store_trait::{Collection, Key};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -119,7 +50,7 @@ struct Client {
 }
 
 fn client(store: &MemoryStore) -> Client {
-    let gate = Gate { store: store.clone(), down: Arc::new(AtomicBool::new(false)) };
+    let gate = store.client();
     let lock = Lock::builder(gate.clone(), "job").ttl(Duration::from_millis(TTL_MS)).build().unwrap();
     Client { gate, lock, guard: None, forced_out: false }
 }
@@ -174,11 +105,11 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 }
             }
-            Op::Partition(client, down) => clients[client].gate.down.store(down, Ordering::SeqCst),
+            Op::Partition(client, down) => clients[client].gate.set_partitioned(down),
             Op::Crash(client) => {
                 // The process dies: it can no longer reach the store, its guard is
                 // gone without a release; it restarts as a fresh instance.
-                clients[client].gate.down.store(true, Ordering::SeqCst);
+                clients[client].gate.set_partitioned(true);
                 clients[client].guard = None;
                 settle().await;
                 clients[client] = client_fresh(&store);

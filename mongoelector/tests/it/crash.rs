@@ -1,0 +1,79 @@
+//! Failover after the leader dies without releasing: a follower takes over once
+//! the lease expires on the store clock — never before, and not much after.
+
+use std::time::Duration;
+
+use mongoelector::{Elector, DEFAULT_COLLECTION};
+use mongolock::Lock;
+use store_memory::MemoryStore;
+
+use crate::suite::wait_leader;
+
+#[tokio::test(start_paused = true)]
+async fn memory_failover_after_partition() {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_secs(3);
+    let dying = store.client();
+    let leader = Elector::builder(dying.clone(), "scheduler").ttl(ttl).build().unwrap();
+    leader.start().unwrap();
+    wait_leader(std::slice::from_ref(&leader)).await;
+    let follower =
+        Elector::builder(store.clone(), "scheduler").ttl(ttl).step(Duration::from_secs(3600)).build().unwrap();
+    follower.start().unwrap();
+    let lock = Lock::builder(store.clone(), "scheduler").collection(DEFAULT_COLLECTION).build().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dead = lock.get_current().await.unwrap().unwrap();
+    dying.set_partitioned(true);
+    let crashed_at = tokio::time::Instant::now();
+    wait_leader(std::slice::from_ref(&follower)).await;
+    let next = lock.get_current().await.unwrap().unwrap();
+    assert!(
+        next.since >= dead.expires,
+        "taken over at {} before the dead lease lapsed at {}",
+        next.since,
+        dead.expires
+    );
+    assert!(
+        crashed_at.elapsed() <= ttl + ttl / 3,
+        "taken over within ttl + one renew interval: {:?}",
+        crashed_at.elapsed()
+    );
+    assert!(!leader.is_master(), "the partitioned leader stepped down before its lease lapsed");
+    follower.stop().await;
+}
+
+/// The leader runs on its own runtime, which is torn down without any release, as
+/// when its process is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongo_failover_after_abort() {
+    let Some(store) = store_mongo::testing::test_store("el_failover_abort").await else { return };
+    let ttl = Duration::from_millis(1500);
+    let leader_store = store.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        rt.block_on(async {
+            let e = Elector::builder(leader_store, "scheduler").ttl(ttl).build().unwrap();
+            e.start().unwrap();
+            wait_leader(std::slice::from_ref(&e)).await;
+            std::mem::forget(e);
+        });
+        rt.shutdown_background();
+    })
+    .join()
+    .unwrap();
+    let lock = Lock::builder(store.clone(), "scheduler").collection(DEFAULT_COLLECTION).build().unwrap();
+    let dead = lock.get_current().await.unwrap().expect("the dead leader's lease is still there");
+    let follower =
+        Elector::builder(store.clone(), "scheduler").ttl(ttl).step(Duration::from_secs(3600)).build().unwrap();
+    follower.start().unwrap();
+    wait_leader(std::slice::from_ref(&follower)).await;
+    let next = lock.get_current().await.unwrap().unwrap();
+    assert!(
+        next.since >= dead.expires,
+        "taken over at {} before the dead lease lapsed at {}",
+        next.since,
+        dead.expires
+    );
+    assert!(next.token > dead.token);
+    follower.stop().await;
+}

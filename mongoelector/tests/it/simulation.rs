@@ -1,0 +1,156 @@
+//! A deterministic simulation on the in-memory store under paused time: five
+//! electors over a simulated hour with random crashes, partitions longer than the
+//! ttl, clean stops, restarts and transient store faults. Checked at every step:
+//! - never two nodes believe they are master, and a node that believes it is
+//!   master holds the live lease on the store clock;
+//! - each node's callbacks strictly alternate master / loss;
+//! - while a healthy node runs, the store is never without a live leader for more
+//!   than one renew interval (so leadership is regained within ttl + one renew
+//!   interval after a crash).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mongoelector::{Elector, DEFAULT_COLLECTION};
+use store_memory::{Client, MemoryStore};
+use store_trait::{Collection, Key};
+
+const NODES: usize = 5;
+const TTL: Duration = Duration::from_secs(3);
+
+struct Node {
+    client: Client,
+    elector: Option<Elector<Client>>,
+    partitioned: bool,
+    /// The callback log of the node's current process.
+    log: Arc<Mutex<Vec<&'static str>>>,
+}
+
+fn elector(client: &Client, log: &Arc<Mutex<Vec<&'static str>>>) -> Elector<Client> {
+    let (a, b) = (log.clone(), log.clone());
+    Elector::builder(client.clone(), "scheduler")
+        .ttl(TTL)
+        .report_status(false)
+        .on_master(move || a.lock().unwrap().push("master"))
+        .on_master_loss(move || b.lock().unwrap().push("loss"))
+        .build()
+        .unwrap()
+}
+
+async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let store = MemoryStore::new();
+    let (coll, key) = (Collection::new(DEFAULT_COLLECTION).unwrap(), Key::new("scheduler").unwrap());
+    let mut nodes: Vec<Node> = (0..NODES)
+        .map(|_| {
+            let client = store.client();
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let e = elector(&client, &log);
+            e.start().unwrap();
+            Node { client, elector: Some(e), partitioned: false, log }
+        })
+        .collect();
+    let mut logs: Vec<Arc<Mutex<Vec<&'static str>>>> = nodes.iter().map(|n| n.log.clone()).collect();
+    let renew = TTL / 3;
+    let slack = Duration::from_millis(100);
+    let end = tokio::time::Instant::now() + Duration::from_secs(60 * minutes);
+    let mut leaderless_since: Option<tokio::time::Instant> = None;
+    let (mut steps, mut terms) = (0, 0);
+    let mut last_token = 0;
+    while tokio::time::Instant::now() < end {
+        steps += 1;
+        let i = rng.usize(..NODES);
+        match rng.u32(..100) {
+            0..=2 => {
+                // Crash: the process is gone without a release; it restarts later.
+                nodes[i].client.set_partitioned(true);
+                nodes[i].partitioned = true;
+                if let Some(e) = nodes[i].elector.take() {
+                    std::mem::forget(e);
+                }
+                nodes[i].client = store.client();
+                nodes[i].partitioned = false;
+                // A new process keeps a new log; the dead one's may end on "master".
+                nodes[i].log = Arc::new(Mutex::new(Vec::new()));
+                logs.push(nodes[i].log.clone());
+            }
+            3..=5 => {
+                // Partition (or a pause) for longer than the ttl, or heal.
+                let cut = !nodes[i].partitioned;
+                nodes[i].client.set_partitioned(cut);
+                nodes[i].partitioned = cut;
+            }
+            6..=8 => {
+                if let Some(e) = nodes[i].elector.take() {
+                    e.stop().await;
+                }
+            }
+            9..=14 if nodes[i].elector.is_none() => {
+                let e = elector(&nodes[i].client, &nodes[i].log);
+                e.start().unwrap();
+                nodes[i].elector = Some(e);
+            }
+            15..=16 => store.faults().fail_next(u64::from(rng.u32(1..3))),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(rng.u64(10..1500))).await;
+
+        // Invariants.
+        let snap = store.peek(&coll, &key).unwrap();
+        let live = snap.record.as_ref().and_then(|r| r.holder_at(snap.now).map(|l| (l.owner.clone(), r.fence())));
+        let masters: Vec<usize> =
+            (0..NODES).filter(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_master())).collect();
+        assert!(masters.len() <= 1, "step {steps}: two masters {masters:?}");
+        if let [m] = masters[..] {
+            let e = nodes[m].elector.as_ref().unwrap();
+            let token = e.node_status().term_token.unwrap();
+            assert_eq!(
+                live.as_ref().map(|l| l.1),
+                Some(token),
+                "step {steps}: node {m} believes it leads with token {token}; store: {live:?}"
+            );
+        }
+        if let Some((_, token)) = &live {
+            if *token > last_token {
+                terms += 1;
+                last_token = *token;
+            }
+        }
+        let healthy = nodes.iter().any(|n| n.elector.is_some() && !n.partitioned);
+        match (&live, healthy) {
+            (None, true) => {
+                let since = *leaderless_since.get_or_insert_with(tokio::time::Instant::now);
+                assert!(since.elapsed() <= renew + slack, "step {steps}: leaderless for {:?}", since.elapsed());
+            }
+            _ => leaderless_since = None,
+        }
+    }
+    for n in &nodes {
+        if let Some(e) = &n.elector {
+            e.stop().await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for (i, log) in logs.iter().enumerate() {
+        let log = log.lock().unwrap();
+        for (j, ev) in log.iter().enumerate() {
+            let want = if j % 2 == 0 { "master" } else { "loss" };
+            assert_eq!(*ev, want, "process {i}: callbacks do not alternate: {log:?}");
+        }
+    }
+    (steps, terms)
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_electors_for_a_simulated_hour() {
+    let (steps, terms) = simulate(7, 60).await;
+    assert!(steps > 3_000, "{steps} steps");
+    assert!(terms > 50, "leadership changed hands {terms} times");
+}
+
+#[tokio::test(start_paused = true)]
+async fn other_seeds_for_ten_minutes() {
+    for seed in [1, 2, 3] {
+        simulate(seed, 10).await;
+    }
+}

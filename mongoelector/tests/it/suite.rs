@@ -1,0 +1,277 @@
+//! Elector behaviour every backend must show.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mongoelector::{Elector, ElectorError, Leadership, Role};
+use store_trait::testing::Harness;
+
+#[macro_export]
+macro_rules! elector_suite {
+    ($harness:path, #[$attr:meta]) => {
+        $crate::elector_suite!(@each $harness, #[$attr],
+            one_leader_among_three, handover_on_stop, release_hands_over_and_calls_back,
+            callbacks_alternate_and_panics_are_contained, leader_work_is_cancelled_on_loss,
+            cluster_detail_lists_nodes, manual_poll, dropping_the_handle_releases, bad_config_is_rejected
+        );
+    };
+    (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
+        $(
+            #[$attr]
+            async fn $name() {
+                let Some(h) = $harness().await else { return };
+                $crate::suite::$name(&h).await;
+            }
+        )*
+    };
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn ttl<H: Harness>(h: &H) -> Duration {
+    h.ttl() * 2
+}
+
+/// Electors that, where the store has change notifications, would take an hour
+/// to notice a release by polling: a prompt handover proves the notification path.
+fn step<H: Harness>(h: &H) -> Duration {
+    if h.change_streams_expected() {
+        Duration::from_secs(3600)
+    } else {
+        ttl(h) / 3
+    }
+}
+
+pub(crate) async fn wait_leader<S: store_trait::Store + Clone>(electors: &[Elector<S>]) -> usize {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let masters: Vec<usize> = (0..electors.len()).filter(|&i| electors[i].is_master()).collect();
+            assert!(masters.len() <= 1, "two masters: {masters:?}");
+            if let [i] = masters[..] {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a leader is elected")
+}
+
+async fn nodes<H: Harness>(h: &H, test: &str, n: usize) -> Vec<Elector<H::Store>> {
+    let store = h.store(test).await;
+    (0..n).map(|_| Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).build().unwrap()).collect()
+}
+
+pub(crate) async fn one_leader_among_three<H: Harness>(h: &H) {
+    let electors = nodes(h, "el_one_leader", 3).await;
+    for e in &electors {
+        e.start().unwrap();
+        assert!(e.running());
+    }
+    let leader = wait_leader(&electors).await;
+    for e in &electors {
+        assert!(e.master_exists().await.unwrap());
+        let mut rx = e.leadership();
+        let seen = tokio::time::timeout(WAIT, rx.wait_for(|l: &Leadership| l.leader.is_some()))
+            .await
+            .unwrap()
+            .unwrap()
+            .clone();
+        let l = seen.leader.unwrap();
+        assert_eq!(l.token, electors[leader].node_status().term_token.unwrap(), "every node observes the same term");
+    }
+    tokio::time::sleep(ttl(h) * 2).await;
+    assert!(electors[leader].is_master(), "the leader keeps renewing");
+    assert_eq!(wait_leader(&electors).await, leader);
+    for e in &electors {
+        e.stop().await;
+        assert!(!e.running());
+    }
+}
+
+pub(crate) async fn handover_on_stop<H: Harness>(h: &H) {
+    let electors = nodes(h, "el_handover", 3).await;
+    for e in &electors {
+        e.start().unwrap();
+    }
+    let first = wait_leader(&electors).await;
+    let old_token = electors[first].node_status().term_token.unwrap();
+    electors[first].stop().await;
+    assert!(!electors[first].is_master());
+    let rest: Vec<_> = electors.iter().enumerate().filter(|(i, _)| *i != first).map(|(_, e)| e.clone()).collect();
+    let next = wait_leader(&rest).await;
+    assert!(rest[next].node_status().term_token.unwrap() > old_token);
+    for e in &rest {
+        e.stop().await;
+    }
+}
+
+pub(crate) async fn release_hands_over_and_calls_back<H: Harness>(h: &H) {
+    let store = h.store("el_release").await;
+    let losses = Arc::new(AtomicUsize::new(0));
+    let l2 = losses.clone();
+    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).on_master_loss(move || {
+        l2.fetch_add(1, Ordering::SeqCst);
+    });
+    let a = a.build().unwrap();
+    a.start().unwrap();
+    wait_leader(std::slice::from_ref(&a)).await;
+    let b = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).build().unwrap();
+    b.start().unwrap();
+    assert!(a.release().await.unwrap());
+    assert!(!a.is_master());
+    let pair = [a.clone(), b.clone()];
+    assert_eq!(wait_leader(&pair).await, 1, "the other node takes over after a release");
+    tokio::time::timeout(WAIT, async {
+        while losses.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("on_master_loss ran");
+    assert!(!a.release().await.unwrap(), "nothing to release");
+    a.stop().await;
+    b.stop().await;
+}
+
+pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: &H) {
+    let store = h.store("el_callbacks").await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (l1, l2, l3) = (log.clone(), log.clone(), Arc::new(AtomicUsize::new(0)));
+    let loops = l3.clone();
+    let a = Elector::builder(store.clone(), "scheduler")
+        .ttl(ttl(h))
+        .step(step(h))
+        .on_master(move || {
+            l1.lock().unwrap().push("master");
+            panic!("a buggy on_master callback");
+        })
+        .on_master_loss(move || {
+            // A slow callback: it must not delay renewal.
+            std::thread::sleep(Duration::from_millis(50));
+            l2.lock().unwrap().push("loss");
+        })
+        .on_loop(move || {
+            l3.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .unwrap();
+    a.start().unwrap();
+    for _ in 0..3 {
+        wait_leader(std::slice::from_ref(&a)).await;
+        tokio::time::sleep(ttl(h)).await;
+        assert!(a.is_master(), "panicking callbacks do not cost the lease");
+        a.release().await.unwrap();
+    }
+    wait_leader(std::slice::from_ref(&a)).await;
+    a.stop().await;
+    tokio::time::timeout(WAIT, async {
+        while log.lock().unwrap().len() < 8 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("all callbacks ran");
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log, ["master", "loss", "master", "loss", "master", "loss", "master", "loss"]);
+    assert!(loops.load(Ordering::SeqCst) >= 3);
+}
+
+pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
+    let store = h.store("el_leader_work").await;
+    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).build().unwrap();
+    a.start().unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s2 = started.clone();
+    let worker = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.while_master(|token| async move {
+                s2.fetch_add(1, Ordering::SeqCst);
+                token.cancelled().await;
+                "unreachable: the select returns first"
+            })
+            .await
+        })
+    };
+    wait_leader(std::slice::from_ref(&a)).await;
+    let token = a.term_token().unwrap();
+    // Another process takes over by force: the term ends at the next renewal.
+    let other = mongolock::Lock::builder(store.clone(), "scheduler")
+        .collection(mongoelector::DEFAULT_COLLECTION)
+        .ttl(ttl(h))
+        .build()
+        .unwrap();
+    let _forced = other.acquire_with(mongolock::Acquire::new().force().auto_renew()).await.unwrap();
+    tokio::time::timeout(WAIT, token.cancelled()).await.expect("term token cancelled");
+    assert_eq!(worker.await.unwrap(), None, "leader-only work was stopped");
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    assert!(!a.is_master());
+    a.stop().await;
+}
+
+pub(crate) async fn cluster_detail_lists_nodes<H: Harness>(h: &H) {
+    let electors = nodes(h, "el_cluster_detail", 3).await;
+    for e in &electors {
+        e.start().unwrap();
+    }
+    let leader = wait_leader(&electors).await;
+    for e in &electors {
+        e.report_status().await.unwrap();
+    }
+    let detail = electors[0].cluster_detail().await.unwrap();
+    assert_eq!(detail.nodes.len(), 3);
+    let master = detail.master.unwrap();
+    assert_eq!(Some(master.token), electors[leader].node_status().term_token);
+    let reported_masters: Vec<_> = detail.nodes.iter().filter(|n| n.is_master).collect();
+    assert_eq!(reported_masters.len(), 1);
+    assert_eq!(reported_masters[0].node, electors[leader].identity().to_string());
+    assert!(detail.nodes.iter().all(|n| n.pid == i64::from(std::process::id()) && !n.version.is_empty()));
+    let status = electors[leader].node_status();
+    assert!(status.is_master && status.running && status.terms_won == 1);
+    for e in &electors {
+        e.stop().await;
+    }
+}
+
+pub(crate) async fn manual_poll<H: Harness>(h: &H) {
+    let store = h.store("el_manual_poll").await;
+    let make = || Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).build().unwrap();
+    let (a, b) = (make(), make());
+    assert_eq!(a.poll().await.unwrap(), Role::Master);
+    assert_eq!(b.poll().await.unwrap(), Role::Follower);
+    tokio::time::sleep(ttl(h) / 3).await;
+    assert_eq!(a.poll().await.unwrap(), Role::Master, "poll renews");
+    assert!(a.is_master() && !b.is_master());
+    a.stop().await;
+    assert_eq!(b.poll().await.unwrap(), Role::Master);
+    b.stop().await;
+}
+
+pub(crate) async fn dropping_the_handle_releases<H: Harness>(h: &H) {
+    let mut electors = nodes(h, "el_drop", 2).await;
+    for e in &electors {
+        e.start().unwrap();
+    }
+    let first = wait_leader(&electors).await;
+    let token = electors[first].node_status().term_token.unwrap();
+    drop(electors.remove(first));
+    let next = wait_leader(&electors).await;
+    assert!(electors[next].node_status().term_token.unwrap() > token);
+    electors[next].stop().await;
+}
+
+pub(crate) async fn bad_config_is_rejected<H: Harness>(h: &H) {
+    let store = h.store("el_bad_config").await;
+    let bad = |r: Result<Elector<H::Store>, ElectorError>, what: &str| {
+        assert!(matches!(r, Err(ElectorError::Config(_))), "{what}: {r:?}");
+    };
+    bad(Elector::builder(store.clone(), "").build(), "empty key");
+    bad(Elector::builder(store.clone(), "k").ttl(Duration::ZERO).build(), "zero ttl");
+    bad(
+        Elector::builder(store.clone(), "k").ttl(Duration::from_secs(3)).renew_every(Duration::from_secs(3)).build(),
+        "renew >= ttl",
+    );
+    bad(Elector::builder(store.clone(), "k").status_collection("").build(), "empty status collection");
+}
