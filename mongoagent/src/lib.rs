@@ -1,1 +1,104 @@
-//! `mongoagent`: being built on `store-trait`; see ARCHITECTURE.md.
+//! Task agents that never lose or double-run a task: the Rust counterpart of
+//! `mongo_agent`, built on the [`store_trait::Store`] contract and
+//! [`mongolock`]'s leases.
+//!
+//! Tasks are documents in a queue collection with the original fields
+//! (`agent_name`, `ready`, `started_at`, `agent_host`, `complete`,
+//! `completed_at`, `error_encountered`), so existing queues keep working. What is
+//! new:
+//!
+//! - **Atomic claim**: one round trip picks the next task by priority, then
+//!   `run_at`, then insertion, and leases it to this agent.
+//! - **Leases and crash recovery**: the claim is renewed while the handler runs;
+//!   a crashed or hung agent's task is claimable again once its lease lapses.
+//! - **Fenced outcomes**: completion and failure are applied only if this agent's
+//!   claim token still holds; a stale agent's late result is rejected and counted.
+//! - **Retries** with exponential backoff and jitter up to an attempt limit, then
+//!   failure for good (`complete: true, error_encountered: true`).
+//! - **Pipelines**: follow-up tasks are enqueued idempotently, with ids derived
+//!   from the parent, before the parent is marked complete.
+//! - **Push wake-up**: an idle agent is woken by a change notification, not a
+//!   5-second sleep.
+//!
+//! A two-stage pipeline:
+//!
+//! ```
+//! use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
+//! use bson::doc;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongoagent::AgentError> {
+//! let store = store_memory::MemoryStore::new(); // or mongoagent::mongo_from_env().await?
+//! let queue = Queue::new(store.clone(), "pipeline")?;
+//! queue.enqueue(NewTask::new("download", doc! { "url": "https://example.com/a.csv" })).await?;
+//!
+//! let download = Agent::builder(store.clone(), "download", "pipeline").build()?;
+//! download
+//!     .process(|task: Task| async move {
+//!         let url = task.data().get_str("url").unwrap_or_default().to_owned();
+//!         Outcome::done_with(doc! { "bytes": 1234 }).follow_up(NewTask::new("parse", doc! { "source": url }))
+//!     })
+//!     .await?;
+//!
+//! let parse = Agent::builder(store, "parse", "pipeline").build()?;
+//! let done = parse.process(|_task: Task| async { true }).await?;
+//! assert!(matches!(done, Some(mongoagent::Processed::Completed(_))));
+//! assert_eq!(parse.log().tasks_processed, 1);
+//! # Ok(()) }
+//! ```
+
+mod agent;
+mod error;
+mod queue;
+mod task;
+
+pub use agent::{Agent, AgentBuilder, AgentLog, Handler, Processed};
+pub use error::AgentError;
+pub use queue::{Queue, QueueStats};
+pub use task::{fields, NewTask, Outcome, Retry, Task};
+
+pub use mongolock;
+pub use store_trait;
+
+/// The MongoDB backend, re-exported for convenience.
+#[cfg(feature = "mongo")]
+pub use store_mongo as mongo;
+
+/// Connects to MongoDB as the original `mongo_agent` did: `MONGODB_URI`, or else
+/// `MONGO_HOST` (any form `mongod` accepts: `host`, `host:port`, or a URI); the
+/// database is `MONGO_DB` (default `mongo_agent`), created on first write.
+#[cfg(feature = "mongo")]
+pub async fn mongo_from_env() -> Result<store_mongo::MongoStore, AgentError> {
+    let (uri, db) = env_config(|k| std::env::var(k).ok())?;
+    Ok(store_mongo::MongoStore::connect(&uri, &db).await?)
+}
+
+/// The URI and database from the environment (`get` reads a variable).
+pub fn env_config(get: impl Fn(&str) -> Option<String>) -> Result<(String, String), AgentError> {
+    let db = get("MONGO_DB").filter(|s| !s.is_empty()).unwrap_or_else(|| "mongo_agent".into());
+    let uri = match (get("MONGODB_URI").filter(|s| !s.is_empty()), get("MONGO_HOST").filter(|s| !s.is_empty())) {
+        (Some(uri), _) => uri,
+        (None, Some(host)) if host.starts_with("mongodb://") || host.starts_with("mongodb+srv://") => host,
+        (None, Some(host)) => format!("mongodb://{host}"),
+        (None, None) => return Err(AgentError::Config("set MONGODB_URI, or MONGO_HOST (and MONGO_DB)".into())),
+    };
+    Ok((uri, db))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(
+            env_config(vars(&[("MONGO_HOST", "db1:27018"), ("MONGO_DB", "jobs")])).unwrap(),
+            ("mongodb://db1:27018".into(), "jobs".into())
+        );
+        assert_eq!(env_config(vars(&[("MONGO_HOST", "mongodb://x")])).unwrap().1, "mongo_agent");
+        assert_eq!(env_config(vars(&[("MONGODB_URI", "mongodb://u"), ("MONGO_HOST", "h")])).unwrap().0, "mongodb://u");
+        assert!(env_config(vars(&[])).is_err());
+    }
+}

@@ -150,27 +150,30 @@ impl<S: Store + Clone> Term<S> {
     }
 
     /// Releases the lease if this acquisition still holds it.
-    pub(crate) async fn release(&self) -> Result<(), LockError> {
+    /// Releases the lease, applying `changes` in the same fenced write.
+    pub(crate) async fn release(&self, changes: Mutation) -> Result<Record, LockError> {
         if self.released.swap(true, Ordering::SeqCst) {
             return Err(LockError::NotHeld { key: self.lock.key_string() });
         }
         self.stop.cancel();
+        // Work done under the lock stops: it is no longer held.
+        self.lost.cancel();
         self.clear_current();
         let lock = &self.lock;
-        let write = Write::new(self.fenced(), Mutation::new().release());
+        let write = Write::new(self.fenced(), changes.release());
         let mut attempt = 0;
         loop {
             attempt += 1;
             match lock.store.write(&lock.coll, &lock.key, &write).await {
-                Ok(WriteOutcome::Applied(_)) => {
+                Ok(WriteOutcome::Applied(r)) => {
                     tracing::info!(key = %lock.key, owner = %self.owner, token = self.token, "lock released");
-                    return Ok(());
+                    return Ok(r);
                 }
                 // An earlier attempt that reported an error was applied after all.
                 Ok(WriteOutcome::Rejected(Some(r)))
                     if r.lease().is_none() && r.fence() == self.token && attempt > 1 =>
                 {
-                    return Ok(());
+                    return Ok(r);
                 }
                 Ok(WriteOutcome::Rejected(current)) => {
                     self.lost.cancel();
@@ -334,15 +337,44 @@ impl<S: Store + Clone> LockGuard<S> {
     }
 
     /// Releases the lock. `Err(Lost)` when it was no longer held by this
-    /// acquisition (nothing was changed then).
+    /// acquisition (nothing was changed then). Either way the lost signal fires,
+    /// so work still running under [`LockGuard::lost_token`] stops.
     pub async fn release(self) -> Result<(), LockError> {
-        self.term.release().await
+        self.term.release(Mutation::new()).await.map(drop)
+    }
+
+    /// Releases the lock and applies `changes` to its document in the same
+    /// atomic write, fenced by this acquisition's token: either both happen or
+    /// neither (`Err(Lost)`). The lease part of `changes` is replaced by the
+    /// release. Returns the document after the write.
+    pub async fn release_with(self, changes: Mutation) -> Result<Record, LockError> {
+        self.term.release(changes).await
+    }
+
+    /// Applies `changes` to the lock's document while holding it, fenced by this
+    /// acquisition's token and a live lease; `Err(Lost)` when no longer held. The
+    /// lease part of `changes` is ignored (the lease is kept as it is).
+    pub async fn write(&self, mut changes: Mutation) -> Result<Record, LockError> {
+        changes.lease = store_trait::LeaseOp::Keep;
+        let lock = &self.term.lock;
+        let w =
+            Write::new(Condition::HeldBy(self.term.owner.clone()).and(Condition::FenceIs(self.term.token)), changes);
+        match lock.store.write(&lock.coll, &lock.key, &w).await? {
+            WriteOutcome::Applied(r) => Ok(r),
+            WriteOutcome::Rejected(current) => {
+                self.term.mark_lost("a fenced write was rejected");
+                Err(self.term.lost_error(current.as_ref()))
+            }
+        }
     }
 }
 
 impl<S: Store + Clone> Drop for LockGuard<S> {
     fn drop(&mut self) {
         self.term.stop.cancel();
+        // Whatever still runs under this guard's lost token must stop: the lock is
+        // being let go.
+        self.term.lost.cancel();
         if !self.term.released.swap(true, Ordering::SeqCst) {
             tracing::debug!(key = %self.term.lock.key, token = self.term.token, "lock guard dropped without release");
             self.term.clear_current();

@@ -170,7 +170,7 @@ pub struct LockStatus {
 #[derive(Debug)]
 pub struct LockBuilder<S> {
     store: S,
-    key: String,
+    key: Result<Key, StoreError>,
     collection: String,
     ttl: Duration,
     step: Duration,
@@ -237,7 +237,7 @@ impl<S: Store + Clone> LockBuilder<S> {
 
     /// Validates the configuration.
     pub fn build(self) -> Result<Lock<S>, LockError> {
-        let key = Key::new(self.key).map_err(|e| LockError::Config(e.to_string()))?;
+        let key = self.key.map_err(|e| LockError::Config(e.to_string()))?;
         let coll = Collection::new(self.collection).map_err(|e| LockError::Config(e.to_string()))?;
         let ttl = Ttl::new(self.ttl).map_err(|e| LockError::Config(e.to_string()))?;
         let margin =
@@ -346,9 +346,18 @@ impl<S: Store + Clone> Lock<S> {
     /// # Ok(()) }
     /// ```
     pub fn builder(store: S, key: impl Into<String>) -> LockBuilder<S> {
+        Self::builder_for(store, Key::new(key))
+    }
+
+    /// Configures a lock on a document with any key (an `ObjectId` `_id`, say).
+    pub fn builder_with_key(store: S, key: Key) -> LockBuilder<S> {
+        Self::builder_for(store, Ok(key))
+    }
+
+    fn builder_for(store: S, key: Result<Key, StoreError>) -> LockBuilder<S> {
         LockBuilder {
             store,
-            key: key.into(),
+            key,
             collection: DEFAULT_COLLECTION.into(),
             ttl: DEFAULT_TTL,
             step: DEFAULT_STEP,
@@ -577,9 +586,29 @@ impl<S: Store + Clone> Lock<S> {
             return Ok(out.is_applied());
         }
         match self.inner.current_term() {
-            Some(term) => term.release().await.map(|()| true),
+            Some(term) => term.release(Mutation::new()).await.map(|_| true),
             None => Err(LockError::NotHeld { key: self.inner.key_string() }),
         }
+    }
+
+    /// Takes charge of a lease on this lock's document that was granted by another
+    /// operation (a queue's claim, say): the guard renews it (with `auto_renew`),
+    /// signals its loss and fences writes exactly as for an acquisition. `sent` is
+    /// when the granting request was sent, on tokio's clock.
+    pub fn adopt(&self, record: &Record, sent: Instant, auto_renew: bool) -> Result<LockGuard<S>, LockError> {
+        if record.key() != &self.inner.key {
+            return Err(LockError::Config(format!("record {} is not lock {}", record.key(), self.inner.key)));
+        }
+        let Some(lease) = record.lease() else {
+            return Err(LockError::NotHeld { key: self.inner.key_string() });
+        };
+        Ok(Term::start(self.inner.clone(), lease.owner.clone(), record, sent, auto_renew))
+    }
+
+    /// A fresh owner string for an acquisition by this instance, for operations
+    /// (such as a queue's claim) that grant a lease this lock will [`adopt`](Self::adopt).
+    pub fn next_owner(&self) -> String {
+        self.inner.identity.owner(self.inner.seq.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Whether anyone holds the lock now (store clock). Look before you leap: this

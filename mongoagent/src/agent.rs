@@ -1,0 +1,634 @@
+//! The agent: claims tasks atomically, runs the handler under a renewed lease,
+//! and records the outcome with a write fenced by the claim token.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use futures::StreamExt;
+use mongolock::{Identity, Lock, LockError, LockGuard};
+use store_trait::{fields as reserved, Claim, Condition, Key, Mutation, Query, Record, Store, StoreError, Ttl};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::queue::{claim_order, claimable};
+use crate::task::fields;
+use crate::{AgentError, NewTask, Outcome, Queue, Retry, Task};
+
+/// A task handler: an async function from a [`Task`] to an [`Outcome`].
+pub trait Handler: Send + Sync + 'static {
+    /// Processes one task.
+    fn handle(&self, task: Task) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
+}
+
+impl<F, Fut, O> Handler for F
+where
+    F: Fn(Task) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = O> + Send + 'static,
+    O: Into<Outcome>,
+{
+    fn handle(&self, task: Task) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>> {
+        let fut = self(task);
+        Box::pin(async move { fut.await.into() })
+    }
+}
+
+/// The agent's log: the seed's counters and more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AgentLog {
+    /// Handler calls.
+    pub tasks_processed: u64,
+    /// Handler calls that failed (including panics).
+    pub failed_tasks: u64,
+    /// The same as `failed_tasks`, under the name the seed's example uses.
+    pub errors_encountered: u64,
+    /// Tasks completed.
+    pub completed: u64,
+    /// Failures scheduled for another attempt.
+    pub retried: u64,
+    /// Tasks failed for good.
+    pub failed_permanently: u64,
+    /// Outcomes rejected because the claim was lost (another agent took the task
+    /// after this one's lease lapsed): never applied.
+    pub stale_rejected: u64,
+}
+
+/// What one `process` call did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// The task completed.
+    Completed(Key),
+    /// The task failed and will be tried again.
+    Retried(Key),
+    /// The task failed for good.
+    Failed(Key),
+    /// The claim was lost before the outcome could be recorded; nothing was applied.
+    Stale(Key),
+}
+
+type ProcessWhile = Arc<dyn Fn(&AgentLog) -> bool + Send + Sync>;
+
+/// Configures an [`Agent`].
+pub struct AgentBuilder<S> {
+    store: S,
+    name: String,
+    queue: String,
+    sleep_between: Duration,
+    lease: Duration,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    concurrency: usize,
+    drain: Duration,
+    retain_finished: Option<Duration>,
+    identity: Option<Identity>,
+    process_while: Option<ProcessWhile>,
+}
+
+impl<S> std::fmt::Debug for AgentBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentBuilder").field("name", &self.name).field("queue", &self.queue).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone> AgentBuilder<S> {
+    /// How long an idle agent waits between polls when the store has no change
+    /// notifications (default 5 s, as in the seed). With notifications, an idle
+    /// agent is woken when a task arrives.
+    pub fn sleep_between(mut self, d: Duration) -> Self {
+        self.sleep_between = d;
+        self
+    }
+
+    /// The claim lease (default 60 s), renewed every third of it while the handler
+    /// runs; a crashed agent's task is claimable again once it lapses.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+
+    /// Attempts before a task fails for good (default 5).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Retry backoff: `base * 2^(attempt-1)`, capped at `max`, with ±50 % jitter
+    /// (default 1 s and 10 min).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = (base, max);
+        self
+    }
+
+    /// Tasks in flight at once in [`Agent::work`] (default 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// How long a stopping agent lets in-flight tasks finish before it gives
+    /// their claims back (default 30 s).
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain = d;
+        self
+    }
+
+    /// Garbage-collects finished tasks this long after they finish (TTL index;
+    /// default: keep them).
+    pub fn retain_finished(mut self, d: Duration) -> Self {
+        self.retain_finished = Some(d);
+        self
+    }
+
+    /// The identity recorded on claims (default [`Identity::current`]).
+    pub fn identity(mut self, id: Identity) -> Self {
+        self.identity = Some(id);
+        self
+    }
+
+    /// [`Agent::work`] continues while this returns true for the log (default:
+    /// forever).
+    pub fn process_while(mut self, f: impl Fn(&AgentLog) -> bool + Send + Sync + 'static) -> Self {
+        self.process_while = Some(Arc::new(f));
+        self
+    }
+
+    /// Validates the configuration.
+    pub fn build(self) -> Result<Agent<S>, AgentError> {
+        let bad = |m: String| Err(AgentError::Config(m));
+        if self.name.is_empty() {
+            return bad("an agent needs a non-empty name".into());
+        }
+        if self.concurrency == 0 {
+            return bad("concurrency must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts must be at least 1".into());
+        }
+        if self.sleep_between.is_zero() {
+            return bad("sleep_between must be positive".into());
+        }
+        if self.backoff.0.is_zero() || self.backoff.1 < self.backoff.0 {
+            return bad(format!("bad backoff {:?}", self.backoff));
+        }
+        let lease = Ttl::new(self.lease).map_err(|e| AgentError::Config(e.to_string()))?;
+        let retain = self.retain_finished.map(Ttl::new).transpose().map_err(|e| AgentError::Config(e.to_string()))?;
+        let queue = Queue::new(self.store.clone(), &self.queue)?;
+        Ok(Agent {
+            inner: Arc::new(Inner {
+                store: self.store,
+                name: self.name,
+                queue,
+                sleep_between: self.sleep_between,
+                lease,
+                max_attempts: self.max_attempts,
+                backoff: self.backoff,
+                concurrency: self.concurrency,
+                drain: self.drain,
+                retain,
+                identity: self.identity.unwrap_or_else(Identity::current),
+                process_while: self.process_while,
+                log: Mutex::new(AgentLog::default()),
+                seq: AtomicU64::new(1),
+                shutdown: CancellationToken::new(),
+            }),
+        })
+    }
+}
+
+struct Inner<S> {
+    store: S,
+    name: String,
+    queue: Queue<S>,
+    sleep_between: Duration,
+    lease: Ttl,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    concurrency: usize,
+    drain: Duration,
+    retain: Option<Ttl>,
+    identity: Identity,
+    process_while: Option<ProcessWhile>,
+    log: Mutex<AgentLog>,
+    seq: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+/// An agent: takes tasks named for it from a queue collection and processes them.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Agent<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> std::fmt::Debug for Agent<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.inner.name)
+            .field("queue", &self.inner.queue.coll)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A claimed task with its lease.
+struct Claimed<S: Store + Clone> {
+    guard: LockGuard<S>,
+    record: Record,
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// An agent named `name` on queue collection `queue` (the seed's `new(name, queue)`).
+    pub fn builder(store: S, name: impl Into<String>, queue: impl Into<String>) -> AgentBuilder<S> {
+        AgentBuilder {
+            store,
+            name: name.into(),
+            queue: queue.into(),
+            sleep_between: Duration::from_secs(5),
+            lease: Duration::from_secs(60),
+            max_attempts: 5,
+            backoff: (Duration::from_secs(1), Duration::from_secs(600)),
+            concurrency: 1,
+            drain: Duration::from_secs(30),
+            retain_finished: None,
+            identity: None,
+            process_while: None,
+        }
+    }
+
+    /// An agent with the default configuration.
+    pub fn new(store: S, name: &str, queue: &str) -> Result<Self, AgentError> {
+        Self::builder(store, name, queue).build()
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &Queue<S> {
+        &self.inner.queue
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> AgentLog {
+        *self.inner.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops [`Agent::work`]: no new claims; in-flight tasks get the drain timeout.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// Ready tasks of this agent (the seed's `get_tasks`), or those matching
+    /// `filter` (field equality).
+    pub async fn get_tasks(&self, filter: Option<Document>) -> Result<Vec<Record>, AgentError> {
+        let filter = filter.unwrap_or_else(|| doc! { fields::AGENT_NAME: &self.inner.name, fields::READY: true });
+        self.inner.queue.tasks(filter, None).await
+    }
+
+    /// Processes at most one task: claims the next one (one round trip), runs
+    /// `handler` while renewing the claim, records the outcome. `Ok(None)` when no
+    /// task is ready.
+    pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
+        let handler: Arc<dyn Handler> = Arc::new(handler);
+        match self.claim().await? {
+            Some(c) => Ok(Some(self.run(c, handler).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Processes tasks until `process_while(log)` says stop or [`Agent::shutdown`]
+    /// is called, up to `concurrency` at once. An idle agent wakes when a task
+    /// arrives (change notification), when a delayed task or a lapsed claim
+    /// becomes due, or after `sleep_between`. On shutdown it stops claiming, lets
+    /// in-flight tasks finish within the drain timeout, then gives the rest back.
+    pub async fn work(&self, handler: impl Handler) -> Result<AgentLog, AgentError> {
+        let handler: Arc<dyn Handler> = Arc::new(handler);
+        let inner = &self.inner;
+        inner.queue.ensure_indexes().await?;
+        let mut events = inner.store.watch(&inner.queue.coll, None).await.ok();
+        let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
+        let mut backoff = Duration::from_millis(50);
+        tracing::info!(agent = %inner.name, queue = %inner.queue.coll, push = events.is_some(), "agent working");
+        loop {
+            while let Some(done) = running.try_join_next() {
+                self.reap(done);
+            }
+            if inner.shutdown.is_cancelled() || !self.keep_going() {
+                break;
+            }
+            if running.len() >= inner.concurrency {
+                tokio::select! {
+                    _ = inner.shutdown.cancelled() => break,
+                    Some(done) = running.join_next() => self.reap(done),
+                }
+                continue;
+            }
+            match self.claim().await {
+                Ok(Some(c)) => {
+                    backoff = Duration::from_millis(50);
+                    let (this, h) = (self.clone(), handler.clone());
+                    running.spawn(async move { this.run(c, h).await });
+                }
+                Ok(None) => {
+                    let wait = self.idle_wait().await;
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(wait) => {}
+                        Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                        ev = next_event(&mut events) => if !matches!(ev, Some(Ok(_))) { events = None },
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %inner.name, error = %e, "claim failed");
+                    if !is_transient(&e) {
+                        running.shutdown().await;
+                        return Err(e);
+                    }
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(inner.sleep_between);
+                }
+            }
+        }
+        self.drain(running).await;
+        Ok(self.log())
+    }
+
+    fn keep_going(&self) -> bool {
+        let log = self.log();
+        self.inner.process_while.as_ref().is_none_or(|f| f(&log))
+    }
+
+    fn reap(&self, done: Result<Result<Processed, AgentError>, tokio::task::JoinError>) {
+        match done {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(agent = %self.inner.name, error = %e, "recording a task outcome failed; its claim will lapse and it will run again")
+            }
+            Err(e) => tracing::error!(agent = %self.inner.name, error = %e, "task runner failed"),
+        }
+    }
+
+    /// Lets in-flight tasks finish within the drain timeout; then drops the rest,
+    /// which gives their claims back (their guards release them).
+    async fn drain(&self, mut running: JoinSet<Result<Processed, AgentError>>) {
+        if running.is_empty() {
+            return;
+        }
+        tracing::info!(agent = %self.inner.name, in_flight = running.len(), "draining");
+        let deadline = Instant::now() + self.inner.drain;
+        loop {
+            tokio::select! {
+                done = running.join_next() => match done {
+                    Some(done) => self.reap(done),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(agent = %self.inner.name, abandoned = running.len(), "drain timeout: giving claims back");
+                    running.shutdown().await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// How long an idle agent may sleep: until the next delayed task or lapsed
+    /// claim becomes due, at most `sleep_between`.
+    async fn idle_wait(&self) -> Duration {
+        let inner = &self.inner;
+        let mine = || Query::eq(doc! { fields::AGENT_NAME: &inner.name });
+        let not_done = Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate();
+        let next_run = mine()
+            .when(Condition::FieldEq(fields::READY.into(), Bson::Boolean(true)).and(not_done.clone()))
+            .when(Condition::DueBy(fields::RUN_AT.into()).negate())
+            .sort(fields::RUN_AT, store_trait::Order::Asc)
+            .limit(1);
+        let next_lapse = mine()
+            .when(Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true)).and(not_done))
+            .when(Condition::Free.negate())
+            .sort(reserved::LEASE_UNTIL, store_trait::Order::Asc)
+            .limit(1);
+        let soonest = async {
+            let now = inner.store.now().await.ok()?;
+            let run = inner.store.find(&inner.queue.coll, &next_run).await.ok()?;
+            let lapse = inner.store.find(&inner.queue.coll, &next_lapse).await.ok()?;
+            let run_at = run
+                .first()
+                .and_then(|r| r.data().get_datetime(fields::RUN_AT).ok())
+                .map(|d| store_trait::StoreTime::from_millis(d.timestamp_millis()));
+            let lapse_at = lapse.first().and_then(|r| r.lease().map(|l| l.until));
+            [run_at, lapse_at].into_iter().flatten().min().map(|t| now.until(t) + Duration::from_millis(1))
+        };
+        soonest.await.map_or(inner.sleep_between, |d| d.min(inner.sleep_between))
+    }
+
+    /// Claims the next task, in one round trip.
+    async fn claim(&self) -> Result<Option<Claimed<S>>, AgentError> {
+        let inner = &self.inner;
+        let owner = format!("{}/{}/{}", inner.identity, inner.name, inner.seq.fetch_add(1, Ordering::Relaxed));
+        let claim = Claim {
+            query: claim_order(Query::eq(doc! { fields::AGENT_NAME: &inner.name }).when(claimable())),
+            mutation: Mutation::new()
+                .grant(owner, inner.lease)
+                .bump_fence()
+                .set(fields::READY, false)
+                .set(fields::CLAIMED, true)
+                .set(fields::AGENT_HOST, inner.identity.host())
+                .set_now(fields::STARTED_AT),
+        };
+        let sent = Instant::now();
+        let Some(record) = inner.store.claim(&inner.queue.coll, &claim).await? else { return Ok(None) };
+        let lock = Lock::builder_with_key(inner.store.clone(), record.key().clone())
+            .collection(inner.queue.coll.as_str())
+            .ttl(inner.lease.as_duration())
+            .identity(inner.identity.clone())
+            .build()?;
+        let guard = lock.adopt(&record, sent, true)?;
+        tracing::debug!(agent = %inner.name, task = %record.key(), token = record.fence(), "task claimed");
+        Ok(Some(Claimed { guard, record }))
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut AgentLog)) {
+        f(&mut self.inner.log.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Runs the handler on a claimed task and records the outcome.
+    async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
+        let Claimed { guard, record } = c;
+        let key = record.key().clone();
+        let task =
+            Task { key: key.clone(), data: record.data().clone(), token: record.fence(), cancel: guard.lost_token() };
+        // The handler runs on its own task: a panic is a failure, not a crash. If
+        // this future is dropped (drain timeout), the handler is aborted with it.
+        let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
+        let outcome = match (&mut handle.0).await {
+            Ok(o) => o,
+            Err(e) => Outcome::failed(format!("the handler panicked: {e}")),
+        };
+        self.bump(|l| l.tasks_processed += 1);
+        if matches!(outcome, Outcome::Fail { .. }) {
+            self.bump(|l| {
+                l.failed_tasks += 1;
+                l.errors_encountered += 1;
+            });
+        }
+        self.finish(guard, &record, outcome).await
+    }
+
+    async fn finish(&self, guard: LockGuard<S>, record: &Record, outcome: Outcome) -> Result<Processed, AgentError> {
+        let inner = &self.inner;
+        let key = record.key().clone();
+        let token = guard.token();
+        let outcome = match outcome {
+            Outcome::Complete { merge, follow_ups } => match check_merge(&merge) {
+                Err(e) => Outcome::Fail { error: e, merge: Document::new(), retry: Retry::Never },
+                Ok(()) => match self.enqueue_children(&key, follow_ups).await {
+                    Ok(()) => Outcome::Complete { merge, follow_ups: Vec::new() },
+                    Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+                },
+            },
+            fail => fail,
+        };
+        let limit = record
+            .data()
+            .get(fields::MAX_ATTEMPTS)
+            .and_then(store_trait::semantics::as_i64)
+            .map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
+        let (changes, result) = match outcome {
+            Outcome::Complete { merge, .. } => (
+                self.finished(Mutation::new().set_all(merge), token).set(fields::ERROR_ENCOUNTERED, false),
+                Processed::Completed(key.clone()),
+            ),
+            Outcome::Fail { error, merge, retry } => {
+                let merge = if check_merge(&merge).is_ok() { merge } else { Document::new() };
+                let delay = match retry {
+                    Retry::Never => None,
+                    _ if token >= limit => None,
+                    Retry::After(d) => Some(d),
+                    _ => Some(self.backoff(token)),
+                };
+                match delay {
+                    None => (
+                        self.finished(Mutation::new().set_all(merge), token)
+                            .set(fields::ERROR_ENCOUNTERED, true)
+                            .set(fields::LAST_ERROR, error),
+                        Processed::Failed(key.clone()),
+                    ),
+                    Some(d) => (
+                        Mutation::new()
+                            .set_all(merge)
+                            .set(fields::READY, true)
+                            .set(fields::CLAIMED, false)
+                            .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
+                            .set(fields::LAST_ERROR, error)
+                            .set_time_after(fields::RUN_AT, d),
+                        Processed::Retried(key.clone()),
+                    ),
+                }
+            }
+        };
+        match guard.release_with(changes).await {
+            Ok(_) => {
+                self.bump(|l| match &result {
+                    Processed::Completed(_) => l.completed += 1,
+                    Processed::Retried(_) => l.retried += 1,
+                    Processed::Failed(_) => l.failed_permanently += 1,
+                    Processed::Stale(_) => {}
+                });
+                tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
+                Ok(result)
+            }
+            Err(LockError::Lost { current, .. }) => {
+                self.bump(|l| l.stale_rejected += 1);
+                tracing::warn!(agent = %inner.name, task = %key, token, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
+                Ok(Processed::Stale(key))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The changes that end a task (completed or failed for good).
+    fn finished(&self, m: Mutation, token: u64) -> Mutation {
+        let m = m
+            .set(fields::COMPLETE, true)
+            .set(fields::READY, false)
+            .set(fields::CLAIMED, false)
+            .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
+            .set_now(fields::COMPLETED_AT);
+        match self.inner.retain {
+            Some(ttl) => m.gc_after(ttl),
+            None => m,
+        }
+    }
+
+    fn backoff(&self, attempt: u64) -> Duration {
+        let (base, max) = self.inner.backoff;
+        let exp = base.saturating_mul(1_u32 << attempt.saturating_sub(1).min(20)).min(max);
+        exp.mul_f64(0.5 + fastrand::f64())
+    }
+
+    /// Enqueues follow-ups with ids derived from the parent and their position, so
+    /// a retried handler never duplicates them.
+    async fn enqueue_children(&self, parent: &Key, children: Vec<NewTask>) -> Result<(), AgentError> {
+        if children.is_empty() {
+            return Ok(());
+        }
+        let tasks: Vec<NewTask> = children
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut t)| {
+                t.id = Some(Bson::String(format!("{parent}/{i}")));
+                t.parent = Some(parent.as_bson().clone());
+                t
+            })
+            .collect();
+        self.inner.queue.enqueue_all(&tasks).await?;
+        Ok(())
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn check_merge(merge: &Document) -> Result<(), String> {
+    for k in merge.keys() {
+        if fields::CONTROL.contains(&k.as_str()) {
+            return Err(format!("the handler tried to set the queue's own field {k:?}"));
+        }
+        if let Err(e) = store_trait::check_field_name(k) {
+            return Err(format!("the handler returned a bad field: {e}"));
+        }
+    }
+    Ok(())
+}
+
+fn is_transient(e: &AgentError) -> bool {
+    match e {
+        AgentError::Store(s) => s.is_retryable(),
+        AgentError::Lock(l) => l.is_retryable(),
+        _ => false,
+    }
+}
+
+async fn next_event(
+    events: &mut Option<store_trait::ChangeStream>,
+) -> Option<Result<store_trait::ChangeEvent, StoreError>> {
+    match events.as_mut() {
+        Some(s) => s.next().await,
+        None => futures::future::pending().await,
+    }
+}

@@ -1,0 +1,341 @@
+//! Task documents: field names, new tasks, what a handler receives and returns.
+
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use serde::de::DeserializeOwned;
+use store_trait::Key;
+use tokio_util::sync::CancellationToken;
+
+use crate::AgentError;
+
+/// Field names of a task document. The first seven are the original
+/// `mongo_agent`'s, so queues written for it keep working.
+pub mod fields {
+    /// Which agent takes the task.
+    pub const AGENT_NAME: &str = "agent_name";
+    /// Whether the task waits to be processed.
+    pub const READY: &str = "ready";
+    /// When an agent registered itself on the task (store clock).
+    pub const STARTED_AT: &str = "started_at";
+    /// The host of the agent that took it.
+    pub const AGENT_HOST: &str = "agent_host";
+    /// Whether processing ended (completed or failed for good).
+    pub const COMPLETE: &str = "complete";
+    /// When processing ended (store clock).
+    pub const COMPLETED_AT: &str = "completed_at";
+    /// Whether processing ended in failure.
+    pub const ERROR_ENCOUNTERED: &str = "error_encountered";
+    /// Higher runs first (default 0; tasks without it run after those with it).
+    pub const PRIORITY: &str = "priority";
+    /// Not before this time (a date; missing means now).
+    pub const RUN_AT: &str = "run_at";
+    /// Set while an agent holds the task (its lease may have lapsed).
+    pub const CLAIMED: &str = "claimed";
+    /// How many times the task was claimed (the claim token).
+    pub const ATTEMPTS: &str = "attempts";
+    /// The last failure's message.
+    pub const LAST_ERROR: &str = "last_error";
+    /// A per-task override of the agent's attempt limit.
+    pub const MAX_ATTEMPTS: &str = "max_attempts";
+    /// Enqueuing two tasks with the same dedupe key yields one task.
+    pub const DEDUPE_KEY: &str = "dedupe_key";
+    /// The task whose handler produced this one.
+    pub const PARENT: &str = "parent";
+
+    /// Fields a handler's merge may not set: the queue's own bookkeeping.
+    pub const CONTROL: [&str; 11] = [
+        AGENT_NAME,
+        READY,
+        STARTED_AT,
+        AGENT_HOST,
+        COMPLETE,
+        COMPLETED_AT,
+        ERROR_ENCOUNTERED,
+        CLAIMED,
+        ATTEMPTS,
+        RUN_AT,
+        PARENT,
+    ];
+}
+
+/// A task to enqueue.
+///
+/// ```
+/// use mongoagent::NewTask;
+/// use std::time::Duration;
+///
+/// let t = NewTask::new("thumbnailer", bson::doc! { "image": "cat.png" })
+///     .priority(5)
+///     .delay(Duration::from_secs(60))
+///     .dedupe_key("cat.png");
+/// # let _ = t;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    pub(crate) agent_name: String,
+    pub(crate) data: Document,
+    pub(crate) id: Option<Bson>,
+    pub(crate) priority: i64,
+    pub(crate) delay: Option<Duration>,
+    pub(crate) dedupe_key: Option<String>,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) parent: Option<Bson>,
+}
+
+impl NewTask {
+    /// A task for `agent_name` carrying `data` (any fields but the queue's own).
+    pub fn new(agent_name: impl Into<String>, data: Document) -> Self {
+        NewTask {
+            agent_name: agent_name.into(),
+            data,
+            id: None,
+            priority: 0,
+            delay: None,
+            dedupe_key: None,
+            max_attempts: None,
+            parent: None,
+        }
+    }
+
+    /// An explicit id (default: a fresh `ObjectId`).
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(Bson::String(id.into()));
+        self
+    }
+
+    /// Priority: higher runs first (default 0).
+    pub fn priority(mut self, p: i64) -> Self {
+        self.priority = p;
+        self
+    }
+
+    /// Not before `d` from now (store clock).
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = Some(d);
+        self
+    }
+
+    /// Enqueuing another task with the same key is a no-op reported as a duplicate.
+    pub fn dedupe_key(mut self, k: impl Into<String>) -> Self {
+        self.dedupe_key = Some(k.into());
+        self
+    }
+
+    /// Overrides the agent's attempt limit for this task.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// The document to insert (`run_at` is added by the queue, on the store clock).
+    pub(crate) fn to_document(&self) -> Result<Document, AgentError> {
+        if self.agent_name.is_empty() {
+            return Err(AgentError::InvalidTask("a task needs a non-empty agent_name".into()));
+        }
+        for k in self.data.keys() {
+            if fields::CONTROL.contains(&k.as_str()) || k == fields::PRIORITY || k == fields::DEDUPE_KEY {
+                return Err(AgentError::InvalidTask(format!(
+                    "field {k:?} is set by the queue; use the NewTask methods"
+                )));
+            }
+        }
+        if self.max_attempts == Some(0) {
+            return Err(AgentError::InvalidTask("max_attempts must be at least 1".into()));
+        }
+        let mut d = Document::new();
+        if let Some(id) = &self.id {
+            d.insert("_id", id.clone());
+        }
+        d.insert(fields::AGENT_NAME, self.agent_name.as_str());
+        d.insert(fields::READY, true);
+        d.insert(fields::PRIORITY, self.priority);
+        if let Some(k) = &self.dedupe_key {
+            d.insert(fields::DEDUPE_KEY, k.as_str());
+        }
+        if let Some(n) = self.max_attempts {
+            d.insert(fields::MAX_ATTEMPTS, i64::from(n));
+        }
+        if let Some(p) = &self.parent {
+            d.insert(fields::PARENT, p.clone());
+        }
+        d.extend(self.data.clone());
+        Ok(d)
+    }
+}
+
+/// A claimed task, as the handler sees it.
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub(crate) key: Key,
+    pub(crate) data: Document,
+    pub(crate) token: u64,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl Task {
+    /// The task's id.
+    pub fn id(&self) -> &Key {
+        &self.key
+    }
+
+    /// The task document's fields (the queue's reserved lease fields excluded).
+    pub fn data(&self) -> &Document {
+        &self.data
+    }
+
+    /// The task document as a typed value. A malformed task is an error the agent
+    /// records as a permanent failure when the handler returns it.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, AgentError> {
+        bson::deserialize_from_document(self.data.clone())
+            .map_err(|e| AgentError::InvalidTask(format!("task {} cannot be read: {e}", self.key)))
+    }
+
+    /// Which attempt this is (1 for the first).
+    pub fn attempt(&self) -> u64 {
+        self.token
+    }
+
+    /// The claim token fencing this attempt: a stale attempt's completion is rejected.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Cancelled when the claim is lost (before its lease can lapse) or the agent
+    /// stops waiting for the handler; long handlers should select on it.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+}
+
+/// What a handler reports.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Success: merge these fields into the task and enqueue these follow-ups
+    /// (before the task is marked complete, with ids derived from it, so a retried
+    /// handler never duplicates them).
+    Complete {
+        /// Fields to merge into the task document.
+        merge: Document,
+        /// Tasks to enqueue.
+        follow_ups: Vec<NewTask>,
+    },
+    /// Failure.
+    Fail {
+        /// What went wrong (recorded as `last_error`).
+        error: String,
+        /// Fields to merge into the task document.
+        merge: Document,
+        /// Whether and when to try again.
+        retry: Retry,
+    },
+}
+
+/// Whether a failed task is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retry {
+    /// Per the agent's policy: exponential backoff with jitter, up to the attempt limit.
+    Policy,
+    /// Never: fail for good now.
+    Never,
+    /// After this delay (still counting against the attempt limit).
+    After(Duration),
+}
+
+impl Outcome {
+    /// Success with nothing to add.
+    pub fn done() -> Self {
+        Outcome::Complete { merge: Document::new(), follow_ups: Vec::new() }
+    }
+
+    /// Success, merging `merge` into the task.
+    pub fn done_with(merge: Document) -> Self {
+        Outcome::Complete { merge, follow_ups: Vec::new() }
+    }
+
+    /// Adds a follow-up task (on success).
+    pub fn follow_up(mut self, t: NewTask) -> Self {
+        if let Outcome::Complete { follow_ups, .. } = &mut self {
+            follow_ups.push(t);
+        }
+        self
+    }
+
+    /// Failure, retried per the agent's policy.
+    pub fn failed(error: impl Into<String>) -> Self {
+        Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::Policy }
+    }
+
+    /// Failure, not retried.
+    pub fn failed_permanently(error: impl Into<String>) -> Self {
+        Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::Never }
+    }
+
+    /// Failure, retried after `delay`.
+    pub fn retry_after(error: impl Into<String>, delay: Duration) -> Self {
+        Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::After(delay) }
+    }
+
+    /// Adds fields to merge (success or failure).
+    pub fn merge(mut self, fields: Document) -> Self {
+        match &mut self {
+            Outcome::Complete { merge, .. } | Outcome::Fail { merge, .. } => merge.extend(fields),
+        }
+        self
+    }
+}
+
+/// The seed's handlers return a boolean.
+impl From<bool> for Outcome {
+    fn from(ok: bool) -> Self {
+        if ok {
+            Outcome::done()
+        } else {
+            Outcome::failed("the handler reported failure")
+        }
+    }
+}
+
+/// A handler's error fails the task per the retry policy; an
+/// [`AgentError::InvalidTask`] (a task that cannot be read) fails it for good.
+impl From<Result<Outcome, AgentError>> for Outcome {
+    fn from(r: Result<Outcome, AgentError>) -> Self {
+        match r {
+            Ok(o) => o,
+            Err(AgentError::InvalidTask(e)) => Outcome::failed_permanently(e),
+            Err(e) => Outcome::failed(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn new_task_documents() {
+        let d = NewTask::new("a", doc! {"x": 1}).priority(3).dedupe_key("k").id("t1").to_document().unwrap();
+        assert_eq!(
+            d,
+            doc! {"_id": "t1", "agent_name": "a", "ready": true, "priority": 3_i64, "dedupe_key": "k", "x": 1}
+        );
+        assert!(NewTask::new("", doc! {}).to_document().is_err());
+        assert!(NewTask::new("a", doc! {"ready": false}).to_document().is_err());
+        assert!(NewTask::new("a", doc! {}).max_attempts(0).to_document().is_err());
+    }
+
+    #[test]
+    fn outcomes() {
+        assert_eq!(Outcome::from(true), Outcome::done());
+        assert!(matches!(Outcome::from(false), Outcome::Fail { retry: Retry::Policy, .. }));
+        let o = Outcome::done().merge(doc! {"a": 1}).follow_up(NewTask::new("b", doc! {}));
+        assert!(
+            matches!(o, Outcome::Complete { ref merge, ref follow_ups } if merge.len() == 1 && follow_ups.len() == 1)
+        );
+        let bad: Result<Outcome, AgentError> = Err(AgentError::InvalidTask("x".into()));
+        assert!(matches!(Outcome::from(bad), Outcome::Fail { retry: Retry::Never, .. }));
+    }
+}

@@ -1,0 +1,419 @@
+//! Agent behaviour every backend must show.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::{doc, Bson};
+use mongoagent::{Agent, AgentError, NewTask, Outcome, Processed, Queue, Task};
+use store_trait::testing::Harness;
+use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
+
+#[macro_export]
+macro_rules! agent_suite {
+    ($harness:path, #[$attr:meta]) => {
+        $crate::agent_suite!(@each $harness, #[$attr],
+            seed_shaped_tasks_are_processed, claims_follow_priority_then_time, get_tasks_lists_ready_tasks,
+            retries_then_fails_for_good, handler_outcomes, dedupe_keys_yield_one_task, delayed_tasks_wait,
+            crashed_claims_are_recovered_and_stale_outcomes_rejected, idle_agent_is_woken_by_a_new_task,
+            many_agents_process_each_task_once, drain_gives_claims_back, bad_input_is_rejected, queue_stats
+        );
+    };
+    (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
+        $(
+            #[$attr]
+            async fn $name() {
+                let Some(h) = $harness().await else { return };
+                $crate::suite::$name(&h).await;
+            }
+        )*
+    };
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn coll() -> Collection {
+    Collection::new("tasks").unwrap()
+}
+
+async fn get<S: Store>(s: &S, id: &Key) -> bson::Document {
+    s.get(&coll(), id).await.unwrap().record.unwrap().into_data()
+}
+
+fn agent<S: Store + Clone>(s: &S, name: &str) -> mongoagent::AgentBuilder<S> {
+    Agent::builder(s.clone(), name, "tasks")
+        .backoff(Duration::from_millis(100), Duration::from_millis(400))
+        .lease(Duration::from_secs(4))
+}
+
+pub(crate) async fn seed_shaped_tasks_are_processed<H: Harness>(h: &H) {
+    let s = h.store("ag_seed_shape").await;
+    let (ok, bad) = (bson::oid::ObjectId::new(), bson::oid::ObjectId::new());
+    // Written by a producer of the original mongo_agent: no priority, no store metadata.
+    s.insert_many(
+        &coll(),
+        vec![
+            doc! {"_id": ok, "agent_name": "convert", "ready": true, "file": "a"},
+            doc! {"_id": bad, "agent_name": "convert", "ready": true, "file": "b"},
+        ],
+    )
+    .await
+    .unwrap();
+    let a = agent(&s, "convert").max_attempts(1).build().unwrap();
+    let handler = |t: Task| async move { t.data().get_str("file").unwrap() == "a" };
+    assert_eq!(
+        a.process(handler).await.unwrap(),
+        Some(Processed::Completed(Key::from_bson(Bson::ObjectId(ok)).unwrap()))
+    );
+    assert_eq!(
+        a.process(handler).await.unwrap(),
+        Some(Processed::Failed(Key::from_bson(Bson::ObjectId(bad)).unwrap()))
+    );
+    assert_eq!(a.process(handler).await.unwrap(), None);
+    let d = get(&s, &Key::from_bson(Bson::ObjectId(ok)).unwrap()).await;
+    assert_eq!(
+        (d.get_bool("ready").unwrap(), d.get_bool("complete").unwrap(), d.get_bool("error_encountered").unwrap()),
+        (false, true, false)
+    );
+    assert!(d.get_datetime("started_at").is_ok() && d.get_datetime("completed_at").is_ok());
+    assert_eq!(d.get_str("agent_host").unwrap(), mongolock::Identity::current().host());
+    let d = get(&s, &Key::from_bson(Bson::ObjectId(bad)).unwrap()).await;
+    assert_eq!((d.get_bool("complete").unwrap(), d.get_bool("error_encountered").unwrap()), (true, true));
+    assert_eq!(d.get_str("last_error").unwrap(), "the handler reported failure");
+    let log = a.log();
+    assert_eq!((log.tasks_processed, log.failed_tasks, log.errors_encountered), (2, 1, 1));
+}
+
+pub(crate) async fn claims_follow_priority_then_time<H: Harness>(h: &H) {
+    let s = h.store("ag_order").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    for (id, p) in [("low-1", 0), ("high-1", 9), ("low-2", 0), ("mid", 5), ("high-2", 9)] {
+        q.enqueue(NewTask::new("w", doc! {}).id(id).priority(p)).await.unwrap();
+    }
+    let a = agent(&s, "w").build().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for _ in 0..5 {
+        let o = order.clone();
+        a.process(move |t: Task| {
+            let o = o.clone();
+            async move {
+                o.lock().unwrap().push(t.id().to_string());
+                true
+            }
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["high-1", "high-2", "mid", "low-1", "low-2"]);
+}
+
+pub(crate) async fn get_tasks_lists_ready_tasks<H: Harness>(h: &H) {
+    let s = h.store("ag_get_tasks").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {"n": 1}).id("a")).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {"n": 2}).id("b")).await.unwrap();
+    q.enqueue(NewTask::new("other", doc! {}).id("c")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    assert_eq!(a.get_tasks(None).await.unwrap().len(), 2);
+    a.process(|_t: Task| async { true }).await.unwrap();
+    assert_eq!(a.get_tasks(None).await.unwrap().len(), 1);
+    assert_eq!(a.get_tasks(Some(doc! {"n": 1})).await.unwrap().len(), 1);
+    assert_eq!(a.get_tasks(Some(doc! {"complete": true})).await.unwrap().len(), 1);
+}
+
+pub(crate) async fn retries_then_fails_for_good<H: Harness>(h: &H) {
+    let s = h.store("ag_retries").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let a = agent(&s, "w")
+        .max_attempts(3)
+        .sleep_between(Duration::from_millis(200))
+        .process_while(|log| log.tasks_processed < 3)
+        .build()
+        .unwrap();
+    let log =
+        tokio::time::timeout(WAIT, a.work(|t: Task| async move { Outcome::failed(format!("boom {}", t.attempt())) }))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!((log.tasks_processed, log.retried, log.failed_permanently), (3, 2, 1));
+    let d = get(&s, &id).await;
+    assert_eq!((d.get_bool("complete").unwrap(), d.get_bool("error_encountered").unwrap()), (true, true));
+    assert_eq!(d.get_str("last_error").unwrap(), "boom 3");
+    assert_eq!(d.get_i64("attempts").unwrap(), 3);
+    assert!(
+        a.process(|_t: Task| async { true }).await.unwrap().is_none(),
+        "a task failed for good is not claimed again"
+    );
+}
+
+pub(crate) async fn handler_outcomes<H: Harness>(h: &H) {
+    let s = h.store("ag_outcomes").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    for id in ["perm", "later", "typed-bad", "merge-bad", "panics", "merge-ok"] {
+        q.enqueue(NewTask::new("w", doc! {"kind": id}).id(id)).await.unwrap();
+    }
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Typed {
+        kind: String,
+        size: u64,
+    }
+    let a = agent(&s, "w").build().unwrap();
+    let mut results = HashMap::new();
+    for _ in 0..6 {
+        let r = a
+            .process(|t: Task| async move {
+                match t.data().get_str("kind").unwrap() {
+                    "perm" => Outcome::failed_permanently("no way"),
+                    "later" => Outcome::retry_after("busy", Duration::from_secs(3600)),
+                    "typed-bad" => t.parse::<Typed>().map(|_| Outcome::done()).into(),
+                    "merge-bad" => Outcome::done_with(doc! {"complete": false}),
+                    "panics" => panic!("handler bug"),
+                    _ => Outcome::done_with(doc! {"result": 42}),
+                }
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let (Processed::Completed(k) | Processed::Failed(k) | Processed::Retried(k) | Processed::Stale(k)) = &r else {
+            unreachable!()
+        };
+        results.insert(k.to_string(), r);
+    }
+    assert!(matches!(results["perm"], Processed::Failed(_)));
+    assert!(matches!(results["later"], Processed::Retried(_)));
+    assert!(
+        matches!(results["typed-bad"], Processed::Failed(_)),
+        "a malformed task is failed for good, not retried forever"
+    );
+    assert!(get(&s, &Key::new("typed-bad").unwrap()).await.get_str("last_error").unwrap().contains("cannot be read"));
+    assert!(matches!(results["merge-bad"], Processed::Failed(_)));
+    assert!(matches!(results["panics"], Processed::Retried(_)));
+    assert!(get(&s, &Key::new("panics").unwrap()).await.get_str("last_error").unwrap().contains("panicked"));
+    assert!(matches!(results["merge-ok"], Processed::Completed(_)));
+    assert_eq!(get(&s, &Key::new("merge-ok").unwrap()).await.get_i32("result").unwrap(), 42);
+    assert!(
+        a.process(|_t: Task| async { true }).await.unwrap().is_none(),
+        "the retry waits an hour; the panicking task waits its backoff"
+    );
+}
+
+pub(crate) async fn dedupe_keys_yield_one_task<H: Harness>(h: &H) {
+    let s = h.store("ag_dedupe").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let (_, new1) = q.enqueue(NewTask::new("w", doc! {"v": 1}).id("d1").dedupe_key("report-2026-11-30")).await.unwrap();
+    let (_, new2) = q.enqueue(NewTask::new("w", doc! {"v": 2}).dedupe_key("report-2026-11-30")).await.unwrap();
+    assert!(new1 && !new2);
+    let (_, again) = q.enqueue(NewTask::new("w", doc! {"v": 3}).id("d1")).await.unwrap();
+    assert!(!again, "same id: duplicate");
+    assert_eq!(get(&s, &Key::new("d1").unwrap()).await.get_i32("v").unwrap(), 1, "the first one stays");
+    assert_eq!(s.count(&coll(), &Query::eq(doc! {"dedupe_key": "report-2026-11-30"})).await.unwrap(), 1);
+}
+
+pub(crate) async fn delayed_tasks_wait<H: Harness>(h: &H) {
+    let s = h.store("ag_delayed").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).delay(Duration::from_millis(1500))).await.unwrap();
+    let a = agent(&s, "w")
+        .sleep_between(Duration::from_secs(3600))
+        .process_while(|l| l.tasks_processed < 1)
+        .build()
+        .unwrap();
+    assert!(a.process(|_t: Task| async { true }).await.unwrap().is_none(), "not before run_at");
+    // An idle agent sleeps until the task is due, even with a one-hour poll interval.
+    let log = tokio::time::timeout(WAIT, a.work(|_t: Task| async { true })).await.expect("woken when due").unwrap();
+    assert_eq!(log.completed, 1);
+}
+
+pub(crate) async fn crashed_claims_are_recovered_and_stale_outcomes_rejected<H: Harness>(h: &H) {
+    let s = h.store("ag_crash").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    // Another agent claims it and dies: its lease stays until it lapses.
+    let dead = Claim {
+        query: Query::eq(doc! {"agent_name": "w", "ready": true}),
+        mutation: Mutation::new()
+            .grant("dead-agent", Ttl::new(Duration::from_millis(1500)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    let claimed = s.claim(&coll(), &dead).await.unwrap().unwrap();
+    let a = agent(&s, "w")
+        .sleep_between(Duration::from_secs(3600))
+        .process_while(|l| l.tasks_processed < 1)
+        .build()
+        .unwrap();
+    assert!(a.process(|_t: Task| async { true }).await.unwrap().is_none(), "a live claim is not taken");
+    let log = tokio::time::timeout(
+        WAIT,
+        a.work(|t: Task| async move {
+            assert_eq!(t.attempt(), 2);
+            true
+        }),
+    )
+    .await
+    .expect("recovered at lease expiry")
+    .unwrap();
+    assert_eq!(log.completed, 1);
+    // The dead agent's late completion, fenced by its claim token, is rejected.
+    let late = Write::new(
+        Condition::OwnedBy("dead-agent".into()).and(Condition::FenceIs(claimed.fence())),
+        Mutation::new().release().set("complete", true).set("error_encountered", true),
+    );
+    assert!(!s.write(&coll(), &id, &late).await.unwrap().is_applied());
+    assert!(!get(&s, &id).await.get_bool("error_encountered").unwrap());
+}
+
+pub(crate) async fn idle_agent_is_woken_by_a_new_task<H: Harness>(h: &H) {
+    let s = h.store("ag_push").await;
+    let sleep = if h.change_streams_expected() { Duration::from_secs(3600) } else { Duration::from_millis(200) };
+    let a = agent(&s, "w").sleep_between(sleep).process_while(|l| l.tasks_processed < 1).build().unwrap();
+    let worker = tokio::spawn({
+        let a = a.clone();
+        async move { a.work(|_t: Task| async { true }).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Queue::new(s.clone(), "tasks").unwrap().enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let log = tokio::time::timeout(WAIT, worker).await.expect("the idle agent was woken").unwrap().unwrap();
+    assert_eq!(log.completed, 1);
+}
+
+pub(crate) async fn many_agents_process_each_task_once<H: Harness>(h: &H) {
+    let s = h.store("ag_many").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let n: u64 = 60;
+    let tasks: Vec<_> = (0..n).map(|i| NewTask::new("w", doc! {"i": i as i64}).id(format!("t{i:03}"))).collect();
+    q.enqueue_all(&tasks).await.unwrap();
+    let seen = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
+    let agents: Vec<_> = (0..4)
+        .map(|_| agent(&s, "w").concurrency(3).sleep_between(Duration::from_millis(100)).build().unwrap())
+        .collect();
+    let workers: Vec<_> = agents
+        .iter()
+        .map(|a| {
+            let (a, seen) = (a.clone(), seen.clone());
+            tokio::spawn(async move {
+                a.work(move |t: Task| {
+                    let seen = seen.clone();
+                    async move {
+                        *seen.lock().unwrap().entry(t.id().to_string()).or_default() += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        Outcome::done().follow_up(NewTask::new("next", doc! {}))
+                    }
+                })
+                .await
+            })
+        })
+        .collect();
+    tokio::time::timeout(WAIT, async {
+        while q.stats("w").await.unwrap().completed < n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("all tasks completed");
+    for a in &agents {
+        a.shutdown();
+    }
+    let mut completed = 0;
+    for w in workers {
+        completed += tokio::time::timeout(WAIT, w).await.unwrap().unwrap().unwrap().completed;
+    }
+    assert_eq!(completed, n, "each task completed once");
+    assert!(seen.lock().unwrap().values().all(|&c| c == 1), "no task ran twice");
+    assert_eq!(seen.lock().unwrap().len(), n as usize);
+    assert_eq!(q.stats("next").await.unwrap().ready, n, "one follow-up per task");
+}
+
+pub(crate) async fn drain_gives_claims_back<H: Harness>(h: &H) {
+    let s = h.store("ag_drain").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue_all(&[
+        NewTask::new("w", doc! {"slow": false}).id("fast"),
+        NewTask::new("w", doc! {"slow": true}).id("slow"),
+    ])
+    .await
+    .unwrap();
+    let a = agent(&s, "w").concurrency(2).drain_timeout(Duration::from_millis(300)).build().unwrap();
+    let worker = tokio::spawn({
+        let a = a.clone();
+        async move {
+            a.work(|t: Task| async move {
+                if t.data().get_bool("slow").unwrap() {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                true
+            })
+            .await
+        }
+    });
+    tokio::time::timeout(WAIT, async {
+        while q.stats("w").await.unwrap().completed < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    a.shutdown();
+    let log = tokio::time::timeout(WAIT, worker).await.unwrap().unwrap().unwrap();
+    assert_eq!(log.completed, 1);
+    // The slow task was given back: claimable at once by another agent.
+    let b = agent(&s, "w").build().unwrap();
+    let got = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(p) = b.process(|_t: Task| async { true }).await.unwrap() {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(got, Processed::Completed(Key::new("slow").unwrap()));
+}
+
+pub(crate) async fn bad_input_is_rejected<H: Harness>(h: &H) {
+    let s = h.store("ag_bad_input").await;
+    let cfg = |r: Result<Agent<H::Store>, AgentError>| assert!(matches!(r, Err(AgentError::Config(_))), "{r:?}");
+    cfg(Agent::builder(s.clone(), "", "tasks").build());
+    cfg(Agent::builder(s.clone(), "w", "").build());
+    cfg(Agent::builder(s.clone(), "w", "tasks").concurrency(0).build());
+    cfg(Agent::builder(s.clone(), "w", "tasks").max_attempts(0).build());
+    cfg(Agent::builder(s.clone(), "w", "tasks").lease(Duration::ZERO).build());
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let invalid = |r: Result<(Key, bool), AgentError>| assert!(matches!(r, Err(AgentError::InvalidTask(_))), "{r:?}");
+    invalid(q.enqueue(NewTask::new("", doc! {})).await);
+    invalid(q.enqueue(NewTask::new("w", doc! {"ready": false})).await);
+    q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    assert!(matches!(q.enqueue(NewTask::new("w", doc! {"lease_owner": "x"})).await, Err(AgentError::Store(_))));
+    // A document in the queue without an agent_name is never claimed and blocks nothing.
+    s.insert_many(&coll(), vec![doc! {"_id": "orphan", "ready": true}]).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    assert!(a.process(|_t: Task| async { true }).await.unwrap().is_some());
+    assert!(a.process(|_t: Task| async { true }).await.unwrap().is_none());
+}
+
+pub(crate) async fn queue_stats<H: Harness>(h: &H) {
+    let s = h.store("ag_stats").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue_all(&[
+        NewTask::new("w", doc! {}).id("r1"),
+        NewTask::new("w", doc! {}).id("r2"),
+        NewTask::new("w", doc! {}).id("d1").delay(Duration::from_secs(3600)),
+        NewTask::new("w", doc! {"fail": true}).id("f1").priority(9),
+    ])
+    .await
+    .unwrap();
+    let a = agent(&s, "w").max_attempts(1).build().unwrap();
+    a.process(|t: Task| async move { !t.data().get_bool("fail").unwrap_or(false) }).await.unwrap();
+    a.process(|_t: Task| async { true }).await.unwrap();
+    let st = q.stats("w").await.unwrap();
+    assert_eq!((st.ready, st.delayed, st.running, st.stuck, st.completed, st.failed), (1, 1, 0, 0, 1, 1));
+    let requeued = q.requeue(doc! {"agent_name": "w"}, true).await.unwrap();
+    assert_eq!(requeued, [Key::new("f1").unwrap()]);
+    assert_eq!(q.stats("w").await.unwrap().failed, 1, "dry run changes nothing");
+    q.requeue(doc! {"agent_name": "w"}, false).await.unwrap();
+    assert_eq!(q.stats("w").await.unwrap().ready, 2);
+}
