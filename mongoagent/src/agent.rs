@@ -314,6 +314,7 @@ impl<S: Store + Clone> Agent<S> {
         let mut events = inner.store.watch(&inner.queue.coll, None).await.ok();
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Duration::from_millis(50);
+        let mut idle_until: Option<Instant> = None;
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, push = events.is_some(), "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
@@ -336,12 +337,26 @@ impl<S: Store + Clone> Agent<S> {
                     running.spawn(async move { this.run(c, h).await });
                 }
                 Ok(None) => {
-                    let wait = self.idle_wait().await;
+                    // Idle until the next due time (computed once per idle period, not
+                    // per wake-up), a change notification, or a finished task.
+                    let until = match idle_until {
+                        Some(t) if t > Instant::now() => t,
+                        _ => Instant::now() + self.idle_wait().await,
+                    };
+                    idle_until = Some(until);
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(wait) => {}
+                        _ = tokio::time::sleep_until(until) => idle_until = None,
                         Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
-                        ev = next_event(&mut events) => if !matches!(ev, Some(Ok(_))) { events = None },
+                        ev = next_event(&mut events) => {
+                            if matches!(ev, Some(Ok(_))) {
+                                // Coalesce a burst of notifications into one claim attempt.
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                                drain_ready(&mut events);
+                            } else {
+                                events = None;
+                            }
+                        }
                     }
                 }
                 Err(e) => {
@@ -621,6 +636,18 @@ fn is_transient(e: &AgentError) -> bool {
         AgentError::Store(s) => s.is_retryable(),
         AgentError::Lock(l) => l.is_retryable(),
         _ => false,
+    }
+}
+
+/// Takes every notification already waiting, without blocking.
+fn drain_ready(events: &mut Option<store_trait::ChangeStream>) {
+    use futures::FutureExt;
+    let Some(s) = events.as_mut() else { return };
+    while let Some(item) = s.next().now_or_never() {
+        if !matches!(item, Some(Ok(_))) {
+            *events = None;
+            return;
+        }
     }
 }
 

@@ -1,3 +1,282 @@
-//! The `mongocoord` command-line tool: demo, shell runners, operator views.
+//! The `mongocoord` command-line tool: a demo of the whole toolkit, Unix-style
+//! runners (`lock`, `elect`, `agent`) for shell scripts and other languages, and
+//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `watch`).
+//!
+//! Connection: `--uri`, else `MONGODB_URI`, else `MONGO_HOST` (+ `MONGO_DB`), as
+//! the original `mongo_agent` read it. Passwords are never printed.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
-fn main() {}
+mod child;
+mod demo;
+mod runners;
+mod views;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use store_mongo::MongoStore;
+
+/// Exit status when the lock or leadership was lost while the command ran.
+pub(crate) const EXIT_LOST: u8 = 75;
+/// Exit status when the lock could not be acquired within `--timeout`.
+pub(crate) const EXIT_TIMEOUT: u8 = 74;
+/// Exit status for bad arguments or an unreachable server.
+pub(crate) const EXIT_USAGE: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(name = "mongocoord", version, about = "Locks, leader election and task agents on MongoDB")]
+struct Cli {
+    /// MongoDB URI (default: $MONGODB_URI, else mongodb://$MONGO_HOST).
+    #[arg(long, global = true)]
+    uri: Option<String>,
+    /// Database (default: $MONGO_DB, else "mongocoord").
+    #[arg(long, global = true)]
+    db: Option<String>,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Log what happens (also RUST_LOG).
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Runs a small cluster in one process: 3 electors, a contended lock and a
+    /// two-stage pipeline of agents, with crashes and restarts; checks its own
+    /// invariants at the end. In memory unless a URI is given.
+    Demo {
+        /// How long to run the chaos part.
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+        /// Tasks fed into the pipeline.
+        #[arg(long, default_value_t = 300)]
+        tasks: u32,
+        /// Use the in-memory store even if a URI is configured.
+        #[arg(long)]
+        memory: bool,
+    },
+    /// Acquires a lock, runs CMD while holding it (auto-renewed, fencing token in
+    /// $MONGOCOORD_FENCE), releases it when CMD exits. If the lock is lost, CMD is
+    /// terminated and the exit status is 75.
+    Lock {
+        /// The lock's key.
+        key: String,
+        /// Lease length in seconds.
+        #[arg(long, default_value_t = 30.0)]
+        ttl: f64,
+        /// Give up after this many seconds (exit status 74).
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// The lock collection.
+        #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
+        collection: String,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Campaigns for leadership of KEY; while leader runs CMD (term token in
+    /// $MONGOCOORD_FENCE); on loss stops CMD and campaigns again; on SIGTERM or
+    /// SIGINT releases leadership at once.
+    Elect {
+        /// The election key.
+        key: String,
+        /// Lease length in seconds.
+        #[arg(long, default_value_t = 15.0)]
+        ttl: f64,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// A language-agnostic agent: for each claimed task runs CMD with the task as
+    /// JSON on stdin. Exit 0 completes it (a JSON object on stdout is merged in;
+    /// its "follow_ups" array enqueues tasks); non-zero fails it.
+    Agent {
+        /// The agent name (tasks' `agent_name`).
+        name: String,
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// Tasks in flight at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Attempts before a task fails for good.
+        #[arg(long, default_value_t = 5)]
+        max_attempts: u32,
+        /// Claim lease in seconds (renewed while CMD runs).
+        #[arg(long, default_value_t = 60.0)]
+        lease: f64,
+        /// Stop after this many tasks.
+        #[arg(long)]
+        max_tasks: Option<u64>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Lock holders, tokens and expiry on the server clock.
+    Locks {
+        /// The lock collection.
+        #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
+        collection: String,
+    },
+    /// Per election: master, since when, and the nodes that reported recently.
+    Leaders {
+        /// The election lease collection.
+        #[arg(long, default_value = mongoelector::DEFAULT_COLLECTION)]
+        collection: String,
+        /// The node status collection.
+        #[arg(long, default_value = mongoelector::DEFAULT_STATUS_COLLECTION)]
+        status_collection: String,
+    },
+    /// Task counts by agent and state; with --list, the tasks themselves.
+    Tasks {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// Only this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        /// List tasks (matching --filter) instead of counting.
+        #[arg(long)]
+        list: bool,
+        /// Equality filter as a JSON object.
+        #[arg(long)]
+        filter: Option<String>,
+        /// At most this many listed tasks.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Enqueues a task from a JSON object.
+    Enqueue {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The agent that takes it.
+        #[arg(long)]
+        agent: String,
+        /// The task's fields as a JSON object.
+        data: String,
+        /// Higher runs first.
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i64,
+        /// Not before this many seconds from now.
+        #[arg(long)]
+        delay: Option<f64>,
+        /// Enqueue at most one task per key.
+        #[arg(long)]
+        dedupe_key: Option<String>,
+        /// An explicit id.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Makes failed or stuck tasks ready again.
+    Requeue {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// Equality filter as a JSON object (e.g. '{"agent_name": "resize"}').
+        #[arg(long, default_value = "{}")]
+        filter: String,
+        /// Only list what would be requeued.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// A live view of locks, leaders and (with --queue) tasks.
+    Watch {
+        /// The queue collection to include.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Refresh interval in seconds.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many refreshes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+}
+
+/// Where to connect, from flags and the environment.
+pub(crate) fn resolve_connection(uri: Option<&str>, db: Option<&str>) -> Option<(String, String)> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let uri = uri
+        .map(str::to_owned)
+        .or_else(|| env("MONGODB_URI"))
+        .or_else(|| env("MONGO_HOST").map(|h| if h.starts_with("mongodb") { h } else { format!("mongodb://{h}") }))?;
+    let db = db.map(str::to_owned).or_else(|| env("MONGO_DB")).unwrap_or_else(|| "mongocoord".into());
+    Some((uri, db))
+}
+
+/// The URI with any password replaced by `***`.
+pub(crate) fn shown(uri: &str) -> String {
+    store_mongo::redact_password(uri).map_or_else(|| uri.to_owned(), |(_, r)| r)
+}
+
+pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<MongoStore, String> {
+    let Some((uri, db)) = resolve_connection(uri, db) else {
+        return Err("no server given: pass --uri, or set MONGODB_URI or MONGO_HOST".into());
+    };
+    MongoStore::connect(&uri, &db).await.map_err(|e| format!("cannot use {} (database {db}): {e}", shown(&uri)))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = if cli.verbose { "info" } else { "warn" };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mongocoord: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("mongocoord: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, String> {
+    let (uri, db, json) = (cli.uri.as_deref(), cli.db.as_deref(), cli.json);
+    match cli.cmd {
+        Cmd::Demo { seconds, tasks, memory } => {
+            let target = if memory { None } else { resolve_connection(uri, db) };
+            demo::run(target, seconds, tasks, json).await
+        }
+        Cmd::Lock { key, ttl, timeout, collection, cmd } => {
+            runners::lock(connect(uri, db).await?, &key, &collection, ttl, timeout, &cmd).await
+        }
+        Cmd::Elect { key, ttl, cmd } => runners::elect(connect(uri, db).await?, &key, ttl, &cmd).await,
+        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, cmd } => {
+            let opts = runners::AgentOpts { concurrency, max_attempts, lease, max_tasks };
+            runners::agent(connect(uri, db).await?, &name, &queue, opts, &cmd).await
+        }
+        Cmd::Locks { collection } => views::locks(&connect(uri, db).await?, &collection, json).await,
+        Cmd::Leaders { collection, status_collection } => {
+            views::leaders(&connect(uri, db).await?, &collection, &status_collection, json).await
+        }
+        Cmd::Tasks { queue, agent, list, filter, limit } => {
+            views::tasks(&connect(uri, db).await?, &queue, agent.as_deref(), list, filter.as_deref(), limit, json).await
+        }
+        Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id } => {
+            let opts = views::EnqueueOpts { priority, delay, dedupe_key, id };
+            views::enqueue(&connect(uri, db).await?, &queue, &agent, &data, opts, json).await
+        }
+        Cmd::Requeue { queue, filter, dry_run, yes } => {
+            views::requeue(&connect(uri, db).await?, &queue, &filter, dry_run, yes, json).await
+        }
+        Cmd::Watch { queue, interval, count } => {
+            views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await
+        }
+    }
+}

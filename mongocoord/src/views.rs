@@ -1,0 +1,330 @@
+//! Operator views: who holds which lock until when, who leads, what is stuck in
+//! which queue; and repairs (enqueue, requeue). Tables for people, `--json` for
+//! scripts.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use mongoagent::{NewTask, Queue};
+use serde_json::{json, Value};
+use store_mongo::MongoStore;
+use store_trait::{Collection, Query, Record, Store, StoreTime};
+
+fn coll(name: &str) -> Result<Collection, String> {
+    Collection::new(name).map_err(|e| e.to_string())
+}
+
+fn parse_filter(text: &str) -> Result<Document, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("bad filter: {e}"))?;
+    match Bson::try_from(v).map_err(|e| format!("bad filter: {e}"))? {
+        Bson::Document(d) => Ok(d),
+        _ => Err("the filter must be a JSON object".into()),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect::<Vec<_>>().join("  ")
+    };
+    println!("{}", line(header.to_vec()).trim_end());
+    for r in rows {
+        println!("{}", line(r.iter().map(String::as_str).collect()).trim_end());
+    }
+}
+
+fn lock_json(r: &Record, now: StoreTime) -> Value {
+    let info = mongolock::LockInfo::from_record(r, Some(now));
+    json!({
+        "key": r.key().to_string(),
+        "held": info.is_some(),
+        "holder": info.as_ref().map(|i| i.owner.clone()),
+        "host": info.as_ref().and_then(|i| i.host.clone()),
+        "pid": info.as_ref().and_then(|i| i.pid),
+        "token": r.fence(),
+        "since_ms": info.as_ref().map(|i| i.since.as_millis()),
+        "expires_in_ms": info.as_ref().map(|i| now.until(i.expires).as_millis() as u64),
+    })
+}
+
+/// `mongocoord locks`.
+pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> Result<u8, String> {
+    let c = coll(collection)?;
+    let now = store.now().await.map_err(|e| e.to_string())?;
+    let records =
+        store.find(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
+    let rows: Vec<Value> = records.iter().map(|r| lock_json(r, now)).collect();
+    if json {
+        println!("{}", Value::Array(rows));
+        return Ok(0);
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|v| {
+            vec![
+                v["key"].as_str().unwrap_or_default().to_owned(),
+                v["holder"].as_str().unwrap_or("-").to_owned(),
+                v["token"].to_string(),
+                v["expires_in_ms"].as_u64().map_or("-".into(), |m| ms(Duration::from_millis(m))),
+            ]
+        })
+        .collect();
+    print_table(&["KEY", "HOLDER", "TOKEN", "EXPIRES IN"], &table);
+    Ok(0)
+}
+
+/// `mongocoord leaders`: the seed's `cluster_detail` for every election.
+pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, json: bool) -> Result<u8, String> {
+    let (c, s) = (coll(collection)?, coll(status)?);
+    let now = store.now().await.map_err(|e| e.to_string())?;
+    let elections =
+        store.find(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
+    let reports =
+        store.find(&s, &Query::all().sort("node", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for e in &elections {
+        let key = e.key().to_string();
+        let master = mongolock::LockInfo::from_record(e, Some(now));
+        let nodes: Vec<Value> = reports
+            .iter()
+            .filter(|r| r.data().get_str("election").ok() == Some(key.as_str()))
+            .map(|r| {
+                let d = r.data();
+                let last = d.get_datetime("last_poll").map(|t| t.timestamp_millis()).unwrap_or(0);
+                json!({
+                    "node": d.get_str("node").unwrap_or_default(),
+                    "host": d.get_str("host").unwrap_or_default(),
+                    "pid": d.get("pid").and_then(store_trait::semantics::as_i64),
+                    "version": d.get_str("version").unwrap_or_default(),
+                    "is_master": d.get_bool("is_master").unwrap_or(false),
+                    "last_seen_ms_ago": now.as_millis().saturating_sub(last),
+                })
+            })
+            .collect();
+        out.push(json!({
+            "election": key,
+            "master": master.as_ref().map(|m| m.owner.clone()),
+            "token": master.as_ref().map(|m| m.token),
+            "since_ms": master.as_ref().map(|m| m.since.as_millis()),
+            "expires_in_ms": master.as_ref().map(|m| now.until(m.expires).as_millis() as u64),
+            "nodes": nodes,
+        }));
+    }
+    if json {
+        println!("{}", Value::Array(out));
+        return Ok(0);
+    }
+    let mut rows = Vec::new();
+    for e in &out {
+        let nodes = e["nodes"].as_array().map(|n| n.len()).unwrap_or(0);
+        rows.push(vec![
+            e["election"].as_str().unwrap_or_default().to_owned(),
+            e["master"].as_str().unwrap_or("(none)").to_owned(),
+            e["token"].to_string(),
+            nodes.to_string(),
+        ]);
+    }
+    print_table(&["ELECTION", "MASTER", "TERM", "NODES"], &rows);
+    Ok(0)
+}
+
+async fn agent_names(store: &MongoStore, c: &Collection) -> Result<Vec<String>, String> {
+    // A scan of names only; queues with millions of tasks should pass --agent.
+    let all = store.find(c, &Query::all().limit(100_000)).await.map_err(|e| e.to_string())?;
+    let mut names: Vec<String> =
+        all.iter().filter_map(|r| r.data().get_str("agent_name").ok().map(str::to_owned)).collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// `mongocoord tasks`.
+pub(crate) async fn tasks(
+    store: &MongoStore,
+    queue: &str,
+    agent: Option<&str>,
+    list: bool,
+    filter: Option<&str>,
+    limit: u32,
+    json: bool,
+) -> Result<u8, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    if list {
+        let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
+        if let Some(a) = agent {
+            f.insert("agent_name", a);
+        }
+        let tasks = q.tasks(f, Some(limit)).await.map_err(|e| e.to_string())?;
+        let docs: Vec<Value> = tasks
+            .iter()
+            .map(|r| {
+                let mut d = doc! { "_id": r.key().as_bson().clone(), "token": r.fence() as i64 };
+                d.extend(r.data().clone());
+                Bson::Document(d).into_relaxed_extjson()
+            })
+            .collect();
+        if json {
+            println!("{}", Value::Array(docs));
+        } else {
+            for d in docs {
+                println!("{d}");
+            }
+        }
+        return Ok(0);
+    }
+    let names = match agent {
+        Some(a) => vec![a.to_owned()],
+        None => agent_names(store, q.collection()).await?,
+    };
+    let mut out = BTreeMap::new();
+    for n in &names {
+        let s = q.stats(n).await.map_err(|e| e.to_string())?;
+        out.insert(
+            n.clone(),
+            json!({
+                "ready": s.ready, "delayed": s.delayed, "running": s.running, "stuck": s.stuck,
+                "completed": s.completed, "failed": s.failed,
+                "oldest_ready_age_ms": s.oldest_ready_age.map(|d| d.as_millis() as u64),
+            }),
+        );
+    }
+    if json {
+        println!("{}", json!(out));
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = out
+        .iter()
+        .map(|(n, v)| {
+            let mut r = vec![n.clone()];
+            for k in ["ready", "delayed", "running", "stuck", "completed", "failed"] {
+                r.push(v[k].to_string());
+            }
+            r.push(v["oldest_ready_age_ms"].as_u64().map_or("-".into(), |m| ms(Duration::from_millis(m))));
+            r
+        })
+        .collect();
+    print_table(&["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "COMPLETED", "FAILED", "OLDEST READY"], &rows);
+    Ok(0)
+}
+
+/// Options of `mongocoord enqueue`.
+#[derive(Debug)]
+pub(crate) struct EnqueueOpts {
+    pub(crate) priority: i64,
+    pub(crate) delay: Option<f64>,
+    pub(crate) dedupe_key: Option<String>,
+    pub(crate) id: Option<String>,
+}
+
+/// `mongocoord enqueue`.
+pub(crate) async fn enqueue(
+    store: &MongoStore,
+    queue: &str,
+    agent: &str,
+    data: &str,
+    o: EnqueueOpts,
+    json: bool,
+) -> Result<u8, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    let mut t = NewTask::new(agent, parse_filter(data)?).priority(o.priority);
+    if let Some(d) = o.delay {
+        if !d.is_finite() || d < 0.0 {
+            return Err(format!("--delay must be zero or more seconds, not {d}"));
+        }
+        t = t.delay(Duration::from_secs_f64(d));
+    }
+    if let Some(k) = o.dedupe_key {
+        t = t.dedupe_key(k);
+    }
+    if let Some(id) = o.id {
+        t = t.id(id);
+    }
+    let (id, new) = q.enqueue(t).await.map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", json!({ "id": id.to_string(), "inserted": new }));
+    } else {
+        println!("{} {id}", if new { "enqueued" } else { "duplicate, not enqueued:" });
+    }
+    Ok(0)
+}
+
+/// `mongocoord requeue`.
+pub(crate) async fn requeue(
+    store: &MongoStore,
+    queue: &str,
+    filter: &str,
+    dry_run: bool,
+    yes: bool,
+    json: bool,
+) -> Result<u8, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    let f = parse_filter(filter)?;
+    let candidates = q.requeue(f.clone(), true).await.map_err(|e| e.to_string())?;
+    if dry_run || candidates.is_empty() {
+        let ids: Vec<String> = candidates.iter().map(ToString::to_string).collect();
+        if json {
+            println!("{}", json!({ "dry_run": dry_run, "ids": ids }));
+        } else {
+            println!("{} task(s) would be requeued: {}", ids.len(), ids.join(" "));
+        }
+        return Ok(0);
+    }
+    if !yes {
+        eprint!("Requeue {} failed or stuck task(s) in {queue}? [y/N] ", candidates.len());
+        let mut answer = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut answer);
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("nothing changed");
+            return Ok(1);
+        }
+    }
+    let done = q.requeue(f, false).await.map_err(|e| e.to_string())?;
+    let ids: Vec<String> = done.iter().map(ToString::to_string).collect();
+    if json {
+        println!("{}", json!({ "dry_run": false, "ids": ids }));
+    } else {
+        println!("requeued {} task(s)", ids.len());
+    }
+    Ok(0)
+}
+
+/// `mongocoord watch`: a refreshing view.
+pub(crate) async fn watch(
+    store: &MongoStore,
+    queue: Option<&str>,
+    interval: f64,
+    count: Option<u64>,
+) -> Result<u8, String> {
+    if !interval.is_finite() || interval <= 0.0 {
+        return Err("--interval must be positive".into());
+    }
+    let mut n = 0;
+    loop {
+        print!("\x1b[2J\x1b[H");
+        println!("mongocoord watch — {}", store.now().await.map_err(|e| e.to_string())?);
+        println!("\nLOCKS");
+        locks(store, mongolock::DEFAULT_COLLECTION, false).await?;
+        println!("\nLEADERS");
+        leaders(store, mongoelector::DEFAULT_COLLECTION, mongoelector::DEFAULT_STATUS_COLLECTION, false).await?;
+        if let Some(q) = queue {
+            println!("\nTASKS in {q}");
+            tasks(store, q, None, false, None, 0, false).await?;
+        }
+        n += 1;
+        if count.is_some_and(|c| n >= c) {
+            return Ok(0);
+        }
+        tokio::time::sleep(Duration::from_secs_f64(interval)).await;
+    }
+}

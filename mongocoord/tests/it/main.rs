@@ -1,0 +1,222 @@
+//! The `mongocoord` binary as real processes against a real server: mutual
+//! exclusion of concurrent `lock` runs, `elect` takeover after SIGTERM and
+//! SIGKILL, an `agent` completing and failing tasks through a shell command, the
+//! operator views' JSON, and the demo.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_mongocoord");
+
+struct Env {
+    uri: String,
+    db: String,
+    dir: PathBuf,
+}
+
+fn env(test: &str) -> Option<Env> {
+    let uri = match store_mongo::testing::server_uri() {
+        Ok(u) => u,
+        Err(why) => {
+            store_mongo::testing::skip(test, &why);
+            return None;
+        }
+    };
+    let dir = store_mongo::testing::target_dir().join("cli-tests").join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    Some(Env { uri, db: store_mongo::testing::db_name(&format!("cli_{test}")), dir })
+}
+
+impl Env {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(["--uri", &self.uri, "--db", &self.db]).args(args).env_remove("MONGODB_URI").env("RUST_LOG", "warn");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.run(&[args, &["--json"]].concat());
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args).stdin(Stdio::null()).spawn().unwrap()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+fn lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    assert!(Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success());
+}
+
+#[test]
+fn lock_runs_exclude_each_other_and_pass_increasing_fences() {
+    let Some(e) = env("lock_exclusion") else { return };
+    let log = e.file("log");
+    let script =
+        format!("echo start $MONGOCOORD_FENCE >> {0}; sleep 0.3; echo end $MONGOCOORD_FENCE >> {0}", log.display());
+    let children: Vec<Child> =
+        (0..4).map(|_| e.spawn(&["lock", "shared-resource", "--ttl", "5", "--", "sh", "-c", &script])).collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let l = lines(&log);
+    assert_eq!(l.len(), 8, "{l:?}");
+    let mut last = 0;
+    for pair in l.chunks(2) {
+        let (s, t) = (pair[0].split_once(' ').unwrap(), pair[1].split_once(' ').unwrap());
+        assert_eq!((s.0, t.0), ("start", "end"), "runs never interleave: {l:?}");
+        assert_eq!(s.1, t.1);
+        let fence: u64 = s.1.parse().unwrap();
+        assert!(fence > last, "fences increase: {l:?}");
+        last = fence;
+    }
+    // The command's exit status is passed through; a timeout is its own status.
+    assert_eq!(e.run(&["lock", "k2", "--", "sh", "-c", "exit 7"]).status.code(), Some(7));
+    let holder = e.spawn(&["lock", "k3", "--ttl", "10", "--", "sleep", "30"]);
+    wait_until("the holder", Duration::from_secs(20), || {
+        e.json(&["locks"]).as_array().unwrap().iter().any(|l| l["key"] == "k3" && l["held"] == true)
+    });
+    let out = e.run(&["lock", "k3", "--timeout", "0.5", "--", "true"]);
+    assert_eq!(out.status.code(), Some(74), "{}", String::from_utf8_lossy(&out.stderr));
+    let locks = e.json(&["locks"]);
+    let k3 = locks.as_array().unwrap().iter().find(|l| l["key"] == "k3").unwrap();
+    assert!(k3["expires_in_ms"].as_u64().unwrap() > 0 && k3["pid"].as_u64().is_some());
+    signal(&holder, "-TERM");
+}
+
+#[test]
+fn elect_hands_over_on_sigterm_and_after_sigkill() {
+    let Some(e) = env("elect_takeover") else { return };
+    let log = e.file("terms");
+    let pids = e.file("pids");
+    let script = format!("echo $MONGOCOORD_FENCE >> {}; echo $$ >> {}; exec sleep 300", log.display(), pids.display());
+    let args = ["elect", "scheduler", "--ttl", "2", "--", "sh", "-c", script.as_str()];
+    let mut first = e.spawn(&args);
+    wait_until("the first leader", Duration::from_secs(20), || lines(&log).len() == 1);
+    let mut second = e.spawn(&args);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lines(&log).len(), 1, "one leader at a time");
+    signal(&first, "-TERM");
+    let t = Instant::now();
+    wait_until("takeover after SIGTERM", Duration::from_secs(20), || lines(&log).len() == 2);
+    assert!(first.wait().unwrap().success());
+    let sigterm_handover = t.elapsed();
+    let mut third = e.spawn(&args);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&second, "-KILL");
+    let _ = second.wait();
+    let t = Instant::now();
+    wait_until("takeover after SIGKILL", Duration::from_secs(20), || lines(&log).len() == 3);
+    let sigkill_failover = t.elapsed();
+    let terms: Vec<u64> = lines(&log).iter().map(|l| l.parse().unwrap()).collect();
+    assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
+    // The killed runner's command died with it: it does not go on acting as leader.
+    let second_child = lines(&pids)[1].clone();
+    wait_until("the orphan to die", Duration::from_secs(10), || !Path::new(&format!("/proc/{second_child}")).exists());
+    let leaders = e.json(&["leaders"]);
+    let s = leaders.as_array().unwrap().iter().find(|l| l["election"] == "scheduler").unwrap();
+    assert_eq!(s["token"].as_u64(), Some(terms[2]));
+    signal(&third, "-TERM");
+    assert!(third.wait().unwrap().success());
+    eprintln!(
+        "elect: handover after SIGTERM {sigterm_handover:?}, failover after SIGKILL {sigkill_failover:?} (ttl 2 s)"
+    );
+}
+
+#[test]
+fn agent_runs_a_shell_command_per_task() {
+    let Some(e) = env("agent_shell") else { return };
+    let ok = e.json(&["enqueue", "--queue", "jobs", "--agent", "convert", r#"{"file": "a.png"}"#]);
+    assert_eq!(ok["inserted"], true);
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "convert", r#"{"file": "fail.png"}"#, "--priority", "-1"]);
+    let dup = e.json(&["enqueue", "--queue", "jobs", "--agent", "other", "{}", "--dedupe-key", "once"]);
+    let dup2 = e.json(&["enqueue", "--queue", "jobs", "--agent", "other", "{}", "--dedupe-key", "once"]);
+    assert_eq!((dup["inserted"].as_bool(), dup2["inserted"].as_bool()), (Some(true), Some(false)));
+    let script = r#"t=$(cat); case "$t" in *fail.png*) echo "cannot convert" >&2; exit 3;; *) echo '{"width": 640, "follow_ups": [{"agent_name": "upload", "size": 1}]}';; esac"#;
+    let out = e.run(&[
+        "agent",
+        "convert",
+        "--queue",
+        "jobs",
+        "--max-tasks",
+        "2",
+        "--max-attempts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert_eq!(stats["convert"]["completed"], 1);
+    assert_eq!(stats["convert"]["failed"], 1);
+    assert_eq!(stats["upload"]["ready"], 1, "the follow-up was enqueued");
+    let done = e.json(&["tasks", "--queue", "jobs", "--list", "--filter", r#"{"file": "a.png"}"#]);
+    assert_eq!(done[0]["width"], 640);
+    assert_eq!(done[0]["complete"], true);
+    let failed = e.json(&["tasks", "--queue", "jobs", "--list", "--filter", r#"{"file": "fail.png"}"#]);
+    assert!(failed[0]["last_error"].as_str().unwrap().contains("cannot convert"));
+    let dry = e.json(&["requeue", "--queue", "jobs", "--dry-run"]);
+    assert_eq!(dry["ids"].as_array().unwrap().len(), 1);
+    let re = e.json(&["requeue", "--queue", "jobs", "--yes"]);
+    assert_eq!(re["ids"].as_array().unwrap().len(), 1);
+    assert_eq!(e.json(&["tasks", "--queue", "jobs", "--agent", "convert"])["convert"]["ready"], 1);
+    // Bad input: a clear error and a usage status.
+    let bad = e.run(&["tasks", "--queue", "jobs", "--list", "--filter", "not json"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("bad filter"));
+}
+
+#[test]
+fn unreachable_server_is_a_clear_error_without_the_password() {
+    let port = store_mongo::testing::free_port().unwrap();
+    let out = Command::new(BIN)
+        .args(["--uri", &format!("mongodb://admin:s3cret@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"), "locks"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot use") && !err.contains("s3cret"), "{err}");
+}
+
+#[test]
+fn demo_checks_its_invariants_in_memory() {
+    let out = Command::new(BIN)
+        .args(["demo", "--memory", "--seconds", "6", "--tasks", "80", "--json"])
+        .env_remove("MONGODB_URI")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["tasks"], 160);
+    assert!(v["checks"].as_array().unwrap().iter().all(|c| c["pass"] == true));
+}
