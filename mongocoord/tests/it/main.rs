@@ -99,7 +99,7 @@ fn lock_runs_exclude_each_other_and_pass_increasing_fences() {
     }
     // The command's exit status is passed through; a timeout is its own status.
     assert_eq!(e.run(&["lock", "k2", "--", "sh", "-c", "exit 7"]).status.code(), Some(7));
-    let holder = e.spawn(&["lock", "k3", "--ttl", "10", "--", "sleep", "30"]);
+    let mut holder = e.spawn(&["lock", "k3", "--ttl", "10", "--", "sleep", "30"]);
     wait_until("the holder", Duration::from_secs(20), || {
         e.json(&["locks"]).as_array().unwrap().iter().any(|l| l["key"] == "k3" && l["held"] == true)
     });
@@ -109,6 +109,7 @@ fn lock_runs_exclude_each_other_and_pass_increasing_fences() {
     let k3 = locks.as_array().unwrap().iter().find(|l| l["key"] == "k3").unwrap();
     assert!(k3["expires_in_ms"].as_u64().unwrap() > 0 && k3["pid"].as_u64().is_some());
     signal(&holder, "-TERM");
+    let _ = holder.wait();
 }
 
 #[test]
