@@ -1,6 +1,7 @@
 //! The agent: claims tasks atomically, runs the handler under a renewed lease,
 //! and records the outcome with a write fenced by the claim token.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +16,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::{claim_order, claimable};
+use crate::queue::{lapsed_tasks, ready_tasks};
 use crate::task::fields;
 use crate::{AgentError, NewTask, Outcome, Queue, Retry, Task};
 
@@ -445,12 +446,32 @@ impl<S: Store + Clone> Agent<S> {
         soonest.await.map_or(inner.sleep_between, |d| d.min(inner.sleep_between))
     }
 
-    /// Claims the next task, in one round trip.
+    /// Claims the next task: one round trip for a ready task. Tasks whose claim
+    /// lapsed (a crashed agent's) are looked for when no task is ready, and first
+    /// on every sixteenth claim, so recovery never starves under load.
     async fn claim(&self) -> Result<Option<Claimed<S>>, AgentError> {
         let inner = &self.inner;
-        let owner = format!("{}/{}/{}", inner.identity, inner.name, inner.seq.fetch_add(1, Ordering::Relaxed));
+        // Claims race for the same head-of-queue document; agents of one process
+        // take turns instead of making the server resolve their write conflicts
+        // (measured on SecantusDB: 1 claimer 71 tasks/s, 4 at once 16, 16 at once 3.5).
+        let gate = claim_gate(inner.queue.coll.as_str());
+        let _turn = gate.lock().await;
+        let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
+        let (ready, lapsed) = (ready_tasks(&inner.name), lapsed_tasks(&inner.name));
+        let order = if seq % 16 == 0 { [&lapsed, &ready] } else { [&ready, &lapsed] };
+        for query in order {
+            if let Some(c) = self.claim_from(query, seq).await? {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn claim_from(&self, query: &Query, seq: u64) -> Result<Option<Claimed<S>>, AgentError> {
+        let inner = &self.inner;
+        let owner = format!("{}/{}/{}", inner.identity, inner.name, seq);
         let claim = Claim {
-            query: claim_order(Query::eq(doc! { fields::AGENT_NAME: &inner.name }).when(claimable())),
+            query: query.clone(),
             mutation: Mutation::new()
                 .grant(owner, inner.lease)
                 .bump_fence()
@@ -608,6 +629,13 @@ impl<S: Store + Clone> Agent<S> {
         self.inner.queue.enqueue_all(&tasks).await?;
         Ok(())
     }
+}
+
+/// One claim at a time per queue collection in this process.
+fn claim_gate(queue: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static GATES: std::sync::OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = std::sync::OnceLock::new();
+    let gates = GATES.get_or_init(Default::default);
+    gates.lock().unwrap_or_else(|p| p.into_inner()).entry(queue.to_owned()).or_default().clone()
 }
 
 /// Aborts a spawned task when dropped.

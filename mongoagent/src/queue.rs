@@ -42,18 +42,26 @@ pub struct QueueStats {
     pub oldest_ready_age: Option<Duration>,
 }
 
-/// The condition under which a task may be claimed (on the store clock): due, not
-/// complete, and either ready or claimed by an agent whose lease lapsed.
-pub(crate) fn claimable() -> Condition {
-    Condition::DueBy(fields::RUN_AT.into())
-        .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
-        .and(
-            Condition::FieldEq(fields::READY.into(), Bson::Boolean(true)).or(Condition::FieldEq(
-                fields::CLAIMED.into(),
-                Bson::Boolean(true),
-            )
-            .and(Condition::Free)),
-        )
+fn not_complete() -> Condition {
+    Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
+}
+
+/// Ready tasks of `agent` that are due: the common claim. The equality prefix
+/// (`agent_name`, `ready`) is what the claim index serves, so finished tasks,
+/// however many, are never scanned.
+pub(crate) fn ready_tasks(agent: &str) -> Query {
+    claim_order(
+        Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
+            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into()))),
+    )
+}
+
+/// Tasks of `agent` claimed by an agent whose lease lapsed (crashed or hung):
+/// claimable again. Served by the `recover` index (`agent_name`, `claimed`).
+pub(crate) fn lapsed_tasks(agent: &str) -> Query {
+    claim_order(
+        Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(not_complete().and(Condition::Free)),
+    )
 }
 
 /// The order of claims: priority, then due time, then insertion.
@@ -83,14 +91,19 @@ impl<S: Store + Clone> Queue<S> {
                     "claim",
                     vec![
                         (fields::AGENT_NAME.into(), Order::Asc),
+                        (fields::READY.into(), Order::Asc),
                         (fields::PRIORITY.into(), Order::Desc),
                         (fields::RUN_AT.into(), Order::Asc),
                         (reserved::ID.into(), Order::Asc),
                     ],
                 );
+                let recover = IndexSpec::new(
+                    "recover",
+                    vec![(fields::AGENT_NAME.into(), Order::Asc), (fields::CLAIMED.into(), Order::Asc)],
+                );
                 let dedupe = IndexSpec::new("dedupe", vec![(fields::DEDUPE_KEY.into(), Order::Asc)]).unique().sparse();
                 let parent = IndexSpec::new("parent", vec![(fields::PARENT.into(), Order::Asc)]).sparse();
-                self.store.ensure_indexes(&self.coll, &[claim, dedupe, parent, IndexSpec::gc()]).await
+                self.store.ensure_indexes(&self.coll, &[claim, recover, dedupe, parent, IndexSpec::gc()]).await
             })
             .await?;
         Ok(())
@@ -133,22 +146,20 @@ impl<S: Store + Clone> Queue<S> {
         Ok(self.store.find(&self.coll, &q).await?)
     }
 
-    /// Per-state counts of one agent's tasks.
+    /// Per-state counts of one agent's tasks (each count an equality query the
+    /// queue's indexes serve).
     pub async fn stats(&self, agent_name: &str) -> Result<QueueStats, AgentError> {
-        let base = || Query::eq(doc! { fields::AGENT_NAME: agent_name });
-        let done = Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true));
-        let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true));
-        let ready = Condition::FieldEq(fields::READY.into(), Bson::Boolean(true)).and(done.clone().negate());
-        let claimed = Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true)).and(done.clone().negate());
-        let due = Condition::DueBy(fields::RUN_AT.into());
-        let count = |c: Condition| {
-            let q = base().when(c);
-            async move { self.store.count(&self.coll, &q).await }
+        let eq = |extra: Document| {
+            let mut d = doc! { fields::AGENT_NAME: agent_name };
+            d.extend(extra);
+            Query::eq(d)
         };
-        let oldest = self
-            .store
-            .find(&self.coll, &base().when(ready.clone().and(due.clone())).sort(reserved::ID, Order::Asc).limit(1))
-            .await?;
+        let due = Condition::DueBy(fields::RUN_AT.into());
+        let count = |q: Query| async move { self.store.count(&self.coll, &q).await };
+        let ready = || eq(doc! { fields::READY: true }).when(not_complete());
+        let claimed = || eq(doc! { fields::CLAIMED: true }).when(not_complete());
+        let oldest =
+            self.store.find(&self.coll, &ready().when(due.clone()).sort(reserved::ID, Order::Asc).limit(1)).await?;
         let oldest_ready_age = match oldest.first().map(|r| r.key().as_bson().clone()) {
             Some(Bson::ObjectId(oid)) => {
                 let now = self.store.now().await?;
@@ -158,12 +169,12 @@ impl<S: Store + Clone> Queue<S> {
         };
         Ok(QueueStats {
             agent_name: agent_name.to_owned(),
-            ready: count(ready.clone().and(due.clone())).await?,
-            delayed: count(ready.and(due.negate())).await?,
-            running: count(claimed.clone().and(Condition::Free.negate())).await?,
-            stuck: count(claimed.and(Condition::Free)).await?,
-            completed: count(done.clone().and(failed.clone().negate())).await?,
-            failed: count(done.and(failed)).await?,
+            ready: count(ready().when(due.clone())).await?,
+            delayed: count(ready().when(due.negate())).await?,
+            running: count(claimed().when(Condition::Free.negate())).await?,
+            stuck: count(claimed().when(Condition::Free)).await?,
+            completed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false })).await?,
+            failed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true })).await?,
             oldest_ready_age,
         })
     }

@@ -6,6 +6,7 @@
 //! the original `mongo_agent` read it. Passwords are never printed.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bench;
 mod child;
 mod demo;
 mod runners;
@@ -186,6 +187,22 @@ enum Cmd {
         #[arg(long)]
         yes: bool,
     },
+    /// Measures throughput and latency against the configured server (run by
+    /// `cargo xtask bench`, which provisions one).
+    Bench {
+        /// A short run for CI smoke tests.
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the JSON summary.
+        #[arg(long, default_value = "target/bench/summary.json")]
+        out: std::path::PathBuf,
+        /// A Python with `mongoelector` installed, to measure the seed's implementation.
+        #[arg(long)]
+        python: Option<std::path::PathBuf>,
+        /// The seed driver script (`xtask/bench/seed_bench.py`).
+        #[arg(long)]
+        seed_script: Option<std::path::PathBuf>,
+    },
     /// A live view of locks, leaders and (with --queue) tasks.
     Watch {
         /// The queue collection to include.
@@ -274,6 +291,13 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {
             views::requeue(&connect(uri, db).await?, &queue, &filter, dry_run, yes, json).await
+        }
+        Cmd::Bench { quick, out, python, seed_script } => {
+            let Some((u, d)) = resolve_connection(uri, db) else {
+                return Err("bench needs --uri or MONGODB_URI".into());
+            };
+            let store = connect(Some(&u), Some(&d)).await?;
+            bench::run(&u, &d, store, bench::BenchOpts { quick, out, python, seed_script }).await
         }
         Cmd::Watch { queue, interval, count } => {
             views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await

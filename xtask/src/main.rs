@@ -5,6 +5,10 @@
 //!                     suite against a real server (the README's test command)
 //! cargo xtask test    the test suite only (CI semantics: a Mongo test never skips)
 //! cargo xtask demo    runs the demo (`mongocoord demo`)
+//! cargo xtask bench [--quick]
+//!                     release build; a fresh SecantusDB (or MONGODB_URI) and the
+//!                     Python `mongoelector` in a venv under target/bench; writes
+//!                     target/bench/summary.json
 //! ```
 //!
 //! The test harness provisions the MongoDB server itself (`MONGODB_URI`, else a
@@ -15,6 +19,7 @@
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod bench;
 mod tidy;
 
 /// The product crates whose core must build without the `mongodb` driver.
@@ -25,11 +30,12 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("test") => test(&args[1..]),
+        Some("bench") => bench::run(args.iter().any(|a| a == "--quick")),
         Some("demo") => {
             cargo(&[&["run", "--release", "-p", "mongocoord", "--", "demo"], &str_refs(&args[1..])[..]].concat(), &[])
         }
         _ => {
-            eprintln!("usage: cargo xtask <ci|test|demo> [args]");
+            eprintln!("usage: cargo xtask <ci|test|demo|bench> [args]");
             return ExitCode::from(2);
         }
     };
@@ -46,7 +52,7 @@ fn str_refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let started = Instant::now();
     eprintln!("$ cargo {}", args.join(" "));
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));

@@ -85,10 +85,14 @@ mod tests {
     }
 
     #[test]
-    fn readme_gives_the_test_command_and_ci_calls_it() {
+    fn readme_gives_the_two_commands_and_ci_calls_the_test_command() {
         let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
         let first_screen: String = readme.lines().take(40).collect::<Vec<_>>().join("\n");
         assert!(first_screen.contains("cargo xtask ci"), "README's first screen gives the test command");
+        assert!(
+            first_screen.contains("cargo run --release -p mongocoord -- demo"),
+            "README's first screen gives the demo command"
+        );
         let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
         assert!(ci.contains("cargo xtask ci"), ".ci/run calls the README's test command");
     }

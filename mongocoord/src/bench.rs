@@ -1,0 +1,410 @@
+//! `mongocoord bench`: the figures behind the README's Performance section,
+//! measured on one server in one run, side by side with the raw driver and the
+//! Python `mongoelector` (the seed's own implementation). `cargo xtask bench`
+//! provisions the server and calls it. Correctness checks inside (one holder,
+//! every task done) fail loudly; numbers never fail anything.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
+use mongolock::{Acquire, Lock};
+use serde_json::{json, Value};
+use store_memory::MemoryStore;
+use store_mongo::MongoStore;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub(crate) struct BenchOpts {
+    pub(crate) quick: bool,
+    pub(crate) out: PathBuf,
+    pub(crate) python: Option<PathBuf>,
+    pub(crate) seed_script: Option<PathBuf>,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+struct Figures(BTreeMap<&'static str, f64>);
+
+impl Figures {
+    fn put(&mut self, k: &'static str, v: f64) {
+        eprintln!("  {k} = {v:.3}");
+        self.0.insert(k, v);
+    }
+}
+
+/// Runs the benchmark against `store` (database `db` at `uri`).
+pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) -> Result<u8, String> {
+    let mut f = Figures(BTreeMap::new());
+    let version = store
+        .database()
+        .run_command(doc! {"buildInfo": 1})
+        .await
+        .ok()
+        .and_then(|d| d.get_str("version").ok().map(str::to_owned))
+        .unwrap_or_default();
+    let server = std::env::var("MONGOCOORD_BENCH_SERVER").unwrap_or_else(|_| "mongodb".into());
+    let n = if o.quick { 300 } else { 2000 };
+
+    eprintln!("raw findAndModify ({n} calls)…");
+    let raw = store.database().collection::<bson::Document>("bench_raw");
+    let mut lat = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        raw.find_one_and_update(
+            doc! {"_id": "k"},
+            vec![doc! {"$set": {"n": {"$add": [{"$ifNull": ["$n", 0]}, 1]}, "at": "$$NOW"}}],
+        )
+        .upsert(true)
+        .await
+        .map_err(|e| e.to_string())?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let raw_rate = n as f64 / start.elapsed().as_secs_f64();
+    let raw_p50 = pct(&sorted(lat), 0.5);
+    f.put("raw_fam_per_s", raw_rate);
+    f.put("raw_fam_p50_us", raw_p50);
+
+    eprintln!("lock acquire + release ({n} cycles)…");
+    let lock =
+        Lock::builder(store.clone(), "bench-lock").ttl(Duration::from_secs(30)).build().map_err(|e| e.to_string())?;
+    let mut acq = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let g = lock.try_acquire().await.map_err(|e| e.to_string())?.ok_or("uncontended lock was held")?;
+        acq.push(t.elapsed().as_secs_f64() * 1e6);
+        g.release().await.map_err(|e| e.to_string())?;
+    }
+    f.put("lock_cycles_per_s", n as f64 / start.elapsed().as_secs_f64());
+    let acq = sorted(acq);
+    f.put("lock_acquire_p50_us", pct(&acq, 0.5));
+    f.put("lock_acquire_p99_us", pct(&acq, 0.99));
+    f.put("lock_acquire_vs_raw", pct(&acq, 0.5) / raw_p50);
+
+    let trials = if o.quick { 10 } else { 30 };
+    eprintln!("lock handover ({trials} trials)…");
+    let mut hand = Vec::new();
+    for _ in 0..trials {
+        let a = Lock::builder(store.clone(), "bench-handover")
+            .ttl(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let b = a.clone();
+        let g = a.acquire().await.map_err(|e| e.to_string())?;
+        let waiter = tokio::spawn(async move {
+            b.acquire_with(Acquire::new().timeout(Duration::from_secs(20))).await.map(|g| (Instant::now(), g))
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let t0 = Instant::now();
+        g.release().await.map_err(|e| e.to_string())?;
+        let (t1, g2) = waiter.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        hand.push(t1.duration_since(t0).as_secs_f64() * 1e3);
+        g2.release().await.map_err(|e| e.to_string())?;
+    }
+    let hand = sorted(hand);
+    f.put("handover_ms_p50", pct(&hand, 0.5));
+    f.put("handover_ms_p99", pct(&hand, 0.99));
+
+    let skip = std::env::var("MONGOCOORD_BENCH_SKIP").unwrap_or_default();
+    let elect_trials = if o.quick { 3 } else { 5 };
+    if !skip.contains("elector") {
+        eprintln!("elector: 3 processes, ttl 3 s, {elect_trials} clean stops and {elect_trials} kills…");
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let ours = |key: &str, file: &Path| {
+            let script = format!("echo $(date +%s%N) $PPID >> {}; exec sleep 100000", file.display());
+            let mut c = tokio::process::Command::new(&exe);
+            c.args(["--uri", uri, "--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
+            c
+        };
+        let (h, fo) = election_trials("bench-elect", &o.out, elect_trials, ours).await?;
+        let (h, fo) = (sorted(h), sorted(fo));
+        f.put("elector_handover_ms_p50", pct(&h, 0.5));
+        f.put("failover_s_p50", pct(&fo, 0.5));
+        f.put("failover_over_ttl", pct(&fo, 0.5) / 3.0);
+    }
+
+    let tasks: u32 = if o.quick { 400 } else { 2000 };
+    eprintln!("queue: 4 agents, {tasks} trivial tasks…");
+    let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
+    let batch: Vec<NewTask> = (0..tasks).map(|i| NewTask::new("bench", doc! {"i": i64::from(i)})).collect();
+    queue.enqueue_all(&batch).await.map_err(|e| e.to_string())?;
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let agents: Vec<Agent<MongoStore>> = (0..4)
+        .map(|_| {
+            Agent::builder(store.clone(), "bench", "bench_queue")
+                .concurrency(4)
+                .sleep_between(Duration::from_millis(200))
+                .build()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut workers = Vec::new();
+    for a in &agents {
+        let (a, done) = (a.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            a.work(move |_t: Task| {
+                let done = done.clone();
+                async move {
+                    done.fetch_add(1, Ordering::Relaxed);
+                    Outcome::done()
+                }
+            })
+            .await
+        }));
+    }
+    // Counted in-process: polling the queue's statistics would load the server.
+    while done.load(Ordering::Relaxed) < u64::from(tasks) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if start.elapsed() > Duration::from_secs(300) {
+            return Err("queue benchmark did not finish in 5 minutes".into());
+        }
+    }
+    for a in &agents {
+        a.shutdown();
+    }
+    let mut completed = 0;
+    for w in workers {
+        completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
+    }
+    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
+    if completed != u64::from(tasks) || done.load(Ordering::Relaxed) != u64::from(tasks) {
+        return Err(format!("queue benchmark: {completed} completions for {tasks} tasks"));
+    }
+    f.put("queue_tasks_per_s", rate);
+    f.put("queue_vs_raw", rate / raw_rate);
+
+    let picks = if o.quick { 10 } else { 30 };
+    eprintln!("idle pickup latency ({picks} trials)…");
+    let picked = Arc::new(Mutex::new(Vec::new()));
+    let agent = Agent::builder(store.clone(), "pickup", "bench_queue")
+        .sleep_between(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let p2 = picked.clone();
+    let epoch = Instant::now();
+    let worker = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            agent
+                .work(move |t: Task| {
+                    let p2 = p2.clone();
+                    async move {
+                        let sent = t.data().get_i64("sent_us").unwrap_or_default();
+                        let now = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
+                        p2.lock().unwrap_or_else(|p| p.into_inner()).push((now - sent) as f64 / 1e3);
+                        Outcome::done()
+                    }
+                })
+                .await
+        }
+    });
+    for _ in 0..picks {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
+        queue.enqueue(NewTask::new("pickup", doc! {"sent_us": sent})).await.map_err(|e| e.to_string())?;
+    }
+    let until = Instant::now() + Duration::from_secs(30);
+    while picked.lock().unwrap_or_else(|p| p.into_inner()).len() < picks && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    agent.shutdown();
+    let _ = worker.await;
+    let pk = sorted(picked.lock().unwrap_or_else(|p| p.into_inner()).clone());
+    f.put("pickup_ms_p50", pct(&pk, 0.5));
+    f.put("pickup_ms_p99", pct(&pk, 0.99));
+
+    eprintln!("memory-store simulation…");
+    f.put("sim_steps_per_s", simulate(if o.quick { 10 } else { 60 }).await?);
+
+    if let (Some(py), Some(script), false) = (&o.python, &o.seed_script, skip.contains("seed")) {
+        eprintln!("the seed's Python mongoelector, same server…");
+        let cycles = if o.quick { 100 } else { 500 };
+        let out = tokio::process::Command::new(py)
+            .arg(script)
+            .args([uri, db, "lock-cycles", &cycles.to_string()])
+            .output()
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text.trim().parse::<f64>() {
+            Ok(v) => f.put("seed_lock_cycles_per_s", v),
+            Err(_) => eprintln!("  seed lock cycles failed: {}", String::from_utf8_lossy(&out.stderr)),
+        }
+        let seed = |key: &str, file: &Path| {
+            let mut c = tokio::process::Command::new(py);
+            c.arg(script).args([uri, db, "elect", key, "3", &file.display().to_string()]);
+            c
+        };
+        // The seed replaces a killed leader only after MongoDB's TTL monitor
+        // deletes its lock (about once a minute): quick mode skips those trials.
+        let kills = if o.quick { 0 } else { elect_trials };
+        let (h, fo) = election_trials_n("seed-elect", &o.out, elect_trials, kills, seed).await?;
+        f.put("seed_handover_ms_p50", pct(&sorted(h), 0.5));
+        if kills > 0 {
+            f.put("seed_failover_s_p50", pct(&sorted(fo), 0.5));
+        }
+    }
+
+    let mut summary = serde_json::Map::new();
+    for (k, v) in &f.0 {
+        summary.insert((*k).to_owned(), json!(v));
+    }
+    summary.insert("server".into(), json!(server));
+    summary.insert("server_version".into(), json!(version));
+    summary.insert("mode".into(), json!(if o.quick { "quick" } else { "full" }));
+    if let Some(dir) = o.out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    std::fs::write(&o.out, Value::Object(summary).to_string()).map_err(|e| e.to_string())?;
+    println!("| figure | value |\n|---|---|");
+    for (k, v) in &f.0 {
+        println!("| `{k}` | {v:.3} |");
+    }
+    println!("| `server` | {server} {version} |");
+    eprintln!("wrote {}", o.out.display());
+    Ok(0)
+}
+
+async fn election_trials(
+    key: &str,
+    out: &Path,
+    trials: usize,
+    spawn: impl Fn(&str, &Path) -> tokio::process::Command,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    election_trials_n(key, out, trials, trials, spawn).await
+}
+
+/// Three candidate processes; the leader is stopped with SIGTERM (`stops` times)
+/// or killed with SIGKILL (`kills` times); the time until the next leader's
+/// callback writes its line is measured. A replacement keeps three candidates.
+async fn election_trials_n(
+    key: &str,
+    out: &Path,
+    stops: usize,
+    kills: usize,
+    spawn: impl Fn(&str, &Path) -> tokio::process::Command,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let file = out.with_file_name(format!("{key}.log"));
+    let _ = std::fs::remove_file(&file);
+    let start = |c: &mut tokio::process::Command| {
+        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true).spawn()
+    };
+    let mut procs: Vec<tokio::process::Child> = Vec::new();
+    for _ in 0..3 {
+        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
+    }
+    let lines = || read_lines(&file);
+    wait_lines(&file, 1, Duration::from_secs(120)).await?;
+    let (mut handovers, mut failovers) = (Vec::new(), Vec::new());
+    for trial in 0..stops + kills {
+        let before = lines();
+        let leader_pid: u32 = before
+            .last()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .ok_or("bad leader line")?;
+        let idx = procs.iter().position(|p| p.id() == Some(leader_pid)).ok_or("leader is not one of ours")?;
+        let kill = trial >= stops;
+        let t0 =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?.as_nanos();
+        let sig = if kill { "-KILL" } else { "-TERM" };
+        let _ = tokio::process::Command::new("kill").args([sig, &leader_pid.to_string()]).status().await;
+        let after = wait_lines(&file, before.len() + 1, Duration::from_secs(180)).await?;
+        let t1: u128 = after[before.len()].split_whitespace().next().and_then(|t| t.parse().ok()).ok_or("bad line")?;
+        let secs = (t1.saturating_sub(t0)) as f64 / 1e9;
+        if kill {
+            failovers.push(secs);
+        } else {
+            handovers.push(secs * 1e3);
+        }
+        let mut old = procs.remove(idx);
+        let _ = old.wait().await;
+        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    for p in &mut procs {
+        let _ = p.start_kill();
+    }
+    Ok((handovers, failovers))
+}
+
+fn read_lines(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+async fn wait_lines(file: &Path, n: usize, limit: Duration) -> Result<Vec<String>, String> {
+    let t = Instant::now();
+    loop {
+        let l = read_lines(file);
+        if l.len() >= n {
+            return Ok(l);
+        }
+        if t.elapsed() > limit {
+            return Err(format!("no new leader within {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Store operations per wall second of the five-elector simulation on the
+/// memory store under paused time.
+async fn simulate(minutes: u64) -> Result<f64, String> {
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let store = MemoryStore::new();
+            let electors: Vec<_> = (0..5)
+                .map(|_| {
+                    mongoelector::Elector::builder(store.client(), "sim")
+                        .ttl(Duration::from_secs(3))
+                        .report_status(false)
+                        .build()
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            for e in &electors {
+                e.start().map_err(|e| e.to_string())?;
+            }
+            let wall = Instant::now();
+            let mut rng = fastrand::Rng::with_seed(1);
+            let end = tokio::time::Instant::now() + Duration::from_secs(60 * minutes);
+            while tokio::time::Instant::now() < end {
+                let e = &electors[rng.usize(..electors.len())];
+                if rng.u32(..10) == 0 {
+                    let _ = e.release().await;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.u64(100..2000))).await;
+            }
+            let ops = store.operation_count() as f64;
+            for e in &electors {
+                e.stop().await;
+            }
+            Ok(ops / wall.elapsed().as_secs_f64())
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}

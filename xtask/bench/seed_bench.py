@@ -1,0 +1,52 @@
+"""Drives the Python `mongoelector` from PyPI (the seed's own implementation) for
+`cargo xtask bench`, so both are measured on the same server in the same run.
+
+    seed_bench.py URI DB lock-cycles N      -> prints cycles per second
+    seed_bench.py URI DB elect KEY TTL FILE -> on leadership appends "<ns> <pid>" to FILE;
+                                               SIGTERM stops the elector cleanly
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+from pymongo import MongoClient
+from mongoelector import MongoLeaderElector, MongoLocker
+
+
+def main():
+    uri, dbname, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    db = MongoClient(uri)[dbname]
+    if mode == "lock-cycles":
+        n = int(sys.argv[4])
+        lock = MongoLocker("seed-bench-lock", db, ttl=30)
+        start = time.perf_counter()
+        for _ in range(n):
+            lock.acquire(blocking=False)
+            lock.release()
+        print(n / (time.perf_counter() - start))
+        return
+    if mode == "elect":
+        key, ttl, path = sys.argv[4], float(sys.argv[5]), sys.argv[6]
+
+        def on_leader():
+            with open(path, "a") as f:
+                f.write(f"{time.time_ns()} {os.getpid()}\n")
+
+        elector = MongoLeaderElector(key, db, ttl=ttl, on_leader=on_leader, report_status=False)
+        done = threading.Event()
+
+        def stop(*_):
+            elector.stop()
+            done.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        elector.start()
+        done.wait()
+        return
+    raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
