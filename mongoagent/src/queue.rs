@@ -18,6 +18,8 @@ pub struct Queue<S> {
     pub(crate) store: S,
     pub(crate) coll: Collection,
     indexes: std::sync::Arc<OnceCell<()>>,
+    /// Agents on clones of this queue claim one at a time.
+    pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Counts of one agent's tasks by state.
@@ -73,7 +75,7 @@ impl<S: Store + Clone> Queue<S> {
     /// The queue in collection `name`.
     pub fn new(store: S, name: &str) -> Result<Self, AgentError> {
         let coll = Collection::new(name).map_err(|e| AgentError::Config(e.to_string()))?;
-        Ok(Queue { store, coll, indexes: Default::default() })
+        Ok(Queue { store, coll, indexes: Default::default(), claim_gate: Default::default() })
     }
 
     /// The collection.

@@ -7,6 +7,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bench;
+mod chaos;
 mod child;
 mod demo;
 mod runners;
@@ -203,6 +204,35 @@ enum Cmd {
         #[arg(long)]
         seed_script: Option<std::path::PathBuf>,
     },
+    /// Chaos run: worker processes lock, lead and process tasks while they are
+    /// killed, paused and restarted, and the server is restarted; then checks the
+    /// recorded history. Writes `DIR/summary.json`; exit status 1 on a violation.
+    Chaos {
+        /// How long to inject faults.
+        #[arg(long, default_value_t = 1.0)]
+        minutes: f64,
+        /// Seed of the fault schedule.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Worker processes.
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// Where logs and the summary go.
+        #[arg(long, default_value = "target/chaos")]
+        dir: std::path::PathBuf,
+        /// A `secantusd-py` to run (and kill and restart) the server with on-disk
+        /// storage in DIR/data; without it, --uri / MONGODB_URI is used and the
+        /// server is not restarted.
+        #[arg(long)]
+        server_bin: Option<std::path::PathBuf>,
+    },
+    /// One chaos worker process (started by `mongocoord chaos`).
+    #[command(hide = true)]
+    ChaosWorker {
+        /// The worker's append-only log.
+        #[arg(long)]
+        log: std::path::PathBuf,
+    },
     /// A live view of locks, leaders and (with --queue) tasks.
     Watch {
         /// The queue collection to include.
@@ -298,6 +328,15 @@ async fn run(cli: Cli) -> Result<u8, String> {
             };
             let store = connect(Some(&u), Some(&d)).await?;
             bench::run(&u, &d, store, bench::BenchOpts { quick, out, python, seed_script }).await
+        }
+        Cmd::Chaos { minutes, seed, workers, dir, server_bin } => {
+            let u = resolve_connection(uri, db).map(|(u, _)| u);
+            let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
+            chaos::run(u, &d, chaos::ChaosOpts { minutes, seed, dir, server_bin, workers }).await
+        }
+        Cmd::ChaosWorker { log } => {
+            let Some((u, d)) = resolve_connection(uri, db) else { return Err("chaos-worker needs --uri".into()) };
+            chaos::worker(&u, &d, &log).await
         }
         Cmd::Watch { queue, interval, count } => {
             views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await

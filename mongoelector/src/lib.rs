@@ -324,7 +324,7 @@ struct Inner<S: Store + Clone> {
     running: AtomicBool,
     term: tokio::sync::Mutex<Option<Term<S>>>,
     /// The current term's token, readable without awaiting (`is_master`).
-    term_token: Mutex<Option<(CancellationToken, u64)>>,
+    term_token: Mutex<Option<(CancellationToken, u64, mongolock::Validity)>>,
     leadership: watch::Sender<Leadership>,
     changed: Notify,
     terms_won: AtomicU64,
@@ -493,7 +493,10 @@ impl<S: Store + Clone> Elector<S> {
     /// The current term's cancellation token: cancelled when leadership ends (lost
     /// before the lease can lapse, released, or stopped). `None` when not leading.
     pub fn term_token(&self) -> Option<CancellationToken> {
-        lock_poisoned(&self.inner.term_token).as_ref().filter(|(t, _)| !t.is_cancelled()).map(|(t, _)| t.clone())
+        lock_poisoned(&self.inner.term_token)
+            .as_ref()
+            .filter(|(t, _, v)| !t.is_cancelled() && !v.is_lost())
+            .map(|(t, _, _)| t.clone())
     }
 
     /// Waits until this node leads, then runs `work(term_token)` until it finishes
@@ -523,7 +526,10 @@ impl<S: Store + Clone> Elector<S> {
 
     /// This node's status.
     pub fn node_status(&self) -> NodeStatus {
-        let term = lock_poisoned(&self.inner.term_token).as_ref().filter(|(t, _)| !t.is_cancelled()).map(|(_, n)| *n);
+        let term = lock_poisoned(&self.inner.term_token)
+            .as_ref()
+            .filter(|(t, _, v)| !t.is_cancelled() && !v.is_lost())
+            .map(|(_, n, _)| *n);
         NodeStatus {
             key: self.inner.key.clone(),
             node: self.inner.identity.to_string(),
@@ -570,7 +576,7 @@ impl<S: Store + Clone> Elector<S> {
 
 impl<S: Store + Clone> Inner<S> {
     fn is_master(&self) -> bool {
-        lock_poisoned(&self.term_token).as_ref().is_some_and(|(t, _)| !t.is_cancelled())
+        lock_poisoned(&self.term_token).as_ref().is_some_and(|(t, _, v)| !t.is_cancelled() && !v.is_lost())
     }
 
     fn send(self: &Arc<Self>, ev: Event) {
@@ -588,7 +594,7 @@ impl<S: Store + Clone> Inner<S> {
     /// Records a won election (the caller holds the term mutex).
     fn become_master(self: &Arc<Self>, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
         let token = guard.lost_token();
-        *lock_poisoned(&self.term_token) = Some((token.clone(), guard.token()));
+        *lock_poisoned(&self.term_token) = Some((token.clone(), guard.token(), guard.validity()));
         self.terms_won.fetch_add(1, Ordering::Relaxed);
         tracing::info!(key = %self.key, node = %self.identity, token = guard.token(), "elected master");
         *slot = Some(Term { guard, token });

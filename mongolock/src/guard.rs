@@ -35,7 +35,7 @@ pub(crate) struct Term<S> {
     owner: String,
     token: u64,
     since: StoreTime,
-    state: Mutex<TermState>,
+    state: Arc<Mutex<TermState>>,
     lost: CancellationToken,
     stop: CancellationToken,
     wake: Notify,
@@ -57,10 +57,10 @@ impl<S: Store + Clone> Term<S> {
             owner,
             token: record.fence(),
             since: lease.map_or_else(StoreTime::default, |l| l.since),
-            state: Mutex::new(TermState {
+            state: Arc::new(Mutex::new(TermState {
                 deadline: sent + lock.ttl.as_duration() - lock.margin,
                 expires: lease.map_or_else(StoreTime::default, |l| l.until),
-            }),
+            })),
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
             wake: Notify::new(),
@@ -269,6 +269,20 @@ async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
     }
 }
 
+/// Whether an acquisition still holds its lock, readable without the guard.
+#[derive(Debug, Clone)]
+pub struct Validity {
+    lost: CancellationToken,
+    state: Arc<Mutex<TermState>>,
+}
+
+impl Validity {
+    /// True once the lock was lost, released, or its safety deadline passed.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || Instant::now() >= self.state.lock().unwrap_or_else(|p| p.into_inner()).deadline
+    }
+}
+
 /// A held lock. Release it with [`LockGuard::release`]; dropping it without
 /// releasing schedules a best-effort release in the background (it never blocks or
 /// panics; the lease lapses at its expiry if that release cannot reach the store).
@@ -308,9 +322,17 @@ impl<S: Store + Clone> LockGuard<S> {
         self.term.state().expires
     }
 
-    /// Whether the lock has been lost (or may have lapsed).
+    /// Whether the lock has been lost (or may have lapsed). Also true as soon as
+    /// the lease's safety deadline has passed, even before the keeper task has run
+    /// (after the process was paused, say).
     pub fn is_lost(&self) -> bool {
-        self.term.lost.is_cancelled()
+        self.validity().is_lost()
+    }
+
+    /// A cheap handle that answers [`LockGuard::is_lost`] from anywhere, without the
+    /// guard.
+    pub fn validity(&self) -> Validity {
+        Validity { lost: self.term.lost.clone(), state: self.term.state.clone() }
     }
 
     /// Waits until the lock is lost. Cancel-safe; use it in `select!`.

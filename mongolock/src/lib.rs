@@ -46,7 +46,7 @@ mod lock;
 mod semaphore;
 
 pub use error::LockError;
-pub use guard::LockGuard;
+pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use lock::{
     Acquire, Lock, LockBuilder, LockInfo, LockMetrics, LockStatus, DEFAULT_COLLECTION, DEFAULT_STEP, DEFAULT_TTL,

@@ -59,6 +59,17 @@ pub(crate) fn condition(c: &Condition) -> Bson {
         Condition::DueBy(f) => Bson::Document(doc! {
             "$lte": [{ "$convert": { "input": field(f), "to": "long", "onError": 0_i64, "onNull": 0_i64 } }, now_ms()]
         }),
+        // Missing or null: true. Numbers compare by value. Anything else: false.
+        Condition::AtMost(f, max) => Bson::Document(doc! {
+            "$cond": [
+                is_null_or_missing(f),
+                true,
+                { "$and": [
+                    { "$in": [{ "$type": field(f) }, ["int", "long", "double", "decimal"]] },
+                    { "$lte": [field(f), *max] },
+                ] },
+            ]
+        }),
         Condition::Not(c) => Bson::Document(doc! { "$not": [condition(c)] }),
         Condition::All(cs) if cs.is_empty() => Bson::Boolean(true),
         Condition::Any(cs) if cs.is_empty() => Bson::Boolean(false),

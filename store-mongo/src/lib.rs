@@ -49,7 +49,9 @@ use bson::{doc, Bson, Document};
 use futures::{StreamExt, TryStreamExt};
 use mongodb::change_stream::event::OperationType;
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
-use mongodb::options::{ClientOptions, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern};
+use mongodb::options::{
+    Acknowledgment, ClientOptions, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern,
+};
 use mongodb::{Client, Database, IndexModel};
 use store_trait::{
     fields, prepare_inserts, ChangeEvent, ChangeKind, ChangeStream, Claim, Collection, Condition, DeleteOutcome,
@@ -60,11 +62,15 @@ use store_trait::{
 pub use mongodb;
 
 /// Read and write concerns for the operations that grant or check ownership.
+///
+/// A lease or fencing counter that a server crash can roll back is as bad as one a
+/// failover can: after the restart the counter is lower than a token already
+/// handed out. So the default asks for journaled majority writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Consistency {
-    /// `w: "majority"` writes and `readConcern: "majority"` reads: a lease survives
-    /// a replica-set failover. The default.
+    /// `w: "majority", j: true` writes and `readConcern: "majority"` reads: a lease
+    /// survives a replica-set failover and a server crash. The default.
     #[default]
     Majority,
     /// The server's defaults (`w: 1`, local reads). Correct on a single server;
@@ -127,7 +133,7 @@ impl MongoStore {
     fn coll(&self, c: &Collection) -> mongodb::Collection<Document> {
         let opts = match self.consistency {
             Consistency::Majority => CollectionOptions::builder()
-                .write_concern(WriteConcern::majority())
+                .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).journal(true).build())
                 .read_concern(ReadConcern::majority())
                 .build(),
             Consistency::Local => CollectionOptions::default(),

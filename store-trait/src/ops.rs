@@ -47,6 +47,10 @@ pub enum Condition {
     /// A user field holding a date or epoch milliseconds is at or before the store's
     /// current time; a missing, null or unreadable value counts as due.
     DueBy(String),
+    /// A user field is missing, null, or a number at most this value; any other
+    /// value fails. What fences an external resource: "write only if the last
+    /// token written is not newer than mine".
+    AtMost(String, i64),
     /// Negation.
     Not(Box<Condition>),
     /// Conjunction (true when empty).
@@ -103,7 +107,7 @@ impl Condition {
                 }
                 Ok(())
             }
-            Condition::Exists(f) | Condition::DueBy(f) => check_field_name(f),
+            Condition::Exists(f) | Condition::DueBy(f) | Condition::AtMost(f, _) => check_field_name(f),
             Condition::Not(c) => c.validate(),
             Condition::All(cs) | Condition::Any(cs) => cs.iter().try_for_each(Condition::validate),
             _ => Ok(()),

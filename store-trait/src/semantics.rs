@@ -29,6 +29,12 @@ pub fn eval(cond: &Condition, doc: Option<&Document>, now: StoreTime) -> bool {
         Condition::FieldEq(f, v) => doc.and_then(|d| d.get(f)).is_some_and(|x| value_eq(x, v)),
         Condition::Exists(f) => get(f).is_some(),
         Condition::DueBy(f) => due_millis(doc.and_then(|d| d.get(f))) <= now.as_millis(),
+        Condition::AtMost(f, max) => match doc.and_then(|d| d.get(f)) {
+            None | Some(Bson::Null) => true,
+            Some(v @ (Bson::Int32(_) | Bson::Int64(_))) => as_i64(v).is_some_and(|n| n <= *max),
+            Some(Bson::Double(x)) => x.is_finite() && *x <= *max as f64,
+            Some(_) => false,
+        },
         Condition::Not(c) => !eval(c, doc, now),
         Condition::All(cs) => cs.iter().all(|c| eval(c, doc, now)),
         Condition::Any(cs) => cs.iter().any(|c| eval(c, doc, now)),
@@ -262,6 +268,10 @@ mod tests {
         check(Condition::DueBy("at".into()), Some(d.clone()), 50, true);
         check(Condition::DueBy("missing".into()), Some(d.clone()), 0, true);
         check(Condition::DueBy("bad".into()), Some(d.clone()), 0, true);
+        check(Condition::AtMost("n".into(), 1), Some(d.clone()), 0, true);
+        check(Condition::AtMost("n".into(), 0), Some(d.clone()), 0, false);
+        check(Condition::AtMost("missing".into(), -5), Some(d.clone()), 0, true);
+        check(Condition::AtMost("s".into(), 100), Some(d.clone()), 0, false);
         check(Condition::Any(vec![]), Some(d.clone()), 0, false);
         check(Condition::All(vec![]), Some(d), 0, true);
     }

@@ -545,6 +545,11 @@ pub async fn field_conditions<H: Harness>(h: &H) {
         (Condition::All(vec![]), true),
         (Condition::Absent, false),
         (Condition::Free, true),
+        (Condition::AtMost("n".into(), 1), true),
+        (Condition::AtMost("n".into(), 0), false),
+        (Condition::AtMost("z".into(), -1), true),
+        (Condition::AtMost("missing".into(), i64::MIN), true),
+        (Condition::AtMost("s".into(), i64::MAX), false),
     ];
     for (cond, expect) in cases {
         let w = Write::new(cond.clone(), Mutation::new());

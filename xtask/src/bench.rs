@@ -14,7 +14,7 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn venv() -> Result<PathBuf, String> {
+pub(crate) fn venv() -> Result<PathBuf, String> {
     let dir = root().join("target").join("bench").join("venv");
     let py = dir.join("bin").join("python");
     if !dir.join("bin").join("secantusd-py").exists() {
@@ -102,4 +102,27 @@ pub(crate) fn run(quick: bool) -> Result<(), String> {
     let result = run_cmd(&mut cmd);
     drop(server);
     result
+}
+
+/// `cargo xtask chaos [--minutes N] [--seed S]`: a debug build of `mongocoord`,
+/// a SecantusDB it may kill and restart (on-disk storage), or `MONGODB_URI`.
+pub(crate) fn chaos(args: &[String]) -> Result<(), String> {
+    crate::cargo(&["build", "-p", "mongocoord"], &[])?;
+    let bin = root().join("target").join("debug").join("mongocoord");
+    let mut cmd = Command::new(bin);
+    match std::env::var("MONGODB_URI") {
+        Ok(uri) if !uri.is_empty() => {
+            cmd.args(["--uri", &uri]);
+        }
+        _ => {
+            let venv = venv()?;
+            cmd.arg("--db").arg("mongocoord_chaos");
+            cmd.arg("chaos").arg("--server-bin").arg(venv.join("bin").join("secantusd-py"));
+            cmd.arg("--dir").arg(root().join("target").join("chaos"));
+            cmd.args(args);
+            return run_cmd(&mut cmd);
+        }
+    }
+    cmd.arg("chaos").arg("--dir").arg(root().join("target").join("chaos")).args(args);
+    run_cmd(&mut cmd)
 }

@@ -5,6 +5,9 @@
 //!                     suite against a real server (the README's test command)
 //! cargo xtask test    the test suite only (CI semantics: a Mongo test never skips)
 //! cargo xtask demo    runs the demo (`mongocoord demo`)
+//! cargo xtask chaos [--minutes N] [--seed S]
+//!                     worker processes killed, paused and restarted, the server
+//!                     killed and restarted; a history checker; target/chaos/summary.json
 //! cargo xtask bench [--quick]
 //!                     release build; a fresh SecantusDB (or MONGODB_URI) and the
 //!                     Python `mongoelector` in a venv under target/bench; writes
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("test") => test(&args[1..]),
         Some("bench") => bench::run(args.iter().any(|a| a == "--quick")),
+        Some("chaos") => bench::chaos(&args[1..]),
         Some("demo") => {
             cargo(&[&["run", "--release", "-p", "mongocoord", "--", "demo"], &str_refs(&args[1..])[..]].concat(), &[])
         }
@@ -83,6 +87,8 @@ fn ci() -> Result<(), String> {
     cargo(&no_default, &deny)?;
     cargo(&["doc", "--workspace", "--no-deps", "--all-features"], &deny)?;
     test(&[])?;
+    // A short chaos run: real processes, SIGKILL, SIGSTOP, server restarts.
+    bench::chaos(&["--minutes".into(), "0.75".into()])?;
     eprintln!("xtask ci: all green in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }

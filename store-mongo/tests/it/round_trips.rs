@@ -13,7 +13,10 @@ use store_mongo::testing::{db_name, server_uri, skip};
 use store_mongo::MongoStore;
 use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
 
-async fn monitored(test: &str) -> Option<(MongoStore, Arc<Mutex<Vec<String>>>)> {
+type Seen = Arc<Mutex<Vec<String>>>;
+type Concerns = Arc<Mutex<Vec<bson::Document>>>;
+
+async fn monitored(test: &str) -> Option<(MongoStore, Seen, Concerns)> {
     let uri = match server_uri() {
         Ok(u) => u,
         Err(why) => {
@@ -23,16 +26,22 @@ async fn monitored(test: &str) -> Option<(MongoStore, Arc<Mutex<Vec<String>>>)> 
     };
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();
+    let write_concerns = Arc::new(Mutex::new(Vec::new()));
+    let sink_wc = write_concerns.clone();
     let mut opts = ClientOptions::parse(&uri).await.unwrap();
     opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
         if let CommandEvent::Started(s) = ev {
+            if s.command_name == "findAndModify" {
+                let wc = s.command.get_document("writeConcern").cloned().unwrap_or_default();
+                sink_wc.lock().unwrap().push(wc);
+            }
             sink.lock().unwrap().push(s.command_name);
         }
     }));
     let client = mongodb::Client::with_options(opts).unwrap();
     let db = client.database(&db_name(test));
     db.drop().await.unwrap();
-    Some((MongoStore::new(db), seen))
+    Some((MongoStore::new(db), seen, write_concerns))
 }
 
 fn take(seen: &Mutex<Vec<String>>) -> Vec<String> {
@@ -41,7 +50,7 @@ fn take(seen: &Mutex<Vec<String>>) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_and_claim_operations_are_one_command_each() {
-    let Some((s, seen)) = monitored("round_trips").await else { return };
+    let Some((s, seen, concerns)) = monitored("round_trips").await else { return };
     let (c, k) = (Collection::new("locks").unwrap(), Key::new("k").unwrap());
     let ttl = Ttl::new(Duration::from_secs(30)).unwrap();
     s.now().await.unwrap(); // connection established
@@ -78,6 +87,14 @@ async fn lock_and_claim_operations_are_one_command_each() {
     };
     assert!(s.claim(&q, &claim).await.unwrap().is_some());
     assert_eq!(take(&seen), ["findAndModify"], "claim");
+    // Grants must survive a server crash and a failover: a rolled-back grant would
+    // hand out a fencing token twice (found by the chaos run).
+    let concerns = concerns.lock().unwrap().clone();
+    assert_eq!(concerns.len(), 5);
+    for wc in concerns {
+        assert_eq!(wc.get_str("w").ok(), Some("majority"), "{wc}");
+        assert_eq!(wc.get_bool("j").ok(), Some(true), "{wc}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,469 @@
+//! `mongocoord chaos`: worker OS processes that lock, lead and process tasks
+//! against one server while they are killed (SIGKILL), paused longer than their
+//! leases (SIGSTOP/SIGCONT) and restarted, and the server itself is killed and
+//! restarted. Every worker appends what it did to its own log; a checker reads
+//! all logs and the store afterwards and verifies the history.
+//!
+//! Log lines (`<kind> <fields…>`, times on the server clock in epoch ms):
+//! - `hold <token> <now>`: the lock holder with `token` confirmed, at server time
+//!   `now`, that its guard was still valid (read `now`, then checked not lost);
+//! - `acq <token> <since>`: acquired;
+//! - `write <token> <rev> ok|rejected`: a fenced write to the ledger;
+//! - `lead <term> <now>`: the elector still believed it led at server time `now`;
+//! - `term <term> <since>`: a term began;
+//! - `done <task> <token>`, `stale <task> <token>`: a task outcome applied / rejected.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bson::{doc, Bson};
+use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
+use mongoelector::Elector;
+use mongolock::{Acquire, Lock};
+use serde_json::json;
+use store_mongo::MongoStore;
+use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write, WriteOutcome};
+use tokio::time::Instant;
+
+const LOCK: &str = "chaos-lock";
+const ELECTION: &str = "chaos-leader";
+const QUEUE: &str = "chaos_tasks";
+const LEDGER: &str = "chaos_ledger";
+const SEEDED: u32 = 150;
+
+/// A line-oriented, append-only log; each line flushed at once, so a SIGKILL
+/// loses at most the line being written.
+#[derive(Clone)]
+struct Log(std::sync::Arc<std::sync::Mutex<std::fs::File>>);
+
+impl Log {
+    fn open(path: &Path) -> std::io::Result<Log> {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Log(std::sync::Arc::new(std::sync::Mutex::new(f))))
+    }
+
+    fn line(&self, s: String) {
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(f, "{s}");
+    }
+}
+
+async fn connect_retrying(uri: &str, db: &str) -> MongoStore {
+    loop {
+        match MongoStore::connect(uri, db).await {
+            Ok(s) => return s,
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// One worker process: contends for the lock (with fenced writes), campaigns for
+/// leadership, and runs an agent, until killed.
+pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, String> {
+    let log = Log::open(log_path).map_err(|e| e.to_string())?;
+    let store = connect_retrying(uri, db).await;
+    let ttl = Duration::from_secs(2);
+
+    let lock_loop = {
+        let (store, log) = (store.clone(), log.clone());
+        async move {
+            let ledger = Collection::new(LEDGER).map_err(|e| e.to_string())?;
+            let lock = Lock::builder(store.clone(), LOCK).ttl(ttl).build().map_err(|e| e.to_string())?;
+            loop {
+                let Ok(guard) = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(10)).auto_renew()).await
+                else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let token = guard.token();
+                log.line(format!("acq {token} {}", guard.since().as_millis()));
+                let hold_until = Instant::now() + Duration::from_millis(fastrand::u64(50..600));
+                while Instant::now() < hold_until && !guard.is_lost() {
+                    // A write only a holder with the newest token may make.
+                    let t = i64::try_from(token).unwrap_or(i64::MAX);
+                    let w = Write::new(
+                        Condition::AtMost("last_token".into(), t),
+                        Mutation::new().set("last_token", t).inc("writes", 1),
+                    )
+                    .upsert();
+                    match store.write(&ledger, &Key::new("ledger").map_err(|e| e.to_string())?, &w).await {
+                        Ok(WriteOutcome::Applied(r)) => log.line(format!("write {token} {} ok", r.rev())),
+                        Ok(WriteOutcome::Rejected(r)) => {
+                            log.line(format!("write {token} {} rejected", r.map_or(0, |r| r.rev())))
+                        }
+                        Err(_) => {}
+                    }
+                    if let Ok(now) = store.now().await {
+                        if !guard.is_lost() {
+                            log.line(format!("hold {token} {}", now.as_millis()));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let _ = guard.release().await;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), String>(())
+        }
+    };
+
+    let elect_loop = {
+        let (store, log) = (store.clone(), log.clone());
+        async move {
+            let elector = Elector::builder(store.clone(), ELECTION).ttl(ttl).build().map_err(|e| e.to_string())?;
+            elector.start().map_err(|e| e.to_string())?;
+            let probe = Lock::builder(store.clone(), ELECTION)
+                .collection(mongoelector::DEFAULT_COLLECTION)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut last_term = 0;
+            loop {
+                if let Some(term) = elector.node_status().term_token {
+                    if term != last_term {
+                        if let Ok(Some(info)) = probe.get_current().await {
+                            if info.token == term {
+                                log.line(format!("term {term} {}", info.since.as_millis()));
+                            }
+                        }
+                        last_term = term;
+                    }
+                    if let Ok(now) = store.now().await {
+                        if elector.node_status().term_token == Some(term) {
+                            log.line(format!("lead {term} {}", now.as_millis()));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), String>(())
+        }
+    };
+
+    let agent_loop = {
+        let (store, log) = (store.clone(), log.clone());
+        async move {
+            let agent = Agent::builder(store, "chaos", QUEUE)
+                .lease(ttl)
+                .concurrency(2)
+                .max_attempts(20)
+                .backoff(Duration::from_millis(100), Duration::from_secs(1))
+                .sleep_between(Duration::from_secs(1))
+                .build()
+                .map_err(|e| e.to_string())?;
+            let handler = move |task: Task| async move {
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(20..400))).await;
+                if fastrand::u32(..10) == 0 {
+                    return Outcome::failed("chaos");
+                }
+                match task.data().get_i32("stage") {
+                    Ok(0) => Outcome::done()
+                        .follow_up(NewTask::new("chaos", doc! {"stage": 1}))
+                        .follow_up(NewTask::new("chaos", doc! {"stage": 1})),
+                    _ => Outcome::done(),
+                }
+            };
+            loop {
+                match agent.process(handler).await {
+                    Ok(Some(Processed::Completed(k) | Processed::Failed(k))) => log.line(format!("done {k} 0")),
+                    Ok(Some(Processed::Stale(k))) => log.line(format!("stale {k} 0")),
+                    Ok(Some(_)) => {}
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), String>(())
+        }
+    };
+    tokio::try_join!(lock_loop, elect_loop, agent_loop)?;
+    Ok(0)
+}
+
+/// The server, when this run owns it (so it can kill and restart it).
+struct Server {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    child: Option<tokio::process::Child>,
+}
+
+impl Server {
+    async fn start(&mut self) -> Result<(), String> {
+        let child = tokio::process::Command::new(&self.bin)
+            .args(["--port", &self.port.to_string(), "--storage-path"])
+            .arg(&self.data)
+            .args(["--log-level", "WARNING"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start the server: {e}"))?;
+        self.child = Some(child);
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
+            if start.elapsed() > Duration::from_secs(60) {
+                return Err("the server did not come back within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.start_kill();
+            let _ = c.wait().await;
+        }
+    }
+}
+
+/// Options of a chaos run.
+#[derive(Debug, Clone)]
+pub(crate) struct ChaosOpts {
+    pub(crate) minutes: f64,
+    pub(crate) seed: u64,
+    pub(crate) dir: PathBuf,
+    pub(crate) server_bin: Option<PathBuf>,
+    pub(crate) workers: usize,
+}
+
+fn signal(pid: u32, sig: &str) {
+    // The process may be gone already (killed while paused): that is fine.
+    let _ = std::process::Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
+}
+
+/// Runs the chaos and the checker; returns 1 on any violation.
+pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u8, String> {
+    let _ = std::fs::remove_dir_all(&o.dir);
+    std::fs::create_dir_all(o.dir.join("logs")).map_err(|e| e.to_string())?;
+    let mut server = None;
+    let uri = match (uri, &o.server_bin) {
+        (_, Some(bin)) => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| e.to_string())?
+                .port();
+            let mut s = Server { bin: bin.clone(), data: o.dir.join("data"), port, child: None };
+            s.start().await?;
+            server = Some(s);
+            format!("mongodb://127.0.0.1:{port}/?directConnection=true&serverSelectionTimeoutMS=2000&heartbeatFrequencyMS=500")
+        }
+        (Some(u), None) => u,
+        (None, None) => return Err("chaos needs --server-bin (to own a restartable server) or --uri".into()),
+    };
+    let store = connect_retrying(&uri, db).await;
+    let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
+    let seeded: Vec<NewTask> = (0..SEEDED)
+        .map(|i| NewTask::new("chaos", doc! {"stage": 0, "i": i64::from(i)}).id(format!("seed-{i}")))
+        .collect();
+    queue.enqueue_all(&seeded).await.map_err(|e| e.to_string())?;
+
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let spawn = |n: usize| -> Result<tokio::process::Child, String> {
+        tokio::process::Command::new(&exe)
+            .args(["--uri", &uri, "--db", db, "chaos-worker", "--log"])
+            .arg(o.dir.join("logs").join(format!("worker-{n}.log")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())
+    };
+    let mut next_log = 0;
+    let mut workers: Vec<tokio::process::Child> = Vec::new();
+    for _ in 0..o.workers {
+        workers.push(spawn(next_log)?);
+        next_log += 1;
+    }
+    let mut rng = fastrand::Rng::with_seed(o.seed);
+    let (mut kills, mut pauses, mut restarts) = (0, 0, 0);
+    let end = Instant::now() + Duration::from_secs_f64(o.minutes * 60.0);
+    let server_every = (o.minutes * 60.0 / 3.0).max(15.0);
+    let mut next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.u64(700..2500))).await;
+        let i = rng.usize(..workers.len());
+        match rng.u32(..10) {
+            0..=3 => {
+                let _ = workers[i].start_kill();
+                let _ = workers[i].wait().await;
+                kills += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                workers[i] = spawn(next_log)?;
+                next_log += 1;
+            }
+            4..=6 => {
+                if let Some(pid) = workers[i].id() {
+                    // Longer than the 2 s lease: the paused holder's lease lapses.
+                    signal(pid, "-STOP");
+                    pauses += 1;
+                    let d = Duration::from_millis(rng.u64(2500..5000));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(d).await;
+                        signal(pid, "-CONT");
+                    });
+                }
+            }
+            _ => {}
+        }
+        if let Some(s) = server.as_mut() {
+            if Instant::now() >= next_server_kill {
+                s.kill().await;
+                tokio::time::sleep(Duration::from_millis(rng.u64(500..2000))).await;
+                s.start().await?;
+                restarts += 1;
+                next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
+            }
+        }
+    }
+    // Let paused workers resume and the queue drain.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
+    let open = || Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
+    let drain_until = Instant::now() + Duration::from_secs(180);
+    while Instant::now() < drain_until {
+        if store.count(&coll, &open()).await.unwrap_or(1) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for w in &mut workers {
+        let _ = w.start_kill();
+        let _ = w.wait().await;
+    }
+    let report = check(&store, &o.dir.join("logs")).await?;
+    if let Some(mut s) = server {
+        s.kill().await;
+    }
+    let summary = json!({
+        "seed": o.seed, "minutes": o.minutes, "workers": o.workers,
+        "process_kills": kills, "pauses": pauses, "server_restarts": restarts,
+        "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
+        "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,
+        "tasks": report.tasks, "stale_outcomes_rejected": report.stale,
+        "violations": report.violations,
+        "ok": report.violations.is_empty(),
+    });
+    std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
+    println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+    Ok(if report.violations.is_empty() { 0 } else { 1 })
+}
+
+#[derive(Debug, Default)]
+struct Report {
+    acquisitions: usize,
+    writes_ok: usize,
+    writes_rejected: usize,
+    terms: usize,
+    tasks: u64,
+    stale: usize,
+    violations: Vec<String>,
+}
+
+/// Reads every worker's log and the store, and verifies the history.
+async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
+    let mut r = Report::default();
+    // token -> (since, latest confirmed hold time)
+    let mut holds: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    let mut terms: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    let mut writes: Vec<(u64, u64)> = Vec::new();
+    let mut done: HashMap<String, usize> = HashMap::new();
+    let entries = std::fs::read_dir(logs).map_err(|e| e.to_string())?;
+    for e in entries.flatten() {
+        let text = std::fs::read_to_string(e.path()).map_err(|e| e.to_string())?;
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let num = |i: usize| f.get(i).and_then(|s| s.parse::<i64>().ok());
+            match (f.first().copied(), num(1), num(2)) {
+                (Some("acq"), Some(t), Some(since)) => {
+                    r.acquisitions += 1;
+                    holds.entry(t as u64).or_insert((since, since)).0 = since;
+                }
+                (Some("hold"), Some(t), Some(now)) => {
+                    let e = holds.entry(t as u64).or_insert((i64::MAX, now));
+                    e.1 = e.1.max(now);
+                }
+                (Some("write"), Some(t), Some(rev)) => {
+                    if f.get(3) == Some(&"ok") {
+                        r.writes_ok += 1;
+                        writes.push((rev as u64, t as u64));
+                    } else {
+                        r.writes_rejected += 1;
+                    }
+                }
+                (Some("term"), Some(t), Some(since)) => {
+                    terms.entry(t as u64).or_insert((since, since)).0 = since;
+                }
+                (Some("lead"), Some(t), Some(now)) => {
+                    let e = terms.entry(t as u64).or_insert((i64::MAX, now));
+                    e.1 = e.1.max(now);
+                }
+                (Some("done"), _, _) => *done.entry(f.get(1).unwrap_or(&"").to_string()).or_default() += 1,
+                (Some("stale"), _, _) => r.stale += 1,
+                _ => {}
+            }
+        }
+    }
+    // No holder confirmed it still held the lock after a later token was granted.
+    let check_overlaps = |m: &BTreeMap<u64, (i64, i64)>, what: &str, v: &mut Vec<String>| {
+        let list: Vec<(u64, i64, i64)> = m.iter().map(|(t, (s, l))| (*t, *s, *l)).collect();
+        for (i, (t, _, last)) in list.iter().enumerate() {
+            if let Some((t2, since2, _)) = list[i + 1..].iter().find(|(_, s, _)| *s != i64::MAX) {
+                if *last > *since2 && *last != i64::MAX {
+                    v.push(format!("{what} {t} was still believed held at {last} after {what} {t2} began at {since2}"));
+                }
+            }
+        }
+    };
+    check_overlaps(&holds, "lock token", &mut r.violations);
+    check_overlaps(&terms, "term", &mut r.violations);
+    r.terms = terms.len();
+    // Accepted fenced writes, in the order the server applied them (the ledger's
+    // revision), never go back to an older token; and no revision was handed out
+    // twice (which would mean the server lost acknowledged writes).
+    writes.sort();
+    for w in writes.windows(2) {
+        if w[1].0 == w[0].0 {
+            r.violations.push(format!(
+                "ledger revision {} acknowledged twice (tokens {} and {}): acknowledged writes were lost",
+                w[0].0, w[0].1, w[1].1
+            ));
+        } else if w[1].1 < w[0].1 {
+            r.violations.push(format!("fenced write with token {} accepted after token {}", w[1].1, w[0].1));
+        }
+    }
+    for (task, n) in &done {
+        if *n > 1 {
+            r.violations.push(format!("task {task} reported finished {n} times"));
+        }
+    }
+    // The store: every task ended; two follow-ups per completed seeded task.
+    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
+    let all = store.find(&coll, &Query::all()).await.map_err(|e| e.to_string())?;
+    r.tasks = all.len() as u64;
+    let open: Vec<String> =
+        all.iter().filter(|t| t.data().get_bool("complete").ok() != Some(true)).map(|t| t.key().to_string()).collect();
+    if !open.is_empty() {
+        r.violations.push(format!("{} task(s) never finished, e.g. {}", open.len(), open[0]));
+    }
+    let seeded = all.iter().filter(|t| !t.data().contains_key("parent")).count();
+    if seeded != SEEDED as usize {
+        r.violations.push(format!("{seeded} seeded tasks of {SEEDED} are in the store"));
+    }
+    let completed_parents = all
+        .iter()
+        .filter(|t| {
+            t.data().get_i32("stage").ok() == Some(0) && t.data().get_bool("error_encountered").ok() == Some(false)
+        })
+        .count();
+    let children = all.iter().filter(|t| t.data().contains_key("parent")).count();
+    if children != 2 * completed_parents {
+        r.violations.push(format!("{children} follow-ups for {completed_parents} completed parents (want two each)"));
+    }
+    Ok(r)
+}
