@@ -243,6 +243,13 @@ pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
     Some(store)
 }
 
+/// Another client on `test`'s database (not emptied), with application name
+/// `app`: a second "process" in a failpoint test.
+pub async fn connect_as(test: &str, app: &str) -> Option<MongoStore> {
+    let uri = with_app_name(&server_uri().ok()?, app);
+    MongoStore::connect(&uri, &db_name(test)).await.ok()
+}
+
 fn with_app_name(uri: &str, app: &str) -> String {
     let sep = if uri.contains('?') {
         '&'

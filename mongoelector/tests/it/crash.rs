@@ -6,6 +6,7 @@ use std::time::Duration;
 use mongoelector::{Elector, DEFAULT_COLLECTION};
 use mongolock::Lock;
 use store_memory::MemoryStore;
+use store_mongo::MongoStore;
 
 use crate::suite::wait_leader;
 
@@ -76,4 +77,50 @@ async fn mongo_failover_after_abort() {
     );
     assert!(next.token > dead.token);
     follower.stop().await;
+}
+
+/// A leader whose renewal hangs on the server (a `blockConnection` failpoint
+/// longer than the lease) steps down before its lease can lapse; a new term
+/// begins (either node may win it); at no sampled instant do both believe they
+/// lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongo_leader_with_a_hung_renewal_steps_down_in_time() {
+    let Some(leader_store) = store_mongo::testing::test_store_as("el_failpoint", "elfp-leader").await else { return };
+    let Some(admin) = store_mongo::testing::admin_client().await else { return };
+    let Some(follower_store) = store_mongo::testing::connect_as("el_failpoint", "elfp-follower").await else { return };
+    let ttl = Duration::from_millis(1500);
+    let leader = Elector::builder(leader_store.clone(), "scheduler").ttl(ttl).report_status(false).build().unwrap();
+    leader.start().unwrap();
+    wait_leader(std::slice::from_ref(&leader)).await;
+    let follower = Elector::builder(follower_store, "scheduler").ttl(ttl).report_status(false).build().unwrap();
+    follower.start().unwrap();
+    admin
+        .database("admin")
+        .run_command(bson::doc! {
+            "configureFailPoint": "failCommand", "mode": { "times": 1 },
+            "data": { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": "elfp-leader" }
+        })
+        .await
+        .unwrap();
+    let first_term = leader.node_status().term_token.unwrap();
+    let term = |e: &Elector<MongoStore>| e.node_status().term_token.unwrap_or(0);
+    let start = std::time::Instant::now();
+    let (mut both, mut stepped_down) = (0, false);
+    while term(&leader).max(term(&follower)) <= first_term && start.elapsed() < Duration::from_secs(20) {
+        if leader.is_master() && follower.is_master() {
+            both += 1;
+        }
+        stepped_down |= !leader.is_master();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(term(&leader).max(term(&follower)) > first_term, "a new term began");
+    assert!(stepped_down, "the hung leader stepped down");
+    assert_eq!(both, 0, "never two masters");
+    admin
+        .database("admin")
+        .run_command(bson::doc! { "configureFailPoint": "failCommand", "mode": "off" })
+        .await
+        .unwrap();
+    follower.stop().await;
+    leader.stop().await;
 }

@@ -7,41 +7,16 @@ mod faults;
 mod model;
 mod suite;
 
-use std::time::Duration;
-
-use store_memory::MemoryStore;
-use store_trait::testing::Harness;
-
-/// The memory backend for the suite.
-#[derive(Debug)]
-pub(crate) struct Memory {
-    pub(crate) change_streams: bool,
-}
-
-#[async_trait::async_trait]
-impl Harness for Memory {
-    type Store = MemoryStore;
-    async fn store(&self, _test: &str) -> MemoryStore {
-        MemoryStore::builder().change_streams(self.change_streams).build()
-    }
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(2)
-    }
-    fn change_streams_expected(&self) -> bool {
-        self.change_streams
-    }
-}
-
 mod memory {
-    async fn harness() -> Option<super::Memory> {
-        Some(super::Memory { change_streams: true })
+    async fn harness() -> Option<store_memory::testing::MemoryHarness> {
+        Some(store_memory::testing::MemoryHarness::new(std::time::Duration::from_secs(2)))
     }
     crate::lock_suite!(harness, #[tokio::test(start_paused = true)]);
 }
 
 mod memory_polling {
-    async fn harness() -> Option<super::Memory> {
-        Some(super::Memory { change_streams: false })
+    async fn harness() -> Option<store_memory::testing::MemoryHarness> {
+        Some(store_memory::testing::MemoryHarness::polling(std::time::Duration::from_secs(2)))
     }
     crate::lock_suite!(harness, #[tokio::test(start_paused = true)]);
 }

@@ -6,44 +6,29 @@ use std::time::Duration;
 
 use bson::doc;
 use store_memory::MemoryStore;
-use store_trait::testing::Harness;
 use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TokioClock, Ttl, Write, WriteOutcome};
 
-struct Memory {
-    change_streams: bool,
-}
+use store_memory::testing::MemoryHarness;
 
-#[async_trait::async_trait]
-impl Harness for Memory {
-    type Store = MemoryStore;
-    async fn store(&self, _test: &str) -> MemoryStore {
-        MemoryStore::builder().change_streams(self.change_streams).build()
-    }
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(3)
-    }
-    fn change_streams_expected(&self) -> bool {
-        self.change_streams
-    }
-}
+const TTL: Duration = Duration::from_secs(3);
 
-async fn harness() -> Option<Memory> {
-    Some(Memory { change_streams: true })
+async fn harness() -> Option<MemoryHarness> {
+    Some(MemoryHarness::new(TTL))
 }
 
 store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
 
 mod without_change_streams {
-    async fn harness() -> Option<super::Memory> {
-        Some(super::Memory { change_streams: false })
+    async fn harness() -> Option<super::MemoryHarness> {
+        Some(super::MemoryHarness::polling(super::TTL))
     }
     store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
 }
 
 mod multi_thread {
     // The same suite with real threads racing on the store's mutex.
-    async fn harness() -> Option<super::Memory> {
-        Some(super::Memory { change_streams: true })
+    async fn harness() -> Option<super::MemoryHarness> {
+        Some(super::MemoryHarness::new(super::TTL))
     }
     store_trait::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 4)]);
 }
