@@ -57,6 +57,35 @@ macro_rules! conformance_tests {
     };
 }
 
+/// Runs a behaviour suite (a macro taking `(harness_fn, #[test_attr])`, such as
+/// `lock_suite!`) on every backend: the memory store under paused time with and
+/// without change notifications (lease `$ttl`), and a real MongoDB server. The
+/// calling crate depends on `store-memory` and `store-mongo`, both with their
+/// `testing` feature (the paths below resolve where the macro is used).
+#[macro_export]
+macro_rules! on_all_backends {
+    ($suite:path, $ttl:expr) => {
+        mod memory {
+            async fn harness() -> Option<::store_memory::testing::MemoryHarness> {
+                Some(::store_memory::testing::MemoryHarness::new($ttl))
+            }
+            $suite!(harness, #[tokio::test(start_paused = true)]);
+        }
+        mod memory_polling {
+            async fn harness() -> Option<::store_memory::testing::MemoryHarness> {
+                Some(::store_memory::testing::MemoryHarness::polling($ttl))
+            }
+            $suite!(harness, #[tokio::test(start_paused = true)]);
+        }
+        mod mongo {
+            async fn harness() -> Option<::store_mongo::testing::MongoHarness> {
+                ::store_mongo::testing::MongoHarness::get().await
+            }
+            $suite!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);
+        }
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests {

@@ -7,23 +7,4 @@ mod faults;
 mod model;
 mod suite;
 
-mod memory {
-    async fn harness() -> Option<store_memory::testing::MemoryHarness> {
-        Some(store_memory::testing::MemoryHarness::new(std::time::Duration::from_secs(2)))
-    }
-    crate::lock_suite!(harness, #[tokio::test(start_paused = true)]);
-}
-
-mod memory_polling {
-    async fn harness() -> Option<store_memory::testing::MemoryHarness> {
-        Some(store_memory::testing::MemoryHarness::polling(std::time::Duration::from_secs(2)))
-    }
-    crate::lock_suite!(harness, #[tokio::test(start_paused = true)]);
-}
-
-mod mongo {
-    async fn harness() -> Option<store_mongo::testing::MongoHarness> {
-        store_mongo::testing::MongoHarness::get().await
-    }
-    crate::lock_suite!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);
-}
+store_trait::on_all_backends!(crate::lock_suite, std::time::Duration::from_secs(2));
