@@ -7,10 +7,10 @@
 //! Log lines (`<kind> <fields…>`, times on the server clock in epoch ms):
 //! - `hold <token> <now>`: the lock holder with `token` confirmed, at server time
 //!   `now`, that its guard was still valid (read `now`, then checked not lost);
-//! - `acq <token> <since>`: acquired;
+//! - `acq <token> <since>`: acquired (`since` is the lease's, for reference);
 //! - `write <token> <rev> ok|rejected`: a fenced write to the ledger;
 //! - `lead <term> <now>`: the elector still believed it led at server time `now`;
-//! - `term <term> <since>`: a term began;
+//! - `term <term> <since>`: a term began (for reference);
 //! - `done <task> <token>`, `stale <task> <token>`: a task outcome applied / rejected.
 
 use std::collections::{BTreeMap, HashMap};
@@ -368,7 +368,11 @@ struct Report {
 /// Reads every worker's log and the store, and verifies the history.
 async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     let mut r = Report::default();
-    // token -> (since, latest confirmed hold time)
+    // token -> (first, last) server time at which its holder confirmed it held.
+    // The first confirmation, not the lease's `since`, marks the start: a server
+    // stamps `$$NOW` when a command starts, which can be before the write takes
+    // effect (seen: 22 ms on a loaded SecantusDB), so `since` may precede the
+    // moment the previous holder's lease was really gone.
     let mut holds: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
     let mut terms: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
     let mut writes: Vec<(u64, u64)> = Vec::new();
@@ -380,12 +384,10 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
             let f: Vec<&str> = line.split_whitespace().collect();
             let num = |i: usize| f.get(i).and_then(|s| s.parse::<i64>().ok());
             match (f.first().copied(), num(1), num(2)) {
-                (Some("acq"), Some(t), Some(since)) => {
-                    r.acquisitions += 1;
-                    holds.entry(t as u64).or_insert((since, since)).0 = since;
-                }
+                (Some("acq"), Some(_), Some(_)) => r.acquisitions += 1,
                 (Some("hold"), Some(t), Some(now)) => {
-                    let e = holds.entry(t as u64).or_insert((i64::MAX, now));
+                    let e = holds.entry(t as u64).or_insert((now, now));
+                    e.0 = e.0.min(now);
                     e.1 = e.1.max(now);
                 }
                 (Some("write"), Some(t), Some(rev)) => {
@@ -396,11 +398,9 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
                         r.writes_rejected += 1;
                     }
                 }
-                (Some("term"), Some(t), Some(since)) => {
-                    terms.entry(t as u64).or_insert((since, since)).0 = since;
-                }
                 (Some("lead"), Some(t), Some(now)) => {
-                    let e = terms.entry(t as u64).or_insert((i64::MAX, now));
+                    let e = terms.entry(t as u64).or_insert((now, now));
+                    e.0 = e.0.min(now);
                     e.1 = e.1.max(now);
                 }
                 (Some("done"), _, _) => *done.entry(f.get(1).unwrap_or(&"").to_string()).or_default() += 1,
@@ -409,13 +409,16 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
             }
         }
     }
-    // No holder confirmed it still held the lock after a later token was granted.
+    // No holder confirmed it still held the lock after a later token's holder had
+    // confirmed its own (both on the server clock).
     let check_overlaps = |m: &BTreeMap<u64, (i64, i64)>, what: &str, v: &mut Vec<String>| {
-        let list: Vec<(u64, i64, i64)> = m.iter().map(|(t, (s, l))| (*t, *s, *l)).collect();
+        let list: Vec<(u64, i64, i64)> = m.iter().map(|(t, (f, l))| (*t, *f, *l)).collect();
         for (i, (t, _, last)) in list.iter().enumerate() {
-            if let Some((t2, since2, _)) = list[i + 1..].iter().find(|(_, s, _)| *s != i64::MAX) {
-                if *last > *since2 && *last != i64::MAX {
-                    v.push(format!("{what} {t} was still believed held at {last} after {what} {t2} began at {since2}"));
+            for (t2, first2, _) in &list[i + 1..] {
+                if last > first2 {
+                    v.push(format!(
+                        "{what} {t} was still believed held at {last} after {what} {t2} was held at {first2}"
+                    ));
                 }
             }
         }
