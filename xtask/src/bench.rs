@@ -107,7 +107,8 @@ pub(crate) fn run(quick: bool) -> Result<(), String> {
 /// `cargo xtask chaos [--minutes N] [--seed S]`: a debug build of `mongocoord`,
 /// a SecantusDB it may kill and restart (on-disk storage), or `MONGODB_URI`.
 pub(crate) fn chaos(args: &[String]) -> Result<(), String> {
-    crate::cargo(&["build", "-p", "mongocoord"], &[])?;
+    // The same flags as the test build, so inside `cargo xtask ci` nothing is rebuilt.
+    crate::cargo(&["build", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
     let bin = root().join("target").join("debug").join("mongocoord");
     let mut cmd = Command::new(bin);
     match std::env::var("MONGODB_URI") {
