@@ -373,7 +373,7 @@ impl<S: Store + Clone> Agent<S> {
                 }
                 Err(e) => {
                     tracing::warn!(agent = %inner.name, error = %e, "claim failed");
-                    if !is_transient(&e) {
+                    if !e.is_retryable() {
                         running.shutdown().await;
                         return Err(e);
                     }
@@ -661,14 +661,6 @@ fn check_merge(merge: &Document) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn is_transient(e: &AgentError) -> bool {
-    match e {
-        AgentError::Store(s) => s.is_retryable(),
-        AgentError::Lock(l) => l.is_retryable(),
-        _ => false,
-    }
 }
 
 /// Takes every notification already waiting, without blocking.

@@ -20,3 +20,15 @@ pub enum AgentError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+impl AgentError {
+    /// Whether trying again later may succeed (transient store faults, a lease
+    /// that was held).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            AgentError::Store(e) => e.is_retryable(),
+            AgentError::Lock(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}

@@ -247,15 +247,17 @@ enum Cmd {
     },
 }
 
-/// Where to connect, from flags and the environment.
+/// Where to connect: the flags, else the environment as `mongo_agent` read it
+/// (`MONGODB_URI`, else `MONGO_HOST`; `MONGO_DB`), one definition shared with
+/// `mongoagent::env_config`. The default database here is "mongocoord".
 pub(crate) fn resolve_connection(uri: Option<&str>, db: Option<&str>) -> Option<(String, String)> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let uri = uri
-        .map(str::to_owned)
-        .or_else(|| env("MONGODB_URI"))
-        .or_else(|| env("MONGO_HOST").map(|h| if h.starts_with("mongodb") { h } else { format!("mongodb://{h}") }))?;
-    let db = db.map(str::to_owned).or_else(|| env("MONGO_DB")).unwrap_or_else(|| "mongocoord".into());
-    Some((uri, db))
+    let get = |k: &str| match k {
+        "MONGODB_URI" => uri.map(str::to_owned).or_else(|| env(k)),
+        "MONGO_DB" => db.map(str::to_owned).or_else(|| env(k)).or_else(|| Some("mongocoord".into())),
+        _ => env(k),
+    };
+    mongoagent::env_config(get).ok()
 }
 
 /// The URI with any password replaced by `***`.

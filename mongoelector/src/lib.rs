@@ -648,7 +648,7 @@ impl<S: Store + Clone> Inner<S> {
                 return;
             }
         };
-        let is_me = self.is_master() && leader.as_ref().is_some_and(|l| self.identity_owns(&l.owner));
+        let is_me = self.is_master() && leader.as_ref().is_some_and(|l| self.identity.is_mine(&l.owner));
         let next = Leadership { leader, is_me };
         self.leadership.send_if_modified(|cur| {
             // Expiry moves with every renewal; publish changes of who and which term.
@@ -658,10 +658,6 @@ impl<S: Store + Clone> Inner<S> {
             *cur = next;
             !same
         });
-    }
-
-    fn identity_owns(&self, owner: &str) -> bool {
-        owner.starts_with(&format!("{}/", self.identity))
     }
 }
 

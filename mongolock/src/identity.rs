@@ -51,8 +51,9 @@ impl Identity {
         format!("{self}/{seq}")
     }
 
-    /// Whether `owner` names an acquisition of this instance.
-    pub(crate) fn is_mine(&self, owner: &str) -> bool {
+    /// Whether `owner` (a holder's owner string) names an acquisition of this
+    /// instance.
+    pub fn is_mine(&self, owner: &str) -> bool {
         owner.strip_prefix(&self.to_string()).is_some_and(|rest| rest.starts_with('/'))
     }
 }

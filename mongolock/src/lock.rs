@@ -605,12 +605,6 @@ impl<S: Store + Clone> Lock<S> {
         Ok(Term::start(self.inner.clone(), lease.owner.clone(), record, sent, auto_renew))
     }
 
-    /// A fresh owner string for an acquisition by this instance, for operations
-    /// (such as a queue's claim) that grant a lease this lock will [`adopt`](Self::adopt).
-    pub fn next_owner(&self) -> String {
-        self.inner.identity.owner(self.inner.seq.fetch_add(1, Ordering::Relaxed))
-    }
-
     /// Whether anyone holds the lock now (store clock). Look before you leap: this
     /// says nothing about whether a later acquire will succeed.
     pub async fn locked(&self) -> Result<bool, LockError> {

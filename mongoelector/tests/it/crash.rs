@@ -10,6 +10,16 @@ use store_mongo::MongoStore;
 
 use crate::suite::wait_leader;
 
+/// The next leader's term began only after the dead leader's lease lapsed.
+fn assert_taken_over_after(dead: &mongolock::LockInfo, next: &mongolock::LockInfo) {
+    assert!(
+        next.since >= dead.expires,
+        "taken over at {} before the dead lease lapsed at {}",
+        next.since,
+        dead.expires
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn memory_failover_after_partition() {
     let store = MemoryStore::new();
@@ -28,12 +38,7 @@ async fn memory_failover_after_partition() {
     let crashed_at = tokio::time::Instant::now();
     wait_leader(std::slice::from_ref(&follower)).await;
     let next = lock.get_current().await.unwrap().unwrap();
-    assert!(
-        next.since >= dead.expires,
-        "taken over at {} before the dead lease lapsed at {}",
-        next.since,
-        dead.expires
-    );
+    assert_taken_over_after(&dead, &next);
     assert!(
         crashed_at.elapsed() <= ttl + ttl / 3,
         "taken over within ttl + one renew interval: {:?}",
@@ -69,12 +74,7 @@ async fn mongo_failover_after_abort() {
     follower.start().unwrap();
     wait_leader(std::slice::from_ref(&follower)).await;
     let next = lock.get_current().await.unwrap().unwrap();
-    assert!(
-        next.since >= dead.expires,
-        "taken over at {} before the dead lease lapsed at {}",
-        next.since,
-        dead.expires
-    );
+    assert_taken_over_after(&dead, &next);
     assert!(next.token > dead.token);
     follower.stop().await;
 }
