@@ -15,8 +15,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::{lapsed_tasks, ready_tasks};
-use crate::task::fields;
+use crate::queue::{joined_to, lapsed_tasks, not_complete, ready_tasks};
+use crate::task::{fields, Child};
 use crate::{AgentError, NewTask, Outcome, Queue, Retry, Task};
 
 /// A task handler: an async function from a [`Task`] to an [`Outcome`].
@@ -55,6 +55,11 @@ pub struct AgentLog {
     /// Outcomes rejected because the claim was lost (another agent took the task
     /// after this one's lease lapsed): never applied.
     pub stale_rejected: u64,
+    /// Tasks set to wait for their follow-ups ([`Outcome::wait_for_follow_ups`]).
+    pub waiting: u64,
+    /// Tasks whose crashed agent had recorded the outcome but not finished the
+    /// fan-in step; this agent finished it (no handler ran).
+    pub recovered: u64,
 }
 
 /// What one `process` call did.
@@ -69,6 +74,10 @@ pub enum Processed {
     Failed(Key),
     /// The claim was lost before the outcome could be recorded; nothing was applied.
     Stale(Key),
+    /// The task waits for its follow-ups and will run again when they have ended.
+    Waiting(Key),
+    /// A crashed agent's fan-in step on this task was finished; no handler ran.
+    Recovered(Key),
 }
 
 type ProcessWhile = Arc<dyn Fn(&AgentLog) -> bool + Send + Sync>;
@@ -431,15 +440,17 @@ impl<S: Store + Clone> Agent<S> {
     /// claim becomes due, at most `sleep_between`.
     async fn idle_wait(&self) -> Duration {
         let inner = &self.inner;
-        let mine = || Query::eq(doc! { fields::AGENT_NAME: &inner.name });
-        let not_done = Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate();
-        let next_run = mine()
-            .when(Condition::FieldEq(fields::READY.into(), Bson::Boolean(true)).and(not_done.clone()))
+        let mine = |extra: Document| {
+            let mut d = doc! { fields::AGENT_NAME: &inner.name };
+            d.extend(extra);
+            Query::eq(d)
+        };
+        let next_run = mine(doc! { fields::READY: true })
+            .when(not_complete())
             .when(Condition::DueBy(fields::RUN_AT.into()).negate())
             .sort(fields::RUN_AT, store_trait::Order::Asc)
             .limit(1);
-        let next_lapse = mine()
-            .when(Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true)).and(not_done))
+        let next_lapse = mine(doc! { fields::CLAIMED: true })
             .when(Condition::Free.negate())
             .sort(reserved::LEASE_UNTIL, store_trait::Order::Asc)
             .limit(1);
@@ -507,12 +518,35 @@ impl<S: Store + Clone> Agent<S> {
         f(&mut self.inner.log.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
-    /// Runs the handler on a claimed task and records the outcome.
+    /// Runs the handler on a claimed task and records the outcome. A claimed task
+    /// that already has an outcome, or that waits for its follow-ups, was left
+    /// by a crashed agent in the middle of a fan-in step: that step is finished
+    /// instead.
     async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
         let Claimed { guard, record } = c;
         let key = record.key().clone();
-        let task =
-            Task { key: key.clone(), data: record.data().clone(), token: record.fence(), cancel: guard.lost_token() };
+        let data = record.data();
+        if data.get_bool(fields::COMPLETE).ok() == Some(true) {
+            self.notify_waiter(data).await?;
+            return self.recovered(guard.release_with(self.close(Mutation::new())).await, key);
+        }
+        if let Some(round) = data.get(fields::WAITING).and_then(store_trait::semantics::as_i64) {
+            let released = self.settle_wait(guard, &key, round).await;
+            return self.recovered(released, key);
+        }
+        let round = task_round(data);
+        let children = match round.checked_sub(1) {
+            Some(r) => self.children(&key, r).await?,
+            None => Vec::new(),
+        };
+        let task = Task {
+            key: key.clone(),
+            data: data.clone(),
+            token: record.fence(),
+            cancel: guard.lost_token(),
+            round: u64::try_from(round).unwrap_or(0),
+            children,
+        };
         // The handler runs on its own task: a panic is a failure, not a crash. If
         // this future is dropped (drain timeout), the handler is aborted with it.
         let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
@@ -530,17 +564,42 @@ impl<S: Store + Clone> Agent<S> {
         self.finish(guard, &record, outcome).await
     }
 
+    fn recovered(&self, released: Result<Record, LockError>, key: Key) -> Result<Processed, AgentError> {
+        match released {
+            Ok(_) | Err(LockError::Lost { .. }) => {
+                self.bump(|l| l.recovered += 1);
+                tracing::info!(agent = %self.inner.name, task = %key, "finished a crashed agent's fan-in step");
+                Ok(Processed::Recovered(key))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn finish(&self, guard: LockGuard<S>, record: &Record, outcome: Outcome) -> Result<Processed, AgentError> {
         let inner = &self.inner;
         let key = record.key().clone();
         let token = guard.token();
+        let round = task_round(record.data());
         let outcome = match outcome {
-            Outcome::Complete { merge, follow_ups } => match check_merge(&merge) {
-                Err(e) => Outcome::Fail { error: e, merge: Document::new(), retry: Retry::Never },
-                Ok(()) => match self.enqueue_children(&key, follow_ups).await {
-                    Ok(()) => Outcome::Complete { merge, follow_ups: Vec::new() },
+            Outcome::Complete { merge, follow_ups, then } => match check_merge(&merge) {
+                Err(e) => Outcome::failed_permanently(e),
+                Ok(()) => match self.enqueue_follow_ups(record, round, follow_ups, then.map(|t| *t)).await {
+                    Ok(()) => Outcome::done_with(merge),
                     Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
                 },
+            },
+            Outcome::Wait { follow_ups, .. } if follow_ups.is_empty() => {
+                Outcome::failed_permanently("the handler waits for follow-ups but returned none")
+            }
+            Outcome::Wait { merge, follow_ups } => match check_merge(&merge) {
+                Err(e) => Outcome::failed_permanently(e),
+                Ok(()) => {
+                    let join = (key.as_bson().clone(), round);
+                    match self.enqueue_children(&key, round, follow_ups, Some(join)).await {
+                        Ok(()) => return self.wait(guard, &key, round, merge).await,
+                        Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+                    }
+                }
             },
             fail => fail,
         };
@@ -550,7 +609,7 @@ impl<S: Store + Clone> Agent<S> {
             .and_then(store_trait::semantics::as_i64)
             .map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
         let (changes, result) = match outcome {
-            Outcome::Complete { merge, .. } => (
+            Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } => (
                 self.finished(Mutation::new().set_all(merge), token).set(fields::ERROR_ENCOUNTERED, false),
                 Processed::Completed(key.clone()),
             ),
@@ -582,34 +641,135 @@ impl<S: Store + Clone> Agent<S> {
                 }
             }
         };
-        match guard.release_with(changes).await {
-            Ok(_) => {
+        let ended = !matches!(result, Processed::Retried(_));
+        let joined = ended && record.data().contains_key(fields::JOIN);
+        // A follow-up something waits for keeps its claim until it has told the
+        // waiter: if this agent dies in between, the claim lapses and whoever
+        // claims it next finishes the step.
+        let applied = if joined {
+            guard.write(changes).await.map(|_| Some(guard))
+        } else if ended {
+            guard.release_with(self.close(changes)).await.map(|_| None)
+        } else {
+            guard.release_with(changes).await.map(|_| None)
+        };
+        match applied {
+            Ok(kept) => {
                 self.bump(|l| match &result {
                     Processed::Completed(_) => l.completed += 1,
                     Processed::Retried(_) => l.retried += 1,
                     Processed::Failed(_) => l.failed_permanently += 1,
-                    Processed::Stale(_) => {}
+                    _ => {}
                 });
                 tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
+                if let Some(guard) = kept {
+                    self.notify_waiter(record.data()).await?;
+                    match guard.release_with(self.close(Mutation::new())).await {
+                        Ok(_) | Err(LockError::Lost { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 Ok(result)
             }
-            Err(LockError::Lost { current, .. }) => {
-                self.bump(|l| l.stale_rejected += 1);
-                tracing::warn!(agent = %inner.name, task = %key, token, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
-                Ok(Processed::Stale(key))
-            }
+            Err(LockError::Lost { current, .. }) => Ok(self.stale(&key, token, current)),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// The changes that end a task (completed or failed for good).
+    fn stale(&self, key: &Key, token: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
+        self.bump(|l| l.stale_rejected += 1);
+        tracing::warn!(agent = %self.inner.name, task = %key, token, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
+        Processed::Stale(key.clone())
+    }
+
+    /// The handler waits for the follow-ups of `round` (enqueued already): mark
+    /// the task waiting, still holding the claim, then settle.
+    async fn wait(&self, guard: LockGuard<S>, key: &Key, round: i64, merge: Document) -> Result<Processed, AgentError> {
+        let changes = Mutation::new().set_all(merge).set(fields::WAITING, round).set(fields::READY, false);
+        match guard.write(changes).await {
+            Ok(_) => {}
+            Err(LockError::Lost { current, .. }) => return Ok(self.stale(key, guard.token(), current)),
+            Err(e) => return Err(e.into()),
+        }
+        self.bump(|l| l.waiting += 1);
+        tracing::info!(agent = %self.inner.name, task = %key, round, "task waits for its follow-ups");
+        match self.settle_wait(guard, key, round).await {
+            Ok(_) | Err(LockError::Lost { .. }) => Ok(Processed::Waiting(key.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Lets go of a task that waits for its follow-ups of `round`: ready again at
+    /// once if they have all ended (the last of them may have ended before the
+    /// task was marked waiting, and found nothing to wake), otherwise left for
+    /// the last one to wake.
+    async fn settle_wait(&self, guard: LockGuard<S>, key: &Key, round: i64) -> Result<Record, LockError> {
+        let open = match self.open_children(key.as_bson(), round).await {
+            Ok(n) => n,
+            // Dropping the guard gives the claim back; the next claimer settles.
+            Err(e) => return Err(LockError::Store(e)),
+        };
+        let changes = if open == 0 { wake(Mutation::new(), round) } else { Mutation::new() };
+        let out = guard.release_with(changes.set(fields::CLAIMED, false)).await;
+        if open == 0 && out.is_ok() {
+            tracing::info!(agent = %self.inner.name, task = %key, round, "follow-ups all ended: task ready again");
+        }
+        out
+    }
+
+    async fn open_children(&self, waiter: &Bson, round: i64) -> Result<u64, StoreError> {
+        let q = joined_to(waiter, round).when(not_complete());
+        self.inner.store.count(&self.inner.queue.coll, &q).await
+    }
+
+    /// After a follow-up ended: if every follow-up of its waiter's round has
+    /// ended, makes the waiter ready. Idempotent; several last follow-ups ending
+    /// at once make it ready once (the write is conditional on the round).
+    async fn notify_waiter(&self, data: &Document) -> Result<(), AgentError> {
+        let Some(waiter) = data.get(fields::JOIN) else { return Ok(()) };
+        let round = data.get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
+        self.wake_if_done(waiter, round).await
+    }
+
+    async fn wake_if_done(&self, waiter: &Bson, round: i64) -> Result<(), AgentError> {
+        if self.open_children(waiter, round).await? > 0 {
+            return Ok(());
+        }
+        let key = Key::from_bson(waiter.clone())?;
+        let w = store_trait::Write::new(
+            Condition::FieldEq(fields::WAITING.into(), Bson::Int64(round)),
+            wake(Mutation::new(), round),
+        );
+        if self.inner.store.write(&self.inner.queue.coll, &key, &w).await?.is_applied() {
+            tracing::info!(agent = %self.inner.name, task = %key, round, "follow-ups all ended: task ready");
+        }
+        Ok(())
+    }
+
+    /// The follow-ups `key` waited for in `round`, in the order they were returned.
+    async fn children(&self, key: &Key, round: i64) -> Result<Vec<Child>, AgentError> {
+        let found = self.inner.store.find(&self.inner.queue.coll, &joined_to(key.as_bson(), round)).await?;
+        let mut children: Vec<Child> =
+            found.into_iter().map(|r| Child { key: r.key().clone(), data: r.into_data() }).collect();
+        let position = |c: &Child| c.key.to_string().rsplit('/').next().and_then(|i| i.parse::<u64>().ok());
+        // Follow-ups in the order they were returned, then a fan-in task the wait
+        // extended to.
+        children.sort_by_key(|c| (position(c).is_none(), position(c), c.key.to_string()));
+        Ok(children)
+    }
+
+    /// The changes that end a task (completed or failed for good); the claim is
+    /// let go by [`Agent::close`].
     fn finished(&self, m: Mutation, token: u64) -> Mutation {
-        let m = m
-            .set(fields::COMPLETE, true)
+        m.set(fields::COMPLETE, true)
             .set(fields::READY, false)
-            .set(fields::CLAIMED, false)
             .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
-            .set_now(fields::COMPLETED_AT);
+            .set_now(fields::COMPLETED_AT)
+    }
+
+    /// Lets go of an ended task (and schedules its garbage collection).
+    fn close(&self, m: Mutation) -> Mutation {
+        let m = m.set(fields::CLAIMED, false);
         match self.inner.retain {
             Some(ttl) => m.gc_after(ttl),
             None => m,
@@ -622,24 +782,82 @@ impl<S: Store + Clone> Agent<S> {
         exp.mul_f64(0.5 + fastrand::f64())
     }
 
-    /// Enqueues follow-ups with ids derived from the parent and their position, so
-    /// a retried handler never duplicates them.
-    async fn enqueue_children(&self, parent: &Key, children: Vec<NewTask>) -> Result<(), AgentError> {
+    /// Enqueues a successful handler's follow-ups; with a fan-in task, the
+    /// follow-ups joined to it first, then the task, waiting for them.
+    async fn enqueue_follow_ups(
+        &self,
+        record: &Record,
+        round: i64,
+        children: Vec<NewTask>,
+        then: Option<NewTask>,
+    ) -> Result<(), AgentError> {
+        let key = record.key();
+        let Some(mut waiter) = then else { return self.enqueue_children(key, round, children, None).await };
+        let waiter_key = Key::new(format!("{}/then", child_prefix(key, round)))?;
+        // Every follow-up exists before the fan-in task does: one that ends early
+        // finds no task to wake, and never wakes it before its siblings exist.
+        self.enqueue_children(key, round, children, Some((waiter_key.as_bson().clone(), 0))).await?;
+        waiter.id = Some(waiter_key.as_bson().clone());
+        waiter.parent = Some(key.as_bson().clone());
+        waiter.dedupe_key = None;
+        waiter.fan_in = true;
+        // A wait on this task extends to the fan-in task: it is enqueued before
+        // this task ends, so the waiter always sees one of them open.
+        waiter.join = record.data().get(fields::JOIN).map(|w| {
+            let r = record.data().get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
+            (w.clone(), r)
+        });
+        self.inner.queue.enqueue_all(std::slice::from_ref(&waiter)).await?;
+        // The follow-ups may all have ended already (or a retried handler finds
+        // the fan-in task from its first run): wake it if so. Idempotent.
+        self.wake_if_done(waiter_key.as_bson(), 0).await
+    }
+
+    /// Enqueues follow-ups with ids derived from the parent, its round and their
+    /// position, so a retried handler never duplicates them.
+    async fn enqueue_children(
+        &self,
+        parent: &Key,
+        round: i64,
+        children: Vec<NewTask>,
+        join: Option<(Bson, i64)>,
+    ) -> Result<(), AgentError> {
         if children.is_empty() {
             return Ok(());
         }
+        let prefix = child_prefix(parent, round);
         let tasks: Vec<NewTask> = children
             .into_iter()
             .enumerate()
             .map(|(i, mut t)| {
-                t.id = Some(Bson::String(format!("{parent}/{i}")));
+                t.id = Some(Bson::String(format!("{prefix}/{i}")));
                 t.parent = Some(parent.as_bson().clone());
+                t.join = join.clone();
                 t
             })
             .collect();
         self.inner.queue.enqueue_all(&tasks).await?;
         Ok(())
     }
+}
+
+/// How many times the task's follow-ups all ended and it was made ready again.
+fn task_round(data: &Document) -> i64 {
+    data.get(fields::ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0).max(0)
+}
+
+/// Follow-up ids: `parent/i` on a first run, `parent@round/i` after `round` joins.
+fn child_prefix(parent: &Key, round: i64) -> String {
+    if round == 0 {
+        parent.to_string()
+    } else {
+        format!("{parent}@{round}")
+    }
+}
+
+/// Makes a task that waited on `round` ready again.
+fn wake(m: Mutation, round: i64) -> Mutation {
+    m.unset(fields::WAITING).set(fields::READY, true).set(fields::ROUND, round.saturating_add(1))
 }
 
 /// Aborts a spawned task when dropped.

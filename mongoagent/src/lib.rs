@@ -17,6 +17,10 @@
 //!   failure for good (`complete: true, error_encountered: true`).
 //! - **Pipelines**: follow-up tasks are enqueued idempotently, with ids derived
 //!   from the parent, before the parent is marked complete.
+//! - **Fan-in**: a handler can wait for its follow-ups and run again once all
+//!   have ended ([`Outcome::wait_for_follow_ups`]), or add a task made ready
+//!   once they have ([`Outcome::then`]). The last follow-up to end wakes the
+//!   waiting task; nothing polls.
 //! - **Push wake-up**: an idle agent is woken by a change notification, not a
 //!   5-second sleep.
 //!
@@ -54,7 +58,7 @@ mod task;
 pub use agent::{Agent, AgentBuilder, AgentLog, Handler, Processed};
 pub use error::AgentError;
 pub use queue::{Queue, QueueStats};
-pub use task::{fields, NewTask, Outcome, Retry, Task};
+pub use task::{fields, Child, NewTask, Outcome, Retry, Task};
 
 pub use mongolock;
 pub use store_trait;

@@ -35,6 +35,8 @@ pub struct QueueStats {
     pub running: u64,
     /// Claimed by an agent whose lease lapsed (crashed or hung): claimable again.
     pub stuck: u64,
+    /// Waiting for their follow-ups to end (fan-in).
+    pub waiting: u64,
     /// Completed successfully.
     pub completed: u64,
     /// Failed for good.
@@ -44,26 +46,33 @@ pub struct QueueStats {
     pub oldest_ready_age: Option<Duration>,
 }
 
-fn not_complete() -> Condition {
+pub(crate) fn not_complete() -> Condition {
     Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
 }
 
-/// Ready tasks of `agent` that are due: the common claim. The equality prefix
-/// (`agent_name`, `ready`) is what the claim index serves, so finished tasks,
-/// however many, are never scanned.
+/// Ready tasks of `agent` that are due and not held: the common claim. The
+/// equality prefix (`agent_name`, `ready`) is what the claim index serves, so
+/// finished tasks, however many, are never scanned. (A task waiting for its
+/// follow-ups can be made ready by the last one while its own agent still holds
+/// it for a moment; it is claimable once that agent lets go.)
 pub(crate) fn ready_tasks(agent: &str) -> Query {
     claim_order(
         Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
-            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into()))),
+            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into())).and(Condition::Free)),
     )
 }
 
 /// Tasks of `agent` claimed by an agent whose lease lapsed (crashed or hung):
-/// claimable again. Served by the `recover` index (`agent_name`, `claimed`).
+/// claimable again. This includes tasks whose outcome was recorded but whose
+/// fan-in step was not (the agent died in between): claiming one finishes that
+/// step. Served by the `recover` index (`agent_name`, `claimed`).
 pub(crate) fn lapsed_tasks(agent: &str) -> Query {
-    claim_order(
-        Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(not_complete().and(Condition::Free)),
-    )
+    claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
+}
+
+/// The follow-ups of `waiter`'s round `round`, in the order they were returned.
+pub(crate) fn joined_to(waiter: &Bson, round: i64) -> Query {
+    Query::eq(doc! { fields::JOIN: waiter.clone(), fields::JOIN_ROUND: round })
 }
 
 /// The order of claims: priority, then due time, then insertion.
@@ -84,7 +93,8 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Creates the queue's indexes once: the claim index (equality, then sort
-    /// fields), the dedupe index, the parent index, and the TTL index that
+    /// fields), the recovery index, the dedupe index, the parent and fan-in
+    /// indexes, and the TTL index that
     /// garbage-collects finished tasks marked for it.
     pub async fn ensure_indexes(&self) -> Result<(), AgentError> {
         self.indexes
@@ -105,7 +115,12 @@ impl<S: Store + Clone> Queue<S> {
                 );
                 let dedupe = IndexSpec::new("dedupe", vec![(fields::DEDUPE_KEY.into(), Order::Asc)]).unique().sparse();
                 let parent = IndexSpec::new("parent", vec![(fields::PARENT.into(), Order::Asc)]).sparse();
-                self.store.ensure_indexes(&self.coll, &[claim, recover, dedupe, parent, IndexSpec::gc()]).await
+                let join = IndexSpec::new(
+                    "join",
+                    vec![(fields::JOIN.into(), Order::Asc), (fields::JOIN_ROUND.into(), Order::Asc)],
+                )
+                .sparse();
+                self.store.ensure_indexes(&self.coll, &[claim, recover, dedupe, parent, join, IndexSpec::gc()]).await
             })
             .await?;
         Ok(())
@@ -175,6 +190,7 @@ impl<S: Store + Clone> Queue<S> {
             delayed: count(ready().when(due.negate())).await?,
             running: count(claimed().when(Condition::Free.negate())).await?,
             stuck: count(claimed().when(Condition::Free)).await?,
+            waiting: count(eq(doc! {}).when(Condition::Exists(fields::WAITING.into()))).await?,
             completed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false })).await?,
             failed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true })).await?,
             oldest_ready_age,

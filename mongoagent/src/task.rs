@@ -42,9 +42,18 @@ pub mod fields {
     pub const DEDUPE_KEY: &str = "dedupe_key";
     /// The task whose handler produced this one.
     pub const PARENT: &str = "parent";
+    /// On a follow-up: the task that waits for it to finish (fan-in).
+    pub const JOIN: &str = "join";
+    /// On a follow-up: which of the waiting task's rounds it belongs to.
+    pub const JOIN_ROUND: &str = "join_round";
+    /// On a task waiting for its follow-ups: the round it waits on.
+    pub const WAITING: &str = "waiting";
+    /// How many times the task's follow-ups all finished and it was made ready
+    /// again (missing means 0).
+    pub const ROUND: &str = "round";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
-    pub const CONTROL: [&str; 11] = [
+    pub const CONTROL: [&str; 15] = [
         AGENT_NAME,
         READY,
         STARTED_AT,
@@ -56,6 +65,10 @@ pub mod fields {
         ATTEMPTS,
         RUN_AT,
         PARENT,
+        JOIN,
+        JOIN_ROUND,
+        WAITING,
+        ROUND,
     ];
 }
 
@@ -81,6 +94,11 @@ pub struct NewTask {
     pub(crate) dedupe_key: Option<String>,
     pub(crate) max_attempts: Option<u32>,
     pub(crate) parent: Option<Bson>,
+    /// The task waiting for this one, and its round.
+    pub(crate) join: Option<(Bson, i64)>,
+    /// A fan-in task: enqueued waiting for the follow-ups joined to it (which
+    /// are enqueued first), made ready when the last of them ends.
+    pub(crate) fan_in: bool,
 }
 
 impl NewTask {
@@ -95,6 +113,8 @@ impl NewTask {
             dedupe_key: None,
             max_attempts: None,
             parent: None,
+            join: None,
+            fan_in: false,
         }
     }
 
@@ -148,7 +168,10 @@ impl NewTask {
             d.insert("_id", id.clone());
         }
         d.insert(fields::AGENT_NAME, self.agent_name.as_str());
-        d.insert(fields::READY, true);
+        d.insert(fields::READY, !self.fan_in);
+        if self.fan_in {
+            d.insert(fields::WAITING, 0_i64);
+        }
         d.insert(fields::PRIORITY, self.priority);
         if let Some(k) = &self.dedupe_key {
             d.insert(fields::DEDUPE_KEY, k.as_str());
@@ -158,6 +181,10 @@ impl NewTask {
         }
         if let Some(p) = &self.parent {
             d.insert(fields::PARENT, p.clone());
+        }
+        if let Some((waiter, round)) = &self.join {
+            d.insert(fields::JOIN, waiter.clone());
+            d.insert(fields::JOIN_ROUND, *round);
         }
         d.extend(self.data.clone());
         Ok(d)
@@ -171,6 +198,8 @@ pub struct Task {
     pub(crate) data: Document,
     pub(crate) token: u64,
     pub(crate) cancel: CancellationToken,
+    pub(crate) round: u64,
+    pub(crate) children: Vec<Child>,
 }
 
 impl Task {
@@ -206,6 +235,60 @@ impl Task {
     pub fn cancelled(&self) -> &CancellationToken {
         &self.cancel
     }
+
+    /// How many times this task's follow-ups all finished and it ran again: 0 on
+    /// its first run; 1 when a handler that returned
+    /// [`Outcome::wait_for_follow_ups`] runs again, or when a task enqueued with
+    /// [`Outcome::then`] runs.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// The follow-ups this task waited for (the last round's), in the order they
+    /// were returned; empty on a first run. Each has ended, completed or failed
+    /// for good.
+    pub fn children(&self) -> &[Child] {
+        &self.children
+    }
+}
+
+/// A follow-up a task waited for, as it ended. See [`Task::children`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Child {
+    pub(crate) key: Key,
+    pub(crate) data: Document,
+}
+
+impl Child {
+    /// Its id.
+    pub fn id(&self) -> &Key {
+        &self.key
+    }
+
+    /// Whether it completed (rather than failed for good).
+    pub fn succeeded(&self) -> bool {
+        self.data.get_bool(fields::ERROR_ENCOUNTERED).ok() == Some(false)
+    }
+
+    /// The last failure's message, if it failed.
+    pub fn error(&self) -> Option<&str> {
+        if self.succeeded() {
+            None
+        } else {
+            self.data.get_str(fields::LAST_ERROR).ok()
+        }
+    }
+
+    /// Its document: its data and what its handler merged into it.
+    pub fn data(&self) -> &Document {
+        &self.data
+    }
+
+    /// Its document as a typed value.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, AgentError> {
+        bson::deserialize_from_document(self.data.clone())
+            .map_err(|e| AgentError::InvalidTask(format!("follow-up {} cannot be read: {e}", self.key)))
+    }
 }
 
 /// What a handler reports.
@@ -219,6 +302,18 @@ pub enum Outcome {
         /// Fields to merge into the task document.
         merge: Document,
         /// Tasks to enqueue.
+        follow_ups: Vec<NewTask>,
+        /// A task made ready once every follow-up has ended (fan-in).
+        then: Option<Box<NewTask>>,
+    },
+    /// Not finished: enqueue these follow-ups, and run this task again (with
+    /// [`Task::round`] one higher and [`Task::children`] filled) once every one
+    /// of them has ended. No agent polls for it: the last follow-up to end makes
+    /// the task ready.
+    Wait {
+        /// Fields to merge into the task document.
+        merge: Document,
+        /// Tasks to enqueue and wait for (at least one).
         follow_ups: Vec<NewTask>,
     },
     /// Failure.
@@ -247,20 +342,64 @@ pub enum Retry {
 impl Outcome {
     /// Success with nothing to add.
     pub fn done() -> Self {
-        Outcome::Complete { merge: Document::new(), follow_ups: Vec::new() }
+        Outcome::Complete { merge: Document::new(), follow_ups: Vec::new(), then: None }
     }
 
     /// Success, merging `merge` into the task.
     pub fn done_with(merge: Document) -> Self {
-        Outcome::Complete { merge, follow_ups: Vec::new() }
+        Outcome::Complete { merge, follow_ups: Vec::new(), then: None }
     }
 
-    /// Adds a follow-up task (on success).
+    /// Adds a follow-up task (on success, or to wait for).
     pub fn follow_up(mut self, t: NewTask) -> Self {
-        if let Outcome::Complete { follow_ups, .. } = &mut self {
+        if let Outcome::Complete { follow_ups, .. } | Outcome::Wait { follow_ups, .. } = &mut self {
             follow_ups.push(t);
         }
         self
+    }
+
+    /// Fan-in, as a new task: on success, enqueue `task` now but make it ready
+    /// only once every follow-up has ended; its handler sees them in
+    /// [`Task::children`]. If this task is itself a follow-up something waits
+    /// for, that wait extends to `task`.
+    ///
+    /// ```
+    /// use mongoagent::{NewTask, Outcome};
+    /// let split = Outcome::done()
+    ///     .follow_up(NewTask::new("count", bson::doc! { "part": 1 }))
+    ///     .follow_up(NewTask::new("count", bson::doc! { "part": 2 }))
+    ///     .then(NewTask::new("sum", bson::doc! {}));
+    /// # let _ = split;
+    /// ```
+    pub fn then(mut self, task: NewTask) -> Self {
+        if let Outcome::Complete { then, .. } = &mut self {
+            *then = Some(Box::new(task));
+        }
+        self
+    }
+
+    /// Fan-in, on this task: instead of completing, wait for the follow-ups and
+    /// run again once every one has ended ([`Task::round`] tells the runs apart).
+    ///
+    /// ```
+    /// use mongoagent::{NewTask, Outcome, Task};
+    /// async fn handle(task: Task) -> Outcome {
+    ///     if task.round() == 0 {
+    ///         return Outcome::done()
+    ///             .follow_up(NewTask::new("count", bson::doc! { "part": 1 }))
+    ///             .follow_up(NewTask::new("count", bson::doc! { "part": 2 }))
+    ///             .wait_for_follow_ups();
+    ///     }
+    ///     let total: i64 = task.children().iter().filter_map(|c| c.data().get_i64("n").ok()).sum();
+    ///     Outcome::done_with(bson::doc! { "total": total })
+    /// }
+    /// # let _ = handle;
+    /// ```
+    pub fn wait_for_follow_ups(self) -> Self {
+        match self {
+            Outcome::Complete { merge, follow_ups, .. } => Outcome::Wait { merge, follow_ups },
+            other => other,
+        }
     }
 
     /// Failure, retried per the agent's policy.
@@ -281,7 +420,9 @@ impl Outcome {
     /// Adds fields to merge (success or failure).
     pub fn merge(mut self, fields: Document) -> Self {
         match &mut self {
-            Outcome::Complete { merge, .. } | Outcome::Fail { merge, .. } => merge.extend(fields),
+            Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } | Outcome::Fail { merge, .. } => {
+                merge.extend(fields)
+            }
         }
         self
     }
@@ -333,8 +474,14 @@ mod tests {
         assert!(matches!(Outcome::from(false), Outcome::Fail { retry: Retry::Policy, .. }));
         let o = Outcome::done().merge(doc! {"a": 1}).follow_up(NewTask::new("b", doc! {}));
         assert!(
-            matches!(o, Outcome::Complete { ref merge, ref follow_ups } if merge.len() == 1 && follow_ups.len() == 1)
+            matches!(o, Outcome::Complete { ref merge, ref follow_ups, then: None } if merge.len() == 1 && follow_ups.len() == 1)
         );
+        let w = o.clone().then(NewTask::new("c", doc! {}));
+        assert!(matches!(w, Outcome::Complete { then: Some(_), .. }));
+        let w = o.wait_for_follow_ups().follow_up(NewTask::new("c", doc! {}));
+        assert!(matches!(w, Outcome::Wait { ref follow_ups, .. } if follow_ups.len() == 2));
+        assert!(matches!(w.then(NewTask::new("d", doc! {})), Outcome::Wait { .. }), "then applies to success only");
+        assert!(Outcome::failed("x").wait_for_follow_ups() == Outcome::failed("x"));
         let bad: Result<Outcome, AgentError> = Err(AgentError::InvalidTask("x".into()));
         assert!(matches!(Outcome::from(bad), Outcome::Fail { retry: Retry::Never, .. }));
     }

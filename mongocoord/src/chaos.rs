@@ -11,7 +11,9 @@
 //! - `write <token> <rev> ok|rejected`: a fenced write to the ledger;
 //! - `lead <term> <now>`: the elector still believed it led at server time `now`;
 //! - `term <term> <since>`: a term began (for reference);
-//! - `done <task> <token>`, `stale <task> <token>`: a task outcome applied / rejected.
+//! - `done <task> <token>`, `stale <task> <token>`: a task outcome applied / rejected;
+//! - `joined <task> <ended> <seen>`: a task that waited for its follow-ups ran
+//!   again, and saw `seen` of them, `ended` of which had ended.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -154,20 +156,37 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                 .sleep_between(Duration::from_secs(1))
                 .build()
                 .map_err(|e| e.to_string())?;
-            let handler = move |task: Task| async move {
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(20..400))).await;
-                if fastrand::u32(..10) == 0 {
-                    return Outcome::failed("chaos");
-                }
-                match task.data().get_i32("stage") {
-                    Ok(0) => Outcome::done()
-                        .follow_up(NewTask::new("chaos", doc! {"stage": 1}))
-                        .follow_up(NewTask::new("chaos", doc! {"stage": 1})),
-                    _ => Outcome::done(),
+            let joins = log.clone();
+            let handler = move |task: Task| {
+                let joins = joins.clone();
+                async move {
+                    if task.round() > 0 {
+                        let ended = task.children().iter().filter(|c| c.data().get_bool("complete").ok() == Some(true));
+                        joins.line(format!("joined {} {} {}", task.id(), ended.count(), task.children().len()));
+                    }
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(20..400))).await;
+                    if fastrand::u32(..10) == 0 {
+                        return Outcome::failed("chaos");
+                    }
+                    // Odd seeded tasks wait for their follow-ups and run again (fan-in).
+                    let fan_in = task.data().get_i64("i").is_ok_and(|i| i % 2 == 1);
+                    match task.data().get_i32("stage") {
+                        Ok(0) if task.round() == 0 => {
+                            let o = Outcome::done()
+                                .follow_up(NewTask::new("chaos", doc! {"stage": 1}))
+                                .follow_up(NewTask::new("chaos", doc! {"stage": 1}));
+                            if fan_in {
+                                o.wait_for_follow_ups()
+                            } else {
+                                o
+                            }
+                        }
+                        _ => Outcome::done(),
+                    }
                 }
             };
             loop {
-                match agent.process(handler).await {
+                match agent.process(handler.clone()).await {
                     Ok(Some(Processed::Completed(k) | Processed::Failed(k))) => log.line(format!("done {k} 0")),
                     Ok(Some(Processed::Stale(k))) => log.line(format!("stale {k} 0")),
                     Ok(Some(_)) => {}
@@ -345,7 +364,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         "process_kills": kills, "pauses": pauses, "server_restarts": restarts,
         "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,
-        "tasks": report.tasks, "stale_outcomes_rejected": report.stale,
+        "tasks": report.tasks, "stale_outcomes_rejected": report.stale, "fan_in_runs": report.joins,
         "violations": report.violations,
         "ok": report.violations.is_empty(),
     });
@@ -362,6 +381,7 @@ struct Report {
     terms: usize,
     tasks: u64,
     stale: usize,
+    joins: usize,
     violations: Vec<String>,
 }
 
@@ -405,6 +425,12 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
                 }
                 (Some("done"), _, _) => *done.entry(f.get(1).unwrap_or(&"").to_string()).or_default() += 1,
                 (Some("stale"), _, _) => r.stale += 1,
+                (Some("joined"), _, _) => {
+                    r.joins += 1;
+                    if f.get(2) != f.get(3) || f.get(3) != Some(&"2") {
+                        r.violations.push(format!("{line}: ran again before both follow-ups ended"));
+                    }
+                }
                 _ => {}
             }
         }
@@ -467,6 +493,14 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     let children = all.iter().filter(|t| t.data().contains_key("parent")).count();
     if children != 2 * completed_parents {
         r.violations.push(format!("{children} follow-ups for {completed_parents} completed parents (want two each)"));
+    }
+    // Odd seeded tasks that completed waited for their follow-ups once.
+    for t in &all {
+        let odd = t.data().get_i64("i").is_ok_and(|i| i % 2 == 1);
+        let completed = t.data().get_bool("error_encountered").ok() == Some(false);
+        if odd && completed && t.data().get_i64("round").ok() != Some(1) {
+            r.violations.push(format!("task {} completed without waiting for its follow-ups once", t.key()));
+        }
     }
     Ok(r)
 }

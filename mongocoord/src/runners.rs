@@ -236,7 +236,7 @@ mod tests {
     fn outputs() {
         assert_eq!(parse_output(b"").unwrap(), Outcome::done());
         let o = parse_output(br#"{"rows": 3, "follow_ups": [{"agent_name": "load", "file": "x"}]}"#).unwrap();
-        let Outcome::Complete { merge, follow_ups } = o else { panic!("complete") };
+        let Outcome::Complete { merge, follow_ups, .. } = o else { panic!("complete") };
         assert_eq!(merge.get_i64("rows").or_else(|_| merge.get_i32("rows").map(i64::from)).unwrap(), 3);
         assert_eq!(follow_ups.len(), 1);
         assert!(parse_output(b"[1]").is_err());

@@ -194,7 +194,7 @@ pub(crate) async fn tasks(
             n.clone(),
             json!({
                 "ready": s.ready, "delayed": s.delayed, "running": s.running, "stuck": s.stuck,
-                "completed": s.completed, "failed": s.failed,
+                "waiting": s.waiting, "completed": s.completed, "failed": s.failed,
                 "oldest_ready_age_ms": s.oldest_ready_age.map(|d| d.as_millis() as u64),
             }),
         );
@@ -207,14 +207,17 @@ pub(crate) async fn tasks(
         .iter()
         .map(|(n, v)| {
             let mut r = vec![n.clone()];
-            for k in ["ready", "delayed", "running", "stuck", "completed", "failed"] {
+            for k in ["ready", "delayed", "running", "stuck", "waiting", "completed", "failed"] {
                 r.push(v[k].to_string());
             }
             r.push(v["oldest_ready_age_ms"].as_u64().map_or("-".into(), |m| ms(Duration::from_millis(m))));
             r
         })
         .collect();
-    print_table(&["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "COMPLETED", "FAILED", "OLDEST READY"], &rows);
+    print_table(
+        &["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "WAITING", "COMPLETED", "FAILED", "OLDEST READY"],
+        &rows,
+    );
     Ok(0)
 }
 

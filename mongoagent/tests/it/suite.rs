@@ -16,7 +16,8 @@ macro_rules! agent_suite {
             seed_shaped_tasks_are_processed, claims_follow_priority_then_time, get_tasks_lists_ready_tasks,
             retries_then_fails_for_good, handler_outcomes, dedupe_keys_yield_one_task, delayed_tasks_wait,
             crashed_claims_are_recovered_and_stale_outcomes_rejected, idle_agent_is_woken_by_a_new_task,
-            many_agents_process_each_task_once, drain_gives_claims_back, bad_input_is_rejected, queue_stats
+            many_agents_process_each_task_once, drain_gives_claims_back, bad_input_is_rejected, queue_stats,
+            fan_in_resumes_the_waiting_task, fan_in_task_runs_after_every_follow_up, fan_in_recovers_from_a_crash_mid_step
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -416,4 +417,224 @@ pub(crate) async fn queue_stats<H: Harness>(h: &H) {
     assert_eq!(q.stats("w").await.unwrap().failed, 1, "dry run changes nothing");
     q.requeue(doc! {"agent_name": "w"}, false).await.unwrap();
     assert_eq!(q.stats("w").await.unwrap().ready, 2);
+}
+
+fn key(s: &str) -> Key {
+    Key::new(s).unwrap()
+}
+
+/// The `count` stage of the fan-in tests: part 1 fails for good, the others
+/// report `n = part * 10`.
+async fn count_part(t: Task) -> Outcome {
+    match t.data().get_i64("part").unwrap() {
+        1 => Outcome::failed_permanently("bad part"),
+        p => Outcome::done_with(doc! {"n": p * 10}),
+    }
+}
+
+/// The `split` stage: waits on three parts, then on one more, then sums.
+async fn split_job(t: Task) -> Outcome {
+    let ids: Vec<String> = t.children().iter().map(|c| c.id().to_string()).collect();
+    match t.round() {
+        0 => {
+            assert!(ids.is_empty());
+            (0..3_i64)
+                .fold(Outcome::done(), |o, p| o.follow_up(NewTask::new("count", doc! {"part": p})))
+                .merge(doc! {"phase": "split"})
+                .wait_for_follow_ups()
+        }
+        1 => {
+            assert_eq!(ids, ["job/0", "job/1", "job/2"]);
+            let failed: Vec<_> = t.children().iter().filter_map(|c| c.error()).collect();
+            assert_eq!(failed, ["bad part"]);
+            let sum: i64 = t.children().iter().filter_map(|c| c.data().get_i64("n").ok()).sum();
+            Outcome::done()
+                .follow_up(NewTask::new("count", doc! {"part": 5_i64}))
+                .merge(doc! {"sum": sum})
+                .wait_for_follow_ups()
+        }
+        2 => {
+            assert_eq!(ids, ["job@1/0"], "only the last round's follow-ups");
+            let extra = t.children()[0].data().get_i64("n").unwrap();
+            Outcome::done_with(doc! {"total": t.data().get_i64("sum").unwrap() + extra})
+        }
+        r => panic!("round {r}"),
+    }
+}
+
+pub(crate) async fn fan_in_resumes_the_waiting_task<H: Harness>(h: &H) {
+    let s = h.store("ag_fan_in").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let split = agent(&s, "split").build().unwrap();
+    let count = agent(&s, "count").build().unwrap();
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Waiting(key("job"))));
+    let d = get(&s, &key("job")).await;
+    assert_eq!((d.get_i64("waiting").unwrap(), d.get_bool("ready").unwrap()), (0, false), "{d}");
+    assert_eq!((d.get_str("phase").unwrap(), d.get_bool("complete").ok()), ("split", None));
+    assert!(d.get("lease_owner").is_none_or(|o| o == &Bson::Null), "the claim is let go while waiting: {d}");
+    assert_eq!(q.stats("split").await.unwrap().waiting, 1);
+    assert_eq!(split.log().waiting, 1);
+
+    assert!(matches!(count.process(count_part).await.unwrap(), Some(Processed::Completed(_))));
+    assert!(matches!(count.process(count_part).await.unwrap(), Some(Processed::Failed(_))));
+    assert!(split.process(split_job).await.unwrap().is_none(), "not ready while a follow-up is open");
+    assert!(matches!(count.process(count_part).await.unwrap(), Some(Processed::Completed(_))));
+    let d = get(&s, &key("job")).await;
+    assert_eq!((d.get_bool("ready").unwrap(), d.get_i64("round").unwrap(), d.get("waiting")), (true, 1, None));
+
+    // Round 1 waits again, on one more follow-up; round 2 finishes.
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Waiting(key("job"))));
+    assert_eq!(get(&s, &key("job")).await.get_i64("sum").unwrap(), 20);
+    assert!(split.process(split_job).await.unwrap().is_none());
+    assert_eq!(count.process(count_part).await.unwrap(), Some(Processed::Completed(key("job@1/0"))));
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Completed(key("job"))));
+    let d = get(&s, &key("job")).await;
+    assert_eq!(
+        (d.get_i64("total").unwrap(), d.get_i64("round").unwrap(), d.get_bool("complete").unwrap()),
+        (70, 2, true)
+    );
+    assert_eq!(q.stats("split").await.unwrap().waiting, 0);
+    assert!(split.process(split_job).await.unwrap().is_none() && count.process(count_part).await.unwrap().is_none());
+
+    // A retried handler whose follow-ups (from its first run, whose outcome was
+    // lost) have all ended already: nothing is left to wake it, so it wakes itself.
+    s.insert_many(
+        &coll(),
+        vec![
+            doc! {"_id": "early", "agent_name": "split", "ready": true},
+            doc! {"_id": "early/0", "agent_name": "count", "ready": false, "complete": true,
+            "error_encountered": false, "join": "early", "join_round": 0_i64},
+        ],
+    )
+    .await
+    .unwrap();
+    let once = |t: Task| async move {
+        match t.round() {
+            0 => Outcome::done().follow_up(NewTask::new("count", doc! {"part": 0_i64})).wait_for_follow_ups(),
+            _ => Outcome::done(),
+        }
+    };
+    assert_eq!(split.process(once).await.unwrap(), Some(Processed::Waiting(key("early"))));
+    assert_eq!(split.process(once).await.unwrap(), Some(Processed::Completed(key("early"))), "woken at once");
+
+    // A handler that waits for nothing would wait forever: failed for good.
+    q.enqueue(NewTask::new("split", doc! {}).id("empty")).await.unwrap();
+    let none = |_t: Task| async { Outcome::done().wait_for_follow_ups() };
+    assert_eq!(split.process(none).await.unwrap(), Some(Processed::Failed(key("empty"))));
+}
+
+pub(crate) async fn fan_in_task_runs_after_every_follow_up<H: Harness>(h: &H) {
+    let s = h.store("ag_fan_in_then").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    // `outer` waits for `inner`; `inner` fans out to two parts and a `sum` task.
+    // The wait on `inner` extends to its `sum` task.
+    q.enqueue(NewTask::new("outer", doc! {}).id("outer")).await.unwrap();
+    let outer = agent(&s, "outer").build().unwrap();
+    let inner = agent(&s, "inner").build().unwrap();
+    let count = agent(&s, "count").build().unwrap();
+    let sum = agent(&s, "sum").build().unwrap();
+    let outer_job = |t: Task| async move {
+        if t.round() == 0 {
+            return Outcome::done().follow_up(NewTask::new("inner", doc! {})).wait_for_follow_ups();
+        }
+        let ids: Vec<_> = t.children().iter().map(|c| c.id().to_string()).collect();
+        assert_eq!(ids, ["outer/0", "outer/0/then"], "the wait on inner extended to its fan-in task");
+        Outcome::done()
+    };
+    let inner_job = |_t: Task| async {
+        Outcome::done()
+            .follow_up(NewTask::new("count", doc! {"part": 2_i64}))
+            .follow_up(NewTask::new("count", doc! {"part": 3_i64}))
+            .then(NewTask::new("sum", doc! {"label": "total"}).dedupe_key("ignored").id("ignored"))
+    };
+    let sum_job = |t: Task| async move {
+        assert_eq!(t.round(), 1);
+        let ids: Vec<_> = t.children().iter().map(|c| c.id().to_string()).collect();
+        assert_eq!(ids, ["outer/0/0", "outer/0/1"]);
+        let n: i64 = t.children().iter().map(|c| c.data().get_i64("n").unwrap()).sum();
+        Outcome::done_with(doc! {"sum": n})
+    };
+    assert_eq!(outer.process(outer_job).await.unwrap(), Some(Processed::Waiting(key("outer"))));
+    assert_eq!(inner.process(inner_job).await.unwrap(), Some(Processed::Completed(key("outer/0"))));
+    let then = get(&s, &key("outer/0/then")).await;
+    assert_eq!((then.get_bool("ready").unwrap(), then.get_i64("waiting").unwrap()), (false, 0), "{then}");
+    assert_eq!(then.get_str("join").unwrap(), "outer", "the wait on inner extends to its fan-in task");
+    assert!(sum.process(sum_job).await.unwrap().is_none(), "not before the parts end");
+    assert!(outer.process(outer_job).await.unwrap().is_none(), "outer waits for the fan-in task too");
+    count.process(count_part).await.unwrap();
+    assert!(sum.process(sum_job).await.unwrap().is_none(), "one part still open");
+    count.process(count_part).await.unwrap();
+    assert!(outer.process(outer_job).await.unwrap().is_none());
+    assert_eq!(sum.process(sum_job).await.unwrap(), Some(Processed::Completed(key("outer/0/then"))));
+    assert_eq!(get(&s, &key("outer/0/then")).await.get_i64("sum").unwrap(), 50);
+    assert_eq!(outer.process(outer_job).await.unwrap(), Some(Processed::Completed(key("outer"))));
+    assert_eq!(s.count(&coll(), &Query::all()).await.unwrap(), 5, "no duplicate tasks");
+}
+
+/// The claim a crashed agent leaves on `id`: held by a dead owner until it
+/// lapses, with `changes` applied.
+async fn dead_claim<S: Store>(s: &S, id: &str, changes: Mutation) {
+    let dead = Claim {
+        query: Query::eq(doc! {"_id": id}),
+        mutation: changes
+            .grant("dead-agent", Ttl::new(Duration::from_millis(1500)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    assert!(s.claim(&coll(), &dead).await.unwrap().is_some());
+}
+
+pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
+    let s = h.store("ag_fan_in_crash").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let split = agent(&s, "split").sleep_between(Duration::from_secs(3600)).build().unwrap();
+    let count = agent(&s, "count").sleep_between(Duration::from_secs(3600)).build().unwrap();
+    split.process(split_job).await.unwrap();
+    count.process(count_part).await.unwrap();
+    count.process(count_part).await.unwrap();
+    // The agent of the last part recorded its outcome and died before telling
+    // the waiting task.
+    dead_claim(&s, "job/2", Mutation::new().set("complete", true).set("error_encountered", false).set("n", 20_i64))
+        .await;
+    assert!(!get(&s, &key("job")).await.get_bool("ready").unwrap());
+    let recover = agent(&s, "count").sleep_between(Duration::from_secs(3600)).process_while(|l| l.recovered < 1);
+    let log = tokio::time::timeout(WAIT, recover.build().unwrap().work(count_part)).await.expect("recovered").unwrap();
+    assert_eq!((log.recovered, log.tasks_processed), (1, 0), "no handler ran again");
+    let d = get(&s, &key("job")).await;
+    assert_eq!((d.get_bool("ready").unwrap(), d.get_i64("round").unwrap()), (true, 1));
+    let part = get(&s, &key("job/2")).await;
+    assert_eq!((part.get_bool("claimed").unwrap(), part.get_i64("n").unwrap()), (false, 20));
+
+    // The waiting task's agent died after marking it waiting, before settling,
+    // and the parts had all ended by then.
+    s.insert_many(
+        &coll(),
+        vec![
+            doc! {"_id": "p2", "agent_name": "merge", "ready": true},
+            doc! {"_id": "p2/0", "agent_name": "count", "ready": false, "complete": true,
+            "error_encountered": false, "n": 7, "join": "p2", "join_round": 0_i64},
+        ],
+    )
+    .await
+    .unwrap();
+    dead_claim(&s, "p2", Mutation::new().set("waiting", 0_i64)).await;
+    let merge = agent(&s, "merge").sleep_between(Duration::from_secs(3600));
+    let recover = merge.process_while(|l| l.recovered < 1).build().unwrap();
+    let log = tokio::time::timeout(WAIT, recover.work(|_t: Task| async { true })).await.expect("recovered").unwrap();
+    assert_eq!((log.recovered, log.tasks_processed), (1, 0));
+    let d = get(&s, &key("p2")).await;
+    assert_eq!((d.get_bool("ready").unwrap(), d.get_i64("round").unwrap(), d.get("waiting")), (true, 1, None));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = {
+        let seen = seen.clone();
+        move |t: Task| {
+            seen.lock().unwrap().extend(t.children().iter().map(|c| (c.id().to_string(), c.data().get_i32("n").ok())));
+            async { true }
+        }
+    };
+    assert_eq!(recover.process(record).await.unwrap(), Some(Processed::Completed(key("p2"))));
+    assert_eq!(*seen.lock().unwrap(), [("p2/0".to_string(), Some(7))]);
 }
