@@ -96,6 +96,7 @@ pub struct AgentBuilder<S> {
     retain_finished: Option<Duration>,
     identity: Option<Identity>,
     process_while: Option<ProcessWhile>,
+    shutdown: Option<CancellationToken>,
 }
 
 impl<S> std::fmt::Debug for AgentBuilder<S> {
@@ -159,6 +160,22 @@ impl<S: Store + Clone> AgentBuilder<S> {
         self
     }
 
+    /// [`Agent::work`] stops (and drains) when `token` is cancelled, as when
+    /// [`Agent::shutdown`] is called. One token can stop every agent of a
+    /// process, from a signal handler:
+    ///
+    /// ```
+    /// # fn wire(store: store_memory::MemoryStore) -> Result<(), mongoagent::AgentError> {
+    /// let stop = tokio_util::sync::CancellationToken::new();
+    /// let agent = mongoagent::Agent::builder(store, "resize", "tasks").shutdown_on(&stop).build()?;
+    /// // tokio::spawn(async move { tokio::signal::ctrl_c().await.ok(); stop.cancel() });
+    /// # let _ = agent; Ok(()) }
+    /// ```
+    pub fn shutdown_on(mut self, token: &CancellationToken) -> Self {
+        self.shutdown = Some(token.child_token());
+        self
+    }
+
     /// [`Agent::work`] continues while this returns true for the log (default:
     /// forever).
     pub fn process_while(mut self, f: impl Fn(&AgentLog) -> bool + Send + Sync + 'static) -> Self {
@@ -203,7 +220,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 process_while: self.process_while,
                 log: Mutex::new(AgentLog::default()),
                 seq: AtomicU64::new(1),
-                shutdown: CancellationToken::new(),
+                shutdown: self.shutdown.unwrap_or_default(),
             }),
         })
     }
@@ -277,6 +294,7 @@ impl<S: Store + Clone> Agent<S> {
             retain_finished: None,
             identity: None,
             process_while: None,
+            shutdown: None,
         }
     }
 

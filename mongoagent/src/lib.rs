@@ -62,6 +62,8 @@ pub use task::{fields, Child, NewTask, Outcome, Retry, Task};
 
 pub use mongolock;
 pub use store_trait;
+/// The token [`Task::cancelled`] returns and [`AgentBuilder::shutdown_on`] takes.
+pub use tokio_util::sync::CancellationToken;
 
 /// The MongoDB backend, re-exported for convenience.
 #[cfg(feature = "mongo")]

@@ -15,7 +15,8 @@ mod faults {
     use std::time::Duration;
 
     use bson::doc;
-    use mongoagent::{Agent, NewTask, Processed, Queue, Task};
+    use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
+    use store_trait::{Collection, Key, Store};
 
     async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document, times: i32) {
         admin
@@ -67,5 +68,52 @@ mod faults {
         let attempts: Vec<i64> =
             q.tasks(doc! {}, None).await.unwrap().iter().map(|r| r.data().get_i64("attempts").unwrap()).collect();
         assert!(attempts.iter().any(|&n| n >= 2), "the task whose completion failed ran again: {attempts:?}");
+    }
+
+    /// The last follow-up's outcome is written, then the server fails the count
+    /// that would wake the waiting task: the follow-up is not run again, and the
+    /// next agent to claim it (once its claim is given back) wakes the waiter.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mongo_fan_in_survives_a_failed_wake_up() {
+        let Some(store) = store_mongo::testing::test_store_as("ag_failpoint_fan_in", "agfpf").await else { return };
+        let Some(admin) = store_mongo::testing::admin_client().await else { return };
+        let q = Queue::new(store.clone(), "tasks").unwrap();
+        q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+        let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+        let part = Agent::builder(store.clone(), "part", "tasks").lease(Duration::from_secs(2)).build().unwrap();
+        let split_job = |t: Task| async move {
+            match t.round() {
+                0 => Outcome::done().follow_up(NewTask::new("part", doc! {})).wait_for_follow_ups(),
+                _ => Outcome::done_with(doc! {"children": t.children().len() as i64}),
+            }
+        };
+        assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Waiting(Key::new("job").unwrap())));
+        fail_point(&admin, doc! { "failCommands": ["aggregate"], "errorCode": 2, "appName": "agfpf" }, 1).await;
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let count_runs = {
+            let runs = runs.clone();
+            move |_t: Task| {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { true }
+            }
+        };
+        let failed = part.process(count_runs.clone()).await;
+        assert!(failed.is_err(), "the wake-up count hit the failpoint: {failed:?}");
+        let d = store.get(&Collection::new("tasks").unwrap(), &Key::new("job/0").unwrap()).await.unwrap();
+        let d = d.record.unwrap().into_data();
+        assert_eq!((d.get_bool("complete").unwrap(), d.get_bool("claimed").unwrap()), (true, true), "{d}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let recovered = loop {
+            match part.process(count_runs.clone()).await.unwrap() {
+                Some(p) => break p,
+                None if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                None => panic!("the follow-up's claim was never given back"),
+            }
+        };
+        assert_eq!(recovered, Processed::Recovered(Key::new("job/0").unwrap()));
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "the follow-up's handler ran once");
+        assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+        let job = store.get(&Collection::new("tasks").unwrap(), &Key::new("job").unwrap()).await.unwrap();
+        assert_eq!(job.record.unwrap().data().get_i64("children").unwrap(), 1);
     }
 }

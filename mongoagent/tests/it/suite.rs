@@ -337,7 +337,9 @@ pub(crate) async fn drain_gives_claims_back<H: Harness>(h: &H) {
     ])
     .await
     .unwrap();
-    let a = agent(&s, "w").concurrency(2).drain_timeout(Duration::from_millis(300)).build().unwrap();
+    // Stopped through the application's own token (a signal handler's, say).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let a = agent(&s, "w").concurrency(2).drain_timeout(Duration::from_millis(300)).shutdown_on(&stop).build().unwrap();
     let worker = tokio::spawn({
         let a = a.clone();
         async move {
@@ -357,7 +359,7 @@ pub(crate) async fn drain_gives_claims_back<H: Harness>(h: &H) {
     })
     .await
     .unwrap();
-    a.shutdown();
+    stop.cancel();
     let log = tokio::time::timeout(WAIT, worker).await.unwrap().unwrap().unwrap();
     assert_eq!(log.completed, 1);
     // The slow task was given back: claimable at once by another agent.
