@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use futures::StreamExt;
 use mongolock::{Identity, Lock, LockError, LockGuard};
 use store_trait::{fields as reserved, Claim, Condition, Key, Mutation, Query, Record, Store, StoreError, Ttl};
 use tokio::task::JoinSet;
@@ -350,11 +349,13 @@ impl<S: Store + Clone> Agent<S> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
         let inner = &self.inner;
         inner.queue.ensure_indexes().await?;
-        let mut events = inner.store.watch(&inner.queue.coll, None).await.ok();
+        // Re-subscribes by itself after the stream ends (a server restart).
+        let mut events =
+            store_trait::Watcher::open(inner.store.clone(), inner.queue.coll.clone(), None, inner.sleep_between).await;
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Duration::from_millis(50);
         let mut idle_until: Option<Instant> = None;
-        tracing::info!(agent = %inner.name, queue = %inner.queue.coll, push = events.is_some(), "agent working");
+        tracing::info!(agent = %inner.name, queue = %inner.queue.coll, push = events.is_live(), "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
                 self.reap(done);
@@ -387,14 +388,10 @@ impl<S: Store + Clone> Agent<S> {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
                         Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
-                        ev = next_event(&mut events) => {
-                            if matches!(ev, Some(Ok(_))) {
-                                // Coalesce a burst of notifications into one claim attempt.
-                                tokio::time::sleep(Duration::from_millis(2)).await;
-                                drain_ready(&mut events);
-                            } else {
-                                events = None;
-                            }
+                        _ = events.changed() => {
+                            // Coalesce a burst of notifications into one claim attempt.
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            events.drain_ready();
                         }
                     }
                 }
@@ -897,25 +894,4 @@ fn check_merge(merge: &Document) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Takes every notification already waiting, without blocking.
-fn drain_ready(events: &mut Option<store_trait::ChangeStream>) {
-    use futures::FutureExt;
-    let Some(s) = events.as_mut() else { return };
-    while let Some(item) = s.next().now_or_never() {
-        if !matches!(item, Some(Ok(_))) {
-            *events = None;
-            return;
-        }
-    }
-}
-
-async fn next_event(
-    events: &mut Option<store_trait::ChangeStream>,
-) -> Option<Result<store_trait::ChangeEvent, StoreError>> {
-    match events.as_mut() {
-        Some(s) => s.next().await,
-        None => futures::future::pending().await,
-    }
 }

@@ -1,5 +1,6 @@
-//! `mongocoord demo`: three electors, a contended lock and a two-stage pipeline
-//! of agents, with members killed (their runtime torn down without any cleanup,
+//! `mongocoord demo`: three electors, a contended lock and a pipeline of agents
+//! (batches fan out to fetches and wait for them; each fetch is followed by a
+//! parse), with members killed (their runtime torn down without any cleanup,
 //! as when a process dies) and restarted on a schedule, a live display, and a
 //! summary that checks the invariants and fails the command if one broke.
 
@@ -25,6 +26,8 @@ const ELECTOR_COLL: &str = "demo_electorlocks";
 const STATUS_COLL: &str = "demo_electorstatus";
 const LOCK_COLL: &str = "demo_locks";
 const QUEUE: &str = "demo_pipeline";
+/// Fetches per batch.
+const BATCH: u32 = 10;
 
 /// A simulated process: its own thread and runtime. Killing it tears the runtime
 /// down without running any cleanup — no release, no final write — as `kill -9`.
@@ -81,6 +84,8 @@ struct Shared {
     handler_runs: AtomicU64,
     two_masters: AtomicU64,
     failovers: AtomicU64,
+    /// Batches that ran again before all their fetches had ended.
+    early_joins: AtomicU64,
 }
 
 struct Node<S: Store + Clone> {
@@ -151,6 +156,27 @@ fn handler(
                 return Outcome::failed("flaky upstream (demo)");
             }
             match stage.as_str() {
+                // A batch fans out to its fetches and waits; run again once they
+                // have all ended, it sums what they fetched.
+                "batch" if task.round() == 0 => {
+                    let (from, size) =
+                        (task.data().get_i64("from").unwrap_or(0), task.data().get_i64("size").unwrap_or(0));
+                    (from..from + size)
+                        .fold(Outcome::done(), |o, n| {
+                            o.follow_up(NewTask::new("fetch", doc! {"stage": "fetch", "n": n}))
+                        })
+                        .wait_for_follow_ups()
+                }
+                "batch" => {
+                    let children = task.children();
+                    let ended = children.iter().filter(|c| c.data().get_bool("complete").ok() == Some(true)).count();
+                    if ended != children.len() || children.len() as i64 != task.data().get_i64("size").unwrap_or(-1) {
+                        shared.early_joins.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let fetched = children.iter().filter(|c| c.succeeded()).count() as i64;
+                    let bytes: i64 = children.iter().filter_map(|c| c.data().get_i64("bytes").ok()).sum();
+                    Outcome::done_with(doc! {"fetched": fetched, "bytes": bytes})
+                }
                 "fetch" => Outcome::done_with(doc! {"bytes": rng.i64(100..10_000)})
                     .follow_up(NewTask::new("parse", doc! {"stage": "parse"})),
                 _ => Outcome::done_with(doc! {"rows": rng.i64(1..100)}),
@@ -204,8 +230,14 @@ pub(crate) async fn run(target: Option<(String, String)>, seconds: u64, tasks: u
 async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u32, json: bool) -> Result<u8, String> {
     let shared = Arc::new(Shared::default());
     let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
-    let seeded: Vec<NewTask> =
-        (0..tasks).map(|i| NewTask::new("fetch", doc! {"stage": "fetch", "n": i64::from(i)})).collect();
+    let seeded: Vec<NewTask> = (0..tasks)
+        .step_by(BATCH as usize)
+        .map(|from| {
+            let size = BATCH.min(tasks - from);
+            NewTask::new("batch", doc! {"stage": "batch", "from": i64::from(from), "size": i64::from(size)})
+        })
+        .collect();
+    let batches = seeded.len() as u64;
     queue.enqueue_all(&seeded).await.map_err(|e| e.to_string())?;
 
     let mut electors: Vec<Node<S>> = (0..3).map(|i| start_elector(&store, i)).collect();
@@ -214,6 +246,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         ("fetch", start_agent(&store, "fetch", &shared, 2)),
         ("parse", start_agent(&store, "parse", &shared, 3)),
         ("parse", start_agent(&store, "parse", &shared, 4)),
+        ("batch", start_agent(&store, "batch", &shared, 5)),
     ];
 
     // Lock contenders: each takes the lock, checks nobody else holds it, works a
@@ -319,14 +352,17 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         restarts = still;
         let fetch = queue.stats("fetch").await.map_err(|e| e.to_string())?;
         let parse = queue.stats("parse").await.map_err(|e| e.to_string())?;
+        let batch = queue.stats("batch").await.map_err(|e| e.to_string())?;
         let fetch_done = fetch.completed + fetch.failed;
         let parse_done = parse.completed + parse.failed;
-        let finished = fetch_done >= total && parse_done >= fetch.completed && now >= chaos_until;
+        let batch_done = batch.completed + batch.failed;
+        let finished =
+            fetch_done >= total && parse_done >= fetch.completed && batch_done >= batches && now >= chaos_until;
         if now.duration_since(last_print) >= Duration::from_millis(if tty { 250 } else { 2000 }) || finished {
             last_print = now;
             let holder = report_lock.get_current().await.ok().flatten();
             let line = format!(
-                "t={:>4.1}s  leader: {:<28}  lock: {:<22}  fetch {}  parse {}  kills {kills} stops {clean_stops} agent-kills {agent_kills}",
+                "t={:>4.1}s  leader: {:<28}  lock: {:<22}  fetch {}  parse {}  batches {batch_done}/{batches}  kills {kills} stops {clean_stops} agent-kills {agent_kills}",
                 started.elapsed().as_secs_f64(),
                 leader.as_ref().map_or("(none)".to_owned(), |l| format!("{} (term {})", short(&l.owner), l.token)),
                 holder.as_ref().map_or("free".to_owned(), |h| format!("{} #{}", short(&h.owner), h.token)),
@@ -370,6 +406,13 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         .map_err(|e| e.to_string())?;
     let fetch = queue.stats("fetch").await.map_err(|e| e.to_string())?;
     let parse_total = store.count(&coll, &Query::eq(doc! {"agent_name": "parse"})).await.map_err(|e| e.to_string())?;
+    let joined = store
+        .count(
+            &coll,
+            &Query::eq(doc! {"agent_name": "batch", "complete": true, "error_encountered": false, "round": 1}),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
     let tokens = shared.lock_tokens.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let increasing = tokens.windows(2).all(|w| w[0] < w[1]);
     let checks = [
@@ -379,6 +422,10 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         ("no task ran twice at once", shared.double_runs.load(Ordering::Relaxed) == 0),
         ("every task finished", open == 0 && fetch.completed + fetch.failed == total),
         ("one follow-up per completed fetch", parse_total == fetch.completed),
+        (
+            "each batch ran again once, after all its fetches ended",
+            joined == batches && shared.early_joins.load(Ordering::Relaxed) == 0,
+        ),
         ("leadership changed hands", leader_changes >= 1),
     ];
     let ok = checks.iter().all(|(_, pass)| *pass);

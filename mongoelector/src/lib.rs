@@ -48,7 +48,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::doc;
-use futures::StreamExt;
 use mongolock::{Acquire, Identity, Lock, LockError, LockGuard, LockInfo};
 use store_trait::{Collection, Condition, Key, Mutation, Order, Query, Store, StoreError, StoreTime, Ttl, Write};
 use tokio::sync::{mpsc, watch, Notify};
@@ -715,18 +714,16 @@ async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationTok
 /// Keeps the published leadership current: on change notifications for the key,
 /// on local transitions, and every renew interval.
 async fn observer<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
-    let mut events = inner.lock.store().watch(inner.lock.collection(), Some(inner.lock.key())).await.ok();
+    let (store, coll, key) = (inner.lock.store().clone(), inner.lock.collection().clone(), inner.lock.key().clone());
+    // Re-subscribes by itself after the stream ends (a server restart).
+    let mut events = store_trait::Watcher::open(store, coll, Some(key), inner.renew_every).await;
     loop {
         inner.refresh().await;
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = inner.changed.notified() => {}
             _ = tokio::time::sleep(inner.renew_every) => {}
-            ev = async { match events.as_mut() { Some(s) => s.next().await, None => futures::future::pending().await } } => {
-                if !matches!(ev, Some(Ok(_))) {
-                    events = None;
-                }
-            }
+            _ = events.changed() => {}
         }
     }
     inner.refresh().await;

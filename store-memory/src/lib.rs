@@ -117,12 +117,26 @@ impl MemoryStoreBuilder {
 
 /// Fault injection for a [`MemoryStore`]: failures and latency that the crates
 /// above must survive. All counters are shared by clones of the store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Faults {
     fail_before: AtomicU64,
     fail_after: AtomicU64,
     latency_ms: AtomicU64,
     unreachable: std::sync::atomic::AtomicBool,
+    /// Bumped to end every open change stream.
+    streams: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            fail_before: AtomicU64::new(0),
+            fail_after: AtomicU64::new(0),
+            latency_ms: AtomicU64::new(0),
+            unreachable: std::sync::atomic::AtomicBool::new(false),
+            streams: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl Faults {
@@ -145,6 +159,12 @@ impl Faults {
     /// While set, every operation fails with [`FaultKind::Unreachable`].
     pub fn set_unreachable(&self, on: bool) {
         self.unreachable.store(on, AtomicOrdering::SeqCst);
+    }
+
+    /// Ends every open change stream, as a server restart or a dropped
+    /// connection does; new subscriptions work.
+    pub fn end_change_streams(&self) {
+        self.streams.send_modify(|g| *g += 1);
     }
 
     /// Clears all faults.
@@ -576,6 +596,7 @@ impl Store for MemoryStore {
         }
         // Subscribe before returning, so no change after this call is missed.
         let rx = self.op(|state, _| Ok(state.coll(coll).events.subscribe())).await?;
+        let mut reset = self.inner.faults.streams.subscribe();
         let want = key.cloned();
         let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
             let out = match item {
@@ -587,7 +608,9 @@ impl Store for MemoryStore {
             };
             futures::future::ready(out)
         });
-        Ok(Box::pin(stream))
+        Ok(Box::pin(stream.take_until(async move {
+            let _ = reset.changed().await;
+        })))
     }
 
     async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {

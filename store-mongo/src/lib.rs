@@ -39,6 +39,7 @@
 mod compile;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod watch;
 
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -46,17 +47,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{doc, Bson, Document};
-use futures::{StreamExt, TryStreamExt};
-use mongodb::change_stream::event::OperationType;
+use futures::TryStreamExt;
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{
     Acknowledgment, ClientOptions, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern,
 };
 use mongodb::{Client, Database, IndexModel};
 use store_trait::{
-    fields, prepare_inserts, ChangeEvent, ChangeKind, ChangeStream, Claim, Collection, Condition, DeleteOutcome,
-    FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime,
-    Write, WriteOutcome,
+    fields, prepare_inserts, ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec,
+    InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
 };
 
 pub use mongodb;
@@ -85,6 +84,7 @@ pub struct MongoStore {
     consistency: Consistency,
     nonce_prefix: Arc<str>,
     nonce: Arc<AtomicU64>,
+    hub: Arc<watch::Hub>,
 }
 
 impl MongoStore {
@@ -116,6 +116,7 @@ impl MongoStore {
             consistency: Consistency::default(),
             nonce_prefix: prefix.into(),
             nonce: Arc::new(AtomicU64::new(0)),
+            hub: Arc::new(watch::Hub::new()),
         }
     }
 
@@ -229,7 +230,7 @@ fn duplicate(message: &str) -> StoreError {
 
 /// Maps a driver error to the contract's classification (by kind and code, never
 /// by message).
-fn map_err(e: MongoError) -> StoreError {
+pub(crate) fn map_err(e: MongoError) -> StoreError {
     let (kind, code, message) = match &*e.kind {
         ErrorKind::Command(c) if c.code == 11000 => return duplicate(&c.message),
         ErrorKind::Write(WriteFailure::WriteError(w)) if w.code == 11000 => return duplicate(&w.message),
@@ -260,7 +261,7 @@ fn in_coll(coll: &Collection) -> impl Fn(StoreError) -> StoreError + '_ {
     }
 }
 
-fn is_change_streams_unsupported(e: &MongoError) -> bool {
+pub(crate) fn is_change_streams_unsupported(e: &MongoError) -> bool {
     matches!(&*e.kind, ErrorKind::Command(c) if c.code == 40573 || c.code == 40324 || c.code == 136)
 }
 
@@ -389,30 +390,7 @@ impl Store for MongoStore {
 
     async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
         let collection = self.db.collection::<Document>(coll.as_str());
-        let mut op = collection.watch();
-        if let Some(k) = key {
-            op = op.pipeline([doc! { "$match": { "documentKey._id": k.as_bson().clone() } }]);
-        }
-        let stream = match op.await {
-            Ok(s) => s,
-            Err(e) if is_change_streams_unsupported(&e) => {
-                return Err(StoreError::Unsupported { feature: "change streams", reason: e.to_string() })
-            }
-            Err(e) => return Err(map_err(e)),
-        };
-        let mapped = stream.map(|item| {
-            let ev = item.map_err(map_err)?;
-            let key =
-                ev.document_key.as_ref().and_then(|d| d.get(fields::ID)).cloned().and_then(|b| Key::from_bson(b).ok());
-            let kind = match ev.operation_type {
-                OperationType::Insert => ChangeKind::Insert,
-                OperationType::Update | OperationType::Replace => ChangeKind::Update,
-                OperationType::Delete => ChangeKind::Delete,
-                _ => ChangeKind::Resync,
-            };
-            Ok(ChangeEvent { key: if kind == ChangeKind::Resync { None } else { key }, kind })
-        });
-        Ok(Box::pin(mapped))
+        self.hub.subscribe(collection, key.cloned()).await
     }
 
     async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {

@@ -224,7 +224,7 @@ pub async fn test_store(test: &str) -> Option<MongoStore> {
 /// `configureFailPoint` with `appName` hits only this test's commands.
 pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
     let uri = match server_uri() {
-        Ok(uri) => with_app_name(&uri, app),
+        Ok(uri) => with_option(&uri, &format!("appName={app}")),
         Err(why) => {
             skip(test, &why);
             return None;
@@ -246,11 +246,17 @@ pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
 /// Another client on `test`'s database (not emptied), with application name
 /// `app`: a second "process" in a failpoint test.
 pub async fn connect_as(test: &str, app: &str) -> Option<MongoStore> {
-    let uri = with_app_name(&server_uri().ok()?, app);
+    connect_with(test, &format!("appName={app}")).await
+}
+
+/// Connects to the test server with extra URI options (`"maxPoolSize=2"`), to
+/// the database of `test`.
+pub async fn connect_with(test: &str, options: &str) -> Option<MongoStore> {
+    let uri = with_option(&server_uri().ok()?, options);
     MongoStore::connect(&uri, &db_name(test)).await.ok()
 }
 
-fn with_app_name(uri: &str, app: &str) -> String {
+fn with_option(uri: &str, option: &str) -> String {
     let sep = if uri.contains('?') {
         '&'
     } else if uri.matches('/').count() >= 3 {
@@ -259,7 +265,7 @@ fn with_app_name(uri: &str, app: &str) -> String {
         '/'
     };
     let sep = if sep == '/' { "/?".to_owned() } else { sep.to_string() };
-    format!("{uri}{sep}appName={app}")
+    format!("{uri}{sep}{option}")
 }
 
 /// A client connected to the test server, for side channels such as

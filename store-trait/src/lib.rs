@@ -46,6 +46,7 @@ mod ops;
 mod record;
 pub mod semantics;
 mod time;
+mod watcher;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -62,6 +63,7 @@ pub use ops::{
 };
 pub use record::{fields, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TokioClock, Ttl};
+pub use watcher::Watcher;
 
 use bson::Document;
 

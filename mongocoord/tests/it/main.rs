@@ -218,6 +218,17 @@ fn demo_checks_its_invariants_in_memory() {
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], true);
-    assert_eq!(v["tasks"], 160);
+    assert_eq!(v["tasks"], 80 + 80 + 8, "fetches, parses and batches");
+    assert!(v["checks"].as_array().unwrap().iter().all(|c| c["pass"] == true));
+}
+
+#[test]
+fn demo_checks_its_invariants_on_mongodb() {
+    let Some(e) = env("demo") else { return };
+    let out = e.run(&["demo", "--seconds", "4", "--tasks", "25", "--json"]);
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["backend"].as_str(), &v["ok"]), (Some("mongodb"), &Value::Bool(true)), "{v}");
+    assert_eq!(v["tasks"], 25 + 25 + 3, "fetches, parses and batches (the last one of five)");
     assert!(v["checks"].as_array().unwrap().iter().all(|c| c["pass"] == true));
 }

@@ -119,3 +119,43 @@ async fn ttl_prune_deletes_only_expired() {
     assert!(s.get(&c, &Key::new("short").unwrap()).await.unwrap().record.is_none());
     assert!(s.get(&c, &Key::new("long").unwrap()).await.unwrap().record.is_some());
 }
+
+/// `store_trait::Watcher` subscribes again after its stream ends (as a server
+/// restart ends it), reports a resync then, and stays silent on a store without
+/// notifications.
+#[tokio::test(start_paused = true)]
+async fn watcher_comes_back_after_its_stream_ends() {
+    use store_trait::{ChangeKind, Watcher};
+    let store = MemoryStore::new();
+    let coll = Collection::new("watched").unwrap();
+    let put = |k: &str| {
+        let (store, coll, k) = (store.clone(), coll.clone(), Key::new(k).unwrap());
+        async move {
+            let w = Write::new(Condition::Exists("x".into()).negate(), Mutation::new().set("x", 1)).upsert();
+            store.write(&coll, &k, &w).await.unwrap();
+        }
+    };
+    let mut w = Watcher::open(store.clone(), coll.clone(), None, Duration::from_secs(1)).await;
+    assert!(w.is_live());
+    put("a").await;
+    assert_eq!(w.changed().await.key, Some(Key::new("a").unwrap()));
+
+    store.faults().end_change_streams();
+    let ended = tokio::time::Instant::now();
+    let ev = w.changed().await;
+    assert_eq!(ev.kind, ChangeKind::Resync, "back, and changes may have been missed");
+    assert!(ended.elapsed() >= Duration::from_secs(1), "not before the retry interval");
+    assert!(w.is_live());
+    put("b").await;
+    assert_eq!(w.changed().await.key, Some(Key::new("b").unwrap()));
+    put("c").await;
+    put("d").await;
+    tokio::task::yield_now().await;
+    assert!(w.drain_ready(), "two waiting notifications taken at once");
+    assert!(!w.drain_ready());
+
+    let polling = MemoryStore::builder().change_streams(false).build();
+    let mut silent = Watcher::open(polling, coll, None, Duration::from_secs(1)).await;
+    assert!(!silent.is_live());
+    assert!(tokio::time::timeout(Duration::from_secs(3600), silent.changed()).await.is_err());
+}

@@ -3,6 +3,7 @@
 //! operation, failpoints).
 #![allow(clippy::unwrap_used)]
 
+mod pool;
 mod round_trips;
 
 use store_mongo::testing::MongoHarness;

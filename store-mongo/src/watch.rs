@@ -1,0 +1,193 @@
+//! Change notifications: one server-side change stream per collection and
+//! store, shared by every watcher in the process.
+//!
+//! A change stream occupies a pooled connection for as long as its `getMore`
+//! waits on the server (up to a second when nothing changes), and the driver
+//! keeps that `getMore`, with its connection, inside the stream object: a
+//! watcher that stops polling (a `select!` took another branch; an agent is busy
+//! with its tasks) holds the connection until it polls again. One stream per
+//! watcher therefore costs one connection per watcher, and a process with more
+//! watchers than `maxPoolSize` (default 10) stalls every operation, or deadlocks
+//! when the watchers wait for those operations (seen: the demo, with 5 agents,
+//! 3 electors and 4 lock waiters). Here one pump task per collection polls the
+//! stream without pause and fans its events out on a broadcast channel; each
+//! watcher filters by key on its side. A watcher that falls behind gets a
+//! [`ChangeKind::Resync`]. The pump ends when its last watcher is gone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::Document;
+use futures::StreamExt;
+use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
+use store_trait::{fields, ChangeEvent, ChangeKind, ChangeStream, Key, StoreError, StoreResult};
+use tokio::sync::broadcast;
+
+use crate::{is_change_streams_unsupported, map_err};
+
+/// Events a watcher may have waiting before it is told to resync.
+const BUFFER: usize = 256;
+
+/// How often a pump checks whether anyone still watches.
+const CHECK: Duration = Duration::from_secs(1);
+
+type DriverStream = mongodb::change_stream::ChangeStream<ChangeStreamEvent<Document>>;
+
+pub(crate) struct Hub {
+    /// Open pumps by collection; weak, so a pump that ended (or whose runtime
+    /// was shut down) is found gone.
+    pumps: Mutex<HashMap<String, broadcast::WeakSender<ChangeEvent>>>,
+    /// Serialises opening, so two first watchers open one stream.
+    opening: tokio::sync::Mutex<()>,
+    /// The runtime the store was made on (the driver's own tasks run there).
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open: Vec<String> = self.pumps.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        f.debug_struct("Hub").field("open", &open).finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    pub(crate) fn new() -> Hub {
+        Hub {
+            pumps: Mutex::default(),
+            opening: tokio::sync::Mutex::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        }
+    }
+
+    /// A stream of changes to `coll` (to the document `key` only, if given) from
+    /// now on: the server-side stream is open when this returns.
+    pub(crate) async fn subscribe(
+        self: &Arc<Self>,
+        coll: mongodb::Collection<Document>,
+        key: Option<Key>,
+    ) -> StoreResult<ChangeStream> {
+        let name = coll.name().to_owned();
+        let rx = match self.existing(&name) {
+            Some(rx) => rx,
+            None => {
+                let _one = self.opening.lock().await;
+                match self.existing(&name) {
+                    Some(rx) => rx,
+                    None => self.open(coll, name).await?,
+                }
+            }
+        };
+        Ok(filtered(rx, key))
+    }
+
+    fn existing(&self, name: &str) -> Option<broadcast::Receiver<ChangeEvent>> {
+        let pumps = self.pumps.lock().unwrap_or_else(|p| p.into_inner());
+        pumps.get(name).and_then(broadcast::WeakSender::upgrade).map(|tx| tx.subscribe())
+    }
+
+    async fn open(
+        self: &Arc<Self>,
+        coll: mongodb::Collection<Document>,
+        name: String,
+    ) -> StoreResult<broadcast::Receiver<ChangeEvent>> {
+        let stream = match coll.watch().await {
+            Ok(s) => s,
+            Err(e) if is_change_streams_unsupported(&e) => {
+                return Err(StoreError::Unsupported { feature: "change streams", reason: e.to_string() })
+            }
+            Err(e) => return Err(map_err(e)),
+        };
+        let (tx, rx) = broadcast::channel(BUFFER);
+        self.pumps.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), tx.downgrade());
+        tracing::debug!(collection = %name, "change stream opened");
+        let pump = pump(self.clone(), name, stream, tx);
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn(pump)),
+            None => drop(tokio::spawn(pump)),
+        }
+        Ok(rx)
+    }
+
+    /// Forgets the pump `tx` if nobody watches through it; true if so. Under the
+    /// registry's lock, so no watcher can join it after this says yes.
+    fn retire_if_unwatched(&self, name: &str, tx: &broadcast::Sender<ChangeEvent>) -> bool {
+        let mut pumps = self.pumps.lock().unwrap_or_else(|p| p.into_inner());
+        if tx.receiver_count() > 0 {
+            return false;
+        }
+        Self::forget(&mut pumps, name, tx);
+        true
+    }
+
+    fn retire(&self, name: &str, tx: &broadcast::Sender<ChangeEvent>) {
+        Self::forget(&mut self.pumps.lock().unwrap_or_else(|p| p.into_inner()), name, tx);
+    }
+
+    fn forget(
+        pumps: &mut HashMap<String, broadcast::WeakSender<ChangeEvent>>,
+        name: &str,
+        tx: &broadcast::Sender<ChangeEvent>,
+    ) {
+        if pumps.get(name).and_then(broadcast::WeakSender::upgrade).is_none_or(|t| t.same_channel(tx)) {
+            pumps.remove(name);
+        }
+    }
+}
+
+/// Polls the driver's stream without pause (so its `getMore` never holds a
+/// connection idle) and broadcasts the events, until nobody watches or the
+/// stream fails; then the watchers' streams end.
+async fn pump(hub: Arc<Hub>, name: String, mut stream: DriverStream, tx: broadcast::Sender<ChangeEvent>) {
+    let mut check = tokio::time::interval(CHECK);
+    loop {
+        tokio::select! {
+            item = stream.next() => match item {
+                Some(Ok(ev)) => {
+                    let _ = tx.send(event(ev));
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(collection = %name, error = %map_err(e), "change stream failed; watchers fall back to polling");
+                    break;
+                }
+                None => break,
+            },
+            _ = check.tick() => {
+                if hub.retire_if_unwatched(&name, &tx) {
+                    tracing::debug!(collection = %name, "change stream closed: no watchers");
+                    return;
+                }
+            }
+        }
+    }
+    hub.retire(&name, &tx);
+}
+
+fn event(ev: ChangeStreamEvent<Document>) -> ChangeEvent {
+    let key = ev.document_key.as_ref().and_then(|d| d.get(fields::ID)).cloned().and_then(|b| Key::from_bson(b).ok());
+    let kind = match ev.operation_type {
+        OperationType::Insert => ChangeKind::Insert,
+        OperationType::Update | OperationType::Replace => ChangeKind::Update,
+        OperationType::Delete => ChangeKind::Delete,
+        _ => ChangeKind::Resync,
+    };
+    ChangeEvent { key: if kind == ChangeKind::Resync { None } else { key }, kind }
+}
+
+/// The watcher's side: its key's events (and resyncs), a resync when it fell
+/// behind, and the end when the pump ends.
+fn filtered(rx: broadcast::Receiver<ChangeEvent>, key: Option<Key>) -> ChangeStream {
+    let stream = futures::stream::unfold((rx, key), |(mut rx, key)| async move {
+        loop {
+            match rx.recv().await {
+                Ok(ev) if key.is_none() || ev.key.is_none() || ev.key == key => return Some((Ok(ev), (rx, key))),
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    return Some((Ok(ChangeEvent { key: None, kind: ChangeKind::Resync }), (rx, key)))
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Box::pin(stream)
+}

@@ -1,0 +1,124 @@
+//! A change subscription that comes back after its stream ends.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{ChangeEvent, ChangeKind, ChangeStream, Collection, Key, Store, StoreError};
+
+/// Change notifications for a collection (or one document of it) that survive
+/// the stream ending: after a failure (a server restart, a dropped
+/// connection), it subscribes again at most once per `retry`, and reports a
+/// [`ChangeKind::Resync`] when it is back, since changes may have been missed.
+/// On a store without change notifications it stays silent, so a caller's poll
+/// timer does the work.
+///
+/// ```
+/// use std::time::Duration;
+/// use store_trait::{Collection, Store, Watcher};
+///
+/// async fn wait_for_work<S: Store>(store: S) {
+///     let tasks = Collection::new("tasks").unwrap();
+///     let mut changes = Watcher::open(store, tasks, None, Duration::from_secs(1)).await;
+///     loop {
+///         tokio::select! {
+///             ev = changes.changed() => println!("{ev:?}: re-read"),
+///             _ = tokio::time::sleep(Duration::from_secs(5)) => println!("poll anyway"),
+///         }
+///     }
+/// }
+/// ```
+pub struct Watcher<S> {
+    store: S,
+    coll: Collection,
+    key: Option<Key>,
+    stream: Option<ChangeStream>,
+    retry: Duration,
+    retry_at: Option<Instant>,
+    unsupported: bool,
+}
+
+impl<S> std::fmt::Debug for Watcher<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("coll", &self.coll)
+            .field("key", &self.key)
+            .field("live", &self.stream.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Watcher<S> {
+    /// Subscribes now (so no change after this returns is missed, when the
+    /// store has notifications).
+    pub async fn open(store: S, coll: Collection, key: Option<Key>, retry: Duration) -> Self {
+        let mut w = Watcher { store, coll, key, stream: None, retry, retry_at: None, unsupported: false };
+        w.subscribe().await;
+        w
+    }
+
+    /// Whether a subscription is open right now.
+    pub fn is_live(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    async fn subscribe(&mut self) -> bool {
+        match self.store.watch(&self.coll, self.key.as_ref()).await {
+            Ok(s) => {
+                self.stream = Some(s);
+                self.retry_at = None;
+                true
+            }
+            Err(StoreError::Unsupported { .. }) => {
+                self.unsupported = true;
+                false
+            }
+            Err(_) => {
+                self.retry_at = Some(Instant::now() + self.retry);
+                false
+            }
+        }
+    }
+
+    /// The next change. Pending while there is no subscription, until one can
+    /// be made again (then a `Resync`); forever on a store without them.
+    pub async fn changed(&mut self) -> ChangeEvent {
+        loop {
+            if let Some(s) = self.stream.as_mut() {
+                // An error or the end: the backend dropped the subscription (it
+                // logs why); subscribe again after `retry`.
+                if let Some(Ok(ev)) = std::future::poll_fn(|cx| s.as_mut().poll_next(cx)).await {
+                    return ev;
+                }
+                self.stream = None;
+                self.retry_at = Some(Instant::now() + self.retry);
+            }
+            match self.retry_at {
+                Some(at) if !self.unsupported => tokio::time::sleep_until(at).await,
+                _ => std::future::pending::<()>().await,
+            }
+            if self.subscribe().await {
+                return ChangeEvent { key: None, kind: ChangeKind::Resync };
+            }
+        }
+    }
+
+    /// Takes every notification already waiting, without blocking; true if
+    /// there was any.
+    pub fn drain_ready(&mut self) -> bool {
+        let Some(s) = self.stream.as_mut() else { return false };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut any = false;
+        loop {
+            match s.as_mut().poll_next(&mut cx) {
+                std::task::Poll::Ready(Some(Ok(_))) => any = true,
+                std::task::Poll::Ready(_) => {
+                    self.stream = None;
+                    self.retry_at = Some(Instant::now() + self.retry);
+                    return any;
+                }
+                std::task::Poll::Pending => return any,
+            }
+        }
+    }
+}
