@@ -33,7 +33,8 @@ pub struct QueueStats {
     pub delayed: u64,
     /// Held by a live agent.
     pub running: u64,
-    /// Claimed by an agent whose lease lapsed (crashed or hung): claimable again.
+    /// Claimed by an agent whose lease lapsed (crashed or hung): claimable again
+    /// (to run, or to finish the fan-in step of a task that ended).
     pub stuck: u64,
     /// Waiting for their follow-ups to end (fan-in).
     pub waiting: u64,
@@ -189,7 +190,8 @@ impl<S: Store + Clone> Queue<S> {
             ready: count(ready().when(due.clone())).await?,
             delayed: count(ready().when(due.negate())).await?,
             running: count(claimed().when(Condition::Free.negate())).await?,
-            stuck: count(claimed().when(Condition::Free)).await?,
+            // Including ended tasks whose agent died before the fan-in step.
+            stuck: count(eq(doc! { fields::CLAIMED: true }).when(Condition::Free)).await?,
             waiting: count(eq(doc! {}).when(Condition::Exists(fields::WAITING.into()))).await?,
             completed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false })).await?,
             failed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true })).await?,

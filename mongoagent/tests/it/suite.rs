@@ -602,6 +602,9 @@ pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
     dead_claim(&s, "job/2", Mutation::new().set("complete", true).set("error_encountered", false).set("n", 20_i64))
         .await;
     assert!(!get(&s, &key("job")).await.get_bool("ready").unwrap());
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let st = q.stats("count").await.unwrap();
+    assert_eq!((st.stuck, st.completed, st.failed), (1, 2, 1), "ended, and its claim lapsed: {st:?}");
     let recover = agent(&s, "count").sleep_between(Duration::from_secs(3600)).process_while(|l| l.recovered < 1);
     let log = tokio::time::timeout(WAIT, recover.build().unwrap().work(count_part)).await.expect("recovered").unwrap();
     assert_eq!((log.recovered, log.tasks_processed), (1, 0), "no handler ran again");
