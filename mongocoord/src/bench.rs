@@ -150,57 +150,17 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         (false, true) => 600,
         (false, false) => 2000,
     };
-    eprintln!("queue: 4 agents, {tasks} trivial tasks…");
-    let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
-    let batch: Vec<NewTask> = (0..tasks).map(|i| NewTask::new("bench", doc! {"i": i64::from(i)})).collect();
-    queue.enqueue_all(&batch).await.map_err(|e| e.to_string())?;
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let agents: Vec<Agent<MongoStore>> = (0..4)
-        .map(|_| {
-            Agent::builder(store.clone(), "bench", "bench_queue")
-                .concurrency(4)
-                .sleep_between(Duration::from_millis(200))
-                .build()
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let mut workers = Vec::new();
-    for a in &agents {
-        let (a, done) = (a.clone(), done.clone());
-        workers.push(tokio::spawn(async move {
-            a.work(move |_t: Task| {
-                let done = done.clone();
-                async move {
-                    done.fetch_add(1, Ordering::Relaxed);
-                    Outcome::done()
-                }
-            })
-            .await
-        }));
-    }
-    // Counted in-process: polling the queue's statistics would load the server.
-    while done.load(Ordering::Relaxed) < u64::from(tasks) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        if start.elapsed() > Duration::from_secs(600) {
-            return Err("queue benchmark did not finish in 10 minutes".into());
-        }
-    }
-    for a in &agents {
-        a.shutdown();
-    }
-    let mut completed = 0;
-    for w in workers {
-        completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
-    }
-    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
-    if completed != u64::from(tasks) || done.load(Ordering::Relaxed) != u64::from(tasks) {
-        return Err(format!("queue benchmark: {completed} completions for {tasks} tasks"));
-    }
+    eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (as 4 processes)…");
+    let rate = queue_run(&store, tasks, "bench_queue", false).await?;
     f.put("queue_tasks", f64::from(tasks));
     f.put("queue_tasks_per_s", rate);
     f.put("queue_vs_raw", rate / raw_rate);
+    eprintln!("queue: 4 agents sharing one Queue (one process), {tasks} trivial tasks…");
+    let rate = queue_run(&store, tasks, "bench_queue_shared", true).await?;
+    f.put("queue_shared_tasks_per_s", rate);
+    f.put("queue_shared_vs_raw", rate / raw_rate);
 
+    let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };
     eprintln!("idle pickup latency ({picks} trials)…");
     let picked = Arc::new(Mutex::new(Vec::new()));
@@ -416,4 +376,56 @@ async fn simulate(minutes: u64) -> Result<f64, String> {
     })
     .await
     .map_err(|e| e.to_string())?
+}
+
+/// 4 agents (concurrency 4 each) process `tasks` trivial tasks from `coll`;
+/// with `shared`, the agents are built on one `Queue` and take turns claiming.
+/// Returns tasks per second.
+async fn queue_run(store: &MongoStore, tasks: u32, coll: &str, shared: bool) -> Result<f64, String> {
+    let queue = Queue::new(store.clone(), coll).map_err(|e| e.to_string())?;
+    let batch: Vec<NewTask> = (0..tasks).map(|i| NewTask::new("bench", doc! {"i": i64::from(i)})).collect();
+    queue.enqueue_all(&batch).await.map_err(|e| e.to_string())?;
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let agents: Vec<Agent<MongoStore>> = (0..4)
+        .map(|_| {
+            let b =
+                if shared { Agent::on_queue(&queue, "bench") } else { Agent::builder(store.clone(), "bench", coll) };
+            b.concurrency(4).sleep_between(Duration::from_millis(200)).build()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut workers = Vec::new();
+    for a in &agents {
+        let (a, done) = (a.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            a.work(move |_t: Task| {
+                let done = done.clone();
+                async move {
+                    done.fetch_add(1, Ordering::Relaxed);
+                    Outcome::done()
+                }
+            })
+            .await
+        }));
+    }
+    // Counted in-process: polling the queue's statistics would load the server.
+    while done.load(Ordering::Relaxed) < u64::from(tasks) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err("queue benchmark did not finish in 10 minutes".into());
+        }
+    }
+    for a in &agents {
+        a.shutdown();
+    }
+    let mut completed = 0;
+    for w in workers {
+        completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
+    }
+    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
+    if completed != u64::from(tasks) || done.load(Ordering::Relaxed) != u64::from(tasks) {
+        return Err(format!("queue benchmark: {completed} completions for {tasks} tasks"));
+    }
+    Ok(rate)
 }
