@@ -351,7 +351,9 @@ impl<S: Store + Clone> Agent<S> {
         inner.queue.ensure_indexes().await?;
         // Re-subscribes by itself after the stream ends (a server restart).
         let mut events =
-            store_trait::Watcher::open(inner.store.clone(), inner.queue.coll.clone(), None, inner.sleep_between).await;
+            store_trait::Watcher::open(inner.store.clone(), inner.queue.coll.clone(), None, inner.sleep_between)
+                .await
+                .ignore_renewals();
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Duration::from_millis(50);
         let mut idle_until: Option<Instant> = None;

@@ -716,7 +716,8 @@ async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationTok
 async fn observer<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
     let (store, coll, key) = (inner.lock.store().clone(), inner.lock.collection().clone(), inner.lock.key().clone());
     // Re-subscribes by itself after the stream ends (a server restart).
-    let mut events = store_trait::Watcher::open(store, coll, Some(key), inner.renew_every).await;
+    // Renewals change nothing it publishes that the timer below does not refresh.
+    let mut events = store_trait::Watcher::open(store, coll, Some(key), inner.renew_every).await.ignore_renewals();
     loop {
         inner.refresh().await;
         tokio::select! {

@@ -481,19 +481,25 @@ impl<S: Store + Clone> Lock<S> {
             }
             waited = true;
             match events.as_mut() {
-                Some(stream) => {
+                Some(stream) => loop {
                     tokio::select! {
-                        _ = tokio::time::sleep_until(wait_until) => {}
+                        _ = tokio::time::sleep_until(wait_until) => break,
                         ev = stream.next() => {
-                            if !matches!(ev, Some(Ok(_))) {
-                                tracing::debug!("change notifications ended; falling back to polling");
-                                events = None;
+                            match ev {
+                                // The holder renewed: nothing to try until the timer.
+                                Some(Ok(e)) if e.kind == store_trait::ChangeKind::Renewed => continue,
+                                Some(Ok(_)) => {}
+                                _ => {
+                                    tracing::debug!("change notifications ended; falling back to polling");
+                                    events = None;
+                                }
                             }
                             // Spread a herd of woken waiters a little.
                             tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=3))).await;
+                            break;
                         }
                     }
-                }
+                },
                 None => tokio::time::sleep_until(wait_until).await,
             }
         }

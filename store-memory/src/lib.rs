@@ -384,6 +384,13 @@ impl Store for Client {
     }
 }
 
+/// What a change stream would report for an update from `before` to `after`.
+fn update_kind(before: &Document, after: &Document) -> ChangeKind {
+    let set = after.iter().filter(|(k, v)| before.get(k.as_str()) != Some(*v)).map(|(k, _)| k.as_str());
+    let removed = before.keys().filter(|k| !after.contains_key(k.as_str())).map(String::as_str);
+    ChangeKind::of_update(set, removed)
+}
+
 fn map_key(k: &Key) -> String {
     match k.as_bson() {
         Bson::String(s) => format!("s:{s}"),
@@ -496,7 +503,10 @@ impl Store for MemoryStore {
             c.check_unique(coll.as_str(), &mk, &doc)?;
             let record = to_record(coll.as_str(), &doc)?;
             let seq = existing.map_or(seq, |e| e.seq);
-            let kind = if existing.is_some() { ChangeKind::Update } else { ChangeKind::Insert };
+            let kind = match &current {
+                Some(before) => update_kind(before, &doc),
+                None => ChangeKind::Insert,
+            };
             c.docs.insert(mk, Entry { seq, doc });
             c.notify(key, kind);
             Ok(WriteOutcome::Applied(record))

@@ -167,7 +167,14 @@ fn event(ev: ChangeStreamEvent<Document>) -> ChangeEvent {
     let key = ev.document_key.as_ref().and_then(|d| d.get(fields::ID)).cloned().and_then(|b| Key::from_bson(b).ok());
     let kind = match ev.operation_type {
         OperationType::Insert => ChangeKind::Insert,
-        OperationType::Update | OperationType::Replace => ChangeKind::Update,
+        OperationType::Update => match &ev.update_description {
+            Some(u) if u.truncated_arrays.as_ref().is_none_or(Vec::is_empty) => ChangeKind::of_update(
+                u.updated_fields.keys().map(String::as_str),
+                u.removed_fields.iter().map(String::as_str),
+            ),
+            _ => ChangeKind::Update,
+        },
+        OperationType::Replace => ChangeKind::Update,
         OperationType::Delete => ChangeKind::Delete,
         _ => ChangeKind::Resync,
     };

@@ -626,10 +626,13 @@ pub async fn watch_or_clean_absence<H: Harness>(h: &H) {
     let mut all_stream = all.as_mut().map(|s| s.as_mut()).ok();
     s.write(&c, &key("other"), &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap();
     s.write(&c, &k, &acquire("a", ttl_of(Duration::from_secs(30)))).await.unwrap();
+    // A renewal moves only the expiry: waiters need not wake for it.
+    let renew = Write::new(Condition::HeldBy("a".into()), Mutation::new().grant("a", ttl_of(Duration::from_secs(60))));
+    assert!(s.write(&c, &k, &renew).await.unwrap().is_applied());
     s.write(&c, &k, &release("a")).await.unwrap();
     s.delete(&c, &k, &Condition::Always).await.unwrap();
     let mut kinds = Vec::new();
-    while kinds.len() < 3 {
+    while kinds.len() < 4 {
         let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
             .await
             .expect("a change event within 10 s")
@@ -641,7 +644,7 @@ pub async fn watch_or_clean_absence<H: Harness>(h: &H) {
         assert_eq!(ev.key.as_ref(), Some(&k), "a key watch sees only its key");
         kinds.push(ev.kind);
     }
-    assert_eq!(kinds, [ChangeKind::Insert, ChangeKind::Update, ChangeKind::Delete]);
+    assert_eq!(kinds, [ChangeKind::Insert, ChangeKind::Renewed, ChangeKind::Update, ChangeKind::Delete]);
     let all_stream = all_stream.as_mut().expect("collection watch");
     let first = tokio::time::timeout(Duration::from_secs(10), all_stream.next()).await.unwrap().unwrap().unwrap();
     assert_eq!(first.key, Some(key("other")), "a collection watch sees every key");

@@ -36,6 +36,7 @@ pub struct Watcher<S> {
     retry: Duration,
     retry_at: Option<Instant>,
     unsupported: bool,
+    skip_renewals: bool,
 }
 
 impl<S> std::fmt::Debug for Watcher<S> {
@@ -52,9 +53,17 @@ impl<S: Store> Watcher<S> {
     /// Subscribes now (so no change after this returns is missed, when the
     /// store has notifications).
     pub async fn open(store: S, coll: Collection, key: Option<Key>, retry: Duration) -> Self {
-        let mut w = Watcher { store, coll, key, stream: None, retry, retry_at: None, unsupported: false };
+        let mut w =
+            Watcher { store, coll, key, stream: None, retry, retry_at: None, unsupported: false, skip_renewals: false };
         w.subscribe().await;
         w
+    }
+
+    /// [`Watcher::changed`] passes over [`ChangeKind::Renewed`]: for watchers
+    /// that care who holds what, not until when.
+    pub fn ignore_renewals(mut self) -> Self {
+        self.skip_renewals = true;
+        self
     }
 
     /// Whether a subscription is open right now.
@@ -87,8 +96,10 @@ impl<S: Store> Watcher<S> {
             if let Some(s) = self.stream.as_mut() {
                 // An error or the end: the backend dropped the subscription (it
                 // logs why); subscribe again after `retry`.
-                if let Some(Ok(ev)) = std::future::poll_fn(|cx| s.as_mut().poll_next(cx)).await {
-                    return ev;
+                match std::future::poll_fn(|cx| s.as_mut().poll_next(cx)).await {
+                    Some(Ok(ev)) if self.skip_renewals && ev.kind == ChangeKind::Renewed => continue,
+                    Some(Ok(ev)) => return ev,
+                    _ => {}
                 }
                 self.stream = None;
                 self.retry_at = Some(Instant::now() + self.retry);
@@ -111,7 +122,7 @@ impl<S: Store> Watcher<S> {
         let mut any = false;
         loop {
             match s.as_mut().poll_next(&mut cx) {
-                std::task::Poll::Ready(Some(Ok(_))) => any = true,
+                std::task::Poll::Ready(Some(Ok(ev))) => any |= !(self.skip_renewals && ev.kind == ChangeKind::Renewed),
                 std::task::Poll::Ready(_) => {
                     self.stream = None;
                     self.retry_at = Some(Instant::now() + self.retry);

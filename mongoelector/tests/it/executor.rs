@@ -32,6 +32,12 @@ async fn idle_cluster_wakes_a_bounded_number_of_times() {
         // follower re-checks when the observed lease moves or its poll is due.
         // That is a handful of operations a second; busy waking would be thousands.
         assert!((600..=8 * 600).contains(&ops), "streams {change_streams}: {ops} store operations in 600 s");
+        // Renewals are reported as such and wake nobody: with notifications the
+        // cluster does less than when it polls (measured: 2,228 against 2,998;
+        // 4,200 when every renewal woke the follower and both observers).
+        if change_streams {
+            assert!(ops <= 4 * 600, "renewals woke watchers: {ops} store operations in 600 s");
+        }
         assert!(a.is_master() && !b.is_master(), "a stable leader");
         a.stop().await;
         b.stop().await;

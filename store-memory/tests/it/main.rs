@@ -154,6 +154,23 @@ async fn watcher_comes_back_after_its_stream_ends() {
     assert!(w.drain_ready(), "two waiting notifications taken at once");
     assert!(!w.drain_ready());
 
+    // Ignoring renewals: a holder renewing its lease wakes nobody; a release does.
+    let k = Key::new("lease").unwrap();
+    let mut holders =
+        Watcher::open(store.clone(), coll.clone(), Some(k.clone()), Duration::from_secs(1)).await.ignore_renewals();
+    let ttl = Ttl::new(Duration::from_secs(30)).unwrap();
+    let grant = Write::new(Condition::Free.or(Condition::HeldBy("a".into())), Mutation::new().grant("a", ttl)).upsert();
+    store.write(&coll, &k, &grant).await.unwrap();
+    assert_eq!(holders.changed().await.kind, store_trait::ChangeKind::Insert);
+    for _ in 0..2 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        store.write(&coll, &k, &grant).await.unwrap();
+    }
+    tokio::task::yield_now().await;
+    assert!(!holders.drain_ready(), "renewals are passed over");
+    store.write(&coll, &k, &Write::new(Condition::OwnedBy("a".into()), Mutation::new().release())).await.unwrap();
+    assert_eq!(holders.changed().await.kind, store_trait::ChangeKind::Update, "the release wakes it");
+
     let polling = MemoryStore::builder().change_streams(false).build();
     let mut silent = Watcher::open(polling, coll, None, Duration::from_secs(1)).await;
     assert!(!silent.is_live());
