@@ -40,6 +40,8 @@ pub(crate) struct Term<S> {
     stop: CancellationToken,
     wake: Notify,
     released: AtomicBool,
+    /// Set once by the first report of loss.
+    lost_marked: AtomicBool,
 }
 
 impl<S: Store + Clone> Term<S> {
@@ -65,6 +67,7 @@ impl<S: Store + Clone> Term<S> {
             stop: CancellationToken::new(),
             wake: Notify::new(),
             released: AtomicBool::new(false),
+            lost_marked: AtomicBool::new(false),
             lock,
         });
         Metrics::bump(&term.lock.metrics.acquisitions);
@@ -96,14 +99,16 @@ impl<S: Store + Clone> Term<S> {
 
     /// Marks the acquisition lost (once): fires the signal, counts, logs.
     pub(crate) fn mark_lost(&self, why: &str) {
-        if self.lost.is_cancelled() {
+        // Once, even when two paths find the loss at the same moment; counted and
+        // logged before the signal fires, so whoever wakes on it sees the count.
+        if self.lost.is_cancelled() || self.lost_marked.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.lost.cancel();
         if !self.released.load(Ordering::SeqCst) {
             Metrics::bump(&self.lock.metrics.losses);
             tracing::warn!(key = %self.lock.key, owner = %self.owner, token = self.token, why, "lock lost");
         }
+        self.lost.cancel();
         self.clear_current();
     }
 
