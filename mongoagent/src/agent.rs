@@ -383,9 +383,15 @@ impl<S: Store + Clone> Agent<S> {
                     // per wake-up), a change notification, or a finished task.
                     let until = match idle_until {
                         Some(t) if t > Instant::now() => t,
-                        _ => Instant::now() + self.idle_wait().await,
+                        _ => {
+                            idle_until = Some(Instant::now() + self.idle_wait().await);
+                            // Claim once more before sleeping: a task that became due
+                            // (or whose claim lapsed) between the claim and the due-time
+                            // queries is in neither's view, and would wait a full
+                            // `sleep_between`.
+                            continue;
+                        }
                     };
-                    idle_until = Some(until);
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
