@@ -4,10 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
 use store_trait::{
-    Clock, Collection, Condition, Key, Mutation, Record, Store, StoreError, StoreTime, SystemClock, Ttl, Write,
-    WriteOutcome,
+    Clock, Collection, Condition, Key, Mutation, Record, Store, StoreError, StoreTime, SystemClock, Ttl, Watcher,
+    Write, WriteOutcome,
 };
 use tokio::time::Instant;
 
@@ -421,14 +420,14 @@ impl<S: Store + Clone> Lock<S> {
         let start = Instant::now();
         let deadline = opts.timeout.map(|t| start + t);
         let inner = &self.inner;
+        // Subscribed before the first try, so a release after it is not missed;
+        // renewals of the holder's lease wake nobody.
         let mut events = if opts.blocking {
-            match inner.store.watch(&inner.coll, Some(&inner.key)).await {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::debug!(error = %e, "no change notifications; waiters poll every step");
-                    None
-                }
+            let w = Watcher::open(inner.store.clone(), inner.coll.clone(), Some(inner.key.clone()), inner.step).await;
+            if !w.is_live() {
+                tracing::debug!("no change notifications; waiters poll every step");
             }
+            Some(w.ignore_renewals())
         } else {
             None
         };
@@ -461,7 +460,7 @@ impl<S: Store + Clone> Lock<S> {
                         Err(_) => inner.step,
                     };
                     let jitter = Duration::from_millis(fastrand::u64(0..=5));
-                    if events.is_some() {
+                    if events.as_ref().is_some_and(Watcher::is_live) {
                         remaining + jitter
                     } else {
                         remaining.min(inner.step) + jitter
@@ -481,23 +480,11 @@ impl<S: Store + Clone> Lock<S> {
             }
             waited = true;
             match events.as_mut() {
-                Some(stream) => loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(wait_until) => break,
-                        ev = stream.next() => {
-                            match ev {
-                                // The holder renewed: nothing to try until the timer.
-                                Some(Ok(e)) if e.kind == store_trait::ChangeKind::Renewed => continue,
-                                Some(Ok(_)) => {}
-                                _ => {
-                                    tracing::debug!("change notifications ended; falling back to polling");
-                                    events = None;
-                                }
-                            }
-                            // Spread a herd of woken waiters a little.
-                            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=3))).await;
-                            break;
-                        }
+                Some(w) => tokio::select! {
+                    _ = tokio::time::sleep_until(wait_until) => {}
+                    _ = w.changed() => {
+                        // Spread a herd of woken waiters a little.
+                        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=3))).await;
                     }
                 },
                 None => tokio::time::sleep_until(wait_until).await,

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::doc;
-use futures::StreamExt;
-use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError};
+use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError, Watcher};
 use tokio::time::Instant;
 
 use crate::guard::Term;
@@ -107,13 +106,15 @@ impl<S: Store + Clone> Semaphore<S> {
     pub async fn acquire_with(&self, timeout: Option<Duration>, auto_renew: bool) -> Result<LockGuard<S>, LockError> {
         let start = Instant::now();
         let first = self.first();
-        let mut events = first.store.watch(&first.coll, None).await.ok();
+        // Renewals of held permits free nothing: they wake no waiter.
+        let mut events =
+            Watcher::open(first.store.clone(), first.coll.clone(), None, first.step).await.ignore_renewals();
         loop {
             if let Some(g) = self.try_once(auto_renew).await? {
                 return Ok(g);
             }
             let mut wait = first.step;
-            if events.is_some() {
+            if events.is_live() {
                 // Until the earliest lease of a slot lapses, unless a change comes first.
                 let now = first.store.now().await?;
                 let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
@@ -128,12 +129,9 @@ impl<S: Store + Clone> Semaphore<S> {
                 }
                 until = until.min(start + t);
             }
-            match events.as_mut() {
-                Some(s) => tokio::select! {
-                    _ = tokio::time::sleep_until(until) => {}
-                    ev = s.next() => if !matches!(ev, Some(Ok(_))) { events = None },
-                },
-                None => tokio::time::sleep_until(until).await,
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                _ = events.changed() => {}
             }
         }
     }

@@ -223,8 +223,13 @@ pub async fn test_store(test: &str) -> Option<MongoStore> {
 /// As [`test_store`], connecting with application name `app`, so a
 /// `configureFailPoint` with `appName` hits only this test's commands.
 pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
+    test_store_with(test, &format!("appName={app}")).await
+}
+
+/// As [`test_store`], with extra URI options (`"maxPoolSize=2"`).
+pub async fn test_store_with(test: &str, options: &str) -> Option<MongoStore> {
     let uri = match server_uri() {
-        Ok(uri) => with_option(&uri, &format!("appName={app}")),
+        Ok(uri) => with_option(&uri, options),
         Err(why) => {
             skip(test, &why);
             return None;
@@ -246,13 +251,7 @@ pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
 /// Another client on `test`'s database (not emptied), with application name
 /// `app`: a second "process" in a failpoint test.
 pub async fn connect_as(test: &str, app: &str) -> Option<MongoStore> {
-    connect_with(test, &format!("appName={app}")).await
-}
-
-/// Connects to the test server with extra URI options (`"maxPoolSize=2"`), to
-/// the database of `test`.
-pub async fn connect_with(test: &str, options: &str) -> Option<MongoStore> {
-    let uri = with_option(&server_uri().ok()?, options);
+    let uri = with_option(&server_uri().ok()?, &format!("appName={app}"));
     MongoStore::connect(&uri, &db_name(test)).await.ok()
 }
 

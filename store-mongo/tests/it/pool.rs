@@ -14,8 +14,7 @@ use store_trait::{Collection, Key, Store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_change_streams_do_not_hold_connections() {
-    let Some(store) = store_mongo::testing::connect_with("pool_idle_watchers", "maxPoolSize=2").await else {
-        store_mongo::testing::skip("idle_change_streams_do_not_hold_connections", "no server");
+    let Some(store) = store_mongo::testing::test_store_with("pool_idle_watchers", "maxPoolSize=2").await else {
         return;
     };
     let coll = Collection::new("watched").unwrap();
@@ -40,8 +39,7 @@ async fn idle_change_streams_do_not_hold_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_share_one_stream_per_collection() {
     use store_trait::{ChangeKind, Condition, Mutation, Write};
-    let Some(store) = store_mongo::testing::connect_with("pool_shared_stream", "maxPoolSize=3").await else {
-        store_mongo::testing::skip("watchers_share_one_stream_per_collection", "no server");
+    let Some(store) = store_mongo::testing::test_store_with("pool_shared_stream", "maxPoolSize=3").await else {
         return;
     };
     let coll = Collection::new("shared").unwrap();
