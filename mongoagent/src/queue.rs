@@ -9,6 +9,7 @@ use store_trait::{
 };
 use tokio::sync::OnceCell;
 
+use crate::agent::claim_order;
 use crate::task::fields;
 use crate::{AgentError, NewTask};
 
@@ -49,36 +50,6 @@ pub struct QueueStats {
 
 pub(crate) fn not_complete() -> Condition {
     Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
-}
-
-/// Ready tasks of `agent` that are due and not held: the common claim. The
-/// equality prefix (`agent_name`, `ready`) is what the claim index serves, so
-/// finished tasks, however many, are never scanned. (A task waiting for its
-/// follow-ups can be made ready by the last one while its own agent still holds
-/// it for a moment; it is claimable once that agent lets go.)
-pub(crate) fn ready_tasks(agent: &str) -> Query {
-    claim_order(
-        Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
-            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into())).and(Condition::Free)),
-    )
-}
-
-/// Tasks of `agent` claimed by an agent whose lease lapsed (crashed or hung):
-/// claimable again. This includes tasks whose outcome was recorded but whose
-/// fan-in step was not (the agent died in between): claiming one finishes that
-/// step. Served by the `recover` index (`agent_name`, `claimed`).
-pub(crate) fn lapsed_tasks(agent: &str) -> Query {
-    claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
-}
-
-/// The follow-ups of `waiter`'s round `round`, in the order they were returned.
-pub(crate) fn joined_to(waiter: &Bson, round: i64) -> Query {
-    Query::eq(doc! { fields::JOIN: waiter.clone(), fields::JOIN_ROUND: round })
-}
-
-/// The order of claims: priority, then due time, then insertion.
-pub(crate) fn claim_order(q: Query) -> Query {
-    q.sort(fields::PRIORITY, Order::Desc).sort(fields::RUN_AT, Order::Asc).sort(reserved::ID, Order::Asc)
 }
 
 impl<S: Store + Clone> Queue<S> {

@@ -1,0 +1,177 @@
+//! Configuring an agent.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mongolock::Identity;
+use store_trait::{Store, Ttl};
+use tokio_util::sync::CancellationToken;
+
+use super::{Agent, AgentLog, Inner};
+use crate::{AgentError, Queue};
+
+pub(super) type ProcessWhile = Arc<dyn Fn(&AgentLog) -> bool + Send + Sync>;
+
+/// Configures an [`Agent`].
+pub struct AgentBuilder<S> {
+    store: S,
+    name: String,
+    queue: Result<Queue<S>, AgentError>,
+    sleep_between: Duration,
+    lease: Duration,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    concurrency: usize,
+    drain: Duration,
+    retain_finished: Option<Duration>,
+    identity: Option<Identity>,
+    process_while: Option<ProcessWhile>,
+    shutdown: Option<CancellationToken>,
+}
+
+impl<S> std::fmt::Debug for AgentBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentBuilder").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone> AgentBuilder<S> {
+    /// The defaults: the seed's 5 s poll, a 60 s claim lease, 5 attempts.
+    pub(super) fn new(store: S, name: String, queue: Result<Queue<S>, AgentError>) -> Self {
+        AgentBuilder {
+            store,
+            name,
+            queue,
+            sleep_between: Duration::from_secs(5),
+            lease: Duration::from_secs(60),
+            max_attempts: 5,
+            backoff: (Duration::from_secs(1), Duration::from_secs(600)),
+            concurrency: 1,
+            drain: Duration::from_secs(30),
+            retain_finished: None,
+            identity: None,
+            process_while: None,
+            shutdown: None,
+        }
+    }
+
+    /// How long an idle agent waits between polls when the store has no change
+    /// notifications (default 5 s, as in the seed). With notifications, an idle
+    /// agent is woken when a task arrives.
+    pub fn sleep_between(mut self, d: Duration) -> Self {
+        self.sleep_between = d;
+        self
+    }
+
+    /// The claim lease (default 60 s), renewed every third of it while the handler
+    /// runs; a crashed agent's task is claimable again once it lapses.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+
+    /// Attempts before a task fails for good (default 5).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Retry backoff: `base * 2^(attempt-1)`, capped at `max`, with ±50 % jitter
+    /// (default 1 s and 10 min).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff = (base, max);
+        self
+    }
+
+    /// Tasks in flight at once in [`Agent::work`] (default 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// How long a stopping agent lets in-flight tasks finish before it gives
+    /// their claims back (default 30 s).
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain = d;
+        self
+    }
+
+    /// Garbage-collects finished tasks this long after they finish (TTL index;
+    /// default: keep them).
+    pub fn retain_finished(mut self, d: Duration) -> Self {
+        self.retain_finished = Some(d);
+        self
+    }
+
+    /// The identity recorded on claims (default [`Identity::current`]).
+    pub fn identity(mut self, id: Identity) -> Self {
+        self.identity = Some(id);
+        self
+    }
+
+    /// [`Agent::work`] stops (and drains) when `token` is cancelled, as when
+    /// [`Agent::shutdown`] is called. One token can stop every agent of a
+    /// process, from a signal handler:
+    ///
+    /// ```
+    /// # fn wire(store: store_memory::MemoryStore) -> Result<(), mongoagent::AgentError> {
+    /// let stop = tokio_util::sync::CancellationToken::new();
+    /// let agent = mongoagent::Agent::builder(store, "resize", "tasks").shutdown_on(&stop).build()?;
+    /// // tokio::spawn(async move { tokio::signal::ctrl_c().await.ok(); stop.cancel() });
+    /// # let _ = agent; Ok(()) }
+    /// ```
+    pub fn shutdown_on(mut self, token: &CancellationToken) -> Self {
+        self.shutdown = Some(token.child_token());
+        self
+    }
+
+    /// [`Agent::work`] continues while this returns true for the log (default:
+    /// forever).
+    pub fn process_while(mut self, f: impl Fn(&AgentLog) -> bool + Send + Sync + 'static) -> Self {
+        self.process_while = Some(Arc::new(f));
+        self
+    }
+
+    /// Validates the configuration.
+    pub fn build(self) -> Result<Agent<S>, AgentError> {
+        let bad = |m: String| Err(AgentError::Config(m));
+        if self.name.is_empty() {
+            return bad("an agent needs a non-empty name".into());
+        }
+        if self.concurrency == 0 {
+            return bad("concurrency must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts must be at least 1".into());
+        }
+        if self.sleep_between.is_zero() {
+            return bad("sleep_between must be positive".into());
+        }
+        if self.backoff.0.is_zero() || self.backoff.1 < self.backoff.0 {
+            return bad(format!("bad backoff {:?}", self.backoff));
+        }
+        let lease = Ttl::new(self.lease).map_err(|e| AgentError::Config(e.to_string()))?;
+        let retain = self.retain_finished.map(Ttl::new).transpose().map_err(|e| AgentError::Config(e.to_string()))?;
+        let queue = self.queue?;
+        Ok(Agent {
+            inner: Arc::new(Inner {
+                store: self.store,
+                name: self.name,
+                queue,
+                sleep_between: self.sleep_between,
+                lease,
+                max_attempts: self.max_attempts,
+                backoff: self.backoff,
+                concurrency: self.concurrency,
+                drain: self.drain,
+                retain,
+                identity: self.identity.unwrap_or_else(Identity::current),
+                process_while: self.process_while,
+                log: Mutex::new(AgentLog::default()),
+                seq: AtomicU64::new(1),
+                shutdown: self.shutdown.unwrap_or_default(),
+            }),
+        })
+    }
+}

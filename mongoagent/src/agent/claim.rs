@@ -1,0 +1,93 @@
+//! Claiming: which tasks are claimable, in which order, and the claim itself
+//! (one `Store::claim`, whose lease the agent then keeps as a lock guard).
+
+use std::sync::atomic::Ordering;
+
+use bson::doc;
+use mongolock::{Lock, LockGuard};
+use store_trait::{fields as reserved, Claim, Condition, Mutation, Order, Query, Record, Store};
+use tokio::time::Instant;
+
+use super::Agent;
+use crate::queue::not_complete;
+use crate::task::fields;
+use crate::AgentError;
+
+/// Ready tasks of `agent` that are due and not held: the common claim. The
+/// equality prefix (`agent_name`, `ready`) is what the claim index serves, so
+/// finished tasks, however many, are never scanned. (A task waiting for its
+/// follow-ups can be made ready by the last one while its own agent still holds
+/// it for a moment; it is claimable once that agent lets go.)
+pub(crate) fn ready_tasks(agent: &str) -> Query {
+    claim_order(
+        Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
+            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into())).and(Condition::Free)),
+    )
+}
+
+/// Tasks of `agent` claimed by an agent whose lease lapsed (crashed or hung):
+/// claimable again. This includes tasks whose outcome was recorded but whose
+/// fan-in step was not (the agent died in between): claiming one finishes that
+/// step. Served by the `recover` index (`agent_name`, `claimed`).
+pub(crate) fn lapsed_tasks(agent: &str) -> Query {
+    claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
+}
+
+/// The order of claims: priority, then due time, then insertion.
+pub(crate) fn claim_order(q: Query) -> Query {
+    q.sort(fields::PRIORITY, Order::Desc).sort(fields::RUN_AT, Order::Asc).sort(reserved::ID, Order::Asc)
+}
+
+/// A claimed task with its lease.
+pub(super) struct Claimed<S: Store + Clone> {
+    pub(super) guard: LockGuard<S>,
+    pub(super) record: Record,
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// Claims the next task: one round trip for a ready task. Tasks whose claim
+    /// lapsed (a crashed agent's) are looked for when no task is ready, and first
+    /// on every sixteenth claim, so recovery never starves under load.
+    pub(super) async fn claim(&self) -> Result<Option<Claimed<S>>, AgentError> {
+        let inner = &self.inner;
+        // Claims race for the same head-of-queue document; agents sharing a
+        // `Queue` take turns instead of making the server resolve their write
+        // conflicts (measured on SecantusDB: 1 claimer 71 tasks/s, 4 at once 16,
+        // 16 at once 3.5).
+        let _turn = inner.queue.claim_gate.lock().await;
+        let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
+        let (ready, lapsed) = (ready_tasks(&inner.name), lapsed_tasks(&inner.name));
+        let order = if seq % 16 == 0 { [&lapsed, &ready] } else { [&ready, &lapsed] };
+        for query in order {
+            if let Some(c) = self.claim_from(query, seq).await? {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
+    }
+
+    pub(super) async fn claim_from(&self, query: &Query, seq: u64) -> Result<Option<Claimed<S>>, AgentError> {
+        let inner = &self.inner;
+        let owner = format!("{}/{}/{}", inner.identity, inner.name, seq);
+        let claim = Claim {
+            query: query.clone(),
+            mutation: Mutation::new()
+                .grant(owner, inner.lease)
+                .bump_fence()
+                .set(fields::READY, false)
+                .set(fields::CLAIMED, true)
+                .set(fields::AGENT_HOST, inner.identity.host())
+                .set_now(fields::STARTED_AT),
+        };
+        let sent = Instant::now();
+        let Some(record) = inner.store.claim(&inner.queue.coll, &claim).await? else { return Ok(None) };
+        let lock = Lock::builder_with_key(inner.store.clone(), record.key().clone())
+            .collection(inner.queue.coll.as_str())
+            .ttl(inner.lease.as_duration())
+            .identity(inner.identity.clone())
+            .build()?;
+        let guard = lock.adopt(&record, sent, true)?;
+        tracing::debug!(agent = %inner.name, task = %record.key(), token = record.fence(), "task claimed");
+        Ok(Some(Claimed { guard, record }))
+    }
+}

@@ -1,0 +1,177 @@
+//! Fan-in: a task waiting for its follow-ups, the last follow-up waking it with
+//! one conditional write, the children a re-run task sees, and follow-up ids.
+
+use bson::{Bson, Document};
+use mongolock::{LockError, LockGuard};
+use store_trait::{Condition, Key, Mutation, Query, Record, Store, StoreError};
+
+use super::{Agent, Processed};
+use crate::queue::not_complete;
+use crate::task::{fields, Child};
+use crate::{AgentError, NewTask};
+
+/// The follow-ups of `waiter`'s round `round`, in the order they were returned.
+pub(crate) fn joined_to(waiter: &Bson, round: i64) -> Query {
+    Query::eq(bson::doc! { fields::JOIN: waiter.clone(), fields::JOIN_ROUND: round })
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// The handler waits for the follow-ups of `round` (enqueued already): mark
+    /// the task waiting, still holding the claim, then settle.
+    pub(super) async fn wait(
+        &self,
+        guard: LockGuard<S>,
+        key: &Key,
+        round: i64,
+        merge: Document,
+    ) -> Result<Processed, AgentError> {
+        let changes = Mutation::new().set_all(merge).set(fields::WAITING, round).set(fields::READY, false);
+        match guard.write(changes).await {
+            Ok(_) => {}
+            Err(LockError::Lost { current, .. }) => return Ok(self.stale(key, guard.token(), current)),
+            Err(e) => return Err(e.into()),
+        }
+        self.bump(|l| l.waiting += 1);
+        tracing::info!(agent = %self.inner.name, task = %key, round, "task waits for its follow-ups");
+        match self.settle_wait(guard, key, round).await {
+            Ok(_) | Err(LockError::Lost { .. }) => Ok(Processed::Waiting(key.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Lets go of a task that waits for its follow-ups of `round`: ready again at
+    /// once if they have all ended (the last of them may have ended before the
+    /// task was marked waiting, and found nothing to wake), otherwise left for
+    /// the last one to wake.
+    pub(super) async fn settle_wait(&self, guard: LockGuard<S>, key: &Key, round: i64) -> Result<Record, LockError> {
+        let open = match self.open_children(key.as_bson(), round).await {
+            Ok(n) => n,
+            // Dropping the guard gives the claim back; the next claimer settles.
+            Err(e) => return Err(LockError::Store(e)),
+        };
+        let changes = if open == 0 { wake(Mutation::new(), round) } else { Mutation::new() };
+        let out = guard.release_with(changes.set(fields::CLAIMED, false)).await;
+        if open == 0 && out.is_ok() {
+            tracing::info!(agent = %self.inner.name, task = %key, round, "follow-ups all ended: task ready again");
+        }
+        out
+    }
+
+    pub(super) async fn open_children(&self, waiter: &Bson, round: i64) -> Result<u64, StoreError> {
+        let q = joined_to(waiter, round).when(not_complete());
+        self.inner.store.count(&self.inner.queue.coll, &q).await
+    }
+
+    /// After a follow-up ended: if every follow-up of its waiter's round has
+    /// ended, makes the waiter ready. Idempotent; several last follow-ups ending
+    /// at once make it ready once (the write is conditional on the round).
+    pub(super) async fn notify_waiter(&self, data: &Document) -> Result<(), AgentError> {
+        let Some(waiter) = data.get(fields::JOIN) else { return Ok(()) };
+        let round = data.get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
+        self.wake_if_done(waiter, round).await
+    }
+
+    pub(super) async fn wake_if_done(&self, waiter: &Bson, round: i64) -> Result<(), AgentError> {
+        if self.open_children(waiter, round).await? > 0 {
+            return Ok(());
+        }
+        let key = Key::from_bson(waiter.clone())?;
+        let w = store_trait::Write::new(
+            Condition::FieldEq(fields::WAITING.into(), Bson::Int64(round)),
+            wake(Mutation::new(), round),
+        );
+        if self.inner.store.write(&self.inner.queue.coll, &key, &w).await?.is_applied() {
+            tracing::info!(agent = %self.inner.name, task = %key, round, "follow-ups all ended: task ready");
+        }
+        Ok(())
+    }
+
+    /// The follow-ups `key` waited for in `round`, in the order they were returned.
+    pub(super) async fn children(&self, key: &Key, round: i64) -> Result<Vec<Child>, AgentError> {
+        let found = self.inner.store.find(&self.inner.queue.coll, &joined_to(key.as_bson(), round)).await?;
+        let mut children: Vec<Child> =
+            found.into_iter().map(|r| Child { key: r.key().clone(), data: r.into_data() }).collect();
+        let position = |c: &Child| c.key.to_string().rsplit('/').next().and_then(|i| i.parse::<u64>().ok());
+        // Follow-ups in the order they were returned, then a fan-in task the wait
+        // extended to.
+        children.sort_by_key(|c| (position(c).is_none(), position(c), c.key.to_string()));
+        Ok(children)
+    }
+
+    /// Enqueues a successful handler's follow-ups; with a fan-in task, the
+    /// follow-ups joined to it first, then the task, waiting for them.
+    pub(super) async fn enqueue_follow_ups(
+        &self,
+        record: &Record,
+        round: i64,
+        children: Vec<NewTask>,
+        then: Option<NewTask>,
+    ) -> Result<(), AgentError> {
+        let key = record.key();
+        let Some(mut waiter) = then else { return self.enqueue_children(key, round, children, None).await };
+        let waiter_key = Key::new(format!("{}/then", child_prefix(key, round)))?;
+        // Every follow-up exists before the fan-in task does: one that ends early
+        // finds no task to wake, and never wakes it before its siblings exist.
+        self.enqueue_children(key, round, children, Some((waiter_key.as_bson().clone(), 0))).await?;
+        waiter.id = Some(waiter_key.as_bson().clone());
+        waiter.parent = Some(key.as_bson().clone());
+        waiter.dedupe_key = None;
+        waiter.fan_in = true;
+        // A wait on this task extends to the fan-in task: it is enqueued before
+        // this task ends, so the waiter always sees one of them open.
+        waiter.join = record.data().get(fields::JOIN).map(|w| {
+            let r = record.data().get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
+            (w.clone(), r)
+        });
+        self.inner.queue.enqueue_all(std::slice::from_ref(&waiter)).await?;
+        // The follow-ups may all have ended already (or a retried handler finds
+        // the fan-in task from its first run): wake it if so. Idempotent.
+        self.wake_if_done(waiter_key.as_bson(), 0).await
+    }
+
+    /// Enqueues follow-ups with ids derived from the parent, its round and their
+    /// position, so a retried handler never duplicates them.
+    pub(super) async fn enqueue_children(
+        &self,
+        parent: &Key,
+        round: i64,
+        children: Vec<NewTask>,
+        join: Option<(Bson, i64)>,
+    ) -> Result<(), AgentError> {
+        if children.is_empty() {
+            return Ok(());
+        }
+        let prefix = child_prefix(parent, round);
+        let tasks: Vec<NewTask> = children
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut t)| {
+                t.id = Some(Bson::String(format!("{prefix}/{i}")));
+                t.parent = Some(parent.as_bson().clone());
+                t.join = join.clone();
+                t
+            })
+            .collect();
+        self.inner.queue.enqueue_all(&tasks).await?;
+        Ok(())
+    }
+}
+
+/// How many times the task's follow-ups all ended and it was made ready again.
+pub(super) fn task_round(data: &Document) -> i64 {
+    data.get(fields::ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0).max(0)
+}
+
+/// Follow-up ids: `parent/i` on a first run, `parent@round/i` after `round` joins.
+pub(super) fn child_prefix(parent: &Key, round: i64) -> String {
+    if round == 0 {
+        parent.to_string()
+    } else {
+        format!("{parent}@{round}")
+    }
+}
+
+/// Makes a task that waited on `round` ready again.
+pub(super) fn wake(m: Mutation, round: i64) -> Mutation {
+    m.unset(fields::WAITING).set(fields::READY, true).set(fields::ROUND, round.saturating_add(1))
+}

@@ -1,0 +1,163 @@
+//! Outcomes: the fenced write that records what the handler reported, the
+//! retry policy, and what a stale agent's rejected outcome means.
+
+use std::time::Duration;
+
+use bson::Document;
+use mongolock::{LockError, LockGuard};
+use store_trait::{Key, Mutation, Record, Store};
+
+use super::fan_in::task_round;
+use super::{Agent, Processed};
+use crate::task::fields;
+use crate::{AgentError, Outcome, Retry};
+
+impl<S: Store + Clone> Agent<S> {
+    pub(super) async fn finish(
+        &self,
+        guard: LockGuard<S>,
+        record: &Record,
+        outcome: Outcome,
+    ) -> Result<Processed, AgentError> {
+        let inner = &self.inner;
+        let key = record.key().clone();
+        let token = guard.token();
+        let round = task_round(record.data());
+        let outcome = match outcome {
+            Outcome::Complete { merge, follow_ups, then } => match check_merge(&merge) {
+                Err(e) => Outcome::failed_permanently(e),
+                Ok(()) => match self.enqueue_follow_ups(record, round, follow_ups, then.map(|t| *t)).await {
+                    Ok(()) => Outcome::done_with(merge),
+                    Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+                },
+            },
+            Outcome::Wait { follow_ups, .. } if follow_ups.is_empty() => {
+                Outcome::failed_permanently("the handler waits for follow-ups but returned none")
+            }
+            Outcome::Wait { merge, follow_ups } => match check_merge(&merge) {
+                Err(e) => Outcome::failed_permanently(e),
+                Ok(()) => {
+                    let join = (key.as_bson().clone(), round);
+                    match self.enqueue_children(&key, round, follow_ups, Some(join)).await {
+                        Ok(()) => return self.wait(guard, &key, round, merge).await,
+                        Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+                    }
+                }
+            },
+            fail => fail,
+        };
+        let limit = record
+            .data()
+            .get(fields::MAX_ATTEMPTS)
+            .and_then(store_trait::semantics::as_i64)
+            .map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
+        let (changes, result) = match outcome {
+            Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } => (
+                self.finished(Mutation::new().set_all(merge), token).set(fields::ERROR_ENCOUNTERED, false),
+                Processed::Completed(key.clone()),
+            ),
+            Outcome::Fail { error, merge, retry } => {
+                let merge = if check_merge(&merge).is_ok() { merge } else { Document::new() };
+                let delay = match retry {
+                    Retry::Never => None,
+                    _ if token >= limit => None,
+                    Retry::After(d) => Some(d),
+                    _ => Some(self.backoff(token)),
+                };
+                match delay {
+                    None => (
+                        self.finished(Mutation::new().set_all(merge), token)
+                            .set(fields::ERROR_ENCOUNTERED, true)
+                            .set(fields::LAST_ERROR, error),
+                        Processed::Failed(key.clone()),
+                    ),
+                    Some(d) => (
+                        Mutation::new()
+                            .set_all(merge)
+                            .set(fields::READY, true)
+                            .set(fields::CLAIMED, false)
+                            .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
+                            .set(fields::LAST_ERROR, error)
+                            .set_time_after(fields::RUN_AT, d),
+                        Processed::Retried(key.clone()),
+                    ),
+                }
+            }
+        };
+        let ended = !matches!(result, Processed::Retried(_));
+        let joined = ended && record.data().contains_key(fields::JOIN);
+        // A follow-up something waits for keeps its claim until it has told the
+        // waiter: if this agent dies in between, the claim lapses and whoever
+        // claims it next finishes the step.
+        let applied = if joined {
+            guard.write(changes).await.map(|_| Some(guard))
+        } else if ended {
+            guard.release_with(self.close(changes)).await.map(|_| None)
+        } else {
+            guard.release_with(changes).await.map(|_| None)
+        };
+        match applied {
+            Ok(kept) => {
+                self.bump(|l| match &result {
+                    Processed::Completed(_) => l.completed += 1,
+                    Processed::Retried(_) => l.retried += 1,
+                    Processed::Failed(_) => l.failed_permanently += 1,
+                    _ => {}
+                });
+                tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
+                if let Some(guard) = kept {
+                    self.notify_waiter(record.data()).await?;
+                    match guard.release_with(self.close(Mutation::new())).await {
+                        Ok(_) | Err(LockError::Lost { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(result)
+            }
+            Err(LockError::Lost { current, .. }) => Ok(self.stale(&key, token, current)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) fn stale(&self, key: &Key, token: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
+        self.bump(|l| l.stale_rejected += 1);
+        tracing::warn!(agent = %self.inner.name, task = %key, token, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
+        Processed::Stale(key.clone())
+    }
+
+    /// The changes that end a task (completed or failed for good); the claim is
+    /// let go by [`Agent::close`].
+    pub(super) fn finished(&self, m: Mutation, token: u64) -> Mutation {
+        m.set(fields::COMPLETE, true)
+            .set(fields::READY, false)
+            .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
+            .set_now(fields::COMPLETED_AT)
+    }
+
+    /// Lets go of an ended task (and schedules its garbage collection).
+    pub(super) fn close(&self, m: Mutation) -> Mutation {
+        let m = m.set(fields::CLAIMED, false);
+        match self.inner.retain {
+            Some(ttl) => m.gc_after(ttl),
+            None => m,
+        }
+    }
+
+    pub(super) fn backoff(&self, attempt: u64) -> Duration {
+        let (base, max) = self.inner.backoff;
+        let exp = base.saturating_mul(1_u32 << attempt.saturating_sub(1).min(20)).min(max);
+        exp.mul_f64(0.5 + fastrand::f64())
+    }
+}
+
+pub(super) fn check_merge(merge: &Document) -> Result<(), String> {
+    for k in merge.keys() {
+        if fields::CONTROL.contains(&k.as_str()) {
+            return Err(format!("the handler tried to set the queue's own field {k:?}"));
+        }
+        if let Err(e) = store_trait::check_field_name(k) {
+            return Err(format!("the handler returned a bad field: {e}"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The agent: claims tasks atomically, runs the handler under a renewed lease,
+//! and records the outcome with a write fenced by the claim token.
+//!
+//! One concern per file: [`builder`](AgentBuilder) (configuration), `work`
+//! (the loop: concurrency, idle wait, drain), `claim` (claim queries, order,
+//! the claim gate), `run` (the handler), `finish` (outcomes, retry policy,
+//! fencing) and `fan_in` (waiting for follow-ups). This file holds the handle
+//! and its counters.
+
+mod builder;
+mod claim;
+
+pub(crate) use claim::claim_order;
+mod fan_in;
+mod finish;
+mod run;
+mod work;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::{doc, Document};
+use mongolock::Identity;
+use store_trait::{Key, Record, Store, Ttl};
+use tokio_util::sync::CancellationToken;
+
+pub use builder::AgentBuilder;
+pub use run::Handler;
+
+use crate::task::fields;
+use crate::{AgentError, Queue};
+use builder::ProcessWhile;
+
+/// The agent's log: the seed's counters and more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AgentLog {
+    /// Handler calls.
+    pub tasks_processed: u64,
+    /// Handler calls that failed (including panics).
+    pub failed_tasks: u64,
+    /// The same as `failed_tasks`, under the name the seed's example uses.
+    pub errors_encountered: u64,
+    /// Tasks completed.
+    pub completed: u64,
+    /// Failures scheduled for another attempt.
+    pub retried: u64,
+    /// Tasks failed for good.
+    pub failed_permanently: u64,
+    /// Outcomes rejected because the claim was lost (another agent took the task
+    /// after this one's lease lapsed): never applied.
+    pub stale_rejected: u64,
+    /// Tasks set to wait for their follow-ups ([`Outcome::wait_for_follow_ups`]).
+    pub waiting: u64,
+    /// Tasks whose crashed agent had recorded the outcome but not finished the
+    /// fan-in step; this agent finished it (no handler ran).
+    pub recovered: u64,
+}
+
+/// What one `process` call did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// The task completed.
+    Completed(Key),
+    /// The task failed and will be tried again.
+    Retried(Key),
+    /// The task failed for good.
+    Failed(Key),
+    /// The claim was lost before the outcome could be recorded; nothing was applied.
+    Stale(Key),
+    /// The task waits for its follow-ups and will run again when they have ended.
+    Waiting(Key),
+    /// A crashed agent's fan-in step on this task was finished; no handler ran.
+    Recovered(Key),
+}
+
+struct Inner<S> {
+    store: S,
+    name: String,
+    queue: Queue<S>,
+    sleep_between: Duration,
+    lease: Ttl,
+    max_attempts: u32,
+    backoff: (Duration, Duration),
+    concurrency: usize,
+    drain: Duration,
+    retain: Option<Ttl>,
+    identity: Identity,
+    process_while: Option<ProcessWhile>,
+    log: Mutex<AgentLog>,
+    seq: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+/// An agent: takes tasks named for it from a queue collection and processes them.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Agent<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> std::fmt::Debug for Agent<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.inner.name)
+            .field("queue", &self.inner.queue.coll)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// An agent named `name` on queue collection `queue` (the seed's `new(name, queue)`).
+    pub fn builder(store: S, name: impl Into<String>, queue: impl Into<String>) -> AgentBuilder<S> {
+        let queue = Queue::new(store.clone(), &queue.into());
+        Self::builder_for(store, name.into(), queue)
+    }
+
+    /// An agent named `name` on an existing [`Queue`]. Agents built on clones of
+    /// one `Queue` take turns claiming, instead of racing each other for the head
+    /// of the queue.
+    pub fn on_queue(queue: &Queue<S>, name: impl Into<String>) -> AgentBuilder<S> {
+        Self::builder_for(queue.store.clone(), name.into(), Ok(queue.clone()))
+    }
+
+    fn builder_for(store: S, name: String, queue: Result<Queue<S>, AgentError>) -> AgentBuilder<S> {
+        AgentBuilder::new(store, name, queue)
+    }
+
+    /// An agent with the default configuration.
+    pub fn new(store: S, name: &str, queue: &str) -> Result<Self, AgentError> {
+        Self::builder(store, name, queue).build()
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &Queue<S> {
+        &self.inner.queue
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> AgentLog {
+        *self.inner.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops [`Agent::work`]: no new claims; in-flight tasks get the drain timeout.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// Ready tasks of this agent (the seed's `get_tasks`), or those matching
+    /// `filter` (field equality).
+    pub async fn get_tasks(&self, filter: Option<Document>) -> Result<Vec<Record>, AgentError> {
+        let filter = filter.unwrap_or_else(|| doc! { fields::AGENT_NAME: &self.inner.name, fields::READY: true });
+        self.inner.queue.tasks(filter, None).await
+    }
+
+    /// Processes at most one task: claims the next one (one round trip), runs
+    /// `handler` while renewing the claim, records the outcome. `Ok(None)` when no
+    /// task is ready.
+    pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
+        let handler: Arc<dyn Handler> = Arc::new(handler);
+        match self.claim().await? {
+            Some(c) => Ok(Some(self.run(c, handler).await?)),
+            None => Ok(None),
+        }
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut AgentLog)) {
+        f(&mut self.inner.log.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}

@@ -1,0 +1,102 @@
+//! Running the handler on a claimed task: the task as the handler sees it, a
+//! panic turned into a failure, and the dispatch to the outcome (or, for a task
+//! a crashed agent left mid-way through a fan-in step, to that step).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use mongolock::LockError;
+use store_trait::{Key, Mutation, Record, Store};
+
+use super::claim::Claimed;
+use super::fan_in::task_round;
+use super::{Agent, Processed};
+use crate::task::fields;
+use crate::{AgentError, Outcome, Task};
+
+/// A task handler: an async function from a [`Task`] to an [`Outcome`].
+pub trait Handler: Send + Sync + 'static {
+    /// Processes one task.
+    fn handle(&self, task: Task) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
+}
+
+impl<F, Fut, O> Handler for F
+where
+    F: Fn(Task) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = O> + Send + 'static,
+    O: Into<Outcome>,
+{
+    fn handle(&self, task: Task) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'static>> {
+        let fut = self(task);
+        Box::pin(async move { fut.await.into() })
+    }
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// Runs the handler on a claimed task and records the outcome. A claimed task
+    /// that already has an outcome, or that waits for its follow-ups, was left
+    /// by a crashed agent in the middle of a fan-in step: that step is finished
+    /// instead.
+    pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
+        let Claimed { guard, record } = c;
+        let key = record.key().clone();
+        let data = record.data();
+        if data.get_bool(fields::COMPLETE).ok() == Some(true) {
+            self.notify_waiter(data).await?;
+            return self.recovered(guard.release_with(self.close(Mutation::new())).await, key);
+        }
+        if let Some(round) = data.get(fields::WAITING).and_then(store_trait::semantics::as_i64) {
+            let released = self.settle_wait(guard, &key, round).await;
+            return self.recovered(released, key);
+        }
+        let round = task_round(data);
+        let children = match round.checked_sub(1) {
+            Some(r) => self.children(&key, r).await?,
+            None => Vec::new(),
+        };
+        let task = Task {
+            key: key.clone(),
+            data: data.clone(),
+            token: record.fence(),
+            cancel: guard.lost_token(),
+            round: u64::try_from(round).unwrap_or(0),
+            children,
+        };
+        // The handler runs on its own task: a panic is a failure, not a crash. If
+        // this future is dropped (drain timeout), the handler is aborted with it.
+        let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
+        let outcome = match (&mut handle.0).await {
+            Ok(o) => o,
+            Err(e) => Outcome::failed(format!("the handler panicked: {e}")),
+        };
+        self.bump(|l| l.tasks_processed += 1);
+        if matches!(outcome, Outcome::Fail { .. }) {
+            self.bump(|l| {
+                l.failed_tasks += 1;
+                l.errors_encountered += 1;
+            });
+        }
+        self.finish(guard, &record, outcome).await
+    }
+
+    pub(super) fn recovered(&self, released: Result<Record, LockError>, key: Key) -> Result<Processed, AgentError> {
+        match released {
+            Ok(_) | Err(LockError::Lost { .. }) => {
+                self.bump(|l| l.recovered += 1);
+                tracing::info!(agent = %self.inner.name, task = %key, "finished a crashed agent's fan-in step");
+                Ok(Processed::Recovered(key))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

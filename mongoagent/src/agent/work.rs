@@ -1,0 +1,169 @@
+//! The work loop: up to `concurrency` tasks in flight, an idle wait that
+//! sleeps until the next due time or a change notification, and the drain on
+//! shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Document};
+use store_trait::{fields as reserved, Condition, Query, Store};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::{Agent, AgentLog, Handler, Processed};
+use crate::queue::not_complete;
+use crate::task::fields;
+use crate::AgentError;
+
+impl<S: Store + Clone> Agent<S> {
+    /// Processes tasks until `process_while(log)` says stop or [`Agent::shutdown`]
+    /// is called, up to `concurrency` at once. An idle agent wakes when a task
+    /// arrives (change notification), when a delayed task or a lapsed claim
+    /// becomes due, or after `sleep_between`. On shutdown it stops claiming, lets
+    /// in-flight tasks finish within the drain timeout, then gives the rest back.
+    pub async fn work(&self, handler: impl Handler) -> Result<AgentLog, AgentError> {
+        let handler: Arc<dyn Handler> = Arc::new(handler);
+        let inner = &self.inner;
+        inner.queue.ensure_indexes().await?;
+        // Re-subscribes by itself after the stream ends (a server restart).
+        let mut events =
+            store_trait::Watcher::open(inner.store.clone(), inner.queue.coll.clone(), None, inner.sleep_between)
+                .await
+                .ignore_renewals();
+        let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
+        let mut backoff = Duration::from_millis(50);
+        let mut idle_until: Option<Instant> = None;
+        tracing::info!(agent = %inner.name, queue = %inner.queue.coll, push = events.is_live(), "agent working");
+        loop {
+            while let Some(done) = running.try_join_next() {
+                self.reap(done);
+            }
+            if inner.shutdown.is_cancelled() || !self.keep_going() {
+                break;
+            }
+            if running.len() >= inner.concurrency {
+                tokio::select! {
+                    _ = inner.shutdown.cancelled() => break,
+                    Some(done) = running.join_next() => self.reap(done),
+                }
+                continue;
+            }
+            match self.claim().await {
+                Ok(Some(c)) => {
+                    backoff = Duration::from_millis(50);
+                    let (this, h) = (self.clone(), handler.clone());
+                    running.spawn(async move { this.run(c, h).await });
+                }
+                Ok(None) => {
+                    // Idle until the next due time (computed once per idle period, not
+                    // per wake-up), a change notification, or a finished task.
+                    let until = match idle_until {
+                        Some(t) if t > Instant::now() => t,
+                        _ => {
+                            idle_until = Some(Instant::now() + self.idle_wait().await);
+                            // Claim once more before sleeping: a task that became due
+                            // (or whose claim lapsed) between the claim and the due-time
+                            // queries is in neither's view, and would wait a full
+                            // `sleep_between`.
+                            continue;
+                        }
+                    };
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep_until(until) => idle_until = None,
+                        Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                        _ = events.changed() => {
+                            // Coalesce a burst of notifications into one claim attempt.
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            events.drain_ready();
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %inner.name, error = %e, "claim failed");
+                    if !e.is_retryable() {
+                        running.shutdown().await;
+                        return Err(e);
+                    }
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(inner.sleep_between);
+                }
+            }
+        }
+        self.drain(running).await;
+        Ok(self.log())
+    }
+
+    pub(super) fn keep_going(&self) -> bool {
+        let log = self.log();
+        self.inner.process_while.as_ref().is_none_or(|f| f(&log))
+    }
+
+    pub(super) fn reap(&self, done: Result<Result<Processed, AgentError>, tokio::task::JoinError>) {
+        match done {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(agent = %self.inner.name, error = %e, "recording a task outcome failed; its claim will lapse and it will run again")
+            }
+            Err(e) => tracing::error!(agent = %self.inner.name, error = %e, "task runner failed"),
+        }
+    }
+
+    /// Lets in-flight tasks finish within the drain timeout; then drops the rest,
+    /// which gives their claims back (their guards release them).
+    pub(super) async fn drain(&self, mut running: JoinSet<Result<Processed, AgentError>>) {
+        if running.is_empty() {
+            return;
+        }
+        tracing::info!(agent = %self.inner.name, in_flight = running.len(), "draining");
+        let deadline = Instant::now() + self.inner.drain;
+        loop {
+            tokio::select! {
+                done = running.join_next() => match done {
+                    Some(done) => self.reap(done),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(agent = %self.inner.name, abandoned = running.len(), "drain timeout: giving claims back");
+                    running.shutdown().await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// How long an idle agent may sleep: until the next delayed task or lapsed
+    /// claim becomes due, at most `sleep_between`.
+    pub(super) async fn idle_wait(&self) -> Duration {
+        let inner = &self.inner;
+        let mine = |extra: Document| {
+            let mut d = doc! { fields::AGENT_NAME: &inner.name };
+            d.extend(extra);
+            Query::eq(d)
+        };
+        let next_run = mine(doc! { fields::READY: true })
+            .when(not_complete())
+            .when(Condition::DueBy(fields::RUN_AT.into()).negate())
+            .sort(fields::RUN_AT, store_trait::Order::Asc)
+            .limit(1);
+        let next_lapse = mine(doc! { fields::CLAIMED: true })
+            .when(Condition::Free.negate())
+            .sort(reserved::LEASE_UNTIL, store_trait::Order::Asc)
+            .limit(1);
+        let soonest = async {
+            let now = inner.store.now().await.ok()?;
+            let run = inner.store.find(&inner.queue.coll, &next_run).await.ok()?;
+            let lapse = inner.store.find(&inner.queue.coll, &next_lapse).await.ok()?;
+            let run_at = run
+                .first()
+                .and_then(|r| r.data().get_datetime(fields::RUN_AT).ok())
+                .map(|d| store_trait::StoreTime::from_millis(d.timestamp_millis()));
+            let lapse_at = lapse.first().and_then(|r| r.lease().map(|l| l.until));
+            [run_at, lapse_at].into_iter().flatten().min().map(|t| now.until(t) + Duration::from_millis(1))
+        };
+        soonest.await.map_or(inner.sleep_between, |d| d.min(inner.sleep_between))
+    }
+}
