@@ -69,42 +69,15 @@ pub use tokio_util::sync::CancellationToken;
 #[cfg(feature = "mongo")]
 pub use store_mongo as mongo;
 
-/// Connects to MongoDB as the original `mongo_agent` did: `MONGODB_URI`, or else
+/// Connects to MongoDB as the Ruby `mongo_agent` did: `MONGODB_URI`, or else
 /// `MONGO_HOST` (any form `mongod` accepts: `host`, `host:port`, or a URI); the
-/// database is `MONGO_DB` (default `mongo_agent`), created on first write.
+/// database is `MONGO_DB` (default [`store_mongo::DEFAULT_DATABASE`]), created
+/// on first write. The rules live in [`store_mongo::ConnectionConfig`].
+///
+/// # Cancel safety
+///
+/// Cancel-safe: nothing is written.
 #[cfg(feature = "mongo")]
 pub async fn mongo_from_env() -> Result<store_mongo::MongoStore, AgentError> {
-    let (uri, db) = env_config(|k| std::env::var(k).ok())?;
-    Ok(store_mongo::MongoStore::connect(&uri, &db).await?)
-}
-
-/// The URI and database from the environment (`get` reads a variable).
-pub fn env_config(get: impl Fn(&str) -> Option<String>) -> Result<(String, String), AgentError> {
-    let db = get("MONGO_DB").filter(|s| !s.is_empty()).unwrap_or_else(|| "mongo_agent".into());
-    let uri = match (get("MONGODB_URI").filter(|s| !s.is_empty()), get("MONGO_HOST").filter(|s| !s.is_empty())) {
-        (Some(uri), _) => uri,
-        (None, Some(host)) if host.starts_with("mongodb://") || host.starts_with("mongodb+srv://") => host,
-        (None, Some(host)) => format!("mongodb://{host}"),
-        (None, None) => return Err(AgentError::Config("set MONGODB_URI, or MONGO_HOST (and MONGO_DB)".into())),
-    };
-    Ok((uri, db))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn env() {
-        let vars = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
-        };
-        assert_eq!(
-            env_config(vars(&[("MONGO_HOST", "db1:27018"), ("MONGO_DB", "jobs")])).unwrap(),
-            ("mongodb://db1:27018".into(), "jobs".into())
-        );
-        assert_eq!(env_config(vars(&[("MONGO_HOST", "mongodb://x")])).unwrap().1, "mongo_agent");
-        assert_eq!(env_config(vars(&[("MONGODB_URI", "mongodb://u"), ("MONGO_HOST", "h")])).unwrap().0, "mongodb://u");
-        assert!(env_config(vars(&[])).is_err());
-    }
+    Ok(store_mongo::ConnectionConfig::from_env()?.connect().await?)
 }

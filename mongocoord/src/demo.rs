@@ -209,16 +209,20 @@ fn bar(done: u64, total: u64) -> String {
 }
 
 /// Runs the demo; returns the exit status (1 when an invariant failed).
-pub(crate) async fn run(target: Option<(String, String)>, seconds: u64, tasks: u32, json: bool) -> Result<u8, String> {
+pub(crate) async fn run(
+    target: Option<store_mongo::ConnectionConfig>,
+    seconds: u64,
+    tasks: u32,
+    json: bool,
+) -> Result<u8, String> {
     match target {
         None => {
             eprintln!("mongocoord demo: in-memory store (set MONGODB_URI or pass --uri to run it on MongoDB)");
             demo(MemoryStore::new(), "memory", seconds, tasks, json).await
         }
-        Some((uri, db)) => {
-            eprintln!("mongocoord demo: MongoDB at {} (database {db})", crate::shown(&uri));
-            let store =
-                MongoStore::connect(&uri, &db).await.map_err(|e| format!("cannot use {}: {e}", crate::shown(&uri)))?;
+        Some(c) => {
+            eprintln!("mongocoord demo: MongoDB at {c}");
+            let store: MongoStore = c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))?;
             for c in [ELECTOR_COLL, STATUS_COLL, LOCK_COLL, QUEUE] {
                 store.database().collection::<bson::Document>(c).drop().await.map_err(|e| e.to_string())?;
             }

@@ -6,8 +6,7 @@
 //! the original `mongo_agent` read it. Passwords are never printed.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-mod bench;
-mod chaos;
+mod args;
 mod child;
 mod demo;
 mod runners;
@@ -16,7 +15,7 @@ mod views;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use store_mongo::MongoStore;
+use store_mongo::{ConnectionConfig, MongoStore};
 
 /// Exit status when the lock or leadership was lost while the command ran.
 pub(crate) const EXIT_LOST: u8 = 75;
@@ -188,51 +187,6 @@ enum Cmd {
         #[arg(long)]
         yes: bool,
     },
-    /// Measures throughput and latency against the configured server (run by
-    /// `cargo xtask bench`, which provisions one).
-    Bench {
-        /// A short run for CI smoke tests.
-        #[arg(long)]
-        quick: bool,
-        /// Where to write the JSON summary.
-        #[arg(long, default_value = "target/bench/summary.json")]
-        out: std::path::PathBuf,
-        /// A Python with `mongoelector` installed, to measure the seed's implementation.
-        #[arg(long)]
-        python: Option<std::path::PathBuf>,
-        /// The seed driver script (`xtask/bench/seed_bench.py`).
-        #[arg(long)]
-        seed_script: Option<std::path::PathBuf>,
-    },
-    /// Chaos run: worker processes lock, lead and process tasks while they are
-    /// killed, paused and restarted, and the server is restarted; then checks the
-    /// recorded history. Writes `DIR/summary.json`; exit status 1 on a violation.
-    Chaos {
-        /// How long to inject faults.
-        #[arg(long, default_value_t = 1.0)]
-        minutes: f64,
-        /// Seed of the fault schedule.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Worker processes.
-        #[arg(long, default_value_t = 4)]
-        workers: usize,
-        /// Where logs and the summary go.
-        #[arg(long, default_value = "target/chaos")]
-        dir: std::path::PathBuf,
-        /// A `secantusd-py` to run (and kill and restart) the server with on-disk
-        /// storage in DIR/data; without it, --uri / MONGODB_URI is used and the
-        /// server is not restarted.
-        #[arg(long)]
-        server_bin: Option<std::path::PathBuf>,
-    },
-    /// One chaos worker process (started by `mongocoord chaos`).
-    #[command(hide = true)]
-    ChaosWorker {
-        /// The worker's append-only log.
-        #[arg(long)]
-        log: std::path::PathBuf,
-    },
     /// A live view of locks, leaders and (with --queue) tasks.
     Watch {
         /// The queue collection to include.
@@ -247,29 +201,15 @@ enum Cmd {
     },
 }
 
-/// Where to connect: the flags, else the environment as `mongo_agent` read it
-/// (`MONGODB_URI`, else `MONGO_HOST`; `MONGO_DB`), one definition shared with
-/// `mongoagent::env_config`. The default database here is "mongocoord".
-pub(crate) fn resolve_connection(uri: Option<&str>, db: Option<&str>) -> Option<(String, String)> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let get = |k: &str| match k {
-        "MONGODB_URI" => uri.map(str::to_owned).or_else(|| env(k)),
-        "MONGO_DB" => db.map(str::to_owned).or_else(|| env(k)).or_else(|| Some("mongocoord".into())),
-        _ => env(k),
-    };
-    mongoagent::env_config(get).ok()
-}
-
-/// The URI with any password replaced by `***`.
-pub(crate) fn shown(uri: &str) -> String {
-    store_mongo::redact_password(uri).map_or_else(|| uri.to_owned(), |(_, r)| r)
+/// Where to connect: the flags, else the environment (`MONGODB_URI`, else
+/// `MONGO_HOST`; `MONGO_DB`), by the one set of rules in `store_mongo`.
+pub(crate) fn resolve_connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, String> {
+    ConnectionConfig::resolve(uri, db, |k| std::env::var(k).ok()).map_err(|e| e.to_string())
 }
 
 pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<MongoStore, String> {
-    let Some((uri, db)) = resolve_connection(uri, db) else {
-        return Err("no server given: pass --uri, or set MONGODB_URI or MONGO_HOST".into());
-    };
-    MongoStore::connect(&uri, &db).await.map_err(|e| format!("cannot use {} (database {db}): {e}", shown(&uri)))
+    let c = resolve_connection(uri, db)?;
+    c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))
 }
 
 fn main() -> ExitCode {
@@ -299,7 +239,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
     let (uri, db, json) = (cli.uri.as_deref(), cli.db.as_deref(), cli.json);
     match cli.cmd {
         Cmd::Demo { seconds, tasks, memory } => {
-            let target = if memory { None } else { resolve_connection(uri, db) };
+            let target = if memory { None } else { resolve_connection(uri, db).ok() };
             demo::run(target, seconds, tasks, json).await
         }
         Cmd::Lock { key, ttl, timeout, collection, cmd } => {
@@ -323,22 +263,6 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {
             views::requeue(&connect(uri, db).await?, &queue, &filter, dry_run, yes, json).await
-        }
-        Cmd::Bench { quick, out, python, seed_script } => {
-            let Some((u, d)) = resolve_connection(uri, db) else {
-                return Err("bench needs --uri or MONGODB_URI".into());
-            };
-            let store = connect(Some(&u), Some(&d)).await?;
-            bench::run(&u, &d, store, bench::BenchOpts { quick, out, python, seed_script }).await
-        }
-        Cmd::Chaos { minutes, seed, workers, dir, server_bin } => {
-            let u = resolve_connection(uri, db).map(|(u, _)| u);
-            let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
-            chaos::run(u, &d, chaos::ChaosOpts { minutes, seed, dir, server_bin, workers }).await
-        }
-        Cmd::ChaosWorker { log } => {
-            let Some((u, d)) = resolve_connection(uri, db) else { return Err("chaos-worker needs --uri".into()) };
-            chaos::worker(&u, &d, &log).await
         }
         Cmd::Watch { queue, interval, count } => {
             views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await

@@ -16,12 +16,18 @@ fn coll(name: &str) -> Result<Collection, String> {
     Collection::new(name).map_err(|e| e.to_string())
 }
 
-fn parse_filter(text: &str) -> Result<Document, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("bad filter: {e}"))?;
-    match Bson::try_from(v).map_err(|e| format!("bad filter: {e}"))? {
+/// A JSON object from the command line; `what` names it in errors ("filter",
+/// "task").
+fn parse_object(what: &str, text: &str) -> Result<Document, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("the {what} is not valid JSON: {e}"))?;
+    match Bson::try_from(v).map_err(|e| format!("the {what} cannot be stored: {e}"))? {
         Bson::Document(d) => Ok(d),
-        _ => Err("the filter must be a JSON object".into()),
+        _ => Err(format!("the {what} must be a JSON object")),
     }
+}
+
+fn parse_filter(text: &str) -> Result<Document, String> {
+    parse_object("filter", text)
 }
 
 fn ms(d: Duration) -> String {
@@ -240,12 +246,9 @@ pub(crate) async fn enqueue(
     json: bool,
 ) -> Result<u8, String> {
     let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
-    let mut t = NewTask::new(agent, parse_filter(data)?).priority(o.priority);
+    let mut t = NewTask::new(agent, parse_object("task", data)?).priority(o.priority);
     if let Some(d) = o.delay {
-        if !d.is_finite() || d < 0.0 {
-            return Err(format!("--delay must be zero or more seconds, not {d}"));
-        }
-        t = t.delay(Duration::from_secs_f64(d));
+        t = t.delay(crate::args::seconds("delay", d, true)?);
     }
     if let Some(k) = o.dedupe_key {
         t = t.dedupe_key(k);
@@ -309,9 +312,7 @@ pub(crate) async fn watch(
     interval: f64,
     count: Option<u64>,
 ) -> Result<u8, String> {
-    if !interval.is_finite() || interval <= 0.0 {
-        return Err("--interval must be positive".into());
-    }
+    let interval = crate::args::seconds("interval", interval, false)?;
     let mut n = 0;
     loop {
         print!("\x1b[2J\x1b[H");
@@ -328,6 +329,6 @@ pub(crate) async fn watch(
         if count.is_some_and(|c| n >= c) {
             return Ok(0);
         }
-        tokio::time::sleep(Duration::from_secs_f64(interval)).await;
+        tokio::time::sleep(interval).await;
     }
 }

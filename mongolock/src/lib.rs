@@ -44,6 +44,7 @@ mod guard;
 mod identity;
 mod lock;
 mod semaphore;
+mod timing;
 
 pub use error::LockError;
 pub use guard::{LockGuard, Validity};
@@ -53,6 +54,7 @@ pub use lock::{
 };
 pub use semaphore::Semaphore;
 pub use store_trait;
+pub use timing::{check_interval, LeaseTiming, MAX_INTERVAL};
 
 /// The MongoDB backend, re-exported for convenience.
 #[cfg(feature = "mongo")]

@@ -11,7 +11,8 @@ use store_trait::{
 use tokio::time::Instant;
 
 use crate::guard::{LockGuard, Term};
-use crate::{Identity, LockError};
+use crate::timing::check_interval;
+use crate::{Identity, LeaseTiming, LockError};
 
 /// The collection locks live in unless configured otherwise (as in `MongoLocker`).
 pub const DEFAULT_COLLECTION: &str = "mongolocker";
@@ -115,6 +116,14 @@ impl Acquire {
     pub fn auto_renew(mut self) -> Self {
         self.auto_renew = true;
         self
+    }
+
+    /// A timeout on a single try means nothing: reject it rather than ignore it.
+    pub(crate) fn check(&self) -> Result<(), LockError> {
+        if !self.blocking && self.timeout.is_some() {
+            return Err(LockError::Config("a single try (`Acquire::try_once`) takes no timeout".into()));
+        }
+        Ok(())
     }
 }
 
@@ -238,22 +247,9 @@ impl<S: Store + Clone> LockBuilder<S> {
     pub fn build(self) -> Result<Lock<S>, LockError> {
         let key = self.key.map_err(|e| LockError::Config(e.to_string()))?;
         let coll = Collection::new(self.collection).map_err(|e| LockError::Config(e.to_string()))?;
-        let ttl = Ttl::new(self.ttl).map_err(|e| LockError::Config(e.to_string()))?;
-        let margin =
-            self.margin.unwrap_or_else(|| (self.ttl / 10).clamp(Duration::from_millis(5), Duration::from_secs(2)));
-        if margin >= self.ttl {
-            return Err(LockError::Config(format!("safety margin {margin:?} must be below the ttl {:?}", self.ttl)));
-        }
-        let renew_every = self.renew_every.unwrap_or(self.ttl / 3);
-        if renew_every.is_zero() || renew_every + margin >= self.ttl {
-            return Err(LockError::Config(format!(
-                "renew interval {renew_every:?} plus safety margin {margin:?} must be below the ttl {:?}",
-                self.ttl
-            )));
-        }
-        if self.step.is_zero() {
-            return Err(LockError::Config("step must be positive".into()));
-        }
+        let timing = LeaseTiming::new(self.ttl, self.renew_every, self.margin)?;
+        let (ttl, renew_every, margin) = (timing.ttl(), timing.renew_every(), timing.safety_margin());
+        check_interval("step", self.step)?;
         Ok(Lock {
             inner: Arc::new(LockInner {
                 store: self.store,
@@ -418,7 +414,9 @@ impl<S: Store + Clone> Lock<S> {
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.inner.key))]
     pub async fn acquire_with(&self, opts: Acquire) -> Result<LockGuard<S>, LockError> {
         let start = Instant::now();
-        let deadline = opts.timeout.map(|t| start + t);
+        opts.check()?;
+        // A timeout too large for the clock is no timeout at all.
+        let deadline = opts.timeout.and_then(|t| start.checked_add(t));
         let inner = &self.inner;
         // Subscribed before the first try, so a release after it is not missed;
         // renewals of the holder's lease wake nobody.

@@ -14,7 +14,7 @@ use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError, W
 use tokio::time::Instant;
 
 use crate::guard::Term;
-use crate::lock::{data, Lock, LockBuilder, LockInner};
+use crate::lock::{data, Acquire, Lock, LockBuilder, LockInner};
 use crate::{LockError, LockGuard};
 
 /// Fields of a slot document.
@@ -99,11 +99,23 @@ impl<S: Store + Clone> Semaphore<S> {
 
     /// Blocks until a permit is free.
     pub async fn acquire(&self) -> Result<LockGuard<S>, LockError> {
-        self.acquire_with(None, false).await
+        self.acquire_with(Acquire::new()).await
     }
 
-    /// Blocks at most `timeout`; `auto_renew` renews the permit in the background.
-    pub async fn acquire_with(&self, timeout: Option<Duration>, auto_renew: bool) -> Result<LockGuard<S>, LockError> {
+    /// Acquires a permit as `opts` says: blocking (at most its timeout) or a
+    /// single try (then `Err(Timeout)` when none is free), renewed in the
+    /// background with `auto_renew`. A semaphore has no forced acquisition.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a permit granted to an attempt whose caller stopped waiting
+    /// is released again (its guard is dropped).
+    pub async fn acquire_with(&self, opts: Acquire) -> Result<LockGuard<S>, LockError> {
+        opts.check()?;
+        if opts.force {
+            return Err(LockError::Config("a semaphore permit cannot be taken by force".into()));
+        }
+        let (timeout, auto_renew) = (if opts.blocking { opts.timeout } else { Some(Duration::ZERO) }, opts.auto_renew);
         let start = Instant::now();
         let first = self.first();
         // Renewals of held permits free nothing: they wake no waiter.
@@ -127,7 +139,9 @@ impl<S: Store + Clone> Semaphore<S> {
                 if start.elapsed() >= t {
                     return Err(LockError::Timeout { key: self.key.clone(), waited: start.elapsed(), holder: None });
                 }
-                until = until.min(start + t);
+                if let Some(end) = start.checked_add(t) {
+                    until = until.min(end);
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => {}

@@ -37,6 +37,7 @@
 //! assume either way.
 
 mod compile;
+mod connect;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
@@ -58,6 +59,7 @@ use store_trait::{
     InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
 };
 
+pub use connect::{redact_uri, ConnectionConfig, DEFAULT_DATABASE};
 pub use mongodb;
 
 /// Read and write concerns for the operations that grant or check ownership.
@@ -92,9 +94,10 @@ impl MongoStore {
     /// selection timeout unless the URI says otherwise. Fails with
     /// [`FaultKind::Unreachable`] when no server answers.
     pub async fn connect(uri: &str, db: &str) -> StoreResult<MongoStore> {
-        let mut opts = ClientOptions::parse(uri)
-            .await
-            .map_err(|e| StoreError::InvalidInput { what: "MongoDB URI", reason: redact_error(&e.to_string(), uri) })?;
+        let mut opts = ClientOptions::parse(uri).await.map_err(|e| StoreError::InvalidInput {
+            what: "MongoDB URI",
+            reason: format!("{}: {}", redact_uri(uri), connect::driver_message(&e.to_string(), uri)),
+        })?;
         if opts.app_name.is_none() {
             opts.app_name = Some("mongocoord".into());
         }
@@ -184,26 +187,6 @@ fn check_db_name(db: &str) -> StoreResult<&str> {
         return Err(StoreError::invalid("database name", format!("{db:?} is not a valid MongoDB database name")));
     }
     Ok(db)
-}
-
-/// Removes the password of `uri` from a message.
-fn redact_error(msg: &str, uri: &str) -> String {
-    match redact_password(uri) {
-        Some((secret, _)) if !secret.is_empty() => msg.replace(&secret, "***"),
-        _ => msg.to_owned(),
-    }
-}
-
-/// The password in a URI, and the URI with it replaced by `***`.
-pub fn redact_password(uri: &str) -> Option<(String, String)> {
-    let scheme_end = uri.find("://")? + 3;
-    let rest = &uri[scheme_end..];
-    let at = rest.find('@')?;
-    let creds = &rest[..at];
-    let colon = creds.find(':')?;
-    let secret = creds[colon + 1..].to_owned();
-    let redacted = format!("{}{}:***{}", &uri[..scheme_end], &creds[..colon], &rest[at..]);
-    Some((secret, redacted))
 }
 
 /// Server error codes after which trying again may succeed.
@@ -420,15 +403,6 @@ impl Store for MongoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        let (secret, shown) = redact_password("mongodb://user:s3cr%40t@host:27017/db").unwrap();
-        assert_eq!(secret, "s3cr%40t");
-        assert_eq!(shown, "mongodb://user:***@host:27017/db");
-        assert!(redact_password("mongodb://host").is_none());
-        assert_eq!(redact_error("bad uri mongodb://u:pw@h", "mongodb://u:pw@h"), "bad uri mongodb://u:***@h");
-    }
 
     #[test]
     fn db_names() {

@@ -61,7 +61,7 @@ mod tests {
     /// optional `mongo` feature.
     #[test]
     fn product_crates_use_mongodb_only_behind_the_feature() {
-        for c in super::super::PRODUCT_CRATES {
+        for c in crate::ci::PRODUCT_CRATES {
             let mut files = Vec::new();
             rust_files(&root().join(c).join("src"), &mut files);
             for f in files {

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mongolock::Identity;
+use mongolock::{check_interval, Identity, LeaseTiming};
 use store_trait::{Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
@@ -145,13 +145,20 @@ impl<S: Store + Clone> AgentBuilder<S> {
         if self.max_attempts == 0 {
             return bad("max_attempts must be at least 1".into());
         }
-        if self.sleep_between.is_zero() {
-            return bad("sleep_between must be positive".into());
+        let config = |e: mongolock::LockError| AgentError::Config(e.to_string());
+        check_interval("sleep_between", self.sleep_between).map_err(config)?;
+        if !self.drain.is_zero() {
+            check_interval("drain_timeout", self.drain).map_err(config)?;
         }
-        if self.backoff.0.is_zero() || self.backoff.1 < self.backoff.0 {
-            return bad(format!("bad backoff {:?}", self.backoff));
+        let (base, max) = self.backoff;
+        check_interval("backoff base", base).map_err(config)?;
+        check_interval("backoff maximum", max).map_err(config)?;
+        if max < base {
+            return bad(format!("the backoff maximum {max:?} is below its base {base:?}"));
         }
-        let lease = Ttl::new(self.lease).map_err(|e| AgentError::Config(e.to_string()))?;
+        // The claim's lease is kept like a lock's: reject a lease that leaves no
+        // room to renew it before it could lapse now, not after a claim.
+        let lease = LeaseTiming::new(self.lease, None, None).map_err(config)?.ttl();
         let retain = self.retain_finished.map(Ttl::new).transpose().map_err(|e| AgentError::Config(e.to_string()))?;
         let queue = self.queue?;
         Ok(Agent {

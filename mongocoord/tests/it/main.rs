@@ -193,7 +193,17 @@ fn agent_runs_a_shell_command_per_task() {
     // Bad input: a clear error and a usage status.
     let bad = e.run(&["tasks", "--queue", "jobs", "--list", "--filter", "not json"]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("bad filter"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("the filter is not valid JSON"));
+    let bad = e.run(&["enqueue", "--queue", "jobs", "--agent", "convert", "not json"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("the task is not valid JSON"), "names the task, not a filter");
+    // Numbers too large for a duration: a usage error, not a panic (exit 101).
+    for (flag, value) in [("--delay", "1e20"), ("--delay", "NaN"), ("--delay", "-1")] {
+        let bad = e.run(&["enqueue", "--queue", "jobs", "--agent", "convert", "{}", flag, value]);
+        assert_eq!(bad.status.code(), Some(2), "{flag} {value}: {}", String::from_utf8_lossy(&bad.stderr));
+    }
+    let bad = e.run(&["watch", "--interval", "1e300", "--count", "1"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
 }
 
 #[test]
@@ -206,6 +216,15 @@ fn unreachable_server_is_a_clear_error_without_the_password() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot use") && !err.contains("s3cret"), "{err}");
+    // A password with an '@' in it: the driver splits at the last '@', and so
+    // does the redaction; no other text is rewritten.
+    let out = Command::new(BIN)
+        .args(["--uri", &format!("mongodb://u:p@ss@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"), "locks"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mongodb://u:***@127.0.0.1") && !err.contains("ss@") && !err.contains("***rovided"), "{err}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod faults;
+mod input;
 mod model;
 mod suite;
 

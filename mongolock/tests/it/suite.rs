@@ -257,7 +257,7 @@ pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
     let freed = held.pop().unwrap();
     let (freed_key, freed_token) = (freed.key().clone(), freed.token());
     freed.release().await.unwrap();
-    let next = sems[5].acquire_with(Some(Duration::from_secs(10)), false).await.unwrap();
+    let next = sems[5].acquire_with(mongolock::Acquire::new().timeout(Duration::from_secs(10))).await.unwrap();
     assert_eq!(next.key(), &freed_key);
     assert!(next.token() > freed_token, "each permit's token grows");
     assert!(sems[6].try_acquire().await.unwrap().is_none());

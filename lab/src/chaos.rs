@@ -1,4 +1,4 @@
-//! `mongocoord chaos`: worker OS processes that lock, lead and process tasks
+//! `lab chaos`: worker OS processes that lock, lead and process tasks
 //! against one server while they are killed (SIGKILL), paused longer than their
 //! leases (SIGSTOP/SIGCONT) and restarted, and the server itself is killed and
 //! restarted. Every worker appends what it did to its own log; a checker reads
@@ -243,7 +243,7 @@ impl Server {
 /// Options of a chaos run.
 #[derive(Debug, Clone)]
 pub(crate) struct ChaosOpts {
-    pub(crate) minutes: f64,
+    pub(crate) duration: Duration,
     pub(crate) seed: u64,
     pub(crate) dir: PathBuf,
     pub(crate) server_bin: Option<PathBuf>,
@@ -301,8 +301,8 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     }
     let mut rng = fastrand::Rng::with_seed(o.seed);
     let (mut kills, mut pauses, mut restarts) = (0, 0, 0);
-    let end = Instant::now() + Duration::from_secs_f64(o.minutes * 60.0);
-    let server_every = (o.minutes * 60.0 / 3.0).max(15.0);
+    let end = Instant::now() + o.duration;
+    let server_every = (o.duration.as_secs_f64() / 3.0).max(15.0);
     let mut next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rng.u64(700..2500))).await;
@@ -360,7 +360,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         s.kill().await;
     }
     let summary = json!({
-        "seed": o.seed, "minutes": o.minutes, "workers": o.workers,
+        "seed": o.seed, "minutes": o.duration.as_secs_f64() / 60.0, "workers": o.workers,
         "process_kills": kills, "pauses": pauses, "server_restarts": restarts,
         "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,

@@ -1,4 +1,4 @@
-//! `mongocoord bench`: the figures behind the README's Performance section,
+//! `lab bench`: the figures behind the README's Performance section,
 //! measured on one server in one run, side by side with the raw driver and the
 //! Python `mongoelector` (the seed's own implementation). `cargo xtask bench`
 //! provisions the server and calls it. Correctness checks inside (one holder,
@@ -23,6 +23,7 @@ use store_mongo::MongoStore;
 pub(crate) struct BenchOpts {
     pub(crate) quick: bool,
     pub(crate) out: PathBuf,
+    pub(crate) mongocoord: PathBuf,
     pub(crate) python: Option<PathBuf>,
     pub(crate) seed_script: Option<PathBuf>,
 }
@@ -127,7 +128,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     let elect_trials = if o.quick { 3 } else { 5 };
     if !skip.contains("elector") {
         eprintln!("elector: 3 processes, ttl 3 s, {elect_trials} clean stops and {elect_trials} kills…");
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = o.mongocoord.clone();
         let ours = |key: &str, file: &Path| {
             let script = format!("echo $(date +%s%N) $PPID >> {}; exec sleep 100000", file.display());
             let mut c = tokio::process::Command::new(&exe);

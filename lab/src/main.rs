@@ -1,0 +1,136 @@
+//! The lab: benchmarks and the chaos run, kept out of the product binary (as
+//! sqlx keeps its CLI, test and bench crates apart from its libraries).
+//! `cargo xtask bench` and `cargo xtask chaos` provision a server and drive it.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod bench;
+mod chaos;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use store_mongo::{ConnectionConfig, MongoStore};
+
+#[derive(Debug, Parser)]
+#[command(name = "lab", about = "mongocoord's benchmarks and chaos run (driven by cargo xtask)")]
+struct Cli {
+    /// MongoDB URI (default: $MONGODB_URI, else mongodb://$MONGO_HOST).
+    #[arg(long, global = true)]
+    uri: Option<String>,
+    /// Database (default: $MONGO_DB, else "mongocoord").
+    #[arg(long, global = true)]
+    db: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Measures throughput and latency against the configured server.
+    Bench {
+        /// A short run for CI smoke tests.
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the JSON summary.
+        #[arg(long, default_value = "target/bench/summary.json")]
+        out: PathBuf,
+        /// The `mongocoord` binary, whose `elect` runner the election figures measure.
+        #[arg(long)]
+        mongocoord: PathBuf,
+        /// A Python with `mongoelector` installed, to measure the Python implementation.
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// The Python driver script (`lab/bench/seed_bench.py`).
+        #[arg(long)]
+        seed_script: Option<PathBuf>,
+    },
+    /// Chaos run: worker processes lock, lead and process tasks while they are
+    /// killed, paused and restarted, and the server is restarted; then checks the
+    /// recorded history. Writes `DIR/summary.json`; exit status 1 on a violation.
+    Chaos {
+        /// How long to inject faults, in minutes.
+        #[arg(long, default_value_t = 1.0)]
+        minutes: f64,
+        /// Seed of the fault schedule.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Worker processes.
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// Where logs and the summary go.
+        #[arg(long, default_value = "target/chaos")]
+        dir: PathBuf,
+        /// A `secantusd-py` to run (and kill and restart) the server with on-disk
+        /// storage in DIR/data; without it, --uri / MONGODB_URI is used and the
+        /// server is not restarted.
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+    },
+    /// One chaos worker process (started by `lab chaos`).
+    #[command(hide = true)]
+    ChaosWorker {
+        /// The worker's append-only log.
+        #[arg(long)]
+        log: PathBuf,
+    },
+}
+
+/// Exit status for bad arguments or an unreachable server.
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lab: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("lab: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, String> {
+    ConnectionConfig::resolve(uri, db, |k| std::env::var(k).ok()).map_err(|e| e.to_string())
+}
+
+async fn connect(c: &ConnectionConfig) -> Result<MongoStore, String> {
+    c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))
+}
+
+async fn run(cli: Cli) -> Result<u8, String> {
+    let (uri, db) = (cli.uri.as_deref(), cli.db.as_deref());
+    match cli.cmd {
+        Cmd::Bench { quick, out, mongocoord, python, seed_script } => {
+            let c = connection(uri, db)?;
+            let store = connect(&c).await?;
+            bench::run(c.uri(), c.database(), store, bench::BenchOpts { quick, out, mongocoord, python, seed_script })
+                .await
+        }
+        Cmd::Chaos { minutes, seed, workers, dir, server_bin } => {
+            if !minutes.is_finite() || minutes <= 0.0 || minutes > 7.0 * 24.0 * 60.0 {
+                return Err(format!("--minutes must be a positive number of minutes up to a week, not {minutes}"));
+            }
+            let duration = Duration::from_secs_f64(minutes * 60.0);
+            let u = connection(uri, db).ok().map(|c| c.uri().to_owned());
+            let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
+            chaos::run(u, &d, chaos::ChaosOpts { duration, seed, dir, server_bin, workers }).await
+        }
+        Cmd::ChaosWorker { log } => {
+            let c = connection(uri, db)?;
+            chaos::worker(c.uri(), c.database(), &log).await
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Absurd configuration is a typed error at `build`, never a panic, and never
+//! found out only after a task was claimed.
+
+use std::time::Duration;
+
+use bson::doc;
+use mongoagent::{Agent, AgentError, NewTask, Queue, Task};
+use proptest::prelude::*;
+use store_memory::MemoryStore;
+
+fn duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::MAX),
+        Just(Duration::from_millis(1)),
+        (0_u64..=u64::MAX, 0_u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        (0_u64..100_000).prop_map(Duration::from_millis),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn builder_never_panics(
+        lease in duration(), poll in duration(), drain in duration(), base in duration(), max in duration(),
+    ) {
+        let b = Agent::builder(MemoryStore::new(), "a", "q")
+            .lease(lease)
+            .sleep_between(poll)
+            .drain_timeout(drain)
+            .backoff(base, max);
+        if let Err(e) = b.build() {
+            prop_assert!(matches!(e, AgentError::Config(_)), "{e}");
+        }
+    }
+}
+
+/// A lease too short to keep (no room for a renewal and the safety margin) is
+/// rejected by `build`; before, it was rejected only after the claim had been
+/// applied, leaving the task claimed by nobody until the lease lapsed.
+#[tokio::test(start_paused = true)]
+async fn a_lease_too_short_to_keep_is_rejected_before_any_claim() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "q").unwrap();
+    q.enqueue(NewTask::new("a", doc! {}).id("t")).await.unwrap();
+    let built = Agent::builder(store.clone(), "a", "q").lease(Duration::from_millis(3)).build();
+    assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
+    let ok = Agent::builder(store, "a", "q").lease(Duration::from_secs(1)).build().unwrap();
+    assert!(ok.process(|_t: Task| async { true }).await.unwrap().is_some(), "the task was never claimed");
+}

@@ -1,0 +1,45 @@
+//! Numbers from the command line, checked: a typo such as `--delay 1e20` is a
+//! clear error (exit status 2), never a panic.
+
+use std::time::Duration;
+
+/// The longest duration any option accepts: a year, as for lease lengths.
+pub(crate) const MAX_SECONDS: f64 = 366.0 * 24.0 * 3600.0;
+
+/// `s` seconds for option `--what`: finite, not negative (zero only when
+/// `zero_ok`), at most [`MAX_SECONDS`].
+pub(crate) fn seconds(what: &str, s: f64, zero_ok: bool) -> Result<Duration, String> {
+    let ok = s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s <= MAX_SECONDS;
+    // A positive value below a nanosecond would become zero.
+    let d = if ok { Duration::try_from_secs_f64(s).ok().filter(|d| zero_ok || !d.is_zero()) } else { None };
+    d.ok_or_else(|| {
+        let least = if zero_ok { "zero or more" } else { "a positive number of" };
+        format!("--{what} must be {least} seconds, at most a year (31,622,400), not {s}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn examples() {
+        assert_eq!(seconds("delay", 1.5, false), Ok(Duration::from_millis(1500)));
+        assert_eq!(seconds("delay", 0.0, true), Ok(Duration::ZERO));
+        for bad in [0.0, -1.0, 1e20, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, MAX_SECONDS * 1.01] {
+            assert!(seconds("delay", bad, false).is_err(), "{bad}");
+        }
+    }
+
+    proptest! {
+        /// Any number a user can type gives a duration in range or an error.
+        #[test]
+        fn never_panics(s in proptest::num::f64::ANY, zero_ok: bool) {
+            match seconds("x", s, zero_ok) {
+                Ok(d) => prop_assert!(d.as_secs_f64() <= MAX_SECONDS && (zero_ok || !d.is_zero())),
+                Err(e) => prop_assert!(e.starts_with("--x must be")),
+            }
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! `cargo xtask ci` (the README's test command) and `cargo xtask test`.
+
+use std::time::Instant;
+
+use crate::{cargo, str_refs};
+
+/// The product crates whose core must build without the `mongodb` driver.
+pub(crate) const PRODUCT_CRATES: [&str; 3] = ["mongolock", "mongoelector", "mongoagent"];
+
+/// fmt, clippy, docs, builds without default features, every test against a
+/// real server, and a short chaos run.
+pub(crate) fn ci() -> Result<(), String> {
+    let started = Instant::now();
+    cargo(&["fmt", "--all", "--", "--check"], &[])?;
+    let deny = [("RUSTFLAGS", "-Dwarnings"), ("RUSTDOCFLAGS", "-Dwarnings")];
+    cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"], &deny)?;
+    // The core of every product crate must build without the MongoDB driver.
+    let mut no_default = vec!["clippy", "--no-default-features"];
+    for c in PRODUCT_CRATES {
+        no_default.extend(["-p", c]);
+    }
+    no_default.extend(["--", "-D", "warnings"]);
+    cargo(&no_default, &deny)?;
+    cargo(&["doc", "--workspace", "--no-deps", "--all-features"], &deny)?;
+    test(&[])?;
+    // A short chaos run: real processes, SIGKILL, SIGSTOP, server restarts.
+    crate::chaos::run(&["--minutes".into(), "0.75".into()])?;
+    eprintln!("xtask ci: all green in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The test suite with CI semantics: a test that needs a MongoDB server fails
+/// instead of skipping.
+pub(crate) fn test(extra: &[String]) -> Result<(), String> {
+    let mut args = vec!["test", "--workspace", "--all-features"];
+    args.extend(str_refs(extra));
+    cargo(&args, &[("CI", "true"), ("RUSTFLAGS", "-Dwarnings")])
+}
