@@ -13,7 +13,12 @@
 //! - `term <term> <since>`: a term began (for reference);
 //! - `done <task> <token>`, `stale <task> <token>`: a task outcome applied / rejected;
 //! - `joined <task> <ended> <seen>`: a task that waited for its follow-ups ran
-//!   again, and saw `seen` of them, `ended` of which had ended.
+//!   again, and saw `seen` of them, `ended` of which had ended;
+//! - `fwrite <fence> <rev> ok|rejected`, `fhold <fence> <now>`: a ledger writer
+//!   that is the *grandchild* of a `mongocoord lock` runner (`sh -c 'writer &
+//!   wait'`) wrote to its own ledger, and was still running at server time
+//!   `now`. Runners are killed with SIGKILL: a grandchild that outlives its
+//!   runner's lease shows up as two fences running at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -34,6 +39,9 @@ const LOCK: &str = "chaos-lock";
 const ELECTION: &str = "chaos-leader";
 const QUEUE: &str = "chaos_tasks";
 const LEDGER: &str = "chaos_ledger";
+/// The lock the forking runners (`mongocoord lock`) contend for, and their ledger.
+const FORK_LOCK: &str = "chaos-fork-lock";
+const FORK_LEDGER: &str = "chaos_fork_ledger";
 const SEEDED: u32 = 150;
 
 /// A line-oriented, append-only log; each line flushed at once, so a SIGKILL
@@ -202,6 +210,33 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
     Ok(0)
 }
 
+/// A ledger writer: started by `sh` under a `mongocoord lock` runner, so it is
+/// the runner's grandchild; it writes with the runner's fence until killed.
+/// It never checks the lock itself: that it stops in time is the runner's job.
+pub(crate) async fn ledger_writer(uri: &str, db: &str, log_path: &Path, fence: u64) -> Result<u8, String> {
+    let log = Log::open(log_path).map_err(|e| e.to_string())?;
+    let store = connect_retrying(uri, db).await;
+    let ledger = Collection::new(FORK_LEDGER).map_err(|e| e.to_string())?;
+    let key = Key::new("ledger").map_err(|e| e.to_string())?;
+    let f = i64::try_from(fence).map_err(|e| e.to_string())?;
+    loop {
+        let w = Write::new(
+            Condition::AtMost("last_fence".into(), f),
+            Mutation::new().set("last_fence", f).inc("writes", 1),
+        )
+        .upsert();
+        match store.write(&ledger, &key, &w).await {
+            Ok(WriteOutcome::Applied(r)) => log.line(format!("fwrite {fence} {} ok", r.rev())),
+            Ok(WriteOutcome::Rejected(r)) => log.line(format!("fwrite {fence} {} rejected", r.map_or(0, |r| r.rev()))),
+            Err(_) => {}
+        }
+        if let Ok(now) = store.now().await {
+            log.line(format!("fhold {fence} {}", now.as_millis()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The server, when this run owns it (so it can kill and restart it).
 struct Server {
     bin: PathBuf,
@@ -248,6 +283,10 @@ pub(crate) struct ChaosOpts {
     pub(crate) dir: PathBuf,
     pub(crate) server_bin: Option<PathBuf>,
     pub(crate) workers: usize,
+    /// The `mongocoord` binary: with it, forking runners contend for a lock too.
+    pub(crate) mongocoord: Option<PathBuf>,
+    /// How many forking runners.
+    pub(crate) fork_workers: usize,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -299,8 +338,34 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         workers.push(spawn(next_log)?);
         next_log += 1;
     }
+    // Forking runners: `mongocoord lock` runs `sh`, whose background child
+    // (the runner's grandchild) writes to a ledger with the runner's fence.
+    let spawn_fork = |n: usize| -> Result<tokio::process::Child, String> {
+        let Some(bin) = &o.mongocoord else { return Err("no mongocoord binary".into()) };
+        let log = o.dir.join("logs").join(format!("fork-{n}.log"));
+        let script = format!(
+            "'{}' --uri '{uri}' --db '{db}' ledger-writer --log '{}' --fence \"$MONGOCOORD_FENCE\" & wait",
+            exe.display(),
+            log.display()
+        );
+        tokio::process::Command::new(bin)
+            .args(["--uri", &uri, "--db", db, "lock", FORK_LOCK, "--ttl", "2", "--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())
+    };
+    let mut forks: Vec<tokio::process::Child> = Vec::new();
+    if o.mongocoord.is_some() {
+        for _ in 0..o.fork_workers {
+            forks.push(spawn_fork(next_log)?);
+            next_log += 1;
+        }
+    }
     let mut rng = fastrand::Rng::with_seed(o.seed);
-    let (mut kills, mut pauses, mut restarts) = (0, 0, 0);
+    let (mut kills, mut pauses, mut restarts, mut runner_kills) = (0, 0, 0, 0);
     let end = Instant::now() + o.duration;
     let server_every = (o.duration.as_secs_f64() / 3.0).max(15.0);
     let mut next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
@@ -330,6 +395,25 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             }
             _ => {}
         }
+        if !forks.is_empty() {
+            // A runner whose lock was lost exits (status 75): start another. And
+            // now and then SIGKILL one: its grandchild must die with it.
+            for (j, f) in forks.iter_mut().enumerate() {
+                if matches!(f.try_wait(), Ok(Some(_))) {
+                    *f = spawn_fork(next_log)?;
+                    next_log += 1;
+                    let _ = j;
+                }
+            }
+            if rng.u32(..3) == 0 {
+                let j = rng.usize(..forks.len());
+                let _ = forks[j].start_kill();
+                let _ = forks[j].wait().await;
+                runner_kills += 1;
+                forks[j] = spawn_fork(next_log)?;
+                next_log += 1;
+            }
+        }
         if let Some(s) = server.as_mut() {
             if Instant::now() >= next_server_kill {
                 s.kill().await;
@@ -351,17 +435,28 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    for w in &mut workers {
+    for w in workers.iter_mut().chain(forks.iter_mut()) {
         let _ = w.start_kill();
         let _ = w.wait().await;
     }
-    let report = check(&store, &o.dir.join("logs")).await?;
+    // Every runner is gone: so must every ledger writer be, within the time the
+    // runners' supervisors take to notice. Any line a writer logs after that is
+    // a grandchild that outlived its runner.
+    let runners_gone = store.now().await.map_err(|e| e.to_string())?.as_millis() + 1_000;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut report = check(&store, &o.dir.join("logs")).await?;
+    if let Some(late) = report.last_fork_hold.filter(|t| *t > runners_gone) {
+        report.violations.push(format!(
+            "a ledger writer was still running at {late}, after every runner had been killed (by {runners_gone})"
+        ));
+    }
     if let Some(mut s) = server {
         s.kill().await;
     }
     let summary = json!({
         "seed": o.seed, "minutes": o.duration.as_secs_f64() / 60.0, "workers": o.workers,
-        "process_kills": kills, "pauses": pauses, "server_restarts": restarts,
+        "process_kills": kills, "pauses": pauses, "server_restarts": restarts, "runner_kills": runner_kills,
+        "fork_fences": report.fork_fences, "fork_writes_accepted": report.fork_writes_ok,
         "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,
         "tasks": report.tasks, "stale_outcomes_rejected": report.stale, "fan_in_runs": report.joins,
@@ -382,6 +477,10 @@ struct Report {
     tasks: u64,
     stale: usize,
     joins: usize,
+    fork_fences: usize,
+    fork_writes_ok: usize,
+    /// The last server time a forked ledger writer reported running.
+    last_fork_hold: Option<i64>,
     violations: Vec<String>,
 }
 
@@ -396,6 +495,8 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     let mut holds: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
     let mut terms: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
     let mut writes: Vec<(u64, u64)> = Vec::new();
+    let mut fork_holds: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    let mut fork_writes: Vec<(u64, u64)> = Vec::new();
     let mut done: HashMap<String, usize> = HashMap::new();
     let entries = std::fs::read_dir(logs).map_err(|e| e.to_string())?;
     for e in entries.flatten() {
@@ -425,6 +526,16 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
                 }
                 (Some("done"), _, _) => *done.entry(f.get(1).unwrap_or(&"").to_string()).or_default() += 1,
                 (Some("stale"), _, _) => r.stale += 1,
+                (Some("fhold"), Some(t), Some(now)) => {
+                    let e = fork_holds.entry(t as u64).or_insert((now, now));
+                    e.0 = e.0.min(now);
+                    e.1 = e.1.max(now);
+                    r.last_fork_hold = Some(r.last_fork_hold.map_or(now, |l| l.max(now)));
+                }
+                (Some("fwrite"), Some(t), Some(rev)) if f.get(3) == Some(&"ok") => {
+                    r.fork_writes_ok += 1;
+                    fork_writes.push((rev as u64, t as u64));
+                }
                 (Some("joined"), _, _) => {
                     r.joins += 1;
                     if f.get(2) != f.get(3) || f.get(3) != Some(&"2") {
@@ -451,21 +562,11 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     };
     check_overlaps(&holds, "lock token", &mut r.violations);
     check_overlaps(&terms, "term", &mut r.violations);
+    check_overlaps(&fork_holds, "forked runner fence", &mut r.violations);
+    r.fork_fences = fork_holds.len();
     r.terms = terms.len();
-    // Accepted fenced writes, in the order the server applied them (the ledger's
-    // revision), never go back to an older token; and no revision was handed out
-    // twice (which would mean the server lost acknowledged writes).
-    writes.sort();
-    for w in writes.windows(2) {
-        if w[1].0 == w[0].0 {
-            r.violations.push(format!(
-                "ledger revision {} acknowledged twice (tokens {} and {}): acknowledged writes were lost",
-                w[0].0, w[0].1, w[1].1
-            ));
-        } else if w[1].1 < w[0].1 {
-            r.violations.push(format!("fenced write with token {} accepted after token {}", w[1].1, w[0].1));
-        }
-    }
+    check_fenced_writes(writes, "ledger", &mut r.violations);
+    check_fenced_writes(fork_writes, "fork ledger", &mut r.violations);
     for (task, n) in &done {
         if *n > 1 {
             r.violations.push(format!("task {task} reported finished {n} times"));
@@ -503,4 +604,21 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
         }
     }
     Ok(r)
+}
+
+/// Accepted fenced writes, in the order the server applied them (the ledger's
+/// revision), never go back to an older fence; and no revision was handed out
+/// twice (which would mean the server lost acknowledged writes).
+fn check_fenced_writes(mut writes: Vec<(u64, u64)>, what: &str, violations: &mut Vec<String>) {
+    writes.sort();
+    for w in writes.windows(2) {
+        if w[1].0 == w[0].0 {
+            violations.push(format!(
+                "{what} revision {} acknowledged twice (fences {} and {}): acknowledged writes were lost",
+                w[0].0, w[0].1, w[1].1
+            ));
+        } else if w[1].1 < w[0].1 {
+            violations.push(format!("{what}: fenced write with fence {} accepted after fence {}", w[1].1, w[0].1));
+        }
+    }
 }

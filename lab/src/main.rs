@@ -67,6 +67,23 @@ enum Cmd {
         /// server is not restarted.
         #[arg(long)]
         server_bin: Option<PathBuf>,
+        /// The `mongocoord` binary: with it, forking `mongocoord lock` runners
+        /// (whose grandchildren write a fenced ledger) are killed too.
+        #[arg(long)]
+        mongocoord: Option<PathBuf>,
+        /// Forking runners (with --mongocoord).
+        #[arg(long, default_value_t = 2)]
+        fork_workers: usize,
+    },
+    /// A ledger writer, the grandchild of a forking runner (started by `lab chaos`).
+    #[command(hide = true)]
+    LedgerWriter {
+        /// The writer's append-only log.
+        #[arg(long)]
+        log: PathBuf,
+        /// The runner's fence.
+        #[arg(long)]
+        fence: u64,
     },
     /// One chaos worker process (started by `lab chaos`).
     #[command(hide = true)]
@@ -119,14 +136,19 @@ async fn run(cli: Cli) -> Result<u8, String> {
             bench::run(c.uri(), c.database(), store, bench::BenchOpts { quick, out, mongocoord, python, seed_script })
                 .await
         }
-        Cmd::Chaos { minutes, seed, workers, dir, server_bin } => {
+        Cmd::Chaos { minutes, seed, workers, dir, server_bin, mongocoord, fork_workers } => {
             if !minutes.is_finite() || minutes <= 0.0 || minutes > 7.0 * 24.0 * 60.0 {
                 return Err(format!("--minutes must be a positive number of minutes up to a week, not {minutes}"));
             }
             let duration = Duration::from_secs_f64(minutes * 60.0);
             let u = connection(uri, db).ok().map(|c| c.uri().to_owned());
             let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
-            chaos::run(u, &d, chaos::ChaosOpts { duration, seed, dir, server_bin, workers }).await
+            chaos::run(u, &d, chaos::ChaosOpts { duration, seed, dir, server_bin, workers, mongocoord, fork_workers })
+                .await
+        }
+        Cmd::LedgerWriter { log, fence } => {
+            let c = connection(uri, db)?;
+            chaos::ledger_writer(c.uri(), c.database(), &log, fence).await
         }
         Cmd::ChaosWorker { log } => {
             let c = connection(uri, db)?;

@@ -19,6 +19,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             cmd.args(["--db", "mongocoord_chaos", "chaos", "--server-bin"]).arg(venv.join("bin").join("secantusd-py"));
         }
     }
+    cmd.arg("--mongocoord").arg(root().join("target").join("debug").join("mongocoord"));
     cmd.arg("--dir").arg(root().join("target").join("chaos")).args(args);
     run_cmd(&mut cmd)
 }

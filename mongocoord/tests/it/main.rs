@@ -196,7 +196,10 @@ fn agent_runs_a_shell_command_per_task() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("the filter is not valid JSON"));
     let bad = e.run(&["enqueue", "--queue", "jobs", "--agent", "convert", "not json"]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("the task is not valid JSON"), "names the task, not a filter");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("the task is not valid JSON"),
+        "names the task, not a filter"
+    );
     // Numbers too large for a duration: a usage error, not a panic (exit 101).
     for (flag, value) in [("--delay", "1e20"), ("--delay", "NaN"), ("--delay", "-1")] {
         let bad = e.run(&["enqueue", "--queue", "jobs", "--agent", "convert", "{}", flag, value]);
