@@ -279,11 +279,16 @@ impl<S: Store + Clone> Term<S> {
                 let mut st = self.state();
                 st.deadline = st.deadline.max(sent + lock.ttl.as_duration() - lock.margin);
                 st.expires = until;
-                // Renewals answered out of order (a touch racing the keeper) are
-                // compared with the latest sent only.
-                let prev = (sent > st.confirmed.sent).then(|| std::mem::replace(&mut st.confirmed, next));
+                // The reference stays the latest sent when renewals are answered
+                // out of order (a touch racing the keeper); the comparison holds
+                // either way, both grants being applied between the earlier send
+                // and the later reply.
+                let prev = st.confirmed;
+                if sent >= prev.sent {
+                    st.confirmed = next;
+                }
                 drop(st);
-                if prev.is_some_and(|prev| self.store_clock_jumped(&prev, &next)) {
+                if self.store_clock_jumped(&prev, &next) {
                     self.mark_lost("the store clock jumped ahead: the lease may have ended early");
                     return Err(self.lost_error(None));
                 }
