@@ -443,8 +443,7 @@ impl Validity {
     /// once the client's wall clock shows that time passed which the monotonic
     /// clock did not see (a host suspend).
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
-            || self.state.lock().unwrap_or_else(|p| p.into_inner()).lapsed_locally(Instant::now())
+        self.lost.is_cancelled() || self.state.lock().unwrap_or_else(|p| p.into_inner()).lapsed_locally(Instant::now())
     }
 }
 

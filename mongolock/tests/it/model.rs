@@ -21,7 +21,10 @@ use store_trait::{Collection, Key, StoreTime, TestClock};
 
 #[derive(Debug, Clone)]
 enum Op {
-    TryAcquire { client: usize, auto_renew: bool },
+    TryAcquire {
+        client: usize,
+        auto_renew: bool,
+    },
     Release(usize),
     Touch(usize),
     Force(usize),
@@ -81,7 +84,15 @@ impl Client {
 fn client(store: &MemoryStore) -> Client {
     let gate = store.client();
     let lock = Lock::builder(gate.clone(), "job").ttl(Duration::from_millis(TTL_MS)).build().unwrap();
-    Client { gate, lock, guard: None, forced_out: false, seen_expires: StoreTime::default(), stepped: 0, stepped_peak: 0 }
+    Client {
+        gate,
+        lock,
+        guard: None,
+        forced_out: false,
+        seen_expires: StoreTime::default(),
+        stepped: 0,
+        stepped_peak: 0,
+    }
 }
 
 async fn settle() {
