@@ -5,12 +5,20 @@
 //! renewal or until the lease could lapse, wakes early on demand (`renew_now`,
 //! `touch`), stops promptly when the guard is released or dropped, and never
 //! wakes in between.
+//!
+//! Two clock checks guard the lost signal's promise (see the crate docs,
+//! "Clocks"): every confirmed grant compares how far the store clock advanced
+//! with how far tokio's monotonic clock did (a store clock that jumped ahead ends
+//! leases early), and every keeper wake-up compares the client's wall clock with
+//! its monotonic companion (time the monotonic clock did not see, a host
+//! suspend, moved the lease's end closer unnoticed). Either, beyond its
+//! tolerance, is treated as a loss.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use store_trait::{Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
+use store_trait::{Clock, Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +34,48 @@ struct TermState {
     deadline: Instant,
     /// The last confirmed expiry on the store clock.
     expires: StoreTime,
+    /// The last confirmed grant: the reference of both clock checks.
+    confirmed: Confirmed,
+    /// The client clock, read for the unseen-time check.
+    clock: Arc<dyn Clock>,
+    /// How much unseen time since the last confirmed send is tolerated: half the
+    /// safety margin, so the other half still covers scheduling delays.
+    gap_limit: Duration,
+}
+
+impl TermState {
+    /// Time that passed since the last confirmed send without the monotonic
+    /// clock seeing it: how far the client's wall clock ran ahead of its
+    /// monotonic companion. The deadline is late by that much.
+    fn unseen(&self) -> Duration {
+        let wall = self.clock.now().as_millis().saturating_sub(self.confirmed.wall.as_millis());
+        let mono = self.clock.monotonic().saturating_duration_since(self.confirmed.wall_mono);
+        Duration::from_millis(u64::try_from(wall).unwrap_or(0)).saturating_sub(mono)
+    }
+
+    /// Whether the holder must consider the lease gone without asking the store.
+    fn lapsed_locally(&self, now: Instant) -> bool {
+        now >= self.deadline || self.unseen() > self.gap_limit
+    }
+}
+
+/// One confirmed grant (the acquisition or a renewal), as the clock checks see it.
+#[derive(Debug, Clone, Copy)]
+struct Confirmed {
+    /// When the request was sent, on tokio's clock.
+    sent: Instant,
+    /// When its reply was taken in, on tokio's clock.
+    replied: Instant,
+    /// The store's time when it applied the grant: the new expiry minus the ttl.
+    stamp: i64,
+    /// The client's wall clock when the request was sent ...
+    wall: StoreTime,
+    /// ... and its monotonic companion at the same moment.
+    wall_mono: Instant,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// One acquisition of a lock.
@@ -55,13 +105,27 @@ impl<S: Store + Clone> Term<S> {
         auto_renew: bool,
     ) -> LockGuard<S> {
         let lease = record.lease();
+        let expires = lease.map_or_else(StoreTime::default, |l| l.until);
+        // The reply is in hand now; the wall clock pair is read now too (a
+        // suspend during the acquire's round trip shows at the first renewal, as
+        // a store clock that advanced more than ours).
+        let confirmed = Confirmed {
+            sent,
+            replied: Instant::now(),
+            stamp: expires.as_millis().saturating_sub(lock.ttl.as_millis()),
+            wall: lock.clock.now(),
+            wall_mono: lock.clock.monotonic(),
+        };
         let term = Arc::new(Term {
             owner,
             token: record.fence(),
             since: lease.map_or_else(StoreTime::default, |l| l.since),
             state: Arc::new(Mutex::new(TermState {
                 deadline: sent + lock.ttl.as_duration() - lock.margin,
-                expires: lease.map_or_else(StoreTime::default, |l| l.until),
+                expires,
+                confirmed,
+                clock: lock.clock.clone(),
+                gap_limit: lock.margin / 2,
             })),
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
@@ -112,6 +176,76 @@ impl<S: Store + Clone> Term<S> {
         self.clear_current();
     }
 
+    /// The unseen-time check (a host suspend, or a wall-clock step): when the
+    /// client's wall clock ran ahead of its monotonic companion by more than half
+    /// the margin since the last confirmed send, the lease may lapse before the
+    /// deadline says, so it is treated as lost. Returns whether it was.
+    fn time_passed_unseen(&self) -> bool {
+        let st = self.state();
+        let (unseen, limit) = (st.unseen(), st.gap_limit);
+        drop(st);
+        if unseen <= limit {
+            return false;
+        }
+        if !self.lost.is_cancelled() && !self.released.load(Ordering::SeqCst) {
+            Metrics::bump(&self.lock.metrics.local_clock_gaps);
+            tracing::warn!(
+                key = %self.lock.key,
+                token = self.token,
+                unseen_ms = millis(unseen),
+                limit_ms = millis(limit),
+                "the wall clock advanced beyond the monotonic clock: time passed unseen (host suspended, or the wall clock was stepped)"
+            );
+        }
+        self.mark_lost("time passed that the monotonic clock did not see");
+        true
+    }
+
+    /// How far the store clock may run ahead of the local monotonic clock over
+    /// `interval` before it counts as a jump: the margin's share of the interval
+    /// (a store clock running that much fast would end a whole lease a margin
+    /// early; a step never gets past half the margin), plus 1 ms per second for
+    /// the rates of two NTP-disciplined clocks and 2 ms for millisecond stamps.
+    fn store_clock_tolerance(&self, interval: Duration) -> Duration {
+        let (margin, ttl) = (self.lock.margin, self.lock.ttl.as_duration());
+        let share = margin.as_nanos().saturating_mul(interval.as_nanos()) / ttl.as_nanos().max(1);
+        let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX));
+        Duration::from_millis(2) + interval / 1000 + share.min(margin / 2)
+    }
+
+    /// The store-clock check between two confirmed grants: the store applied them
+    /// at its times `prev.stamp` and `next.stamp`, which in local time lie between
+    /// `prev.sent` and `next.replied` at the widest. A store clock that advanced
+    /// more than that (plus the tolerance) jumped ahead: the lease granted before
+    /// may have ended early, and the clock may do it again. Returns whether it did.
+    fn store_clock_jumped(&self, prev: &Confirmed, next: &Confirmed) -> bool {
+        let store = next.stamp.saturating_sub(prev.stamp);
+        let widest = next.replied.saturating_duration_since(prev.sent);
+        let narrowest = next.sent.saturating_duration_since(prev.replied);
+        let tolerance = self.store_clock_tolerance(widest);
+        let ahead = store.saturating_sub(millis(widest));
+        if ahead > millis(tolerance) {
+            if !self.lost.is_cancelled() && !self.released.load(Ordering::SeqCst) {
+                Metrics::bump(&self.lock.metrics.store_clock_jumps);
+                tracing::warn!(
+                    key = %self.lock.key,
+                    token = self.token,
+                    ahead_ms = ahead,
+                    local_ms = millis(widest),
+                    tolerance_ms = millis(tolerance),
+                    "the store clock jumped ahead of the local clock between two renewals"
+                );
+            }
+            return true;
+        }
+        let behind = millis(narrowest).saturating_sub(store);
+        if behind > millis(tolerance) {
+            // Harmless for this holder: leases last longer than it assumes.
+            tracing::info!(key = %self.lock.key, token = self.token, behind_ms = behind, "the store clock stepped back");
+        }
+        false
+    }
+
     fn clear_current(&self) {
         if self.lock.current_term().is_some_and(|t| std::ptr::eq(Arc::as_ptr(&t), self)) {
             self.lock.set_current(None);
@@ -121,7 +255,7 @@ impl<S: Store + Clone> Term<S> {
     /// Renews the lease once; returns the new expiry. The call may not outlive the
     /// point where the lease could lapse: then the lock is reported lost.
     pub(crate) async fn renew(&self) -> Result<StoreTime, LockError> {
-        if self.lost.is_cancelled() || self.released.load(Ordering::SeqCst) {
+        if self.lost.is_cancelled() || self.released.load(Ordering::SeqCst) || self.time_passed_unseen() {
             return Err(self.lost_error(None));
         }
         let lock = &self.lock;
@@ -130,6 +264,7 @@ impl<S: Store + Clone> Term<S> {
             Mutation::new().grant(self.owner.clone(), lock.ttl),
         );
         let sent = Instant::now();
+        let (wall, wall_mono) = (lock.clock.now(), lock.clock.monotonic());
         let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), lock.key.clone());
         let result = spawn_with_deadline(self.deadline(), async move { store.write(&coll, &key, &write).await });
         match result.await {
@@ -139,10 +274,24 @@ impl<S: Store + Clone> Term<S> {
             }
             Some(Ok(WriteOutcome::Applied(r))) => {
                 let until = r.lease().map_or_else(StoreTime::default, |l| l.until);
+                let stamp = until.as_millis().saturating_sub(lock.ttl.as_millis());
+                let next = Confirmed { sent, replied: Instant::now(), stamp, wall, wall_mono };
                 let mut st = self.state();
                 st.deadline = st.deadline.max(sent + lock.ttl.as_duration() - lock.margin);
                 st.expires = until;
+                // The reference stays the latest sent when renewals are answered
+                // out of order (a touch racing the keeper); the comparison holds
+                // either way, both grants being applied between the earlier send
+                // and the later reply.
+                let prev = st.confirmed;
+                if sent >= prev.sent {
+                    st.confirmed = next;
+                }
                 drop(st);
+                if self.store_clock_jumped(&prev, &next) {
+                    self.mark_lost("the store clock jumped ahead: the lease may have ended early");
+                    return Err(self.lost_error(None));
+                }
                 tracing::debug!(key = %lock.key, token = self.token, expires = %until, "lock renewed");
                 Ok(until)
             }
@@ -214,6 +363,8 @@ impl<S: Store + Clone> Term<S> {
 /// Renews until the guard goes away or the lease is lost.
 async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
     let every = term.lock.renew_every;
+    // Without auto-renew the keeper still wakes every interval, for the clock
+    // check alone (no store operation).
     let mut next_renew = Instant::now() + every;
     loop {
         let deadline = term.deadline();
@@ -228,9 +379,15 @@ async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
                 }
                 false
             }
-            _ = tokio::time::sleep_until(next_renew), if auto_renew => true,
+            _ = tokio::time::sleep_until(next_renew) => {
+                next_renew = Instant::now() + every;
+                auto_renew
+            }
             _ = term.wake.notified() => auto_renew,
         };
+        if term.time_passed_unseen() {
+            break;
+        }
         if renew_due {
             renew_with_retries(&term).await;
             next_renew = Instant::now() + every;
@@ -282,9 +439,11 @@ pub struct Validity {
 }
 
 impl Validity {
-    /// True once the lock was lost, released, or its safety deadline passed.
+    /// True once the lock was lost, released, or its safety deadline passed, or
+    /// once the client's wall clock shows that time passed which the monotonic
+    /// clock did not see (a host suspend).
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || Instant::now() >= self.state.lock().unwrap_or_else(|p| p.into_inner()).deadline
+        self.lost.is_cancelled() || self.state.lock().unwrap_or_else(|p| p.into_inner()).lapsed_locally(Instant::now())
     }
 }
 
@@ -294,7 +453,8 @@ impl Validity {
 ///
 /// Select on [`LockGuard::lost`] around the work the lock protects: it fires
 /// *before* the lease can lapse on the server when renewal cannot be confirmed,
-/// and when someone took the lock by force.
+/// and when someone took the lock by force; it also fires when a clock check finds
+/// the lease may have ended early (see the crate docs, "Clocks", for the bound).
 #[derive(Debug)]
 pub struct LockGuard<S: Store + Clone> {
     term: Arc<Term<S>>,
@@ -328,8 +488,9 @@ impl<S: Store + Clone> LockGuard<S> {
     }
 
     /// Whether the lock has been lost (or may have lapsed). Also true as soon as
-    /// the lease's safety deadline has passed, even before the keeper task has run
-    /// (after the process was paused, say).
+    /// the lease's safety deadline has passed, or the wall clock shows time passed
+    /// unseen by the monotonic clock (a host suspend), even before the keeper task
+    /// has run (after the process was paused or the host resumed, say).
     pub fn is_lost(&self) -> bool {
         self.validity().is_lost()
     }

@@ -7,7 +7,8 @@
 //!   one for the key, across release, expiry, force and server restarts.
 //! - **One round trip** per acquire, renew and release.
 //! - **A lost-lock signal** that fires *before* the lease can lapse on the server
-//!   when renewal cannot be confirmed.
+//!   when renewal cannot be confirmed, and when a clock check finds the lease may
+//!   have ended early (see [Clocks](#clocks) for the bound).
 //! - **Waiters woken by change notifications** (release) and by the observed
 //!   expiry (crash), not by polling every `step`.
 //!
@@ -38,6 +39,68 @@
 //! | `touch()` | [`LockGuard::touch`], [`Lock::touch`] |
 //! | `status` | [`Lock::status`] |
 //! | `timeparanoid` | unnecessary (server clock); [`Lock::clock_offset_ms`] reports the offset |
+//!
+//! # Clocks
+//!
+//! A lease ends at the store's time of the grant plus the ttl, on the **store
+//! clock**. The holder keeps a local deadline on its **monotonic clock** (tokio's
+//! `Instant`): the send time of the last confirmed grant plus the ttl minus the
+//! safety margin `m` ([`LockBuilder::safety_margin`], default a tenth of the ttl).
+//! The grant happened after the send, so that deadline comes at least `m` before
+//! the lease can lapse, as long as both clocks measure real time.
+//!
+//! **What the lost signal guarantees.** [`LockGuard::lost`] fires, and
+//! [`LockGuard::is_lost`] is true, before the lease can lapse on the store, if
+//! since the holder's last confirmed grant (its acquisition or latest renewal):
+//! 1. the store clock has not run ahead of real time by `m` or more (a step
+//!    forward, or a clock running fast),
+//! 2. the holder's monotonic clock has missed no more than `m / 2` (a host
+//!    suspend stops it; see below), and
+//! 3. the holder's process got CPU within what is left of the margin.
+//!
+//! The client's wall clock plays no part in it: a client whose clock is off by an
+//! hour holds and loses leases exactly like the rest.
+//!
+//! **Outside those assumptions**, the holder may believe it holds a lease that has
+//! lapsed; the lock detects it as early as it can, and fencing tokens (rejected
+//! once stale) cover the window:
+//! - *Store clock jumped ahead* (an NTP step on the server, a failover to a member
+//!   whose clock is ahead, a clock running fast). Every confirmed grant returns the
+//!   store's time when it was applied (its new expiry minus the ttl). The holder
+//!   compares how far that advanced since its previous confirmed grant with the
+//!   widest local interval the two grants fit in (the earlier send to the later
+//!   reply). An excess beyond the tolerance — 2 ms for millisecond stamps, 0.1 %
+//!   of the interval for the rates of NTP-disciplined clocks, and the margin's
+//!   share of the interval (`m × interval / ttl`, at most `m / 2`: a clock running
+//!   that much fast would end a whole lease a margin early) — is reported as a
+//!   loss (counted in [`LockMetrics::store_clock_jumps`]). That renewal itself
+//!   succeeded, and its unchanged fence proves nobody else held the lock in
+//!   between; the holder still gives up, because the clock that jumped may do it
+//!   again, and a fast clock shows the same excess at every renewal (at rate `r` a
+//!   lease lasts `ttl / r`). So a jump is found at the next renewal, at most one
+//!   renew interval later with auto-renew. A jump of `m` or more between the last
+//!   renewal and the deadline of a holder that cannot reach the store (cut off
+//!   right after it) goes unseen, and one longer than the rest of the lease ends
+//!   it at once: in both cases the lease can lapse up to the jump minus `m` before
+//!   the holder is told.
+//! - *Store clock stepped back.* Leases last longer in real time than the holder
+//!   assumes, so it is told early: safe. Others wait longer for a crashed holder's
+//!   lease, and a lapsed lease can become live again for its former owner, which
+//!   was told it lost it and renews no more. Logged, not a loss.
+//! - *Host suspend.* The monotonic clock (Linux `CLOCK_MONOTONIC`) and with it the
+//!   keeper's timers stop; the wall clock does not, and the server's clock neither.
+//!   Every keeper wake-up (every renew interval, with or without auto-renew) and
+//!   every [`LockGuard::is_lost`] compare the advance of the client's wall clock
+//!   ([`LockBuilder::clock`]) since the last confirmed send with that of its
+//!   monotonic companion ([`store_trait::Clock::monotonic`]); more than `m / 2` of
+//!   unseen time is a loss (counted in [`LockMetrics::local_clock_gaps`]).
+//!   `is_lost` knows at once on resume; the signal fires when the keeper next
+//!   wakes, at most one renew interval after resume. A suspend longer than the
+//!   rest of the lease ended it while the holder was not running: it learns on
+//!   resume, not before. A wall-clock step forward without a suspend (NTP) looks
+//!   the same and is treated the same: conservative, a lease given up early, never
+//!   kept too long. A wall-clock step back hides as much suspended time; the next
+//!   renewal still sees the server's clock advance too far and reports it.
 
 mod error;
 mod guard;

@@ -140,6 +140,14 @@ pub struct LockMetrics {
     pub losses: u64,
     /// Forced acquisitions and releases.
     pub steals: u64,
+    /// Losses reported because the store clock jumped ahead of the local
+    /// monotonic clock between two confirmed grants (an NTP step on the server, a
+    /// failover to a member whose clock is ahead, a clock running fast).
+    pub store_clock_jumps: u64,
+    /// Losses reported because the client's wall clock advanced beyond its
+    /// monotonic companion: time passed unseen (a host suspend), or the wall clock
+    /// was stepped forward.
+    pub local_clock_gaps: u64,
 }
 
 #[derive(Debug, Default)]
@@ -149,6 +157,8 @@ pub(crate) struct Metrics {
     pub(crate) renew_failures: AtomicU64,
     pub(crate) losses: AtomicU64,
     pub(crate) steals: AtomicU64,
+    pub(crate) store_clock_jumps: AtomicU64,
+    pub(crate) local_clock_gaps: AtomicU64,
 }
 
 impl Metrics {
@@ -237,7 +247,11 @@ impl<S: Store + Clone> LockBuilder<S> {
         self
     }
 
-    /// The client clock, read only to report the offset to the store clock.
+    /// The client's wall clock (default [`SystemClock`]). Leases never depend on
+    /// it: it reports the offset to the store clock ([`Lock::clock_offset_ms`]),
+    /// and a holder compares its advance with its monotonic companion
+    /// ([`Clock::monotonic`]) to notice time that passed unseen (a host suspend),
+    /// which it treats as a loss.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -654,6 +668,8 @@ impl<S: Store + Clone> Lock<S> {
             renew_failures: get(&m.renew_failures),
             losses: get(&m.losses),
             steals: get(&m.steals),
+            store_clock_jumps: get(&m.store_clock_jumps),
+            local_clock_gaps: get(&m.local_clock_gaps),
         }
     }
 }

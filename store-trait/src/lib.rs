@@ -62,7 +62,7 @@ pub use ops::{
     Mutation, Order, Query, Write, WriteOutcome,
 };
 pub use record::{fields, Lease, Record, Snapshot};
-pub use time::{Clock, StoreTime, SystemClock, TokioClock, Ttl};
+pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
 pub use watcher::Watcher;
 
 use bson::Document;

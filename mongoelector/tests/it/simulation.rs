@@ -1,19 +1,26 @@
 //! A deterministic simulation on the in-memory store under paused time: five
 //! electors over a simulated hour with random crashes, partitions longer than the
-//! ttl, clean stops, restarts and transient store faults. Checked at every step:
+//! ttl, clean stops, restarts, transient store faults and steps of the store clock
+//! (back by up to a ttl; forward by up to 1.2 s, four times the safety margin,
+//! which the leader reports as a loss at its next renewal). A forward step is only
+//! made while no master is cut off, and no node is cut off until the leader has
+//! renewed once after it: a leader that cannot reach the store cannot learn of
+//! the step, the window the lost signal's bound leaves to fencing (see
+//! `mongolock`'s docs, "Clocks"). Checked at every step:
 //! - never two nodes believe they are master, and a node that believes it is
 //!   master holds the live lease on the store clock;
 //! - each node's callbacks strictly alternate master / loss;
 //! - while a healthy node runs, the store is never without a live leader for more
-//!   than one renew interval (so leadership is regained within ttl + one renew
-//!   interval after a crash).
+//!   than one renew interval, plus the forward steps of the store clock in the
+//!   last ttl (waiters sleep until an expiry that such a step brought closer), so
+//!   leadership is regained within ttl + one renew interval after a crash.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongoelector::{Elector, DEFAULT_COLLECTION};
 use store_memory::{Client, MemoryStore};
-use store_trait::{Collection, Key};
+use store_trait::{Collection, Key, StoreTime, TestClock};
 
 const NODES: usize = 5;
 const TTL: Duration = Duration::from_secs(3);
@@ -37,9 +44,10 @@ fn elector(client: &Client, log: &Arc<Mutex<Vec<&'static str>>>) -> Elector<Clie
         .unwrap()
 }
 
-async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
+async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let store = MemoryStore::new();
+    let clock = TestClock::starting_at(StoreTime::from_millis(1_700_000_000_000));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
     let (coll, key) = (Collection::new(DEFAULT_COLLECTION).unwrap(), Key::new("scheduler").unwrap());
     let mut nodes: Vec<Node> = (0..NODES)
         .map(|_| {
@@ -57,6 +65,14 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
     let mut leaderless_since: Option<tokio::time::Instant> = None;
     let (mut steps, mut terms) = (0, 0);
     let mut last_token = 0;
+    // After a forward step of the store clock: no partition until the leader has
+    // renewed once, and no other forward step.
+    let mut quiet_until = tokio::time::Instant::now();
+    let mut forward_steps: Vec<(tokio::time::Instant, Duration)> = Vec::new();
+    // A master (node, term token) that must have reported a forward step beyond
+    // the safety margin (a tenth of the ttl) by the given time.
+    let mut must_report: Option<(usize, u64, tokio::time::Instant)> = None;
+    let mut reported = 0;
     while tokio::time::Instant::now() < end {
         steps += 1;
         let i = rng.usize(..NODES);
@@ -77,8 +93,10 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
             3..=5 => {
                 // Partition (or a pause) for longer than the ttl, or heal.
                 let cut = !nodes[i].partitioned;
-                nodes[i].client.set_partitioned(cut);
-                nodes[i].partitioned = cut;
+                if !cut || tokio::time::Instant::now() >= quiet_until {
+                    nodes[i].client.set_partitioned(cut);
+                    nodes[i].partitioned = cut;
+                }
             }
             6..=8 => {
                 if let Some(e) = nodes[i].elector.take() {
@@ -91,6 +109,28 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
                 nodes[i].elector = Some(e);
             }
             15..=16 => store.faults().fail_next(u64::from(rng.u32(1..3))),
+            17..=18 => {
+                // The store clock steps back (an NTP step, a failover to a member
+                // whose clock is behind): leases last longer, which is safe.
+                clock.jump(-rng.i64(1..=3_000));
+            }
+            19..=20 => {
+                // The store clock steps forward: the leader's lease ends early.
+                let now = tokio::time::Instant::now();
+                let master_cut =
+                    nodes.iter().any(|n| n.partitioned && n.elector.as_ref().is_some_and(|e| e.is_master()));
+                if !master_cut && now >= quiet_until {
+                    let ms = rng.u64(1..=1_200);
+                    clock.jump(i64::try_from(ms).unwrap());
+                    quiet_until = now + renew + Duration::from_millis(800);
+                    forward_steps.push((now, Duration::from_millis(ms)));
+                    let master = (0..NODES).find(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_master()));
+                    if let (Some(m), true) = (master, Duration::from_millis(ms) > TTL / 10) {
+                        let token = nodes[m].elector.as_ref().unwrap().node_status().term_token.unwrap();
+                        must_report = Some((m, token, quiet_until));
+                    }
+                }
+            }
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(10..1500))).await;
@@ -110,6 +150,14 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
                 "step {steps}: node {m} believes it leads with token {token}; store: {live:?}"
             );
         }
+        if let Some((m, token, by)) = must_report {
+            if tokio::time::Instant::now() >= by {
+                let still = nodes[m].elector.as_ref().is_some_and(|e| e.node_status().term_token == Some(token));
+                assert!(!still, "step {steps}: node {m} leads on with token {token} after a store clock jump");
+                must_report = None;
+                reported += 1;
+            }
+        }
         if let Some((_, token)) = &live {
             if *token > last_token {
                 terms += 1;
@@ -120,7 +168,13 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
         match (&live, healthy) {
             (None, true) => {
                 let since = *leaderless_since.get_or_insert_with(tokio::time::Instant::now);
-                assert!(since.elapsed() <= renew + slack, "step {steps}: leaderless for {:?}", since.elapsed());
+                let stepped: Duration =
+                    forward_steps.iter().filter(|(at, _)| at.elapsed() <= TTL + renew).map(|(_, d)| *d).sum();
+                assert!(
+                    since.elapsed() <= renew + slack + stepped,
+                    "step {steps}: leaderless for {:?} (store clock stepped forward {stepped:?})",
+                    since.elapsed()
+                );
             }
             _ => leaderless_since = None,
         }
@@ -138,14 +192,15 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize) {
             assert_eq!(*ev, want, "process {i}: callbacks do not alternate: {log:?}");
         }
     }
-    (steps, terms)
+    (steps, terms, reported)
 }
 
 #[tokio::test(start_paused = true)]
 async fn five_electors_for_a_simulated_hour() {
-    let (steps, terms) = simulate(7, 60).await;
+    let (steps, terms, reported) = simulate(7, 60).await;
     assert!(steps > 3_000, "{steps} steps");
     assert!(terms > 50, "leadership changed hands {terms} times");
+    assert!(reported > 20, "{reported} store clock jumps reported by the master");
 }
 
 #[tokio::test(start_paused = true)]

@@ -3,6 +3,7 @@
 //! server; a property-based model test; fault injection on both backends.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod clocks;
 mod faults;
 mod input;
 mod model;

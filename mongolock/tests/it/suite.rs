@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use mongolock::{Acquire, Lock, LockError, Semaphore};
 use store_trait::testing::Harness;
-use store_trait::{Collection, Condition, Key, Mutation, Store, TokioClock, Ttl, Write};
+use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TestClock, Ttl, Write};
 
 #[macro_export]
 macro_rules! lock_suite {
@@ -15,7 +15,7 @@ macro_rules! lock_suite {
             parity_basics, tokens_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
             auto_renew_keeps_the_lock, waiter_wakes_on_release, waiter_wakes_at_expiry_of_a_crashed_holder,
             acquire_times_out_with_the_holder, bad_input_is_rejected, dropped_guard_releases,
-            racers_32_one_holder, semaphore_admits_n, clock_skew_changes_nothing, forced_release_signals_the_holder
+            racers_32_one_holder, semaphore_admits_n, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -263,30 +263,49 @@ pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
     assert!(sems[6].try_acquire().await.unwrap().is_none());
 }
 
-pub(crate) async fn clock_skew_changes_nothing<H: Harness>(h: &H) {
-    let store = h.store("lock_clock_skew").await;
-    let mut traces = Vec::new();
-    let mut offsets = Vec::new();
-    for (i, skew) in [-3_600_000_i64, 0, 3_600_000].into_iter().enumerate() {
-        let key = format!("job-{i}");
-        let server_now = store.now().await.unwrap().as_millis();
-        let clock = TokioClock::starting_at(store_trait::StoreTime::from_millis(server_now + skew));
-        let make = || Lock::builder(store.clone(), key.clone()).ttl(ttl(h)).clock(clock.clone()).build().unwrap();
-        let (a, b) = (make(), make());
-        let mut trace = Vec::new();
-        let g = a.acquire().await.unwrap();
-        trace.push(b.try_acquire().await.unwrap().is_some());
-        trace.push(a.owned().await.unwrap());
-        g.lost().await;
-        tokio::time::sleep(ttl(h) / 4).await;
-        trace.push(b.try_acquire().await.unwrap().is_some());
-        traces.push(trace);
-        offsets.push(a.clock_offset_ms().await.unwrap() - skew);
-    }
-    assert!(traces.iter().all(|t| t == &traces[0]), "{traces:?}");
-    assert_eq!(traces[0], [false, true, true]);
+/// A client's wall clock an hour off changes nothing about leases: they are
+/// granted and checked on the store clock. Each assertion would break if leases
+/// were computed on the client clock, or if the holder compared its wall clock
+/// with store times.
+pub(crate) async fn client_clock_skew_leaves_leases_alone<H: Harness>(h: &H) {
+    let store = h.store("lock_client_clock_skew").await;
+    let server_now = store.now().await.unwrap().as_millis();
+    let hour = 3_600_000_i64;
+    let make = |skew: i64| {
+        let clock = TestClock::starting_at(StoreTime::from_millis(server_now + skew));
+        Lock::builder(store.clone(), "job").ttl(ttl(h)).clock(clock).build().unwrap()
+    };
+    let (behind, ahead) = (make(-hour), make(hour));
+    let g = behind.acquire().await.unwrap();
+    // Granted on the store clock: a ttl from the store's now, not from the
+    // holder's clock an hour behind.
+    let ttl_ms = i64::try_from(ttl(h).as_millis()).unwrap();
+    assert_eq!(g.expires().as_millis() - g.since().as_millis(), ttl_ms);
+    assert!((g.since().as_millis() - server_now).abs() < 60_000, "since {} vs store {server_now}", g.since());
+    // On the clock of a client an hour ahead, that lease ended an hour ago; it is
+    // still held.
+    assert!(ahead.try_acquire().await.unwrap().is_none(), "taken while the lease was live");
+    // On the holder's clock, an hour is left; it is told before the store lease
+    // ends, not an hour later, and not at once either (an hour of skew is no gap).
+    tokio::time::sleep(ttl(h) / 2).await;
+    assert!(!g.is_lost(), "a constant skew is not time passed unseen");
+    g.lost().await;
+    let now = store.now().await.unwrap();
+    assert!(now < g.expires(), "told after the lease lapsed: now {now}, expiry {}", g.expires());
+    let m = behind.metrics();
+    assert_eq!((m.losses, m.local_clock_gaps, m.store_clock_jumps), (1, 0, 0), "{m:?}");
+    // The client an hour ahead takes over and keeps the lock renewed, its
+    // clock notwithstanding.
+    let g2 = ahead.acquire_with(Acquire::new().auto_renew().timeout(ttl(h) * 2)).await.unwrap();
+    assert!(g2.token() > g.token());
+    tokio::time::sleep(ttl(h) * 2).await;
+    assert!(!g2.is_lost());
+    assert!(behind.try_acquire().await.unwrap().is_none());
     // Only the diagnostic sees the skew.
-    assert!(offsets.iter().all(|o| o.abs() < 1_000), "offset minus skew: {offsets:?}");
+    let offset = ahead.clock_offset_ms().await.unwrap();
+    assert!((offset - hour).abs() < 1_000, "offset {offset}");
+    assert_eq!(ahead.metrics().losses, 0);
+    g2.release().await.unwrap();
 }
 
 pub(crate) async fn forced_release_signals_the_holder<H: Harness>(h: &H) {
