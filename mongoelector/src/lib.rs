@@ -50,7 +50,7 @@ use std::time::Duration;
 use bson::doc;
 use mongolock::{Acquire, Identity, Lock, LockError, LockGuard, LockInfo};
 use store_trait::{Collection, Condition, Key, Mutation, Order, Query, Store, StoreError, StoreTime, Ttl, Write};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -82,8 +82,10 @@ pub enum ElectorError {
     Store(#[from] StoreError),
 }
 
-/// A callback.
-pub type Callback = Arc<dyn Fn() + Send + Sync>;
+mod callbacks;
+
+pub use callbacks::Callback;
+use callbacks::{Dispatcher, Handlers};
 
 /// This node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,9 +164,8 @@ pub struct ElectorBuilder<S> {
     step: Option<Duration>,
     renew_every: Option<Duration>,
     identity: Option<Identity>,
-    on_master: Option<Callback>,
-    on_master_loss: Option<Callback>,
-    on_loop: Option<Callback>,
+    handlers: Handlers,
+    stop_timeout: Option<Duration>,
     report_status: bool,
 }
 
@@ -214,21 +215,50 @@ impl<S: Store + Clone> ElectorBuilder<S> {
         self
     }
 
-    /// Runs every time this node becomes master.
-    pub fn on_master(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
-        self.on_master = Some(Arc::new(f));
+    /// Runs every time this node becomes master, on a blocking thread. It should
+    /// return promptly: `on_master_loss` for this term cannot run before it
+    /// returns. Long-running leader work belongs in [`Elector::while_master`], or
+    /// in [`ElectorBuilder::on_master_term`], which is told when the term ends.
+    /// Replaces an earlier `on_master` or `on_master_term`.
+    pub fn on_master(self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_master_term(move |_| f())
+    }
+
+    /// Runs every time this node becomes master, on a blocking thread, with the
+    /// term's cancellation token: it is cancelled when the term ends (lost before
+    /// the lease can lapse, released, or stopped), so a callback that runs leader
+    /// work itself can return in time. `on_master_loss` runs after it returns.
+    /// Cancelling the token yourself does not end the term. A term that ends
+    /// before its `on_master` could start is not reported at all (neither
+    /// `on_master` nor `on_master_loss`). Replaces an earlier `on_master`.
+    pub fn on_master_term(mut self, f: impl Fn(CancellationToken) + Send + Sync + 'static) -> Self {
+        self.handlers.on_master = Some(Arc::new(f));
         self
     }
 
-    /// Runs every time this node stops being master (lost, released or stopped).
+    /// Runs every time this node stops being master (lost, released or stopped),
+    /// after that term's `on_master` returned, and ahead of any `on_loop` or
+    /// `on_master` that is waiting.
     pub fn on_master_loss(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
-        self.on_master_loss = Some(Arc::new(f));
+        self.handlers.on_master_loss = Some(Arc::new(f));
         self
     }
 
-    /// Runs on every loop (every renew interval), whatever the role.
+    /// Runs on every loop (every renew interval), whatever the role, on its own
+    /// blocking thread: while it runs, further rounds are coalesced into one
+    /// pending call, and it never delays `on_master` or `on_master_loss` (which
+    /// may therefore run at the same time).
     pub fn on_loop(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
-        self.on_loop = Some(Arc::new(f));
+        self.handlers.on_loop = Some(Arc::new(f));
+        self
+    }
+
+    /// How long [`Elector::stop`] waits at most (default: the ttl) for the lease
+    /// release and the callbacks of the ending term (`on_master` still running,
+    /// then `on_master_loss`). Callbacks still running then finish in the
+    /// background, in order.
+    pub fn stop_timeout(mut self, timeout: Duration) -> Self {
+        self.stop_timeout = Some(timeout);
         self
     }
 
@@ -252,22 +282,16 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             .map_err(|e| ElectorError::Config(e.to_string()))?;
         let status_coll = Collection::new(self.status_collection).map_err(|e| ElectorError::Config(e.to_string()))?;
         let lifetime = CancellationToken::new();
-        let (cb_tx, cb_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
-            key: self.key,
+            key: self.key.clone(),
             lock,
             store: self.store,
             status_coll,
             renew_every,
             report: self.report_status,
             identity,
-            callbacks: Callbacks {
-                on_master: self.on_master,
-                on_master_loss: self.on_master_loss,
-                on_loop: self.on_loop,
-            },
-            cb_tx,
-            cb_rx: Mutex::new(Some(cb_rx)),
+            stop_timeout: self.stop_timeout.unwrap_or(self.ttl),
+            callbacks: Dispatcher::new(self.key.clone(), self.handlers),
             lifetime: lifetime.clone(),
             run: Mutex::new(None),
             running: AtomicBool::new(false),
@@ -279,21 +303,6 @@ impl<S: Store + Clone> ElectorBuilder<S> {
         });
         Ok(Elector { inner, _drop: Arc::new(lifetime.drop_guard()) })
     }
-}
-
-struct Callbacks {
-    on_master: Option<Callback>,
-    on_master_loss: Option<Callback>,
-    on_loop: Option<Callback>,
-}
-
-#[derive(Debug)]
-enum Event {
-    Master,
-    MasterLoss,
-    Loop,
-    /// Answered once every earlier callback has run.
-    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 struct RunState {
@@ -315,9 +324,8 @@ struct Inner<S: Store + Clone> {
     renew_every: Duration,
     report: bool,
     identity: Identity,
-    callbacks: Callbacks,
-    cb_tx: mpsc::UnboundedSender<Event>,
-    cb_rx: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
+    stop_timeout: Duration,
+    callbacks: Dispatcher,
     lifetime: CancellationToken,
     run: Mutex<Option<RunState>>,
     running: AtomicBool,
@@ -363,9 +371,8 @@ impl<S: Store + Clone> Elector<S> {
             step: None,
             renew_every: None,
             identity: None,
-            on_master: None,
-            on_master_loss: None,
-            on_loop: None,
+            handlers: Handlers::default(),
+            stop_timeout: None,
             report_status: true,
         }
     }
@@ -408,21 +415,35 @@ impl<S: Store + Clone> Elector<S> {
         Ok(())
     }
 
-    /// Stops the background loop and surrenders leadership at once; returns when
-    /// the lease is released (or the release failed and the lease will lapse).
+    /// Stops the background loop and surrenders leadership at once; returns once
+    /// the lease is released and `on_master_loss` has run, or after the stop
+    /// timeout ([`ElectorBuilder::stop_timeout`], default the ttl), whichever
+    /// comes first. It never waits for `on_loop`. After the timeout, a release
+    /// still in flight and callbacks still running (an `on_master` that ignores
+    /// its cancellation token, then `on_master_loss`) finish in the background.
     pub async fn stop(&self) {
-        let run = lock_poisoned(&self.inner.run).take();
+        let inner = &self.inner;
+        let deadline = tokio::time::Instant::now() + inner.stop_timeout;
+        let run = lock_poisoned(&inner.run).take();
         if let Some(run) = run {
             run.stop.cancel();
-            let _ = run.main.await;
+            // The loop releases the lease as it ends.
+            if tokio::time::timeout_at(deadline, run.main).await.is_err() {
+                tracing::warn!(key = %inner.key, "releasing leadership takes longer than the stop timeout");
+            }
         }
-        self.inner.step_down("stopped", true).await;
-        self.inner.running.store(false, Ordering::SeqCst);
-        // Return only after `on_master_loss` (and every earlier callback) ran.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.send(Event::Flush(tx));
-        let _ = rx.await;
-        tracing::info!(key = %self.inner.key, node = %self.inner.identity, "elector stopped");
+        // Not running its own loop (driven by `poll`): release here, on a task of
+        // its own, so the timeout never drops a store call half-way.
+        let step_down = tokio::spawn({
+            let inner = inner.clone();
+            async move { inner.step_down("stopped", true).await }
+        });
+        let _ = tokio::time::timeout_at(deadline, step_down).await;
+        inner.running.store(false, Ordering::SeqCst);
+        if tokio::time::timeout_at(deadline, inner.callbacks.flush()).await.is_err() {
+            tracing::warn!(key = %inner.key, "stopped before the master callbacks returned; they finish in the background");
+        }
+        tracing::info!(key = %inner.key, node = %inner.identity, "elector stopped");
     }
 
     /// Releases leadership if held (calling `on_master_loss`), letting another node
@@ -459,7 +480,7 @@ impl<S: Store + Clone> Elector<S> {
         if role == Role::Follower {
             inner.step_down("lost", false).await;
         }
-        inner.send(Event::Loop);
+        inner.callbacks.tick();
         if inner.report {
             inner.report_status().await?;
         }
@@ -578,26 +599,15 @@ impl<S: Store + Clone> Inner<S> {
         lock_poisoned(&self.term_token).as_ref().is_some_and(|(t, _, v)| !t.is_cancelled() && !v.is_lost())
     }
 
-    fn send(self: &Arc<Self>, ev: Event) {
-        // The dispatcher starts with the first event, whether the elector runs its
-        // own loop or is driven by `poll`.
-        if let Some(rx) = lock_poisoned(&self.cb_rx).take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(dispatch_callbacks(Arc::downgrade(self), rx))),
-                Err(_) => *lock_poisoned(&self.cb_rx) = Some(rx),
-            }
-        }
-        let _ = self.cb_tx.send(ev);
-    }
-
     /// Records a won election (the caller holds the term mutex).
     fn become_master(self: &Arc<Self>, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
         let token = guard.lost_token();
         *lock_poisoned(&self.term_token) = Some((token.clone(), guard.token(), guard.validity()));
         self.terms_won.fetch_add(1, Ordering::Relaxed);
         tracing::info!(key = %self.key, node = %self.identity, token = guard.token(), "elected master");
+        // The callback gets a child: cancelling it does not end the term.
+        self.callbacks.master(token.child_token());
         *slot = Some(Term { guard, token });
-        self.send(Event::Master);
         self.changed.notify_one();
     }
 
@@ -617,7 +627,7 @@ impl<S: Store + Clone> Inner<S> {
             drop(term.guard);
         }
         tracing::info!(key = %self.key, node = %self.identity, token, why, "master status ended");
-        self.send(Event::MasterLoss);
+        self.callbacks.loss();
         self.changed.notify_one();
         true
     }
@@ -733,7 +743,7 @@ async fn observer<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToke
 /// Every renew interval: `on_loop` and the status report.
 async fn ticker<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
     loop {
-        inner.send(Event::Loop);
+        inner.callbacks.tick();
         if inner.report {
             if let Err(e) = inner.report_status().await {
                 tracing::debug!(key = %inner.key, error = %e, "status report failed");
@@ -742,34 +752,6 @@ async fn ticker<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken)
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(inner.renew_every) => {}
-        }
-    }
-}
-
-/// Runs callbacks one at a time, in order, on a blocking thread: never on the
-/// renewal path, and a panic is logged, not fatal.
-async fn dispatch_callbacks<S: Store + Clone>(
-    inner: std::sync::Weak<Inner<S>>,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-) {
-    while let Some(ev) = rx.recv().await {
-        let Some(strong) = inner.upgrade() else { break };
-        let cb = match &ev {
-            Event::Master => strong.callbacks.on_master.clone(),
-            Event::MasterLoss => strong.callbacks.on_master_loss.clone(),
-            Event::Loop => strong.callbacks.on_loop.clone(),
-            Event::Flush(_) => None,
-        };
-        if let Event::Flush(done) = ev {
-            let _ = done.send(());
-            continue;
-        }
-        let key = strong.key.clone();
-        drop(strong);
-        if let Some(cb) = cb {
-            if let Err(e) = tokio::task::spawn_blocking(move || cb()).await {
-                tracing::error!(key, event = ?ev, error = %e, "elector callback panicked");
-            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! deterministic one-hour simulation; crash failover on the real server.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod callbacks;
 mod crash;
 mod executor;
 mod simulation;
