@@ -192,7 +192,6 @@ impl Dispatcher {
     }
 
     /// A new leader was observed (coalesced: the latest one is reported).
-    #[allow(dead_code)]
     pub(crate) fn new_leader(&self, leader: LockInfo) {
         if self.shared.handlers.on_new_leader.is_some() {
             self.update(|p| p.new_leader = Some(leader));
