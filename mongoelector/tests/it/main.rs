@@ -6,6 +6,7 @@
 mod callbacks;
 mod crash;
 mod executor;
+mod rounds;
 mod simulation;
 mod suite;
 
