@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mongolock::{Identity, Lock, LockInfo};
 use store_trait::{Collection, Store};
-use tokio::sync::{watch, Notify, OnceCell};
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::callbacks::{Dispatcher, Handlers};
@@ -200,7 +200,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             leadership: watch::channel(Leadership::default()).0,
             changed: Notify::new(),
             terms_won: AtomicU64::new(0),
-            status_index: OnceCell::new(),
+            reporting: tokio::sync::Mutex::new(false),
             last_poll: Mutex::new(None),
         });
         Ok(Elector::from_inner(inner, lifetime))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mongolock::{Identity, Lock, LockError};
 use store_trait::{Collection, Store, StoreTime};
-use tokio::sync::{watch, Notify, OnceCell};
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -45,8 +45,9 @@ pub(crate) struct Inner<S: Store + Clone> {
     /// Wakes the observer after a local transition.
     pub(crate) changed: Notify,
     pub(crate) terms_won: AtomicU64,
-    /// The status collection's TTL index, ensured once.
-    pub(crate) status_index: OnceCell<()>,
+    /// Held while a status report is written; true once the status collection's
+    /// TTL index was ensured.
+    pub(crate) reporting: tokio::sync::Mutex<bool>,
     /// When this node last reported its status (store clock).
     pub(crate) last_poll: Mutex<Option<StoreTime>>,
 }

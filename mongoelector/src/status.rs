@@ -172,9 +172,13 @@ impl<S: Store + Clone> Inner<S> {
     /// Upserts this node's status document (ensuring the collection's TTL index
     /// once per elector).
     pub(crate) async fn report_status(&self) -> Result<(), ElectorError> {
-        self.status_index
-            .get_or_try_init(|| async { self.store.ensure_indexes(&self.status_coll, &[IndexSpec::gc()]).await })
-            .await?;
+        // One report at a time: a report read before a transition and written
+        // after a later one would leave the stale role in the document.
+        let mut indexed = self.reporting.lock().await;
+        if !*indexed {
+            self.store.ensure_indexes(&self.status_coll, &[IndexSpec::gc()]).await?;
+            *indexed = true;
+        }
         let id = report_key(&self.key, &self.identity)?;
         let gc = Ttl::new((self.lock.ttl() * 10).max(Duration::from_secs(60)))?;
         let m = Mutation::new()
