@@ -50,6 +50,7 @@ impl<S: Store + Clone> Inner<S> {
         lock_poisoned(&self.snapshot).as_ref().filter(|t| t.is_live()).cloned()
     }
 
+    /// Whether this node leads now (a live term).
     pub(crate) fn is_master(&self) -> bool {
         self.live_term().is_some()
     }
