@@ -90,31 +90,34 @@ pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> R
     Ok(0)
 }
 
-/// `mongocoord leaders`: the seed's `cluster_detail` for every election.
+/// `mongocoord leaders`: the seed's `cluster_detail` for every election. Status
+/// documents are read with the library's schema (`mongoelector::status`); those
+/// it cannot read are listed on stderr and under `skipped` in `--json`.
 pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, json: bool) -> Result<u8, String> {
     let (c, s) = (coll(collection)?, coll(status)?);
     let now = store.now().await.map_err(|e| e.to_string())?;
     let elections =
         store.find(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
-    let reports =
-        store.find(&s, &Query::all().sort("node", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
+    let reports = mongoelector::status::read_reports(store, &s, None).await.map_err(|e| e.to_string())?;
+    for bad in &reports.skipped {
+        eprintln!("mongocoord: skipped {bad}");
+    }
     let mut out = Vec::new();
     for e in &elections {
         let key = e.key().to_string();
         let master = mongolock::LockInfo::from_record(e, Some(now));
         let nodes: Vec<Value> = reports
+            .nodes
             .iter()
-            .filter(|r| r.data().get_str("election").ok() == Some(key.as_str()))
-            .map(|r| {
-                let d = r.data();
-                let last = d.get_datetime("last_poll").map(|t| t.timestamp_millis()).unwrap_or(0);
+            .filter(|n| n.election == key)
+            .map(|n| {
                 json!({
-                    "node": d.get_str("node").unwrap_or_default(),
-                    "host": d.get_str("host").unwrap_or_default(),
-                    "pid": d.get("pid").and_then(store_trait::semantics::as_i64),
-                    "version": d.get_str("version").unwrap_or_default(),
-                    "is_master": d.get_bool("is_master").unwrap_or(false),
-                    "last_seen_ms_ago": now.as_millis().saturating_sub(last),
+                    "node": n.node,
+                    "host": n.host,
+                    "pid": n.pid,
+                    "version": n.version,
+                    "is_master": n.is_master,
+                    "last_seen_ms_ago": now.as_millis().saturating_sub(n.last_poll.as_millis()),
                 })
             })
             .collect();
@@ -128,7 +131,8 @@ pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, 
         }));
     }
     if json {
-        println!("{}", Value::Array(out));
+        let skipped: Vec<Value> = reports.skipped.iter().map(|b| json!({"id": b.id, "error": b.to_string()})).collect();
+        println!("{}", json!({ "elections": out, "skipped": skipped }));
         return Ok(0);
     }
     let mut rows = Vec::new();

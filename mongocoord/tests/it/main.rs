@@ -141,9 +141,16 @@ fn elect_hands_over_on_sigterm_and_after_sigkill() {
     // The killed runner's command died with it: it does not go on acting as leader.
     let second_child = lines(&pids)[1].clone();
     wait_until("the orphan to die", Duration::from_secs(10), || !Path::new(&format!("/proc/{second_child}")).exists());
+    // A document of another schema in the status collection is reported, not fatal.
+    e.json(&["enqueue", "--queue", mongoelector::DEFAULT_STATUS_COLLECTION, "--agent", "intruder", "{}"]);
     let leaders = e.json(&["leaders"]);
-    let s = leaders.as_array().unwrap().iter().find(|l| l["election"] == "scheduler").unwrap();
+    let s = leaders["elections"].as_array().unwrap().iter().find(|l| l["election"] == "scheduler").unwrap();
     assert_eq!(s["token"].as_u64(), Some(terms[2]));
+    let nodes = s["nodes"].as_array().unwrap();
+    assert!(!nodes.is_empty() && nodes.iter().all(|n| !n["version"].as_str().unwrap().is_empty()), "{nodes:?}");
+    let skipped = leaders["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(skipped[0]["error"].as_str().unwrap().contains("election"), "{skipped:?}");
     signal(&third, "-TERM");
     assert!(third.wait().unwrap().success());
     eprintln!(

@@ -3,8 +3,10 @@
 //! deterministic one-hour simulation; crash failover on the real server.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod callbacks;
 mod crash;
 mod executor;
+mod rounds;
 mod simulation;
 mod suite;
 

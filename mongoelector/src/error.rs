@@ -1,0 +1,32 @@
+//! The elector's errors.
+
+use mongolock::LockError;
+use store_trait::StoreError;
+
+/// Errors of the elector.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ElectorError {
+    /// The configuration was rejected. Nothing was written.
+    #[error("invalid elector configuration: {0}")]
+    Config(String),
+    /// A lock operation failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A status document that could not be read as a [`crate::NodeReport`]: written
+/// by something else, or by hand.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("status document {id}: field `{field}` {problem}")]
+pub struct MalformedReport {
+    /// The document's `_id`.
+    pub id: String,
+    /// The first field that could not be read.
+    pub field: &'static str,
+    /// What is wrong with it: missing, or of another type.
+    pub problem: &'static str,
+}
