@@ -128,7 +128,7 @@ impl<S: Store + Clone> Queue<S> {
         }
     }
 
-    /// Tasks matching an equality filter, in claim order (the seed's `get_tasks`).
+    /// Tasks matching an equality filter, in claim order (the Ruby `mongo_agent`'s `get_tasks`).
     pub async fn tasks(&self, filter: Document, limit: Option<u32>) -> Result<Vec<Record>, AgentError> {
         let mut q = claim_order(Query::eq(filter));
         q.limit = limit;

@@ -428,7 +428,7 @@ impl Outcome {
     }
 }
 
-/// The seed's handlers return a boolean.
+/// The Ruby `mongo_agent`'s handlers return a boolean.
 impl From<bool> for Outcome {
     fn from(ok: bool) -> Self {
         if ok {

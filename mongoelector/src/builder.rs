@@ -93,7 +93,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     }
 
     /// The application's version, reported in status documents and
-    /// [`Elector::node_status`] (default: this crate's version). The seed's
+    /// [`Elector::node_status`] (default: this crate's version). The Python `MongoElector`'s
     /// `app_version`.
     #[doc(alias = "app_version")]
     pub fn version(mut self, version: impl Into<String>) -> Self {

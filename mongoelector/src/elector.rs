@@ -111,7 +111,7 @@ impl<S: Store + Clone> Elector<S> {
         Ok(())
     }
 
-    /// Starts and returns only after [`Elector::stop`] (from elsewhere) — the seed's
+    /// Starts and returns only after [`Elector::stop`] (from elsewhere) — the Python `MongoElector`'s
     /// `start(blocking=True)`.
     ///
     /// # Cancel safety
@@ -176,7 +176,7 @@ impl<S: Store + Clone> Elector<S> {
         Ok(self.inner.step_down("released", true).await)
     }
 
-    /// One round by hand instead of `start`, as the seed's `poll()`: lease
+    /// One round by hand instead of `start`, as the Python `MongoElector`'s `poll()`: lease
     /// maintenance — renew if leading, else try once to become leader — then
     /// `on_loop`, then the status report.
     ///
@@ -283,7 +283,7 @@ impl<S: Store + Clone> Elector<S> {
         }
     }
 
-    /// This node's status (the seed's `node_status`).
+    /// This node's status (the Python `MongoElector`'s `node_status`).
     pub fn node_status(&self) -> NodeStatus {
         let inner = &self.inner;
         let fence = inner.live_term().map(|t| t.fence());
@@ -312,7 +312,7 @@ impl<S: Store + Clone> Elector<S> {
     }
 
     /// All nodes that reported within the last three ttls, and the leader (the
-    /// seed's `cluster_detail`). Status documents that cannot be read are logged
+    /// Python `MongoElector`'s `cluster_detail`). Status documents that cannot be read are logged
     /// and left out.
     ///
     /// # Cancel safety

@@ -36,7 +36,7 @@ pub mod fields {
     pub const LAST_POLL: &str = "last_poll";
 }
 
-/// This node's own status (the seed's `node_status`).
+/// This node's own status (the Python `MongoElector`'s `node_status`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeStatus {
     /// The election key.
@@ -83,7 +83,7 @@ pub struct NodeReport {
     pub last_poll: StoreTime,
 }
 
-/// All recently reporting nodes and who leads since when (the seed's `cluster_detail`).
+/// All recently reporting nodes and who leads since when (the Python `MongoElector`'s `cluster_detail`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterDetail {
     /// The election key.

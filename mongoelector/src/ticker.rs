@@ -1,4 +1,4 @@
-//! The rounds, as the seed's `poll()`: every renew interval, lease maintenance
+//! The rounds, as the Python `MongoElector`'s `poll()`: every renew interval, lease maintenance
 //! first (the leader renews), then `on_loop`, then the status report.
 //!
 //! A follower's campaign does not wait for the rounds: it runs in the main loop

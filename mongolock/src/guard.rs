@@ -456,6 +456,7 @@ impl Validity {
 /// and when someone took the lock by force; it also fires when a clock check finds
 /// the lease may have ended early (see the crate docs, "Clocks", for the bound).
 #[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once: hold it while the protected work runs"]
 pub struct LockGuard<S: Store + Clone> {
     term: Arc<Term<S>>,
 }
@@ -512,7 +513,7 @@ impl<S: Store + Clone> LockGuard<S> {
         self.term.lost.child_token()
     }
 
-    /// Renews the lease now (the seed's `touch`); returns the new expiry.
+    /// Renews the lease now (the Python `MongoLocker`'s `touch`); returns the new expiry.
     pub async fn touch(&self) -> Result<StoreTime, LockError> {
         let out = self.term.renew().await;
         self.term.wake.notify_one();

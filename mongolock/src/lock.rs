@@ -167,7 +167,7 @@ impl Metrics {
     }
 }
 
-/// A status report: the seed's `status`, plus diagnostics.
+/// A status report: the Python `MongoLocker`'s `status`, plus diagnostics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LockStatus {
     /// The lock's key.
@@ -575,7 +575,7 @@ impl<S: Store + Clone> Lock<S> {
         None
     }
 
-    /// Releases this instance's current acquisition (the seed's `release()`), or,
+    /// Releases this instance's current acquisition (the Python `MongoLocker`'s `release()`), or,
     /// with `force`, whoever holds the lock. Returns whether a lease was released.
     pub async fn release(&self, force: bool) -> Result<bool, LockError> {
         if force {
@@ -649,7 +649,7 @@ impl<S: Store + Clone> Lock<S> {
         })
     }
 
-    /// The client clock minus the store clock, in milliseconds: the seed's
+    /// The client clock minus the store clock, in milliseconds: the Python `MongoLocker`'s
     /// `timeparanoid` check, for diagnostics only. Leases never depend on it.
     pub async fn clock_offset_ms(&self) -> Result<i64, LockError> {
         let before = self.inner.clock.now().as_millis();

@@ -37,7 +37,7 @@ impl<S> std::fmt::Debug for AgentBuilder<S> {
 }
 
 impl<S: Store + Clone> AgentBuilder<S> {
-    /// The defaults: the seed's 5 s poll, a 60 s claim lease, 5 attempts.
+    /// The defaults: the Ruby `mongo_agent`'s 5 s poll, a 60 s claim lease, 5 attempts.
     pub(super) fn new(store: S, name: String, queue: Result<Queue<S>, AgentError>) -> Self {
         AgentBuilder {
             store,
@@ -57,7 +57,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     }
 
     /// How long an idle agent waits between polls when the store has no change
-    /// notifications (default 5 s, as in the seed). With notifications, an idle
+    /// notifications (default 5 s, as in the Ruby `mongo_agent`). With notifications, an idle
     /// agent is woken when a task arrives.
     pub fn sleep_between(mut self, d: Duration) -> Self {
         self.sleep_between = d;

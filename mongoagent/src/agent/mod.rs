@@ -32,14 +32,14 @@ use crate::task::fields;
 use crate::{AgentError, Queue};
 use builder::ProcessWhile;
 
-/// The agent's log: the seed's counters and more.
+/// The agent's log: the Ruby `mongo_agent`'s counters and more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AgentLog {
     /// Handler calls.
     pub tasks_processed: u64,
     /// Handler calls that failed (including panics).
     pub failed_tasks: u64,
-    /// The same as `failed_tasks`, under the name the seed's example uses.
+    /// The same as `failed_tasks`, under the name the Ruby `mongo_agent`'s example uses.
     pub errors_encountered: u64,
     /// Tasks completed.
     pub completed: u64,
@@ -110,7 +110,7 @@ impl<S> std::fmt::Debug for Agent<S> {
 }
 
 impl<S: Store + Clone> Agent<S> {
-    /// An agent named `name` on queue collection `queue` (the seed's `new(name, queue)`).
+    /// An agent named `name` on queue collection `queue` (the Ruby `mongo_agent`'s `new(name, queue)`).
     pub fn builder(store: S, name: impl Into<String>, queue: impl Into<String>) -> AgentBuilder<S> {
         let queue = Queue::new(store.clone(), &queue.into());
         Self::builder_for(store, name.into(), queue)
@@ -152,7 +152,7 @@ impl<S: Store + Clone> Agent<S> {
         self.inner.shutdown.cancel();
     }
 
-    /// Ready tasks of this agent (the seed's `get_tasks`), or those matching
+    /// Ready tasks of this agent (the Ruby `mongo_agent`'s `get_tasks`), or those matching
     /// `filter` (field equality).
     pub async fn get_tasks(&self, filter: Option<Document>) -> Result<Vec<Record>, AgentError> {
         let filter = filter.unwrap_or_else(|| doc! { fields::AGENT_NAME: &self.inner.name, fields::READY: true });
