@@ -119,7 +119,13 @@ fn type_in(f: &str, types: &[&str]) -> Bson {
 /// fraction below 9e15 in magnitude; with `unsigned`, not negative. Branches
 /// are `$cond`s, so a conversion only ever sees the type it converts.
 fn int_like(f: &str, unsigned: bool) -> Bson {
-    let min: Bson = if unsigned { Bson::Int64(0) } else { Bson::Double(-9.0e15) };
+    // Unsigned: `$gte 0` (so -0.0 reads, as 0); signed: above -9e15. Either way
+    // NaN, which compares below every number, fails.
+    let low = if unsigned {
+        doc! { "$gte": [field(f), 0_i64] }
+    } else {
+        doc! { "$gt": [field(f), -9.0e15] }
+    };
     let number_ok = if unsigned {
         doc! { "$gte": [field(f), 0_i64] }
     } else {
@@ -136,7 +142,7 @@ fn int_like(f: &str, unsigned: bool) -> Bson {
                 { "$cond": [type_in(f, &["date"]), date_ok,
                     { "$cond": [type_in(f, &["double"]),
                         { "$cond": [
-                            { "$and": [{ "$gt": [field(f), min] }, { "$lt": [field(f), 9.0e15] }] },
+                            { "$and": [low, { "$lt": [field(f), 9.0e15] }] },
                             { "$eq": [{ "$trunc": [field(f)] }, field(f)] },
                             false,
                         ] },

@@ -762,6 +762,10 @@ pub async fn claims_pass_over_unreadable_documents<H: Harness>(h: &H) {
         with(task("string-fence".into(), 9), doc! {"fence": "1"}),
         with(task("negative-fence".into(), 9), doc! {"fence": -1_i64}),
         with(task("fraction-rev".into(), 9), doc! {"rev": 1.5}),
+        with(task("nan-rev".into(), 9), doc! {"rev": f64::NAN}),
+        with(task("huge-since".into(), 9), doc! {"lease_since": 1.0e16}),
+        with(task("decimal-fence".into(), 9), doc! {"fence": bson::Decimal128::from_bytes([0; 16])}),
+        with(task("nul\0id".into(), 9), doc! {}),
         with(task("number-owner".into(), 9), doc! {"lease_owner": 7, "lease_until": 0_i64}),
         with(task("owner-without-until".into(), 9), doc! {"lease_owner": "x"}),
         with(task("text-until".into(), 9), doc! {"lease_owner": "x", "lease_until": "soon"}),
@@ -774,6 +778,7 @@ pub async fn claims_pass_over_unreadable_documents<H: Harness>(h: &H) {
         ),
         task(Bson::ObjectId(bson::oid::ObjectId::new()), 3),
         task(Bson::Int64(42), 2),
+        with(task("negative-zero-fence".into(), 1), doc! {"fence": -0.0, "lease_since": 5.0}),
     ];
     for d in bad.iter().chain(good.iter()) {
         h.insert_raw(&s, &c, d.clone()).await;
@@ -804,9 +809,10 @@ pub async fn claims_pass_over_unreadable_documents<H: Harness>(h: &H) {
         }
     }
     named.sort();
-    // A string key is named as such; a raw one in extended JSON (a UUID as `$binary`).
-    let mut want: Vec<String> =
-        bad.iter().map(|d| crate::render_raw_id(d.get("_id").unwrap()).trim_matches('"').to_owned()).collect();
+    // A key is named as such; a raw `_id` that is no key in extended JSON (a UUID
+    // as `$binary`).
+    let name = |id: &Bson| Key::from_bson(id.clone()).map_or_else(|_| crate::render_raw_id(id), |k| k.to_string());
+    let mut want: Vec<String> = bad.iter().map(|d| name(d.get("_id").unwrap())).collect();
     want.sort();
     assert_eq!(named, want);
     assert!(named.iter().any(|k| k.contains("$binary")), "{named:?}");
