@@ -5,7 +5,7 @@ use std::time::Duration;
 use bson::{doc, Bson, Document};
 use store_trait::{
     fields as reserved, Collection, Condition, IndexSpec, InsertOutcome, Key, Mutation, Order, Query, Record, Store,
-    StoreTime, Write,
+    StoreError, StoreTime, Write,
 };
 use tokio::sync::OnceCell;
 
@@ -135,6 +135,20 @@ impl<S: Store + Clone> Queue<S> {
         Ok(self.store.find(&self.coll, &q).await?)
     }
 
+    /// As [`Queue::tasks`], each document read on its own: one the store cannot
+    /// read (another program's, with a UUID `_id` or a string `fence`) is an
+    /// `Err(`[`StoreError::Malformed`]`)` in its place, naming its raw `_id`, and
+    /// the others are listed.
+    pub async fn tasks_each(
+        &self,
+        filter: Document,
+        limit: Option<u32>,
+    ) -> Result<Vec<Result<Record, StoreError>>, AgentError> {
+        let mut q = claim_order(Query::eq(filter));
+        q.limit = limit;
+        Ok(self.store.find_each(&self.coll, &q).await?)
+    }
+
     /// Per-state counts of one agent's tasks (each count an equality query the
     /// queue's indexes serve).
     pub async fn stats(&self, agent_name: &str) -> Result<QueueStats, AgentError> {
@@ -147,9 +161,12 @@ impl<S: Store + Clone> Queue<S> {
         let count = |q: Query| async move { self.store.count(&self.coll, &q).await };
         let ready = || eq(doc! { fields::READY: true }).when(not_complete());
         let claimed = || eq(doc! { fields::CLAIMED: true }).when(not_complete());
-        let oldest =
-            self.store.find(&self.coll, &ready().when(due.clone()).sort(reserved::ID, Order::Asc).limit(1)).await?;
-        let oldest_ready_age = match oldest.first().map(|r| r.key().as_bson().clone()) {
+        // Read per document: another program's unreadable task must not fail the stats.
+        let oldest = self
+            .store
+            .find_each(&self.coll, &ready().when(due.clone()).sort(reserved::ID, Order::Asc).limit(1))
+            .await?;
+        let oldest_ready_age = match oldest.first().and_then(|r| r.as_ref().ok()).map(|r| r.key().as_bson().clone()) {
             Some(Bson::ObjectId(oid)) => {
                 let now = self.store.now().await?;
                 Some(StoreTime::from_millis(oid.timestamp().timestamp_millis()).until(now))
@@ -180,9 +197,17 @@ impl<S: Store + Clone> Queue<S> {
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
             .and(Condition::Free);
         let which = failed.or(stuck);
-        let candidates = self.store.find(&self.coll, &Query::eq(filter).when(which.clone())).await?;
+        let candidates = self.store.find_each(&self.coll, &Query::eq(filter).when(which.clone())).await?;
         let mut out = Vec::new();
         for r in candidates {
+            // Another program's document the store cannot read is left alone.
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(queue = %self.coll, error = %e, "requeue skips a document it cannot read");
+                    continue;
+                }
+            };
             if dry_run {
                 out.push(r.key().clone());
                 continue;
@@ -197,7 +222,9 @@ impl<S: Store + Clone> Queue<S> {
                     .set(fields::COMPLETE, false)
                     .set(fields::ERROR_ENCOUNTERED, false)
                     .set(fields::CLAIMED, false)
-                    .unset(fields::RUN_AT),
+                    .unset(fields::RUN_AT)
+                    // Live again: the TTL index must not delete it.
+                    .clear_gc(),
             );
             if self.store.write(&self.coll, r.key(), &w).await?.is_applied() {
                 out.push(r.key().clone());

@@ -10,7 +10,7 @@ use bson::{doc, Bson, Document};
 use mongoagent::{NewTask, Queue};
 use serde_json::{json, Value};
 use store_mongo::MongoStore;
-use store_trait::{Collection, Query, Record, Store, StoreTime};
+use store_trait::{Collection, Query, Record, Store, StoreError, StoreResult, StoreTime};
 
 fn coll(name: &str) -> Result<Collection, String> {
     Collection::new(name).map_err(|e| e.to_string())
@@ -50,6 +50,36 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// Splits a per-document read into the records and what was skipped: documents
+/// the store cannot read (another program's, with a UUID `_id` or a string
+/// `fence`), each as `{"skipped": true, "key": <raw id>, "error": …}`. A view
+/// lists the records and reports the rest instead of failing on the first.
+fn readable(found: Vec<StoreResult<Record>>) -> (Vec<Record>, Vec<Value>) {
+    let mut records = Vec::with_capacity(found.len());
+    let mut skipped = Vec::new();
+    for r in found {
+        match r {
+            Ok(r) => records.push(r),
+            Err(StoreError::Malformed { key, reason, .. }) => {
+                skipped.push(json!({ "skipped": true, "key": key, "error": reason }))
+            }
+            Err(e) => skipped.push(json!({ "skipped": true, "key": Value::Null, "error": e.to_string() })),
+        }
+    }
+    (records, skipped)
+}
+
+/// Tells the operator, on stderr, which documents a view skipped.
+fn report_skipped(what: &str, skipped: &[Value]) {
+    if skipped.is_empty() {
+        return;
+    }
+    eprintln!("skipped {} {what} document(s) that cannot be read:", skipped.len());
+    for s in skipped {
+        eprintln!("  {}: {}", s["key"].as_str().unwrap_or("?"), s["error"].as_str().unwrap_or_default());
+    }
+}
+
 fn lock_json(r: &Record, now: StoreTime) -> Value {
     let info = mongolock::LockInfo::from_record(r, Some(now));
     json!({
@@ -68,11 +98,14 @@ fn lock_json(r: &Record, now: StoreTime) -> Value {
 pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> Result<u8, String> {
     let c = coll(collection)?;
     let now = store.now().await.map_err(|e| e.to_string())?;
-    let records =
-        store.find(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
+    let found =
+        store.find_each(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
+    let (records, skipped) = readable(found);
+    report_skipped("lock", &skipped);
     let rows: Vec<Value> = records.iter().map(|r| lock_json(r, now)).collect();
     if json {
-        println!("{}", Value::Array(rows));
+        // Skipped documents follow the locks, marked `"skipped": true`.
+        println!("{}", Value::Array(rows.into_iter().chain(skipped).collect()));
         return Ok(0);
     }
     let table: Vec<Vec<String>> = rows
@@ -149,14 +182,16 @@ pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, 
     Ok(0)
 }
 
-async fn agent_names(store: &MongoStore, c: &Collection) -> Result<Vec<String>, String> {
+/// The agent names in a queue, and the documents skipped on the way.
+async fn agent_names(store: &MongoStore, c: &Collection) -> Result<(Vec<String>, Vec<Value>), String> {
     // A scan of names only; queues with millions of tasks should pass --agent.
-    let all = store.find(c, &Query::all().limit(100_000)).await.map_err(|e| e.to_string())?;
+    let found = store.find_each(c, &Query::all().limit(100_000)).await.map_err(|e| e.to_string())?;
+    let (all, skipped) = readable(found);
     let mut names: Vec<String> =
         all.iter().filter_map(|r| r.data().get_str("agent_name").ok().map(str::to_owned)).collect();
     names.sort();
     names.dedup();
-    Ok(names)
+    Ok((names, skipped))
 }
 
 /// `mongocoord tasks`.
@@ -175,7 +210,8 @@ pub(crate) async fn tasks(
         if let Some(a) = agent {
             f.insert("agent_name", a);
         }
-        let tasks = q.tasks(f, Some(limit)).await.map_err(|e| e.to_string())?;
+        let (tasks, skipped) = readable(q.tasks_each(f, Some(limit)).await.map_err(|e| e.to_string())?);
+        report_skipped("task", &skipped);
         let docs: Vec<Value> = tasks
             .iter()
             .map(|r| {
@@ -183,6 +219,8 @@ pub(crate) async fn tasks(
                 d.extend(r.data().clone());
                 Bson::Document(d).into_relaxed_extjson()
             })
+            // Skipped documents follow the tasks, marked `"skipped": true`.
+            .chain(skipped)
             .collect();
         if json {
             println!("{}", Value::Array(docs));
@@ -193,10 +231,11 @@ pub(crate) async fn tasks(
         }
         return Ok(0);
     }
-    let names = match agent {
-        Some(a) => vec![a.to_owned()],
+    let (names, skipped) = match agent {
+        Some(a) => (vec![a.to_owned()], Vec::new()),
         None => agent_names(store, q.collection()).await?,
     };
+    report_skipped("task", &skipped);
     let mut out = BTreeMap::new();
     for n in &names {
         let s = q.stats(n).await.map_err(|e| e.to_string())?;
@@ -210,7 +249,14 @@ pub(crate) async fn tasks(
         );
     }
     if json {
-        println!("{}", json!(out));
+        let mut v = json!(out);
+        // Counts read no document, so they include unreadable ones; the agents
+        // those belong to are unknown. The list goes under `$skipped`, and only
+        // when something was skipped, so the per-agent shape stays as it was.
+        if !skipped.is_empty() {
+            v["$skipped"] = Value::Array(skipped);
+        }
+        println!("{v}");
         return Ok(0);
     }
     let rows: Vec<Vec<String>> = out

@@ -45,6 +45,28 @@ pub enum LockError {
         /// The lock's key.
         key: String,
     },
+    /// The lock's document was written by another program's lock: the Python
+    /// `MongoLocker` (`uuid`, `locked`, `ts_expire`). It has no lease this crate
+    /// can read, so it would look free, and that program deletes documents whose
+    /// `ts_expire` passed, which would reset this lock's fence. It is never taken
+    /// nor reported free; the two programs must not share a key.
+    #[error("lock {key} is a document of another program's lock (fields {}); it is never taken", fields.join(", "))]
+    Foreign {
+        /// The lock's key.
+        key: String,
+        /// The foreign lock fields the document has.
+        fields: Vec<&'static str>,
+    },
+    /// A write through a lock's guard asked to mark the lock's document for
+    /// garbage collection. Lock documents never get a `gc_at`, so no TTL index
+    /// can delete one and reset its fence (only guards of task leases, built with
+    /// [`LockBuilder::allow_gc`](crate::LockBuilder::allow_gc), may). Nothing was
+    /// written by this call.
+    #[error("lock {key}: a lock document is never marked for garbage collection")]
+    GcOnLock {
+        /// The lock's key.
+        key: String,
+    },
     /// The configuration was rejected (empty key, ttl zero or too large, renew
     /// interval not below the ttl, …). Nothing was written.
     #[error("invalid lock configuration: {0}")]

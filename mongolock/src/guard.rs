@@ -536,14 +536,32 @@ impl<S: Store + Clone> LockGuard<S> {
     /// atomic write, fenced by this acquisition's token: either both happen or
     /// neither (`Err(Lost)`). The lease part of `changes` is replaced by the
     /// release. Returns the document after the write.
+    ///
+    /// `changes` may mark the document for garbage collection only on a lock
+    /// built with [`LockBuilder::allow_gc`](crate::LockBuilder::allow_gc) (a task
+    /// lease); on a lock it is [`LockError::GcOnLock`], nothing is written by
+    /// this call, and the guard is dropped (which releases in the background).
     pub async fn release_with(self, changes: Mutation) -> Result<Record, LockError> {
+        self.check_gc(&changes)?;
         self.term.release(changes).await
+    }
+
+    /// Lock documents never get a `gc_at`: a TTL index deleting one would reset
+    /// its fence. Only task leases may be marked.
+    fn check_gc(&self, changes: &Mutation) -> Result<(), LockError> {
+        if changes.gc.is_some() && !self.term.lock.allow_gc {
+            return Err(LockError::GcOnLock { key: self.term.lock.key_string() });
+        }
+        Ok(())
     }
 
     /// Applies `changes` to the lock's document while holding it, fenced by this
     /// acquisition's token and a live lease; `Err(Lost)` when no longer held. The
     /// lease part of `changes` is ignored (the lease is kept as it is).
+    /// A mark for garbage collection is [`LockError::GcOnLock`] as for
+    /// [`LockGuard::release_with`].
     pub async fn write(&self, mut changes: Mutation) -> Result<Record, LockError> {
+        self.check_gc(&changes)?;
         changes.lease = store_trait::LeaseOp::Keep;
         let lock = &self.term.lock;
         let w =

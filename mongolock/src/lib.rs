@@ -114,6 +114,7 @@ pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use lock::{
     Acquire, Lock, LockBuilder, LockInfo, LockMetrics, LockStatus, DEFAULT_COLLECTION, DEFAULT_STEP, DEFAULT_TTL,
+    FOREIGN_LOCK_FIELDS,
 };
 pub use semaphore::Semaphore;
 pub use store_trait;

@@ -28,6 +28,24 @@ pub(crate) mod data {
     pub(crate) const INSTANCE: &str = "holder_instance";
 }
 
+/// The fields of a document written by the Python `MongoLocker`: a lock in
+/// another program's format, never taken nor reported free
+/// ([`LockError::Foreign`]).
+pub const FOREIGN_LOCK_FIELDS: [&str; 3] = ["uuid", "locked", "ts_expire"];
+
+/// The foreign lock fields `data` has (present and not null).
+fn foreign_fields(data: &bson::Document) -> Vec<&'static str> {
+    FOREIGN_LOCK_FIELDS.into_iter().filter(|f| data.get(f).is_some_and(|v| !matches!(v, bson::Bson::Null))).collect()
+}
+
+/// `Err(Foreign)` when `record` is another program's lock document.
+fn check_native(key: &Key, record: Option<&Record>) -> Result<(), LockError> {
+    match record.map(|r| foreign_fields(r.data())) {
+        Some(fields) if !fields.is_empty() => Err(LockError::Foreign { key: key.to_string(), fields }),
+        _ => Ok(()),
+    }
+}
+
 /// Who holds a lock, since and until when (store clock), with which token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
@@ -196,9 +214,20 @@ pub struct LockBuilder<S> {
     margin: Option<Duration>,
     identity: Option<Identity>,
     clock: Arc<dyn Clock>,
+    allow_gc: bool,
 }
 
 impl<S: Store + Clone> LockBuilder<S> {
+    /// Lets writes through this lock's guards mark its document for garbage
+    /// collection ([`Mutation::gc_after`]): for a task lease (a queue's claim,
+    /// adopted with [`Lock::adopt`]), whose document ends with the task. Without
+    /// it such a write fails with [`LockError::GcOnLock`]: a lock document
+    /// never gets a `gc_at`, so no TTL index can delete it and reset its fence.
+    pub fn allow_gc(mut self) -> Self {
+        self.allow_gc = true;
+        self
+    }
+
     /// The collection (default [`DEFAULT_COLLECTION`]).
     pub fn collection(mut self, name: impl Into<String>) -> Self {
         self.collection = name.into();
@@ -275,6 +304,7 @@ impl<S: Store + Clone> LockBuilder<S> {
                 margin,
                 identity: self.identity.unwrap_or_else(Identity::current),
                 clock: self.clock,
+                allow_gc: self.allow_gc,
                 seq: AtomicU64::new(1),
                 current: Mutex::new(None),
                 metrics: Metrics::default(),
@@ -307,6 +337,8 @@ pub(crate) struct LockInner<S> {
     pub(crate) margin: Duration,
     pub(crate) identity: Identity,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Whether guards may mark the document for garbage collection (task leases).
+    pub(crate) allow_gc: bool,
     pub(crate) seq: AtomicU64,
     /// This instance's live acquisition, for `release`, `touch` and `owned`.
     pub(crate) current: Mutex<Option<Weak<Term<S>>>>,
@@ -374,6 +406,7 @@ impl<S: Store + Clone> Lock<S> {
             margin: None,
             identity: None,
             clock: Arc::new(SystemClock),
+            allow_gc: false,
         }
     }
 
@@ -523,6 +556,10 @@ impl<S: Store + Clone> Lock<S> {
         let inner = &self.inner;
         let owner = inner.identity.owner(inner.seq.fetch_add(1, Ordering::Relaxed));
         let condition = if opts.force { Condition::Always } else { Condition::Free };
+        // Never over another program's lock document, not even by force: it has
+        // no lease we can read, and that program may delete it (and our fence).
+        let condition =
+            FOREIGN_LOCK_FIELDS.iter().fold(condition, |c, f| c.and(Condition::Exists((*f).into()).negate()));
         let mutation = Mutation::new()
             .grant(owner.clone(), inner.ttl)
             .bump_fence()
@@ -534,6 +571,7 @@ impl<S: Store + Clone> Lock<S> {
         let record = match inner.store.write(&inner.coll, &inner.key, &write).await {
             Ok(WriteOutcome::Applied(r)) => r,
             Ok(WriteOutcome::Rejected(current)) => {
+                check_native(&inner.key, current.as_ref())?;
                 let holder = current.as_ref().and_then(|r| LockInfo::from_record(r, None));
                 return Err(match holder {
                     Some(h) => LockError::Held { key: inner.key_string(), holder: Box::new(h) },
@@ -622,8 +660,10 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     /// The live holder, regardless of which instance it is.
+    /// [`LockError::Foreign`] for another program's lock document.
     pub async fn get_current(&self) -> Result<Option<LockInfo>, LockError> {
         let snap = self.inner.store.get(&self.inner.coll, &self.inner.key).await?;
+        check_native(&self.inner.key, snap.record.as_ref())?;
         Ok(snap.record.as_ref().and_then(|r| LockInfo::from_record(r, Some(snap.now))))
     }
 
@@ -638,6 +678,7 @@ impl<S: Store + Clone> Lock<S> {
     /// A status report (one round trip).
     pub async fn status(&self) -> Result<LockStatus, LockError> {
         let snap = self.inner.store.get(&self.inner.coll, &self.inner.key).await?;
+        check_native(&self.inner.key, snap.record.as_ref())?;
         let holder = snap.record.as_ref().and_then(|r| LockInfo::from_record(r, Some(snap.now)));
         Ok(LockStatus {
             key: self.inner.key_string(),

@@ -65,6 +65,7 @@ impl<S: Store + Clone> Semaphore<S> {
                     margin: inner.margin,
                     identity: inner.identity.clone(),
                     clock: inner.clock.clone(),
+                    allow_gc: inner.allow_gc,
                     seq: std::sync::atomic::AtomicU64::new(1),
                     current: std::sync::Mutex::new(None),
                     metrics: Default::default(),

@@ -249,6 +249,24 @@ impl MemoryStore {
         removed
     }
 
+    /// Inserts `doc` exactly as given, past every check of the contract, as
+    /// another program can on MongoDB (a UUID `_id`, a string `fence`): what the
+    /// conformance suite needs to show that such documents never stop a claim.
+    /// Replaces a document with the same `_id`. Not counted as an operation.
+    pub fn insert_raw(&self, coll: &Collection, doc: Document) {
+        let mk = match doc.get(fields::ID) {
+            Some(id) => match Key::from_bson(id.clone()) {
+                Ok(k) => map_key(&k),
+                Err(_) => format!("r:{id:?}"),
+            },
+            None => format!("r:none:{}", self.next_nonce()),
+        };
+        let mut state = self.lock();
+        state.seq += 1;
+        let seq = state.seq;
+        state.coll(coll).docs.insert(mk, Entry { seq, doc });
+    }
+
     /// Reads a record without fault injection or counting, for test invariants.
     pub fn peek(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
         let now = self.inner.clock.now();
@@ -375,6 +393,10 @@ impl Store for Client {
     async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
         self.check()?;
         self.store.find(c, q).await
+    }
+    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+        self.check()?;
+        self.store.find_each(c, q).await
     }
     async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
         self.check()?;
@@ -542,18 +564,12 @@ impl Store for MemoryStore {
         let nonce = self.next_nonce();
         self.op(|state, now| {
             let c = state.coll(coll);
-            let q = Query { limit: Some(1), ..claim.query.clone() };
-            let Some(entry) = c.select(&q, now).into_iter().next().cloned() else { return Ok(None) };
-            let key = match entry.doc.get(fields::ID).cloned().map(Key::from_bson) {
-                Some(Ok(k)) => k,
-                _ => {
-                    return Err(StoreError::Malformed {
-                        collection: coll.to_string(),
-                        key: "?".into(),
-                        reason: "bad _id".into(),
-                    })
-                }
-            };
+            let q = Query { limit: None, ..claim.query.clone() };
+            // A document the store cannot read (another program's) never matches a
+            // claim: it would be handed out and then fail to parse.
+            let found = c.select(&q, now).into_iter().find(|e| semantics::readable(&e.doc)).cloned();
+            let Some(entry) = found else { return Ok(None) };
+            let key = to_record(coll.as_str(), &entry.doc)?.key().clone();
             let doc = semantics::apply(Some(&entry.doc), &key, &claim.mutation, now, &nonce)?;
             let mk = map_key(&key);
             c.check_unique(coll.as_str(), &mk, &doc)?;
@@ -591,6 +607,15 @@ impl Store for MemoryStore {
         query.validate()?;
         self.op(|state, now| match state.collections.get(coll.as_str()) {
             Some(c) => c.select(query, now).into_iter().map(|e| to_record(coll.as_str(), &e.doc)).collect(),
+            None => Ok(Vec::new()),
+        })
+        .await
+    }
+
+    async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+        query.validate()?;
+        self.op(|state, now| match state.collections.get(coll.as_str()) {
+            Some(c) => Ok(c.select(query, now).into_iter().map(|e| to_record(coll.as_str(), &e.doc)).collect()),
             None => Ok(Vec::new()),
         })
         .await
@@ -690,6 +715,12 @@ pub mod testing {
         }
         fn change_streams_expected(&self) -> bool {
             self.change_streams
+        }
+        async fn insert_raw(&self, store: &MemoryStore, coll: &store_trait::Collection, doc: bson::Document) {
+            store.insert_raw(coll, doc);
+        }
+        async fn prune_ttl(&self, store: &MemoryStore) {
+            store.prune_ttl();
         }
     }
 }

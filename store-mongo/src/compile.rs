@@ -93,6 +93,100 @@ pub(crate) fn filter(q: &Query) -> Document {
     f
 }
 
+/// A claim's filter: the query's, and only documents the store can read
+/// ([`readable`]). The equality fields stay first, so the index serving them
+/// still selects the candidates; the check runs on those alone.
+pub(crate) fn claim_filter(q: &Query) -> Document {
+    let mut f = q.filter.clone();
+    let cond = match &q.condition {
+        Condition::Always => readable(),
+        c => Bson::Document(doc! { "$and": [readable(), condition(c)] }),
+    };
+    f.insert("$expr", cond);
+    f
+}
+
+fn type_of(f: &str) -> Bson {
+    Bson::Document(doc! { "$type": field(f) })
+}
+
+fn type_in(f: &str, types: &[&str]) -> Bson {
+    Bson::Document(doc! { "$in": [type_of(f), types.iter().map(|t| Bson::String((*t).into())).collect::<Vec<_>>()] })
+}
+
+/// True when an integer-like reserved field reads as `Record::from_document`
+/// reads it: missing or null, an int or long, a date, or a double with no
+/// fraction below 9e15 in magnitude; with `unsigned`, not negative. Branches
+/// are `$cond`s, so a conversion only ever sees the type it converts.
+fn int_like(f: &str, unsigned: bool) -> Bson {
+    // Unsigned: `$gte 0` (so -0.0 reads, as 0); signed: above -9e15. Either way
+    // NaN, which compares below every number, fails.
+    let low = if unsigned {
+        doc! { "$gte": [field(f), 0_i64] }
+    } else {
+        doc! { "$gt": [field(f), -9.0e15] }
+    };
+    let number_ok = if unsigned {
+        doc! { "$gte": [field(f), 0_i64] }
+    } else {
+        doc! { "$literal": true }
+    };
+    let date_ok = if unsigned {
+        doc! { "$gte": [{ "$toLong": field(f) }, 0_i64] }
+    } else {
+        doc! { "$literal": true }
+    };
+    Bson::Document(doc! {
+        "$cond": [type_in(f, &["missing", "null"]), true,
+            { "$cond": [type_in(f, &["int", "long"]), number_ok,
+                { "$cond": [type_in(f, &["date"]), date_ok,
+                    { "$cond": [type_in(f, &["double"]),
+                        { "$cond": [
+                            { "$and": [low, { "$lt": [field(f), 9.0e15] }] },
+                            { "$eq": [{ "$trunc": [field(f)] }, field(f)] },
+                            false,
+                        ] },
+                        false,
+                    ] },
+                ] },
+            ] },
+        ]
+    })
+}
+
+/// An aggregation expression that is true exactly when
+/// `store_trait::semantics::readable` is: the `_id` is a non-empty string of at
+/// most `Key::MAX_LEN` bytes without NUL, an `ObjectId`, an int or a long; the
+/// lease owner is missing, null or a string, with an expiry beside it when set;
+/// the lease times, fence and revision are integer-like (fence and revision not
+/// negative).
+pub(crate) fn readable() -> Bson {
+    let id = fields::ID;
+    let string_id = doc! {
+        "$cond": [
+            type_in(id, &["string"]),
+            { "$and": [
+                { "$gte": [{ "$strLenBytes": field(id) }, 1_i64] },
+                { "$lte": [{ "$strLenBytes": field(id) }, i64::try_from(store_trait::Key::MAX_LEN).unwrap_or(i64::MAX)] },
+                { "$eq": [{ "$indexOfBytes": [field(id), "\0"] }, -1_i64] },
+            ] },
+            false,
+        ]
+    };
+    let owner = fields::LEASE_OWNER;
+    Bson::Document(doc! {
+        "$and": [
+            { "$or": [type_in(id, &["objectId", "int", "long"]), string_id] },
+            type_in(owner, &["missing", "null", "string"]),
+            { "$or": [type_in(owner, &["missing", "null"]), { "$not": [type_in(fields::LEASE_UNTIL, &["missing", "null"])] }] },
+            int_like(fields::LEASE_SINCE, false),
+            int_like(fields::LEASE_UNTIL, false),
+            int_like(fields::FENCE, true),
+            int_like(fields::REV, true),
+        ]
+    })
+}
+
 /// A sort document.
 pub(crate) fn sort(q: &Query) -> Option<Document> {
     if q.sort.is_empty() {
@@ -151,6 +245,9 @@ pub(crate) fn update(cond: Option<&Condition>, m: &Mutation, nonce: &str) -> Vec
     }
     if let Some(ttl) = m.gc {
         put(fields::GC_AT, Bson::Document(doc! { "$add": ["$$NOW", ttl.as_millis()] }));
+    }
+    if m.clear_gc {
+        put(fields::GC_AT, Bson::String("$$REMOVE".into()));
     }
     match cond {
         None => vec![doc! { "$set": set }],

@@ -315,7 +315,7 @@ impl Store for MongoStore {
         let nonce = self.next_nonce();
         let collection = self.coll(coll);
         let mut op = collection
-            .find_one_and_update(compile::filter(&claim.query), compile::update(None, &claim.mutation, &nonce))
+            .find_one_and_update(compile::claim_filter(&claim.query), compile::update(None, &claim.mutation, &nonce))
             .return_document(ReturnDocument::After);
         if let Some(sort) = compile::sort(&claim.query) {
             op = op.sort(sort);
@@ -353,6 +353,10 @@ impl Store for MongoStore {
     }
 
     async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>> {
+        self.find_each(coll, query).await?.into_iter().collect()
+    }
+
+    async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
         query.validate()?;
         let collection = self.coll(coll);
         let mut op = collection.find(compile::filter(query));
@@ -363,7 +367,7 @@ impl Store for MongoStore {
             op = op.limit(i64::from(n));
         }
         let docs: Vec<Document> = op.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
-        docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect()
+        Ok(docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect())
     }
 
     async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {

@@ -274,6 +274,17 @@ pub async fn admin_client() -> Option<mongodb::Client> {
     mongodb::Client::with_uri_str(&uri).await.ok()
 }
 
+/// Runs a TTL pass now: SecantusDB's `{"secantusAdmin.pruneTtl": 1}` on the
+/// admin database. A server without that command (`mongod`) has no way to force
+/// one, so this waits out its TTL monitor (it runs every 60 s).
+pub async fn prune_ttl() {
+    let Some(admin) = admin_client().await else { panic!("the test server went away") };
+    if let Err(e) = admin.database("admin").run_command(bson::doc! { "secantusAdmin.pruneTtl": 1 }).await {
+        tracing::info!(error = %e, "no pruneTtl command; waiting for the server's TTL monitor");
+        tokio::time::sleep(Duration::from_secs(65)).await;
+    }
+}
+
 /// The [`Harness`](store_trait::testing::Harness) for the conformance suite.
 #[derive(Debug, Clone, Copy)]
 pub struct MongoHarness;
@@ -310,5 +321,15 @@ impl store_trait::testing::Harness for MongoHarness {
         // SecantusDB and a testcontainers replica set have them. Set
         // MONGODB_EXPECT_CHANGE_STREAMS=0 when MONGODB_URI is a standalone `mongod`.
         std::env::var("MONGODB_EXPECT_CHANGE_STREAMS").map_or(true, |v| v != "0")
+    }
+
+    async fn insert_raw(&self, store: &MongoStore, coll: &store_trait::Collection, doc: bson::Document) {
+        if let Err(e) = store.database().collection::<bson::Document>(coll.as_str()).insert_one(doc).await {
+            panic!("raw insert into {coll}: {e}");
+        }
+    }
+
+    async fn prune_ttl(&self, _store: &MongoStore) {
+        prune_ttl().await;
     }
 }

@@ -11,7 +11,7 @@
 //! | [`Store::delete`] | conditional delete |
 //! | [`Store::claim`] | find the first matching document in a given order and change it, atomically (a task queue's claim) |
 //! | [`Store::insert_many`] | idempotent inserts, duplicates reported per document |
-//! | [`Store::find`] / [`Store::count`] | read-only queries |
+//! | [`Store::find`] / [`Store::find_each`] / [`Store::count`] | read-only queries |
 //! | [`Store::watch`] | change notifications, or [`StoreError::Unsupported`] so callers poll |
 //! | [`Store::ensure_indexes`] | indexes the caller needs |
 //!
@@ -61,7 +61,7 @@ pub use ops::{
     ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome, LeaseOp,
     Mutation, Order, Query, Write, WriteOutcome,
 };
-pub use record::{fields, Lease, Record, Snapshot};
+pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
 pub use watcher::Watcher;
 
@@ -95,7 +95,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome>;
 
     /// Applies `claim.mutation` to the first document matching `claim.query` (in its
-    /// sort order); `None` when no document matches.
+    /// sort order); `None` when no document matches. A document that cannot be read
+    /// as a [`Record`] (an `_id` that is no [`Key`], a reserved field of the wrong
+    /// type: another program's) never matches, so a claim never hands out, nor
+    /// changes, a document it cannot read ([`semantics::readable`]).
     async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>>;
 
     /// Inserts documents (each gets rev 1 and fence 0; a missing `_id` gets a fresh
@@ -103,8 +106,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Documents must not carry reserved fields other than `_id`.
     async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>>;
 
-    /// Documents matching `query`, in its order.
+    /// Documents matching `query`, in its order. Fails with
+    /// [`StoreError::Malformed`] (naming the document) when one of them cannot be
+    /// read; [`Store::find_each`] reads the others.
     async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>>;
+
+    /// Documents matching `query`, in its order, each read on its own: one that
+    /// cannot be read as a record is an `Err(`[`StoreError::Malformed`]`)` in its
+    /// place, naming its raw `_id`, and the others are still returned. For views
+    /// that list what they can and report what they skipped.
+    async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>>;
 
     /// How many documents match `query` (sort and limit ignored).
     async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64>;
@@ -145,6 +156,9 @@ macro_rules! forward_store {
             }
             async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>> {
                 (**self).find(coll, query).await
+            }
+            async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+                (**self).find_each(coll, query).await
             }
             async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
                 (**self).count(coll, query).await

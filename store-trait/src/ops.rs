@@ -166,6 +166,9 @@ pub struct Mutation {
     pub inc: Vec<(String, i64)>,
     /// When set, `gc_at` becomes store-now plus this.
     pub gc: Option<Ttl>,
+    /// When set, `gc_at` is removed: the document is live again and no TTL
+    /// index may delete it. Exclusive with [`Mutation::gc`].
+    pub clear_gc: bool,
 }
 
 impl Mutation {
@@ -235,12 +238,23 @@ impl Mutation {
         self
     }
 
+    /// Removes [`fields::GC_AT`]: the document is live again (a task made ready
+    /// after it ended), so a TTL index must not delete it. Every write that
+    /// brings a document back from "may be collected" carries this.
+    pub fn clear_gc(mut self) -> Self {
+        self.clear_gc = true;
+        self
+    }
+
     /// Checks field names and owner; catches a field both set and unset.
     pub fn validate(&self) -> StoreResult<()> {
         if let LeaseOp::Grant { owner, .. } = &self.lease {
             if owner.is_empty() {
                 return Err(StoreError::invalid("owner", "an owner identity must not be empty"));
             }
+        }
+        if self.gc.is_some() && self.clear_gc {
+            return Err(StoreError::invalid("mutation", "gc_after and clear_gc together"));
         }
         let mut names: Vec<&str> = Vec::new();
         let all = self

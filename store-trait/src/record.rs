@@ -88,15 +88,18 @@ impl Record {
     /// [`StoreError::Malformed`].
     pub fn from_document(collection: &str, mut doc: Document) -> Result<Record, StoreError> {
         let key = match doc.remove(fields::ID) {
-            Some(id) => Key::from_bson(id).map_err(|e| StoreError::Malformed {
-                collection: collection.to_owned(),
-                key: "?".into(),
-                reason: e.to_string(),
-            })?,
+            Some(id) => {
+                let shown = render_raw_id(&id);
+                Key::from_bson(id).map_err(|e| StoreError::Malformed {
+                    collection: collection.to_owned(),
+                    key: shown,
+                    reason: e.to_string(),
+                })?
+            }
             None => {
                 return Err(StoreError::Malformed {
                     collection: collection.to_owned(),
-                    key: "?".into(),
+                    key: "(no _id)".into(),
                     reason: "document has no _id".into(),
                 })
             }
@@ -181,6 +184,25 @@ impl Record {
     }
 }
 
+/// The longest rendering of a raw `_id` in an error, in characters.
+const RAW_ID_CHARS: usize = 120;
+
+/// A raw `_id` value as an operator can find it again: its relaxed extended JSON
+/// (`{"$binary": …}` for a UUID, `"abc"` for a string), truncated to a bounded length.
+///
+/// ```
+/// use store_trait::render_raw_id;
+/// assert_eq!(render_raw_id(&bson::Bson::Double(1.5)), "1.5");
+/// assert_eq!(render_raw_id(&bson::Bson::String("x".repeat(500))).chars().count(), 121);
+/// ```
+pub fn render_raw_id(id: &Bson) -> String {
+    let full = id.clone().into_relaxed_extjson().to_string();
+    match full.char_indices().nth(RAW_ID_CHARS) {
+        Some((cut, _)) => format!("{}…", &full[..cut]),
+        None => full,
+    }
+}
+
 /// A record read together with the store's clock, in one round trip.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -219,6 +241,20 @@ mod tests {
             let e = Record::from_document("c", bad.clone()).unwrap_err();
             assert!(matches!(e, StoreError::Malformed { .. }), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn malformed_ids_are_named() {
+        let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] };
+        let e = Record::from_document("c", doc! { "_id": uuid, "agent_name": "a" }).unwrap_err();
+        match e {
+            StoreError::Malformed { key, .. } => {
+                assert!(key.contains("$binary") && key.contains("BwcHBwcHBwcHBwcHBwcHBw=="), "{key}")
+            }
+            other => panic!("{other}"),
+        }
+        let e = Record::from_document("c", doc! { "_id": "t", "fence": "7" }).unwrap_err();
+        assert!(e.to_string().contains("document t in c"), "{e}");
     }
 
     #[test]

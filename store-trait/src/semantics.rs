@@ -41,6 +41,14 @@ pub fn eval(cond: &Condition, doc: Option<&Document>, now: StoreTime) -> bool {
     }
 }
 
+/// Whether a stored document can be read as a [`Record`](crate::Record): its
+/// `_id` is a [`Key`] and its reserved fields have the types the store writes.
+/// A claim passes over documents that are not (another program's, with a UUID
+/// `_id` or a string `fence`), so it never hands out one it cannot read.
+pub fn readable(doc: &Document) -> bool {
+    crate::Record::from_document("", doc.clone()).is_ok()
+}
+
 /// The epoch-milliseconds reading of a "due" field, as MongoDB's
 /// `$convert: {to: "long", onError: 0, onNull: 0}` reads it.
 fn due_millis(v: Option<&Bson>) -> i64 {
@@ -218,6 +226,9 @@ pub fn apply(
     }
     if let Some(ttl) = m.gc {
         doc.insert(fields::GC_AT, now.plus(ttl).to_bson_datetime());
+    }
+    if m.clear_gc {
+        doc.remove(fields::GC_AT);
     }
     Ok(doc)
 }

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use bson::{doc, Bson};
+use bson::{doc, Bson, Document};
 
 use crate::{
     ChangeKind, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation, Order, Query,
@@ -35,6 +35,12 @@ pub trait Harness: Send + Sync + 'static {
     /// Whether this backend must support change notifications (the suite fails if
     /// it reports `Unsupported` when they were expected, and vice versa).
     fn change_streams_expected(&self) -> bool;
+    /// Inserts `doc` exactly as given, past every check of the contract: what
+    /// another program writes (a UUID `_id`, a string `fence`).
+    async fn insert_raw(&self, store: &Self::Store, coll: &Collection, doc: Document);
+    /// Runs a TTL pass now: documents whose TTL-indexed date is past are deleted,
+    /// as the server's TTL monitor does about once a minute.
+    async fn prune_ttl(&self, store: &Self::Store);
 }
 
 /// Generates one `#[test]` function per conformance test. `$harness` is a path to
@@ -52,7 +58,7 @@ macro_rules! conformance_tests {
             claim_respects_leases_and_due_times, claim_on_empty_queue, insert_many_reports_duplicates,
             unique_index_dedupes, data_mutations_on_store_clock, find_and_count, field_conditions,
             due_by_tolerates_malformed_values, watch_or_clean_absence, bad_inputs_are_typed_errors,
-            foreign_documents_are_readable
+            foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents
         );
     };
 }
@@ -708,4 +714,116 @@ pub async fn foreign_documents_are_readable<H: Harness>(h: &H) {
     let r = applied(s.write(&c, r.key(), &done).await.unwrap());
     assert_eq!(r.data().get("complete"), Some(&Bson::Boolean(true)));
     assert!(StoreTime::from_millis(0) < s.now().await.unwrap());
+}
+
+/// A document marked for collection is deleted by a TTL pass; one whose mark was
+/// cleared (a task made ready again after it ended) is not.
+pub async fn gc_at_is_set_and_cleared<H: Harness>(h: &H) {
+    let s = h.store("gc_at_is_set_and_cleared").await;
+    let c = coll("tasks");
+    s.ensure_indexes(&c, &[IndexSpec::gc()]).await.unwrap();
+    s.insert_many(&c, vec![doc! {"_id": "ended"}, doc! {"_id": "revived"}, doc! {"_id": "never"}]).await.unwrap();
+    let mark =
+        Write::new(Condition::Always, Mutation::new().set("complete", true).gc_after(ttl_of(Duration::from_millis(1))));
+    for k in ["ended", "revived"] {
+        applied(s.write(&c, &key(k), &mark).await.unwrap());
+    }
+    let revive = Write::new(Condition::Always, Mutation::new().set("complete", false).clear_gc());
+    let r = applied(s.write(&c, &key("revived"), &revive).await.unwrap());
+    assert!(r.data().get("gc_at").is_none());
+    // Clearing a mark that is not there changes nothing else.
+    applied(s.write(&c, &key("never"), &revive).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.prune_ttl(&s).await;
+    assert!(s.get(&c, &key("ended")).await.unwrap().record.is_none(), "a marked document is collected");
+    for k in ["revived", "never"] {
+        assert!(s.get(&c, &key(k)).await.unwrap().record.is_some(), "{k} must survive the TTL pass");
+    }
+    let both = Write::new(Condition::Always, Mutation::new().gc_after(ttl_of(Duration::from_secs(1))).clear_gc());
+    assert!(matches!(s.write(&c, &key("never"), &both).await, Err(StoreError::InvalidInput { .. })));
+}
+
+/// Documents another program wrote, that the store cannot read as records: a
+/// claim passes over them (it never hands out, or changes, one), `find_each`
+/// reports each as a typed error naming its raw `_id` and returns the others,
+/// `find` and `get` fail with the same typed error.
+pub async fn claims_pass_over_unreadable_documents<H: Harness>(h: &H) {
+    let s = h.store("claims_pass_over_unreadable_documents").await;
+    let c = coll("queue");
+    let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![0xab; 16] };
+    let task = |id: Bson, p: i32| doc! {"_id": id, "agent_name": "a", "ready": true, "priority": p};
+    let with = |mut d: Document, extra: Document| {
+        d.extend(extra);
+        d
+    };
+    let bad = [
+        task(Bson::Binary(uuid), 9),
+        task(Bson::Double(1.5), 9),
+        with(task("string-fence".into(), 9), doc! {"fence": "1"}),
+        with(task("negative-fence".into(), 9), doc! {"fence": -1_i64}),
+        with(task("fraction-rev".into(), 9), doc! {"rev": 1.5}),
+        with(task("nan-rev".into(), 9), doc! {"rev": f64::NAN}),
+        with(task("huge-since".into(), 9), doc! {"lease_since": 1.0e16}),
+        with(task("decimal-fence".into(), 9), doc! {"fence": bson::Decimal128::from_bytes([0; 16])}),
+        with(task("nul\0id".into(), 9), doc! {}),
+        with(task("number-owner".into(), 9), doc! {"lease_owner": 7, "lease_until": 0_i64}),
+        with(task("owner-without-until".into(), 9), doc! {"lease_owner": "x"}),
+        with(task("text-until".into(), 9), doc! {"lease_owner": "x", "lease_until": "soon"}),
+    ];
+    let good = [
+        with(task("double-fence".into(), 5), doc! {"fence": 2.0, "rev": 1_i32}),
+        with(
+            task("lapsed".into(), 4),
+            doc! {"lease_owner": "x", "lease_until": bson::DateTime::from_millis(1), "fence": 3_i64},
+        ),
+        task(Bson::ObjectId(bson::oid::ObjectId::new()), 3),
+        task(Bson::Int64(42), 2),
+        with(task("negative-zero-fence".into(), 1), doc! {"fence": -0.0, "lease_since": 5.0}),
+    ];
+    for d in bad.iter().chain(good.iter()) {
+        h.insert_raw(&s, &c, d.clone()).await;
+    }
+    let claim = Claim {
+        query: Query::eq(doc! {"agent_name": "a", "ready": true}).sort("priority", Order::Desc),
+        mutation: Mutation::new().grant("w", ttl_of(Duration::from_secs(30))).bump_fence().set("ready", false),
+    };
+    let mut claimed = Vec::new();
+    while let Some(r) = s.claim(&c, &claim).await.unwrap() {
+        claimed.push(r.key().clone());
+        assert!(claimed.len() <= good.len(), "claimed an unreadable document: {claimed:?}");
+    }
+    let good_keys: Vec<Key> = good.iter().map(|d| Key::from_bson(d.get("_id").unwrap().clone()).unwrap()).collect();
+    assert_eq!(claimed, good_keys, "every readable task, in order, and nothing else");
+
+    let each = s.find_each(&c, &Query::all()).await.unwrap();
+    assert_eq!(each.len(), bad.len() + good.len());
+    let mut named = Vec::new();
+    for r in &each {
+        match r {
+            Ok(r) => assert!(good_keys.contains(r.key()), "{r:?}"),
+            Err(StoreError::Malformed { collection, key, .. }) => {
+                assert_eq!(collection, "queue");
+                named.push(key.clone());
+            }
+            Err(e) => panic!("expected Malformed, got {e}"),
+        }
+    }
+    named.sort();
+    // A key is named as such; a raw `_id` that is no key in extended JSON (a UUID
+    // as `$binary`).
+    let name = |id: &Bson| Key::from_bson(id.clone()).map_or_else(|_| crate::render_raw_id(id), |k| k.to_string());
+    let mut want: Vec<String> = bad.iter().map(|d| name(d.get("_id").unwrap())).collect();
+    want.sort();
+    assert_eq!(named, want);
+    assert!(named.iter().any(|k| k.contains("$binary")), "{named:?}");
+    match s.find(&c, &Query::all()).await {
+        Err(StoreError::Malformed { .. }) => {}
+        other => panic!("find over unreadable documents: {other:?}"),
+    }
+    match s.get(&c, &key("string-fence")).await {
+        Err(StoreError::Malformed { key, .. }) => assert_eq!(key, "string-fence"),
+        other => panic!("get of an unreadable document: {other:?}"),
+    }
+    let readable = Query::eq(doc! {"_id": "double-fence"});
+    assert_eq!(s.find(&c, &readable).await.unwrap().len(), 1, "a query that matches only readable documents reads");
 }

@@ -98,7 +98,10 @@ impl<S: Store + Clone> AgentBuilder<S> {
     }
 
     /// Garbage-collects finished tasks this long after they finish (TTL index;
-    /// default: keep them).
+    /// default: keep them). Only ended tasks are marked, and the mark is removed
+    /// whenever a task is made ready again (requeue, retry, wake, claim). A
+    /// follow-up something waits for is marked only once its waiter has ended
+    /// for good, so the waiter always reads every one of them.
     pub fn retain_finished(mut self, d: Duration) -> Self {
         self.retain_finished = Some(d);
         self

@@ -77,7 +77,9 @@ impl<S: Store + Clone> Agent<S> {
                 .set(fields::READY, false)
                 .set(fields::CLAIMED, true)
                 .set(fields::AGENT_HOST, inner.identity.host())
-                .set_now(fields::STARTED_AT),
+                .set_now(fields::STARTED_AT)
+                // A running task is never collected, whatever marked it before.
+                .clear_gc(),
         };
         let sent = Instant::now();
         let Some(record) = inner.store.claim(&inner.queue.coll, &claim).await? else { return Ok(None) };
@@ -85,6 +87,8 @@ impl<S: Store + Clone> Agent<S> {
             .collection(inner.queue.coll.as_str())
             .ttl(inner.lease.as_duration())
             .identity(inner.identity.clone())
+            // A task lease: its document is marked for collection when the task ends.
+            .allow_gc()
             .build()?;
         let guard = lock.adopt(&record, sent, true)?;
         tracing::debug!(agent = %inner.name, task = %record.key(), token = record.fence(), "task claimed");

@@ -86,6 +86,30 @@ impl<S: Store + Clone> Agent<S> {
         Ok(())
     }
 
+    /// After `key` ended for good: marks the follow-ups it waited for (every
+    /// round) for garbage collection, which they were not given when they ended,
+    /// because it still had to read them. Best effort: a failure is logged, and
+    /// leaves them kept, never lost.
+    pub(super) async fn collect_children(&self, key: &Key, data: &Document) {
+        let Some(ttl) = self.inner.retain else { return };
+        if task_round(data) == 0 {
+            return;
+        }
+        let (store, coll) = (&self.inner.store, &self.inner.queue.coll);
+        let joined = Query::eq(bson::doc! { fields::JOIN: key.as_bson().clone() });
+        let ended = Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true));
+        let mark = store_trait::Write::new(ended, Mutation::new().gc_after(ttl));
+        let result = async {
+            for child in store.find_each(coll, &joined).await?.into_iter().flatten() {
+                store.write(coll, child.key(), &mark).await?;
+            }
+            Ok::<(), StoreError>(())
+        };
+        if let Err(e) = result.await {
+            tracing::warn!(agent = %self.inner.name, task = %key, error = %e, "could not mark follow-ups for garbage collection; they are kept");
+        }
+    }
+
     /// The follow-ups `key` waited for in `round`, in the order they were returned.
     pub(super) async fn children(&self, key: &Key, round: i64) -> Result<Vec<Child>, AgentError> {
         let found = self.inner.store.find(&self.inner.queue.coll, &joined_to(key.as_bson(), round)).await?;
@@ -173,5 +197,5 @@ pub(super) fn child_prefix(parent: &Key, round: i64) -> String {
 
 /// Makes a task that waited on `round` ready again.
 pub(super) fn wake(m: Mutation, round: i64) -> Mutation {
-    m.unset(fields::WAITING).set(fields::READY, true).set(fields::ROUND, round.saturating_add(1))
+    m.unset(fields::WAITING).set(fields::READY, true).set(fields::ROUND, round.saturating_add(1)).clear_gc()
 }

@@ -78,7 +78,8 @@ impl<S: Store + Clone> Agent<S> {
                             .set(fields::CLAIMED, false)
                             .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
                             .set(fields::LAST_ERROR, error)
-                            .set_time_after(fields::RUN_AT, d),
+                            .set_time_after(fields::RUN_AT, d)
+                            .clear_gc(),
                         Processed::Retried(key.clone()),
                     ),
                 }
@@ -92,7 +93,7 @@ impl<S: Store + Clone> Agent<S> {
         let applied = if joined {
             guard.write(changes).await.map(|_| Some(guard))
         } else if ended {
-            guard.release_with(self.close(changes)).await.map(|_| None)
+            guard.release_with(self.close(changes, record.data())).await.map(|_| None)
         } else {
             guard.release_with(changes).await.map(|_| None)
         };
@@ -107,10 +108,13 @@ impl<S: Store + Clone> Agent<S> {
                 tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
                 if let Some(guard) = kept {
                     self.notify_waiter(record.data()).await?;
-                    match guard.release_with(self.close(Mutation::new())).await {
+                    match guard.release_with(self.close(Mutation::new(), record.data())).await {
                         Ok(_) | Err(LockError::Lost { .. }) => {}
                         Err(e) => return Err(e.into()),
                     }
+                }
+                if ended {
+                    self.collect_children(&key, record.data()).await;
                 }
                 Ok(result)
             }
@@ -134,12 +138,15 @@ impl<S: Store + Clone> Agent<S> {
             .set_now(fields::COMPLETED_AT)
     }
 
-    /// Lets go of an ended task (and schedules its garbage collection).
-    pub(super) fn close(&self, m: Mutation) -> Mutation {
+    /// Lets go of an ended task (and schedules its garbage collection). A
+    /// follow-up something waits for (`join`) is not marked: its waiter reads it
+    /// when it runs again, and marks it when it ends itself
+    /// ([`Agent::collect_children`]).
+    pub(super) fn close(&self, m: Mutation, data: &Document) -> Mutation {
         let m = m.set(fields::CLAIMED, false);
         match self.inner.retain {
-            Some(ttl) => m.gc_after(ttl),
-            None => m,
+            Some(ttl) if !data.contains_key(fields::JOIN) => m.gc_after(ttl),
+            _ => m,
         }
     }
 

@@ -44,7 +44,9 @@ impl<S: Store + Clone> Agent<S> {
         let data = record.data();
         if data.get_bool(fields::COMPLETE).ok() == Some(true) {
             self.notify_waiter(data).await?;
-            return self.recovered(guard.release_with(self.close(Mutation::new())).await, key);
+            let released = guard.release_with(self.close(Mutation::new(), data)).await;
+            self.collect_children(&key, data).await;
+            return self.recovered(released, key);
         }
         if let Some(round) = data.get(fields::WAITING).and_then(store_trait::semantics::as_i64) {
             let released = self.settle_wait(guard, &key, round).await;

@@ -17,7 +17,9 @@ macro_rules! agent_suite {
             retries_then_fails_for_good, handler_outcomes, dedupe_keys_yield_one_task, delayed_tasks_wait,
             crashed_claims_are_recovered_and_stale_outcomes_rejected, idle_agent_is_woken_by_a_new_task,
             many_agents_process_each_task_once, drain_gives_claims_back, bad_input_is_rejected, queue_stats,
-            fan_in_resumes_the_waiting_task, fan_in_task_runs_after_every_follow_up, fan_in_recovers_from_a_crash_mid_step
+            fan_in_resumes_the_waiting_task, fan_in_task_runs_after_every_follow_up, fan_in_recovers_from_a_crash_mid_step,
+            requeued_tasks_are_not_collected, follow_ups_are_kept_until_their_waiter_ends,
+            foreign_tasks_never_stop_an_agent
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -642,4 +644,103 @@ pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
     };
     assert_eq!(recover.process(record).await.unwrap(), Some(Processed::Completed(key("p2"))));
     assert_eq!(*seen.lock().unwrap(), [("p2/0".to_string(), Some(7))]);
+}
+
+/// A TTL pass after a while: what the server's TTL monitor does about once a minute.
+async fn ttl_pass<H: Harness>(h: &H, s: &H::Store) {
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    h.prune_ttl(s).await;
+}
+
+async fn exists<S: Store>(s: &S, id: &str) -> bool {
+    s.get(&coll(), &key(id)).await.unwrap().record.is_some()
+}
+
+pub(crate) async fn requeued_tasks_are_not_collected<H: Harness>(h: &H) {
+    let s = h.store("ag_requeue_gc").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("done")).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {"fail": true}).id("failed")).await.unwrap();
+    let a = agent(&s, "w").max_attempts(1).retain_finished(Duration::from_millis(1)).build().unwrap();
+    let handler = |t: Task| async move { !t.data().get_bool("fail").unwrap_or(false) };
+    assert_eq!(a.process(handler).await.unwrap(), Some(Processed::Completed(key("done"))));
+    assert_eq!(a.process(handler).await.unwrap(), Some(Processed::Failed(key("failed"))));
+    // Requeued after it failed, collected later: the mark it got when it failed
+    // must not delete it now that it is ready again.
+    assert_eq!(q.requeue(doc! {"agent_name": "w"}, false).await.unwrap(), [key("failed")]);
+    ttl_pass(h, &s).await;
+    assert!(!exists(&s, "done").await, "a finished task is collected");
+    assert!(exists(&s, "failed").await, "a requeued task is live again and must not be collected");
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("failed"))));
+}
+
+pub(crate) async fn follow_ups_are_kept_until_their_waiter_ends<H: Harness>(h: &H) {
+    let s = h.store("ag_fan_in_gc").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let retain = Duration::from_millis(1);
+    let split = agent(&s, "split").retain_finished(retain).build().unwrap();
+    let count = agent(&s, "count").retain_finished(retain).build().unwrap();
+    let waiter = |t: Task| async move {
+        match t.round() {
+            0 => (0..3_i64)
+                .fold(Outcome::done(), |o, p| o.follow_up(NewTask::new("count", doc! {"part": p})))
+                .wait_for_follow_ups(),
+            _ => Outcome::done_with(doc! {"seen": t.children().len() as i64}),
+        }
+    };
+    assert_eq!(split.process(waiter).await.unwrap(), Some(Processed::Waiting(key("job"))));
+    for _ in 0..3 {
+        assert!(count.process(count_part).await.unwrap().is_some());
+    }
+    // The follow-ups ended, but their waiter has not read them yet.
+    ttl_pass(h, &s).await;
+    for id in ["job/0", "job/1", "job/2"] {
+        assert!(exists(&s, id).await, "{id} was collected before its waiter read it");
+    }
+    assert_eq!(split.process(waiter).await.unwrap(), Some(Processed::Completed(key("job"))));
+    assert_eq!(get(&s, &key("job")).await.get_i64("seen").unwrap(), 3, "the waiter saw every follow-up");
+    // Once the waiter ended, it and its follow-ups are collected.
+    ttl_pass(h, &s).await;
+    for id in ["job", "job/0", "job/1", "job/2"] {
+        assert!(!exists(&s, id).await, "{id} is kept after its waiter ended");
+    }
+}
+
+pub(crate) async fn foreign_tasks_never_stop_an_agent<H: Harness>(h: &H) {
+    let s = h.store("ag_foreign").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("ok")).await.unwrap();
+    // Tasks another program inserted: a UUID `_id`, a string `fence`. Neither can
+    // be read as a record; both sort first.
+    let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] };
+    h.insert_raw(&s, &coll(), doc! {"_id": uuid, "agent_name": "w", "ready": true, "priority": 9}).await;
+    h.insert_raw(&s, &coll(), doc! {"_id": "bad-fence", "agent_name": "w", "ready": true, "priority": 9, "fence": "3"})
+        .await;
+    let a = agent(&s, "w").sleep_between(Duration::from_millis(200)).build().unwrap();
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("ok"))));
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), None, "unreadable tasks are never claimed");
+    // The work loop goes on past them too.
+    q.enqueue(NewTask::new("w", doc! {}).id("later")).await.unwrap();
+    let worker = agent(&s, "w")
+        .sleep_between(Duration::from_millis(200))
+        .process_while(|log| log.completed < 1)
+        .build()
+        .unwrap();
+    let log = tokio::time::timeout(WAIT, worker.work(|_t: Task| async { true })).await.unwrap().unwrap();
+    assert_eq!(log.completed, 1);
+    // Listing reads what it can and names what it cannot.
+    let listed = q.tasks_each(doc! {"agent_name": "w"}, None).await.unwrap();
+    assert_eq!(listed.len(), 4);
+    let bad: Vec<String> = listed
+        .iter()
+        .filter_map(|r| match r {
+            Err(store_trait::StoreError::Malformed { key, .. }) => Some(key.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bad.len(), 2, "{listed:?}");
+    assert!(bad.iter().any(|k| k == "bad-fence") && bad.iter().any(|k| k.contains("$binary")), "{bad:?}");
+    assert_eq!(q.stats("w").await.unwrap().completed, 2);
+    assert!(q.requeue(doc! {"agent_name": "w"}, true).await.unwrap().is_empty());
 }

@@ -261,3 +261,53 @@ fn demo_checks_its_invariants_on_mongodb() {
     assert_eq!(v["tasks"], 25 + 25 + 3, "fetches, parses and batches (the last one of five)");
     assert!(v["checks"].as_array().unwrap().iter().all(|c| c["pass"] == true));
 }
+
+/// Documents another program wrote, that the store cannot read (a UUID `_id`, a
+/// string `fence`): the views list everything else and report them, on stderr
+/// and in `--json` (entries marked `"skipped": true`; under `$skipped` in the
+/// per-agent counts), instead of failing.
+#[test]
+fn views_report_documents_they_cannot_read() {
+    let Some(e) = env("views_skipped") else { return };
+    let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![2; 16] };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let db = store_mongo::mongodb::Client::with_uri_str(&e.uri).await.unwrap().database(&e.db);
+        let locks = db.collection::<bson::Document>("mongolocker");
+        locks.insert_one(bson::doc! {"_id": uuid.clone(), "lease_owner": "x"}).await.unwrap();
+        locks.insert_one(bson::doc! {"_id": "fine"}).await.unwrap();
+        let jobs = db.collection::<bson::Document>("jobs");
+        jobs.insert_many([
+            bson::doc! {"_id": uuid.clone(), "agent_name": "convert", "ready": true},
+            bson::doc! {"_id": "bad-fence", "agent_name": "convert", "ready": true, "fence": "1"},
+            bson::doc! {"_id": "ok", "agent_name": "convert", "ready": true},
+        ])
+        .await
+        .unwrap();
+    });
+    let skipped = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["skipped"] == true)
+            .map(|x| x["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let locks = e.json(&["locks"]);
+    assert_eq!(locks.as_array().unwrap().len(), 2, "{locks}");
+    let bad = skipped(&locks);
+    assert!(bad.len() == 1 && bad[0].contains("$binary"), "{locks}");
+    let out = e.run(&["locks"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("fine"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipped 1 lock document"));
+    let list = e.json(&["tasks", "--queue", "jobs", "--list"]);
+    assert_eq!(list.as_array().unwrap().len(), 3, "{list}");
+    let mut bad = skipped(&list);
+    bad.sort();
+    assert_eq!(bad.len(), 2, "{list}");
+    assert_eq!(bad[0], "bad-fence");
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert_eq!(stats["convert"]["ready"], 3, "{stats}");
+    assert_eq!(stats["$skipped"].as_array().map(Vec::len), Some(2), "{stats}");
+}

@@ -15,7 +15,8 @@ macro_rules! lock_suite {
             parity_basics, tokens_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
             auto_renew_keeps_the_lock, waiter_wakes_on_release, waiter_wakes_at_expiry_of_a_crashed_holder,
             acquire_times_out_with_the_holder, bad_input_is_rejected, dropped_guard_releases,
-            racers_32_one_holder, semaphore_admits_n, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder
+            racers_32_one_holder, semaphore_admits_n, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
+            foreign_lock_documents_are_never_taken, lock_documents_never_get_gc_at
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -315,4 +316,66 @@ pub(crate) async fn forced_release_signals_the_holder<H: Harness>(h: &H) {
     assert!(b.release(true).await.unwrap());
     tokio::time::timeout(Duration::from_secs(10), g.lost()).await.expect("the holder learns at its next renewal");
     assert_eq!(a.metrics().losses, 1);
+}
+
+/// A lock document the Python `MongoLocker` wrote under the same key: it has no
+/// lease this crate can read, so it would look free; it is a typed error instead,
+/// for every way of taking or reading the lock, and it is left as it was.
+pub(crate) async fn foreign_lock_documents_are_never_taken<H: Harness>(h: &H) {
+    let (store, make) = lock(h, "lock_foreign").await;
+    let c = Collection::new(mongolock::DEFAULT_COLLECTION).unwrap();
+    let past = bson::DateTime::from_millis(1_000);
+    for (id, locked) in [("job", true), ("released", false)] {
+        let doc = bson::doc! {"_id": id, "locked": locked, "host": "py-host", "uuid": "5f0c9a1e-0000-4000-8000-000000000000",
+        "ts_created": past, "ts_expire": past};
+        h.insert_raw(&store, &c, doc).await;
+    }
+    let foreign = |r: Result<(), LockError>, what: &str| match r {
+        Err(LockError::Foreign { key, fields }) => {
+            assert!(key == "job" || key == "released", "{what}: {key}");
+            assert_eq!(fields, mongolock::FOREIGN_LOCK_FIELDS, "{what}");
+        }
+        other => panic!("{what}: expected Foreign, got {other:?}"),
+    };
+    let a = make();
+    foreign(a.acquire_with(Acquire::try_once()).await.map(drop), "try_once");
+    foreign(a.acquire_with(Acquire::new().timeout(ttl(h))).await.map(drop), "blocking");
+    foreign(a.acquire_with(Acquire::try_once().force()).await.map(drop), "forced");
+    foreign(a.locked().await.map(drop), "locked");
+    foreign(a.get_current().await.map(drop), "get_current");
+    foreign(a.status().await.map(drop), "status");
+    let released = Lock::builder(store.clone(), "released").ttl(ttl(h)).build().unwrap();
+    foreign(released.acquire_with(Acquire::try_once()).await.map(drop), "a released foreign lock");
+    let r = store.get(&c, &Key::new("job").unwrap()).await.unwrap().record.unwrap();
+    assert!(r.lease().is_none() && r.fence() == 0 && r.rev() == 0, "left as it was: {r:?}");
+    assert_eq!(r.data().get_str("uuid").unwrap(), "5f0c9a1e-0000-4000-8000-000000000000");
+}
+
+/// A lock's guard never marks its document for garbage collection (a TTL index
+/// deleting it would reset the fence); a task lease's guard (`allow_gc`) may.
+pub(crate) async fn lock_documents_never_get_gc_at<H: Harness>(h: &H) {
+    let (store, make) = lock(h, "lock_no_gc").await;
+    let gc = Ttl::new(Duration::from_millis(1)).unwrap();
+    let a = make();
+    let g = a.acquire().await.unwrap();
+    match g.write(Mutation::new().set("x", 1).gc_after(gc)).await {
+        Err(LockError::GcOnLock { key }) => assert_eq!(key, "job"),
+        other => panic!("write with gc on a lock: {other:?}"),
+    }
+    assert!(g.write(Mutation::new().set("y", 1)).await.is_ok(), "the guard still holds the lock");
+    match g.release_with(Mutation::new().gc_after(gc)).await {
+        Err(LockError::GcOnLock { .. }) => {}
+        other => panic!("release_with gc on a lock: {other:?}"),
+    }
+    let c = Collection::new(mongolock::DEFAULT_COLLECTION).unwrap();
+    let r = store.get(&c, &Key::new("job").unwrap()).await.unwrap().record.unwrap();
+    assert!(r.data().get("x").is_none(), "nothing of the rejected write was applied");
+    // The document is never collected.
+    store.ensure_indexes(&c, &[store_trait::IndexSpec::gc()]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.prune_ttl(&store).await;
+    assert!(store.get(&c, &Key::new("job").unwrap()).await.unwrap().record.is_some());
+    let task = Lock::builder(store.clone(), "task").ttl(ttl(h)).allow_gc().build().unwrap();
+    let g = task.acquire().await.unwrap();
+    assert!(g.release_with(Mutation::new().gc_after(gc)).await.is_ok(), "a task lease may be marked");
 }
