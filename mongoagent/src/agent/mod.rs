@@ -50,7 +50,7 @@ pub struct AgentLog {
     /// Outcomes rejected because the claim was lost (another agent took the task
     /// after this one's lease lapsed): never applied.
     pub stale_rejected: u64,
-    /// Tasks set to wait for their follow-ups ([`Outcome::wait_for_follow_ups`]).
+    /// Tasks set to wait for their follow-ups ([`Outcome::wait_for_follow_ups`](crate::Outcome::wait_for_follow_ups)).
     pub waiting: u64,
     /// Tasks whose crashed agent had recorded the outcome but not finished the
     /// fan-in step; this agent finished it (no handler ran).
