@@ -171,7 +171,8 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Makes tasks matching `filter` that failed for good, or are stuck with a
-    /// lapsed claim, ready again (attempt counts are kept). Returns their ids; with
+    /// lapsed claim, ready again (attempt counts are kept; the fence grows, so the
+    /// lapsed claim's holder can write nothing more). Returns their ids; with
     /// `dry_run`, only lists them.
     pub async fn requeue(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
@@ -188,11 +189,13 @@ impl<S: Store + Clone> Queue<S> {
                 continue;
             }
             // Conditional on the same state, so a task that an agent picked up in
-            // the meantime is left alone.
+            // the meantime is left alone. The fence grows, so a late outcome of
+            // the agent whose claim lapsed is rejected by its fence check.
             let w = Write::new(
                 which.clone(),
                 Mutation::new()
                     .release()
+                    .bump_fence()
                     .set(fields::READY, true)
                     .set(fields::COMPLETE, false)
                     .set(fields::ERROR_ENCOUNTERED, false)

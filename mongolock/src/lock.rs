@@ -565,9 +565,14 @@ impl<S: Store + Clone> Lock<S> {
 
     /// Releases this instance's current acquisition (the seed's `release()`), or,
     /// with `force`, whoever holds the lock. Returns whether a lease was released.
+    ///
+    /// A forced release also bumps the fence, so the token of the holder it
+    /// dispossessed is stale at once: its late fenced writes (and writes to
+    /// whatever it guards with [`Condition::AtMost`]) are rejected by the fence
+    /// check, not only by the owner check.
     pub async fn release(&self, force: bool) -> Result<bool, LockError> {
         if force {
-            let w = Write::new(Condition::Free.negate(), Mutation::new().release());
+            let w = Write::new(Condition::Free.negate(), Mutation::new().release().bump_fence());
             let out = self.inner.store.write(&self.inner.coll, &self.inner.key, &w).await?;
             if let Some(term) = self.inner.current_term() {
                 term.mark_lost("released by force");

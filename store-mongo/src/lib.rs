@@ -304,7 +304,7 @@ impl Store for MongoStore {
 
     async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
         write.validate()?;
-        let nonce = self.next_nonce();
+        let nonce = write.stamp(&self.next_nonce());
         for _ in 0..4 {
             if let Some(outcome) = self.write_once(coll, key, write, &nonce).await.map_err(in_coll(coll))? {
                 return Ok(outcome);

@@ -59,7 +59,7 @@ pub use error::{FaultKind, StoreError, StoreResult};
 pub use key::{check_field_name, Collection, Key};
 pub use ops::{
     ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome, LeaseOp,
-    Mutation, Order, Query, Write, WriteOutcome,
+    Mutation, Nonce, Order, Query, Write, WriteOutcome,
 };
 pub use record::{fields, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TokioClock, Ttl};

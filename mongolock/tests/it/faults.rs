@@ -56,6 +56,41 @@ async fn unreachable_store_signals_loss_before_expiry() {
     assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
 }
 
+/// A release whose reply was lost (applied, reported as an error) is recognised
+/// by its retry.
+#[tokio::test(start_paused = true)]
+async fn release_applied_before_its_error_is_recognised() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    let g = lock.acquire().await.unwrap();
+    store.faults().fail_next_after_apply(1);
+    g.release().await.unwrap();
+    assert!(!lock.locked().await.unwrap());
+}
+
+/// A release that failed before it applied is not taken for done when someone
+/// released the lock by force before the retry: the retry finds no lease and
+/// (before forced releases bumped the fence) the same fence, which the old check
+/// read as "my earlier attempt applied".
+#[tokio::test(start_paused = true)]
+async fn release_retry_is_not_fooled_by_a_forced_release() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    let g = lock.acquire().await.unwrap();
+    let token = g.token();
+    store.faults().fail_next(1);
+    let release = tokio::spawn(g.release_with(store_trait::Mutation::new().set("outcome", "done")));
+    // The release failed once and backs off; an operator forces the lock free.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let other = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    assert!(other.release(true).await.unwrap());
+    let out = release.await.unwrap();
+    assert!(matches!(out, Err(LockError::Lost { .. })), "the outcome was never written: {out:?}");
+    let r = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap().record.unwrap();
+    assert!(r.data().get("outcome").is_none());
+    assert_eq!(r.fence(), token + 1, "a forced release bumps the fence");
+}
+
 async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document) {
     admin
         .database("admin")
