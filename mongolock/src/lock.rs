@@ -330,6 +330,27 @@ pub(crate) async fn spawn_with_deadline<T: Send + 'static>(
     }))
 }
 
+/// Runs `fut` on its own task and waits for it until `deadline` (when there is
+/// one): `None` when the deadline passed first. The task is not cancelled, so a
+/// store call is never dropped half-way; its late result is ignored.
+async fn within<T: Send + 'static>(
+    deadline: Option<Instant>,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let task = tokio::spawn(fut);
+    let joined = match deadline {
+        Some(d) => tokio::time::timeout_at(d, task).await.ok()?,
+        None => task.await,
+    };
+    match joined {
+        Ok(v) => Some(v),
+        // The task panicked or the runtime is shutting down: resume the panic,
+        // as awaiting the future in place would have.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
+    }
+}
+
 impl<S: Store + Clone> Lock<S> {
     /// Configures a lock on `key` in `store`.
     ///
@@ -415,15 +436,27 @@ impl<S: Store + Clone> Lock<S> {
     /// the key first, then tries; it wakes when the holder releases (a change
     /// event) or when the observed lease expires on the store clock, and only polls
     /// every `step` when the store has no change notifications.
+    ///
+    /// With a timeout, no store call inside outlives it: each runs on its own task
+    /// and is waited for until the deadline at most, so a store that does not
+    /// answer (a black-holed primary) ends the wait with [`LockError::Timeout`]
+    /// on time. An attempt still in flight then may still be granted; its guard is
+    /// dropped, which releases it.
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.inner.key))]
     pub async fn acquire_with(&self, opts: Acquire) -> Result<LockGuard<S>, LockError> {
         let start = Instant::now();
         let deadline = opts.timeout.map(|t| start + t);
         let inner = &self.inner;
+        let timed_out = |holder: Option<Box<LockInfo>>| LockError::Timeout {
+            key: inner.key_string(),
+            waited: start.elapsed(),
+            holder,
+        };
         // Subscribed before the first try, so a release after it is not missed;
         // renewals of the holder's lease wake nobody.
         let mut events = if opts.blocking {
-            let w = Watcher::open(inner.store.clone(), inner.coll.clone(), Some(inner.key.clone()), inner.step).await;
+            let open = Watcher::open(inner.store.clone(), inner.coll.clone(), Some(inner.key.clone()), inner.step);
+            let Some(w) = within(deadline, open).await else { return Err(timed_out(None)) };
             if !w.is_live() {
                 tracing::debug!("no change notifications; waiters poll every step");
             }
@@ -434,7 +467,8 @@ impl<S: Store + Clone> Lock<S> {
         let mut waited = false;
         let mut backoff = Duration::from_millis(10);
         loop {
-            let err = match self.try_once(&opts).await {
+            let Some(attempt) = within(deadline, self.try_once(&opts)).await else { return Err(timed_out(None)) };
+            let err = match attempt {
                 Ok(guard) => {
                     if waited {
                         Metrics::bump(&inner.metrics.contention_waits);
@@ -455,9 +489,10 @@ impl<S: Store + Clone> Lock<S> {
                 Some(h) => {
                     // Sleep until the observed lease expires on the store clock (a
                     // crashed holder), unless a change notification comes first.
-                    let remaining = match inner.store.now().await {
-                        Ok(now) => now.until(h.expires),
-                        Err(_) => inner.step,
+                    let store = inner.store.clone();
+                    let remaining = match within(deadline, async move { store.now().await }).await {
+                        Some(Ok(now)) => now.until(h.expires),
+                        Some(Err(_)) | None => inner.step,
                     };
                     let jitter = Duration::from_millis(fastrand::u64(0..=5));
                     if events.as_ref().is_some_and(Watcher::is_live) {
@@ -474,7 +509,7 @@ impl<S: Store + Clone> Lock<S> {
             let mut wait_until = Instant::now() + wait.max(Duration::from_millis(1));
             if let Some(d) = deadline {
                 if Instant::now() >= d {
-                    return Err(LockError::Timeout { key: inner.key_string(), waited: start.elapsed(), holder });
+                    return Err(timed_out(holder));
                 }
                 wait_until = wait_until.min(d);
             }
@@ -494,17 +529,20 @@ impl<S: Store + Clone> Lock<S> {
 
     /// One acquisition attempt: one conditional write. The attempt runs on its own
     /// task and builds its guard there, so a caller that stops waiting (a dropped
-    /// `acquire` future, a `select!`) never leaves a granted lease without a guard:
-    /// an orphaned guard is dropped, which releases it.
-    async fn try_once(&self, opts: &Acquire) -> Result<LockGuard<S>, LockError> {
+    /// `acquire` future, a `select!`, a deadline) never leaves a granted lease
+    /// without a guard: an orphaned guard is dropped, which releases it.
+    fn try_once(&self, opts: &Acquire) -> impl std::future::Future<Output = Result<LockGuard<S>, LockError>> + 'static {
         let this = self.clone();
         let opts = opts.clone();
-        tokio::spawn(async move { this.attempt(&opts).await }).await.unwrap_or_else(|e| {
-            Err(LockError::Store(StoreError::backend(
-                store_trait::FaultKind::Transient,
-                format!("acquire task failed: {e}"),
-            )))
-        })
+        let task = tokio::spawn(async move { this.attempt(&opts).await });
+        async move {
+            task.await.unwrap_or_else(|e| {
+                Err(LockError::Store(StoreError::backend(
+                    store_trait::FaultKind::Transient,
+                    format!("acquire task failed: {e}"),
+                )))
+            })
+        }
     }
 
     async fn attempt(&self, opts: &Acquire) -> Result<LockGuard<S>, LockError> {

@@ -91,6 +91,35 @@ async fn release_retry_is_not_fooled_by_a_forced_release() {
     assert_eq!(r.fence(), token + 1, "a forced release bumps the fence");
 }
 
+/// A store that never answers (a black-holed primary) does not hold an acquire
+/// with a timeout past it: neither the subscription, nor the attempt, nor the
+/// clock read while waiting for a holder.
+#[tokio::test(start_paused = true)]
+async fn acquire_timeout_holds_when_the_store_never_answers() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    store.faults().set_latency(Duration::from_secs(24 * 3600));
+    let start = tokio::time::Instant::now();
+    let out = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(5))).await;
+    assert!(matches!(out, Err(LockError::Timeout { .. })), "{out:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+
+    // Held by someone else; the store stops answering while the waiter waits.
+    store.faults().clear();
+    let holder = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(60)).build().unwrap();
+    let _held = holder.acquire().await.unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire_with(Acquire::new().timeout(Duration::from_secs(5))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    store.faults().set_latency(Duration::from_secs(24 * 3600));
+    let start = tokio::time::Instant::now();
+    let out = waiter.await.unwrap();
+    assert!(matches!(out, Err(LockError::Timeout { .. })), "{out:?}");
+    assert!(start.elapsed() <= Duration::from_secs(5), "{:?}", start.elapsed());
+}
+
 async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document) {
     admin
         .database("admin")
