@@ -171,17 +171,22 @@ impl<S: Store + Clone> Queue<S> {
         let out = self.store.insert_many(&self.coll, docs.clone()).await?;
         for (doc, outcome) in docs.into_iter().zip(out) {
             let InsertOutcome::Duplicate(key) = outcome else { continue };
-            let Some(current) = self.store.get(&self.coll, &key).await?.record else { continue };
-            let Some(theirs) = current.data().get(pending::FENCE).and_then(store_trait::semantics::as_i64) else {
-                continue;
-            };
-            if theirs < fence {
+            // A stale run may insert again between our delete and our insert; it
+            // inserts once, so a few rounds settle it.
+            for _ in 0..4 {
+                let Some(current) = self.store.get(&self.coll, &key).await?.record else { break };
+                let theirs = current.data().get(pending::FENCE).and_then(store_trait::semantics::as_i64);
+                // Ours, an active task, or a newer claim's: leave it.
+                let Some(theirs) = theirs.filter(|&t| t < fence) else { break };
                 // An older claim's follow-up that was never activated (that claim's
                 // outcome was never written): ours replaces it.
                 let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
                 self.store.delete(&self.coll, &key, &cond).await?;
-                self.store.insert_many(&self.coll, vec![doc]).await?;
+                let again = self.store.insert_many(&self.coll, vec![doc.clone()]).await?;
                 tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
+                if matches!(again.first(), Some(InsertOutcome::Inserted(_))) {
+                    break;
+                }
             }
         }
         Ok(())

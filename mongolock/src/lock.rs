@@ -466,8 +466,15 @@ impl<S: Store + Clone> Lock<S> {
         };
         let mut waited = false;
         let mut backoff = Duration::from_millis(10);
+        // The holder last seen, for the timeout error.
+        let mut seen: Option<Box<LockInfo>> = None;
         loop {
-            let Some(attempt) = within(deadline, self.try_once(&opts)).await else { return Err(timed_out(None)) };
+            // An attempt started past the deadline could only be abandoned (and a
+            // grant it got released again).
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timed_out(seen));
+            }
+            let Some(attempt) = within(deadline, self.try_once(&opts)).await else { return Err(timed_out(seen)) };
             let err = match attempt {
                 Ok(guard) => {
                     if waited {
@@ -485,6 +492,9 @@ impl<S: Store + Clone> Lock<S> {
                 LockError::Store(e) if e.is_retryable() => None,
                 _ => return Err(err),
             };
+            if holder.is_some() {
+                seen.clone_from(&holder);
+            }
             let wait = match &holder {
                 Some(h) => {
                     // Sleep until the observed lease expires on the store clock (a
@@ -509,7 +519,7 @@ impl<S: Store + Clone> Lock<S> {
             let mut wait_until = Instant::now() + wait.max(Duration::from_millis(1));
             if let Some(d) = deadline {
                 if Instant::now() >= d {
-                    return Err(timed_out(holder));
+                    return Err(timed_out(holder.or(seen)));
                 }
                 wait_until = wait_until.min(d);
             }

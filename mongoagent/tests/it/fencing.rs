@@ -53,11 +53,39 @@ async fn a_requeue_between_retries_is_not_taken_for_done() {
     assert_eq!(r.fence(), token + 1, "a requeue bumps the fence");
 }
 
+/// A handler that signals it runs, then waits for the go-ahead and returns
+/// `outcome(round)`.
+fn gated(
+    outcome: fn(&str, u64) -> Outcome,
+    from: &'static str,
+) -> (impl Fn(Task) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>> + Clone, Gate) {
+    let (running_tx, running) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let go_rx = std::sync::Arc::new(tokio::sync::Mutex::new(go_rx));
+    let handler = move |t: Task| {
+        let (running_tx, go_rx) = (running_tx.clone(), go_rx.clone());
+        Box::pin(async move {
+            if t.round() == 0 {
+                running_tx.send(()).unwrap();
+                go_rx.lock().await.recv().await.unwrap();
+            }
+            outcome(from, t.round())
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>>
+    };
+    (handler, Gate { running, go })
+}
+
+struct Gate {
+    running: tokio::sync::mpsc::UnboundedReceiver<()>,
+    go: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
 /// A run whose claim lapsed while another agent took the task over returns
-/// follow-ups first (with its own data), then its outcome is rejected. Its
-/// follow-ups never run; the holder's, with the same ids, do.
-#[tokio::test(start_paused = true)]
-async fn a_stale_runs_follow_ups_never_run() {
+/// `outcome` first (with its own data in the follow-ups), then its outcome
+/// write is rejected; the holder returns the same shape with other data. Only
+/// the holder's follow-ups run. Returns what the follow-ups saw, and the
+/// parent's agent for a second round.
+async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Processed) -> (Vec<String>, MemoryStore) {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
@@ -68,46 +96,23 @@ async fn a_stale_runs_follow_ups_never_run() {
             .sleep_between(Duration::from_secs(3600))
     };
     let (a, b) = (builder(&client_a).build().unwrap(), builder(&client_b).build().unwrap());
-    let (a_running_tx, a_running) = tokio::sync::oneshot::channel::<()>();
-    let (a_go, a_go_rx) = tokio::sync::oneshot::channel::<()>();
-    let handler_a = {
-        let cell = std::sync::Mutex::new(Some((a_running_tx, a_go_rx)));
-        move |_t: Task| {
-            let (running, go) = cell.lock().unwrap().take().unwrap();
-            async move {
-                running.send(()).unwrap();
-                go.await.unwrap();
-                Outcome::done().follow_up(NewTask::new("part", doc! {"from": "stale"}))
-            }
-        }
-    };
+    let (handler_a, mut gate_a) = gated(outcome, "stale");
+    let (handler_b, mut gate_b) = gated(outcome, "holder");
     let run_a = tokio::spawn(async move { a.process(handler_a).await });
-    a_running.await.unwrap();
+    gate_a.running.recv().await.unwrap();
     // Agent A is cut off until its claim lapses; agent B takes the task over.
     client_a.set_partitioned(true);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (b_running_tx, b_running) = tokio::sync::oneshot::channel::<()>();
-    let (b_go, b_go_rx) = tokio::sync::oneshot::channel::<()>();
-    let handler_b = {
-        let cell = std::sync::Mutex::new(Some((b_running_tx, b_go_rx)));
-        move |_t: Task| {
-            let (running, go) = cell.lock().unwrap().take().unwrap();
-            async move {
-                running.send(()).unwrap();
-                go.await.unwrap();
-                Outcome::done().follow_up(NewTask::new("part", doc! {"from": "holder"}))
-            }
-        }
-    };
-    let run_b = tokio::spawn(async move { b.process(handler_b).await });
-    b_running.await.unwrap();
+    let b2 = b.clone();
+    let run_b = tokio::spawn(async move { b2.process(handler_b.clone()).await });
+    gate_b.running.recv().await.unwrap();
     // A comes back and finishes first: its follow-ups are inserted before its
     // outcome is rejected.
     client_a.set_partitioned(false);
-    a_go.send(()).unwrap();
+    gate_a.go.send(()).unwrap();
     assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(Key::new("job").unwrap())));
-    b_go.send(()).unwrap();
-    assert_eq!(run_b.await.unwrap().unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+    gate_b.go.send(()).unwrap();
+    assert_eq!(run_b.await.unwrap().unwrap(), Some(holder_result));
 
     let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -119,7 +124,56 @@ async fn a_stale_runs_follow_ups_never_run() {
         }
     };
     while part.process(handler.clone()).await.unwrap().is_some() {}
-    assert_eq!(*seen.lock().unwrap(), vec!["holder".to_owned()], "only the holder's follow-up ran");
+    let seen = seen.lock().unwrap().clone();
+    (seen, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_runs_follow_ups_never_run() {
+    let outcome = |from: &str, _round: u64| Outcome::done().follow_up(NewTask::new("part", doc! {"from": from}));
+    let (seen, _) = stale_then_holder(outcome, Processed::Completed(Key::new("job").unwrap())).await;
+    assert_eq!(seen, vec!["holder".to_owned()], "only the holder's follow-up ran");
+}
+
+/// The same with a wait for the follow-ups (fan-in): the task resumes once,
+/// and sees the holder's follow-ups only.
+#[tokio::test(start_paused = true)]
+async fn a_stale_runs_joined_follow_ups_never_run() {
+    fn outcome(from: &str, round: u64) -> Outcome {
+        match round {
+            0 => Outcome::done()
+                .follow_up(NewTask::new("part", doc! {"from": from}))
+                .follow_up(NewTask::new("part", doc! {"from": from}))
+                .wait_for_follow_ups(),
+            _ => Outcome::done(),
+        }
+    }
+    let (seen, store) = stale_then_holder(outcome, Processed::Waiting(Key::new("job").unwrap())).await;
+    assert_eq!(seen, vec!["holder".to_owned(), "holder".to_owned()]);
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let children = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let resume = {
+        let children = children.clone();
+        move |t: Task| {
+            children.lock().unwrap().extend(t.children().iter().map(|c| c.data().get_str("from").unwrap().to_owned()));
+            async { true }
+        }
+    };
+    assert_eq!(split.process(resume).await.unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+    assert_eq!(*children.lock().unwrap(), vec!["holder".to_owned(), "holder".to_owned()]);
+}
+
+/// The same with a fan-in task after the follow-ups (`Outcome::then`): the
+/// holder's fan-in task runs once, after the holder's follow-ups.
+#[tokio::test(start_paused = true)]
+async fn a_stale_runs_fan_in_task_never_runs() {
+    fn outcome(from: &str, _round: u64) -> Outcome {
+        Outcome::done()
+            .follow_up(NewTask::new("part", doc! {"from": from}))
+            .then(NewTask::new("part", doc! {"from": format!("{from} fan-in")}))
+    }
+    let (seen, _) = stale_then_holder(outcome, Processed::Completed(Key::new("job").unwrap())).await;
+    assert_eq!(seen, vec!["holder".to_owned(), "holder fan-in".to_owned()]);
 }
 
 /// The agent dies after its outcome write, before it activated the follow-ups:
