@@ -241,3 +241,58 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
     assert_eq!(*seen.lock().unwrap(), vec!["written".to_owned()]);
     assert!(record(&store, "job/1").data().get_bool("ready").is_ok_and(|r| !r), "the stale one stays inert");
 }
+
+/// As above, for a task that waits for its follow-ups: recovery activates them,
+/// marks the task waiting, and the last follow-up to end makes it ready; it
+/// resumes once and sees only the follow-ups of the claim whose outcome was
+/// written.
+#[tokio::test(start_paused = true)]
+async fn joined_follow_ups_pending_after_a_crash_are_activated_by_recovery() {
+    use store_trait::{Claim, Mutation, Query, Store, Ttl};
+    let store = MemoryStore::new();
+    let coll = Collection::new("tasks").unwrap();
+    let pending = |id: &str, fence: i64, from: &str| {
+        doc! {"_id": id, "agent_name": "part", "ready": false, "parent": "job", "from": from,
+        "pending_parent_fence": fence, "pending_fields": {"ready": true, "join": "job", "join_round": 0_i64}}
+    };
+    let docs = vec![
+        doc! {"_id": "job", "agent_name": "split", "ready": true},
+        pending("job/0", 1, "written"),
+        pending("job/1", 1, "written"),
+        pending("job/2", 0, "stale"),
+    ];
+    store.insert_many(&coll, docs).await.unwrap();
+    let claim = Claim {
+        query: Query::eq(doc! {"_id": "job"}),
+        mutation: Mutation::new()
+            .grant("dead-agent", Ttl::new(Duration::from_millis(1500)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true)
+            .set("follow_ups_fence", 1_i64)
+            .set("follow_ups_finish", "wait"),
+    };
+    assert_eq!(store.claim(&coll, &claim).await.unwrap().unwrap().fence(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let children = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let resume = {
+        let children = children.clone();
+        move |t: Task| {
+            children.lock().unwrap().push((t.round(), t.children().len()));
+            async { true }
+        }
+    };
+    assert_eq!(split.process(resume.clone()).await.unwrap(), Some(Processed::Recovered(Key::new("job").unwrap())));
+    let job = record(&store, "job");
+    assert_eq!(job.data().get_i64("waiting").unwrap(), 0, "{:?}", job.data());
+    assert!(children.lock().unwrap().is_empty(), "no handler ran");
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let mut ran = Vec::new();
+    while let Some(p) = part.process(|_t: Task| async { true }).await.unwrap() {
+        ran.push(p);
+    }
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(split.process(resume).await.unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+    assert_eq!(*children.lock().unwrap(), vec![(1, 2)]);
+}
