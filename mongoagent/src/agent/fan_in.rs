@@ -39,7 +39,7 @@ impl<S: Store + Clone> Agent<S> {
             Err(e) => return Err(e.into()),
         }
         let result = match finish {
-            Finish::Complete => {
+            Finish::Complete | Finish::CompleteThen => {
                 self.bump(|l| l.completed += 1);
                 Processed::Completed(key.clone())
             }
@@ -81,10 +81,12 @@ impl<S: Store + Clone> Agent<S> {
                 tracing::info!(agent = %self.inner.name, task = %key, round, "task waits for its follow-ups");
                 self.settle_wait(guard, key, round).await.map(drop)
             }
-            Finish::Complete => {
-                // A fan-in task whose follow-ups all ended before it was active.
-                let then = Key::new(format!("{}/then", child_prefix(key, round)))?;
-                self.wake_if_done(then.as_bson(), 0).await?;
+            Finish::Complete | Finish::CompleteThen => {
+                if finish == Finish::CompleteThen {
+                    // A fan-in task whose follow-ups all ended before it was active.
+                    let then = Key::new(format!("{}/then", child_prefix(key, round)))?;
+                    self.wake_if_done(then.as_bson(), 0).await?;
+                }
                 let changes = self.finished(end, fence).set(fields::ERROR_ENCOUNTERED, false);
                 if data.contains_key(fields::JOIN) {
                     match guard.write(changes).await {
@@ -243,6 +245,8 @@ impl<S: Store + Clone> Agent<S> {
 pub(super) enum Finish {
     /// Completed.
     Complete,
+    /// Completed, with a fan-in task after the follow-ups (`Outcome::then`).
+    CompleteThen,
     /// Waiting for them (fan-in).
     Wait,
 }
@@ -251,6 +255,7 @@ impl Finish {
     fn as_str(self) -> &'static str {
         match self {
             Finish::Complete => "complete",
+            Finish::CompleteThen => "complete-then",
             Finish::Wait => "wait",
         }
     }
@@ -259,7 +264,9 @@ impl Finish {
     pub(super) fn of(data: &Document) -> Finish {
         match data.get_str(pending::PARENT_FINISH) {
             Ok("wait") => Finish::Wait,
-            _ => Finish::Complete,
+            Ok("complete") => Finish::Complete,
+            // Unknown: the safe choice also wakes a fan-in task if there is one.
+            _ => Finish::CompleteThen,
         }
     }
 }

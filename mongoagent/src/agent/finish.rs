@@ -29,10 +29,13 @@ impl<S: Store + Clone> Agent<S> {
                 Ok(()) if follow_ups.is_empty() && then.is_none() => Outcome::done_with(merge),
                 // Follow-ups are enqueued pending and activated only after this
                 // claim's fenced outcome write: a stale run's never run.
-                Ok(()) => match self.enqueue_follow_ups(record, round, token, follow_ups, then.map(|t| *t)).await {
-                    Ok(()) => return self.hand_over(guard, record, merge, Finish::Complete).await,
-                    Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
-                },
+                Ok(()) => {
+                    let finish = if then.is_some() { Finish::CompleteThen } else { Finish::Complete };
+                    match self.enqueue_follow_ups(record, round, token, follow_ups, then.map(|t| *t)).await {
+                        Ok(()) => return self.hand_over(guard, record, merge, finish).await,
+                        Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+                    }
+                }
             },
             Outcome::Wait { follow_ups, .. } if follow_ups.is_empty() => {
                 Outcome::failed_permanently("the handler waits for follow-ups but returned none")
