@@ -27,7 +27,7 @@ pub mod fields {
     /// trip whether its own conditional write was applied: the backend's nonce for
     /// the call, after the caller's nonce and a `/` when the write has one
     /// ([`Write::stamp`](crate::Write::stamp)), so a retry recognises an earlier
-    /// attempt ([`Record::last_nonce`]).
+    /// attempt ([`Record::last_nonce`](crate::Record::last_nonce)).
     pub const LAST_OP: &str = "last_op";
     /// A BSON date after which the document may be garbage-collected by a TTL
     /// index. Never used for correctness.
