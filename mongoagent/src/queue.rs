@@ -23,6 +23,58 @@ pub struct Queue<S> {
     pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
+/// Follow-ups that wait for their parent's fenced outcome write before they
+/// exist for anyone: the fields that mark them, and what activation does.
+pub(crate) mod pending {
+    use bson::{Bson, Document};
+    use store_trait::{Condition, Mutation, Write};
+
+    use crate::task::fields;
+
+    /// On a pending follow-up: the fence of the parent's claim that enqueued it.
+    pub(crate) const FENCE: &str = "pending_parent_fence";
+    /// On a pending follow-up: the fields activation sets (`ready`, and `join`,
+    /// `join_round`, `waiting` where the follow-up has them).
+    pub(crate) const FIELDS: &str = "pending_fields";
+    /// On a parent whose outcome is written and whose follow-ups may still be
+    /// pending: the fence they carry.
+    pub(crate) const PARENT_FENCE: &str = "follow_ups_fence";
+    /// On such a parent: how it ends once they are active (`complete`, `wait`).
+    pub(crate) const PARENT_FINISH: &str = "follow_ups_finish";
+    /// Fields neither a handler's merge nor a new task may set.
+    pub(crate) const ALL: [&str; 4] = [FENCE, FIELDS, PARENT_FENCE, PARENT_FINISH];
+
+    /// Turns a follow-up's document into its pending form.
+    pub(crate) fn stash(mut d: Document, fence: i64) -> Document {
+        let mut stashed = Document::new();
+        for f in [fields::READY, fields::JOIN, fields::JOIN_ROUND, fields::WAITING] {
+            if let Some(v) = d.remove(f) {
+                stashed.insert(f, v);
+            }
+        }
+        d.insert(fields::READY, false);
+        d.insert(FENCE, fence);
+        d.insert(FIELDS, stashed);
+        d
+    }
+
+    /// Whether a pending follow-up is a fan-in task (it waits for others, so it
+    /// is activated after them).
+    pub(crate) fn is_fan_in(d: &Document) -> bool {
+        d.get_document(FIELDS).is_ok_and(|s| s.contains_key(fields::WAITING))
+    }
+
+    /// The write that activates a pending follow-up of the claim with `fence`;
+    /// idempotent (it applies only while the follow-up is pending with that fence).
+    pub(crate) fn activation(d: &Document, fence: i64) -> Write {
+        let stashed = d.get_document(FIELDS).cloned().unwrap_or_default();
+        Write::new(
+            Condition::FieldEq(FENCE.into(), Bson::Int64(fence)),
+            Mutation::new().set_all(stashed).unset(FENCE).unset(FIELDS),
+        )
+    }
+}
+
 /// Counts of one agent's tasks by state.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct QueueStats {
@@ -101,9 +153,50 @@ impl<S: Store + Clone> Queue<S> {
     /// Enqueues tasks idempotently: a task whose id or dedupe key exists is
     /// reported as [`InsertOutcome::Duplicate`] and not changed.
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
+        let docs = self.documents(tasks).await?;
+        let out = self.store.insert_many(&self.coll, docs).await?;
+        tracing::debug!(queue = %self.coll, count = out.len(), "tasks enqueued");
+        Ok(out)
+    }
+
+    /// Enqueues a claimed task's follow-ups **pending**: not claimable, not
+    /// joined to any waiter, and marked with the parent's claim fence, until the
+    /// parent's fenced outcome write has claimed them and they are activated
+    /// ([`pending::activation`]). A stale run's follow-ups thus never run, and
+    /// never stand in for the current holder's: a pending duplicate left by an
+    /// older claim of the parent (a smaller fence) is replaced.
+    pub(crate) async fn enqueue_pending(&self, tasks: &[NewTask], fence: u64) -> Result<(), AgentError> {
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
+        let docs: Vec<Document> = self.documents(tasks).await?.into_iter().map(|d| pending::stash(d, fence)).collect();
+        let out = self.store.insert_many(&self.coll, docs.clone()).await?;
+        for (doc, outcome) in docs.into_iter().zip(out) {
+            let InsertOutcome::Duplicate(key) = outcome else { continue };
+            // A stale run may insert again between our delete and our insert; it
+            // inserts once, so a few rounds settle it.
+            for _ in 0..4 {
+                let Some(current) = self.store.get(&self.coll, &key).await?.record else { break };
+                let theirs = current.data().get(pending::FENCE).and_then(store_trait::semantics::as_i64);
+                // Ours, an active task, or a newer claim's: leave it.
+                let Some(theirs) = theirs.filter(|&t| t < fence) else { break };
+                // An older claim's follow-up that was never activated (that claim's
+                // outcome was never written): ours replaces it.
+                let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
+                self.store.delete(&self.coll, &key, &cond).await?;
+                let again = self.store.insert_many(&self.coll, vec![doc.clone()]).await?;
+                tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
+                if matches!(again.first(), Some(InsertOutcome::Inserted(_))) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The documents to insert for `tasks`.
+    async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
         self.ensure_indexes().await?;
         let now = if tasks.iter().any(|t| t.delay.is_some()) { Some(self.store.now().await?) } else { None };
-        let docs = tasks
+        tasks
             .iter()
             .map(|t| {
                 let mut d = t.to_document()?;
@@ -113,10 +206,7 @@ impl<S: Store + Clone> Queue<S> {
                 }
                 Ok(d)
             })
-            .collect::<Result<Vec<_>, AgentError>>()?;
-        let out = self.store.insert_many(&self.coll, docs).await?;
-        tracing::debug!(queue = %self.coll, count = out.len(), "tasks enqueued");
-        Ok(out)
+            .collect::<Result<Vec<_>, AgentError>>()
     }
 
     /// Enqueues one task; returns its id and whether it was new.
@@ -188,7 +278,8 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Makes tasks matching `filter` that failed for good, or are stuck with a
-    /// lapsed claim, ready again (attempt counts are kept). Returns their ids; with
+    /// lapsed claim, ready again (attempt counts are kept; the fence grows, so the
+    /// lapsed claim's holder can write nothing more). Returns their ids; with
     /// `dry_run`, only lists them.
     pub async fn requeue(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
@@ -213,11 +304,13 @@ impl<S: Store + Clone> Queue<S> {
                 continue;
             }
             // Conditional on the same state, so a task that an agent picked up in
-            // the meantime is left alone.
+            // the meantime is left alone. The fence grows, so a late outcome of
+            // the agent whose claim lapsed is rejected by its fence check.
             let w = Write::new(
                 which.clone(),
                 Mutation::new()
                     .release()
+                    .bump_fence()
                     .set(fields::READY, true)
                     .set(fields::COMPLETE, false)
                     .set(fields::ERROR_ENCOUNTERED, false)

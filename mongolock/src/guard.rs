@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use store_trait::{Clock, Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
+use store_trait::{Clock, Condition, Key, Mutation, Nonce, Record, Store, StoreTime, Write, WriteOutcome};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -314,7 +314,12 @@ impl<S: Store + Clone> Term<S> {
         self.lost.cancel();
         self.clear_current();
         let lock = &self.lock;
-        let write = Write::new(self.fenced(), changes.release());
+        // One nonce for every attempt: a retry recognises an earlier attempt that
+        // was applied although it reported an error. "No lease and the same
+        // fence" is no proof of that: a requeue or a forced release in between
+        // leaves the same picture, and the outcome was then never written.
+        let nonce = Nonce::generate();
+        let write = Write::new(self.fenced(), changes.release()).with_nonce(nonce.clone());
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -324,9 +329,8 @@ impl<S: Store + Clone> Term<S> {
                     return Ok(r);
                 }
                 // An earlier attempt that reported an error was applied after all.
-                Ok(WriteOutcome::Rejected(Some(r)))
-                    if r.lease().is_none() && r.fence() == self.token && attempt > 1 =>
-                {
+                Ok(WriteOutcome::Rejected(Some(r))) if attempt > 1 && r.last_nonce() == Some(nonce.as_str()) => {
+                    tracing::info!(key = %lock.key, owner = %self.owner, token = self.token, "lock released by an earlier attempt");
                     return Ok(r);
                 }
                 Ok(WriteOutcome::Rejected(current)) => {

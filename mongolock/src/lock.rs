@@ -372,6 +372,27 @@ pub(crate) async fn spawn_with_deadline<T: Send + 'static>(
     }))
 }
 
+/// Runs `fut` on its own task and waits for it until `deadline` (when there is
+/// one): `None` when the deadline passed first. The task is not cancelled, so a
+/// store call is never dropped half-way; its late result is ignored.
+async fn within<T: Send + 'static>(
+    deadline: Option<Instant>,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let task = tokio::spawn(fut);
+    let joined = match deadline {
+        Some(d) => tokio::time::timeout_at(d, task).await.ok()?,
+        None => task.await,
+    };
+    match joined {
+        Ok(v) => Some(v),
+        // The task panicked or the runtime is shutting down: resume the panic,
+        // as awaiting the future in place would have.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
+    }
+}
+
 impl<S: Store + Clone> Lock<S> {
     /// Configures a lock on `key` in `store`.
     ///
@@ -458,6 +479,12 @@ impl<S: Store + Clone> Lock<S> {
     /// the key first, then tries; it wakes when the holder releases (a change
     /// event) or when the observed lease expires on the store clock, and only polls
     /// every `step` when the store has no change notifications.
+    ///
+    /// With a timeout, no store call inside outlives it: each runs on its own task
+    /// and is waited for until the deadline at most, so a store that does not
+    /// answer (a black-holed primary) ends the wait with [`LockError::Timeout`]
+    /// on time. An attempt still in flight then may still be granted; its guard is
+    /// dropped, which releases it.
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.inner.key))]
     pub async fn acquire_with(&self, opts: Acquire) -> Result<LockGuard<S>, LockError> {
         let start = Instant::now();
@@ -465,10 +492,16 @@ impl<S: Store + Clone> Lock<S> {
         // A timeout too large for the clock is no timeout at all.
         let deadline = opts.timeout.and_then(|t| start.checked_add(t));
         let inner = &self.inner;
+        let timed_out = |holder: Option<Box<LockInfo>>| LockError::Timeout {
+            key: inner.key_string(),
+            waited: start.elapsed(),
+            holder,
+        };
         // Subscribed before the first try, so a release after it is not missed;
         // renewals of the holder's lease wake nobody.
         let mut events = if opts.blocking {
-            let w = Watcher::open(inner.store.clone(), inner.coll.clone(), Some(inner.key.clone()), inner.step).await;
+            let open = Watcher::open(inner.store.clone(), inner.coll.clone(), Some(inner.key.clone()), inner.step);
+            let Some(w) = within(deadline, open).await else { return Err(timed_out(None)) };
             if !w.is_live() {
                 tracing::debug!("no change notifications; waiters poll every step");
             }
@@ -478,8 +511,16 @@ impl<S: Store + Clone> Lock<S> {
         };
         let mut waited = false;
         let mut backoff = Duration::from_millis(10);
+        // The holder last seen, for the timeout error.
+        let mut seen: Option<Box<LockInfo>> = None;
         loop {
-            let err = match self.try_once(&opts).await {
+            // An attempt started past the deadline could only be abandoned (and a
+            // grant it got released again).
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(timed_out(seen));
+            }
+            let Some(attempt) = within(deadline, self.try_once(&opts)).await else { return Err(timed_out(seen)) };
+            let err = match attempt {
                 Ok(guard) => {
                     if waited {
                         Metrics::bump(&inner.metrics.contention_waits);
@@ -496,13 +537,17 @@ impl<S: Store + Clone> Lock<S> {
                 LockError::Store(e) if e.is_retryable() => None,
                 _ => return Err(err),
             };
+            if holder.is_some() {
+                seen.clone_from(&holder);
+            }
             let wait = match &holder {
                 Some(h) => {
                     // Sleep until the observed lease expires on the store clock (a
                     // crashed holder), unless a change notification comes first.
-                    let remaining = match inner.store.now().await {
-                        Ok(now) => now.until(h.expires),
-                        Err(_) => inner.step,
+                    let store = inner.store.clone();
+                    let remaining = match within(deadline, async move { store.now().await }).await {
+                        Some(Ok(now)) => now.until(h.expires),
+                        Some(Err(_)) | None => inner.step,
                     };
                     let jitter = Duration::from_millis(fastrand::u64(0..=5));
                     if events.as_ref().is_some_and(Watcher::is_live) {
@@ -519,7 +564,7 @@ impl<S: Store + Clone> Lock<S> {
             let mut wait_until = Instant::now() + wait.max(Duration::from_millis(1));
             if let Some(d) = deadline {
                 if Instant::now() >= d {
-                    return Err(LockError::Timeout { key: inner.key_string(), waited: start.elapsed(), holder });
+                    return Err(timed_out(holder.or(seen)));
                 }
                 wait_until = wait_until.min(d);
             }
@@ -539,17 +584,20 @@ impl<S: Store + Clone> Lock<S> {
 
     /// One acquisition attempt: one conditional write. The attempt runs on its own
     /// task and builds its guard there, so a caller that stops waiting (a dropped
-    /// `acquire` future, a `select!`) never leaves a granted lease without a guard:
-    /// an orphaned guard is dropped, which releases it.
-    async fn try_once(&self, opts: &Acquire) -> Result<LockGuard<S>, LockError> {
+    /// `acquire` future, a `select!`, a deadline) never leaves a granted lease
+    /// without a guard: an orphaned guard is dropped, which releases it.
+    fn try_once(&self, opts: &Acquire) -> impl std::future::Future<Output = Result<LockGuard<S>, LockError>> + 'static {
         let this = self.clone();
         let opts = opts.clone();
-        tokio::spawn(async move { this.attempt(&opts).await }).await.unwrap_or_else(|e| {
-            Err(LockError::Store(StoreError::backend(
-                store_trait::FaultKind::Transient,
-                format!("acquire task failed: {e}"),
-            )))
-        })
+        let task = tokio::spawn(async move { this.attempt(&opts).await });
+        async move {
+            task.await.unwrap_or_else(|e| {
+                Err(LockError::Store(StoreError::backend(
+                    store_trait::FaultKind::Transient,
+                    format!("acquire task failed: {e}"),
+                )))
+            })
+        }
     }
 
     async fn attempt(&self, opts: &Acquire) -> Result<LockGuard<S>, LockError> {
@@ -615,9 +663,14 @@ impl<S: Store + Clone> Lock<S> {
 
     /// Releases this instance's current acquisition (the Python `MongoLocker`'s `release()`), or,
     /// with `force`, whoever holds the lock. Returns whether a lease was released.
+    ///
+    /// A forced release also bumps the fence, so the token of the holder it
+    /// dispossessed is stale at once: its late fenced writes (and writes to
+    /// whatever it guards with [`Condition::AtMost`]) are rejected by the fence
+    /// check, not only by the owner check.
     pub async fn release(&self, force: bool) -> Result<bool, LockError> {
         if force {
-            let w = Write::new(Condition::Free.negate(), Mutation::new().release());
+            let w = Write::new(Condition::Free.negate(), Mutation::new().release().bump_fence());
             let out = self.inner.store.write(&self.inner.coll, &self.inner.key, &w).await?;
             if let Some(term) = self.inner.current_term() {
                 term.mark_lost("released by force");

@@ -527,7 +527,7 @@ impl Store for MemoryStore {
                 };
                 return Ok(WriteOutcome::Rejected(rec));
             }
-            let doc = semantics::apply(current.as_ref(), key, &write.mutation, now, &nonce)?;
+            let doc = semantics::apply(current.as_ref(), key, &write.mutation, now, &write.stamp(&nonce))?;
             c.check_unique(coll.as_str(), &mk, &doc)?;
             let record = to_record(coll.as_str(), &doc)?;
             let seq = existing.map_or(seq, |e| e.seq);

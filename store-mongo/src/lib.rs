@@ -27,7 +27,24 @@
 //! By default writes use `w: "majority"` and reads `readConcern: "majority"`, so a
 //! lease granted on a replica set survives a primary failover (a lease acknowledged
 //! with `w: 1` can vanish when the primary steps down, leaving two holders).
-//! [`Consistency::Local`] trades that away for latency on a single server.
+//! [`Consistency::Local`] trades that away for latency: `w: 1` and local reads.
+//! Writes are journaled (`j: true`) at both levels: a write acknowledged before it
+//! reached the journal is lost when the server crashes, and a fencing counter
+//! then goes back below a token already handed out.
+//!
+//! # Deadlines
+//!
+//! Every call has one, so a primary that stops answering (black-holed, paused)
+//! cannot hang a caller. The Rust driver does not support `socketTimeoutMS`, so
+//! the bound is the store's own: each operation runs on its own task and is
+//! given up after the operation timeout ([`DEFAULT_OPERATION_TIMEOUT`], or
+//! `socketTimeoutMS` from the URI, or [`MongoStore::with_operation_timeout`])
+//! with a [`FaultKind::Timeout`] error, which is ambiguous like any transient
+//! one. The server is asked to stop at the same bound (`maxTimeMS` on
+//! `findAndModify`, `find`, `count` and `aggregate`; `wtimeout` on majority
+//! writes). [`MongoStore::connect`] also sets `connectTimeoutMS` and
+//! `serverSelectionTimeoutMS` to 10 s unless the URI gives them. Callers with a
+//! tighter deadline (an acquire timeout, a lease) wait less on their own.
 //!
 //! # Retries
 //!
@@ -51,7 +68,8 @@ use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{
-    Acknowledgment, ClientOptions, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern,
+    Acknowledgment, ClientOptions, CollectionOptions, ConnectionString, IndexOptions, ReadConcern, ReturnDocument,
+    WriteConcern,
 };
 use mongodb::{Client, Database, IndexModel};
 use store_trait::{
@@ -74,38 +92,46 @@ pub enum Consistency {
     /// survives a replica-set failover and a server crash. The default.
     #[default]
     Majority,
-    /// The server's defaults (`w: 1`, local reads). Correct on a single server;
-    /// on a replica set a failover can lose an acknowledged lease.
+    /// `w: 1, j: true` writes and local reads: a lease survives a crash of the
+    /// server that granted it (the journal), but on a replica set a failover can
+    /// roll back an acknowledged lease, and two holders become possible until it
+    /// expires. Without `j: true`, `w: 1` would not survive even a single
+    /// server's crash, so it is always asked for.
     Local,
 }
+
+/// How long one operation may take unless configured otherwise (see the crate
+/// docs, "Deadlines").
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// `connectTimeoutMS` and `serverSelectionTimeoutMS` unless the URI gives them.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// What the client-side bound adds to `maxTimeMS`, so that a server that is
+/// answering reports its own time-out first.
+const CLIENT_GRACE: Duration = Duration::from_secs(1);
 
 /// A [`Store`] on a MongoDB database. Cheap to clone (the client is shared).
 #[derive(Debug, Clone)]
 pub struct MongoStore {
     db: Database,
     consistency: Consistency,
+    op_timeout: Duration,
     nonce_prefix: Arc<str>,
     nonce: Arc<AtomicU64>,
     hub: Arc<watch::Hub>,
 }
 
 impl MongoStore {
-    /// Connects to `uri` and uses database `db`. Sets an app name and a 10 s server
-    /// selection timeout unless the URI says otherwise. Fails with
-    /// [`FaultKind::Unreachable`] when no server answers.
+    /// Connects to `uri` and uses database `db`. Sets an app name, a 10 s
+    /// connect and server selection timeout ([`DEFAULT_CONNECT_TIMEOUT`]) and the
+    /// operation timeout ([`DEFAULT_OPERATION_TIMEOUT`]) unless the URI says
+    /// otherwise (`appName`, `connectTimeoutMS`, `serverSelectionTimeoutMS`,
+    /// `socketTimeoutMS`, which this store applies to every operation since the
+    /// driver does not). Fails with [`FaultKind::Unreachable`] when no server
+    /// answers.
     pub async fn connect(uri: &str, db: &str) -> StoreResult<MongoStore> {
-        let mut opts = ClientOptions::parse(uri).await.map_err(|e| StoreError::InvalidInput {
-            what: "MongoDB URI",
-            reason: format!("{}: {}", redact_uri(uri), connect::driver_message(&e.to_string(), uri)),
-        })?;
-        if opts.app_name.is_none() {
-            opts.app_name = Some("mongocoord".into());
-        }
-        if opts.server_selection_timeout.is_none() {
-            opts.server_selection_timeout = Some(Duration::from_secs(10));
-        }
+        let (opts, op_timeout) = client_options(uri).await?;
         let client = Client::with_options(opts).map_err(map_err)?;
-        let store = MongoStore::new(client.database(check_db_name(db)?));
+        let store = MongoStore::new(client.database(check_db_name(db)?)).with_operation_timeout(op_timeout);
         // One round trip now, so a wrong address fails here with a clear error.
         store.now().await?;
         Ok(store)
@@ -117,6 +143,7 @@ impl MongoStore {
         MongoStore {
             db,
             consistency: Consistency::default(),
+            op_timeout: DEFAULT_OPERATION_TIMEOUT,
             nonce_prefix: prefix.into(),
             nonce: Arc::new(AtomicU64::new(0)),
             hub: Arc::new(watch::Hub::new()),
@@ -129,6 +156,41 @@ impl MongoStore {
         self
     }
 
+    /// Sets how long one operation may take (default
+    /// [`DEFAULT_OPERATION_TIMEOUT`]): `maxTimeMS` on the server, and the time
+    /// after which the call gives up with [`FaultKind::Timeout`] (a little later).
+    /// A zero duration is taken as one millisecond.
+    pub fn with_operation_timeout(mut self, d: Duration) -> Self {
+        self.op_timeout = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The operation timeout.
+    pub fn operation_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// Runs one operation on its own task (a driver future is never dropped
+    /// half-way) and gives up on it after the operation timeout.
+    async fn bounded<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        fut: impl std::future::Future<Output = StoreResult<T>> + Send + 'static,
+    ) -> StoreResult<T> {
+        let limit = self.op_timeout + CLIENT_GRACE;
+        match tokio::time::timeout(limit, tokio::spawn(fut)).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => Err(StoreError::backend(FaultKind::Transient, format!("{what}: task failed: {e}"))),
+            Err(_) => {
+                tracing::warn!(what, ?limit, "no reply from the server in time");
+                Err(StoreError::backend(
+                    FaultKind::Timeout,
+                    format!("{what}: no reply from the server within {limit:?}"),
+                ))
+            }
+        }
+    }
+
     /// The database handle.
     pub fn database(&self) -> &Database {
         &self.db
@@ -137,10 +199,18 @@ impl MongoStore {
     fn coll(&self, c: &Collection) -> mongodb::Collection<Document> {
         let opts = match self.consistency {
             Consistency::Majority => CollectionOptions::builder()
-                .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).journal(true).build())
+                .write_concern(
+                    WriteConcern::builder()
+                        .w(Acknowledgment::Majority)
+                        .journal(true)
+                        .w_timeout(self.op_timeout)
+                        .build(),
+                )
                 .read_concern(ReadConcern::majority())
                 .build(),
-            Consistency::Local => CollectionOptions::default(),
+            Consistency::Local => CollectionOptions::builder()
+                .write_concern(WriteConcern::builder().w(Acknowledgment::Nodes(1)).journal(true).build())
+                .build(),
         };
         self.db.collection_with_options(c.as_str(), opts)
     }
@@ -180,6 +250,30 @@ impl MongoStore {
         let record = Record::from_document(coll.as_str(), doc)?;
         Ok(Some(if applied { WriteOutcome::Applied(record) } else { WriteOutcome::Rejected(Some(record)) }))
     }
+}
+
+/// The client options [`MongoStore::connect`] uses for `uri`, and the operation
+/// timeout (`socketTimeoutMS`, which the driver rejects, or the default).
+async fn client_options(uri: &str) -> StoreResult<(ClientOptions, Duration)> {
+    let bad_uri =
+        |e: MongoError| StoreError::InvalidInput {
+            what: "MongoDB URI",
+            reason: format!("{}: {}", redact_uri(uri), connect::driver_message(&e.to_string(), uri)),
+        };
+    let mut parsed = ConnectionString::parse(uri).map_err(bad_uri)?;
+    #[allow(deprecated)]
+    let op_timeout = parsed.socket_timeout.take().filter(|d| !d.is_zero()).unwrap_or(DEFAULT_OPERATION_TIMEOUT);
+    let mut opts = ClientOptions::parse(parsed).await.map_err(bad_uri)?;
+    if opts.app_name.is_none() {
+        opts.app_name = Some("mongocoord".into());
+    }
+    if opts.server_selection_timeout.is_none() {
+        opts.server_selection_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
+    }
+    if opts.connect_timeout.is_none() {
+        opts.connect_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
+    }
+    Ok((opts, op_timeout))
 }
 
 fn check_db_name(db: &str) -> StoreResult<&str> {
@@ -248,13 +342,9 @@ pub(crate) fn is_change_streams_unsupported(e: &MongoError) -> bool {
     matches!(&*e.kind, ErrorKind::Command(c) if c.code == 40573 || c.code == 40324 || c.code == 136)
 }
 
-#[async_trait]
-impl Store for MongoStore {
-    fn backend_name(&self) -> &'static str {
-        "mongodb"
-    }
-
-    async fn now(&self) -> StoreResult<StoreTime> {
+/// The operations, unbounded; [`Store`] runs each through [`MongoStore::bounded`].
+impl MongoStore {
+    async fn now_op(&self) -> StoreResult<StoreTime> {
         let reply = self.db.run_command(doc! { "hello": 1 }).await.map_err(map_err)?;
         match reply.get("localTime") {
             Some(Bson::DateTime(d)) => Ok(StoreTime::from_millis(d.timestamp_millis())),
@@ -262,12 +352,12 @@ impl Store for MongoStore {
         }
     }
 
-    async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
+    async fn get_op(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
         let pipeline = vec![
             doc! { "$documents": [{ "now": { "$toLong": "$$NOW" } }] },
             doc! { "$lookup": { "from": coll.as_str(), "pipeline": [{ "$match": { fields::ID: key.as_bson().clone() } }], "as": "doc" } },
         ];
-        let mut agg = self.db.aggregate(pipeline);
+        let mut agg = self.db.aggregate(pipeline).max_time(self.op_timeout);
         if self.consistency == Consistency::Majority {
             agg = agg.read_concern(ReadConcern::majority());
         }
@@ -285,9 +375,9 @@ impl Store for MongoStore {
         Ok(Snapshot { record, now: StoreTime::from_millis(now) })
     }
 
-    async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
+    async fn write_op(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
         write.validate()?;
-        let nonce = self.next_nonce();
+        let nonce = write.stamp(&self.next_nonce());
         for _ in 0..4 {
             if let Some(outcome) = self.write_once(coll, key, write, &nonce).await.map_err(in_coll(coll))? {
                 return Ok(outcome);
@@ -298,25 +388,26 @@ impl Store for MongoStore {
         Err(StoreError::backend(FaultKind::Transient, format!("upsert of {key} in {coll} kept racing; try again")))
     }
 
-    async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
+    async fn delete_op(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
         condition.validate()?;
         let mut filter = doc! { fields::ID: key.as_bson().clone() };
         if *condition != Condition::Always {
             filter.insert("$expr", compile::condition(condition));
         }
-        match self.coll(coll).find_one_and_delete(filter).await.map_err(map_err)? {
+        match self.coll(coll).find_one_and_delete(filter).max_time(self.op_timeout).await.map_err(map_err)? {
             Some(doc) => Ok(DeleteOutcome::Deleted(Record::from_document(coll.as_str(), doc)?)),
-            None => Ok(DeleteOutcome::Rejected(self.get(coll, key).await?.record)),
+            None => Ok(DeleteOutcome::Rejected(self.get_op(coll, key).await?.record)),
         }
     }
 
-    async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+    async fn claim_op(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
         claim.validate()?;
         let nonce = self.next_nonce();
         let collection = self.coll(coll);
         let mut op = collection
             .find_one_and_update(compile::claim_filter(&claim.query), compile::update(None, &claim.mutation, &nonce))
-            .return_document(ReturnDocument::After);
+            .return_document(ReturnDocument::After)
+            .max_time(self.op_timeout);
         if let Some(sort) = compile::sort(&claim.query) {
             op = op.sort(sort);
         }
@@ -326,7 +417,7 @@ impl Store for MongoStore {
         }
     }
 
-    async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
+    async fn insert_many_op(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
         let prepared = prepare_inserts(docs)?;
         if prepared.is_empty() {
             return Ok(Vec::new());
@@ -352,14 +443,10 @@ impl Store for MongoStore {
             .collect())
     }
 
-    async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>> {
-        self.find_each(coll, query).await?.into_iter().collect()
-    }
-
-    async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+    async fn find_each_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
         query.validate()?;
         let collection = self.coll(coll);
-        let mut op = collection.find(compile::filter(query));
+        let mut op = collection.find(compile::filter(query)).max_time(self.op_timeout);
         if let Some(sort) = compile::sort(query) {
             op = op.sort(sort);
         }
@@ -370,17 +457,17 @@ impl Store for MongoStore {
         Ok(docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect())
     }
 
-    async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
+    async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
         query.validate()?;
-        self.coll(coll).count_documents(compile::filter(query)).await.map_err(map_err)
+        self.coll(coll).count_documents(compile::filter(query)).max_time(self.op_timeout).await.map_err(map_err)
     }
 
-    async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
+    async fn watch_op(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
         let collection = self.db.collection::<Document>(coll.as_str());
         self.hub.subscribe(collection, key.cloned()).await
     }
 
-    async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
+    async fn ensure_indexes_op(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
         let mut models = Vec::with_capacity(indexes.len());
         for i in indexes {
             i.validate()?;
@@ -404,9 +491,123 @@ impl Store for MongoStore {
     }
 }
 
+#[async_trait]
+impl Store for MongoStore {
+    fn backend_name(&self) -> &'static str {
+        "mongodb"
+    }
+
+    async fn now(&self) -> StoreResult<StoreTime> {
+        let this = self.clone();
+        self.bounded("now", async move { this.now_op().await }).await
+    }
+
+    async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
+        let (this, coll, key) = (self.clone(), coll.clone(), key.clone());
+        self.bounded("get", async move { this.get_op(&coll, &key).await }).await
+    }
+
+    async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
+        let (this, coll, key, write) = (self.clone(), coll.clone(), key.clone(), write.clone());
+        self.bounded("write", async move { this.write_op(&coll, &key, &write).await }).await
+    }
+
+    async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
+        let (this, coll, key, condition) = (self.clone(), coll.clone(), key.clone(), condition.clone());
+        self.bounded("delete", async move { this.delete_op(&coll, &key, &condition).await }).await
+    }
+
+    async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+        let (this, coll, claim) = (self.clone(), coll.clone(), claim.clone());
+        self.bounded("claim", async move { this.claim_op(&coll, &claim).await }).await
+    }
+
+    async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
+        let (this, coll) = (self.clone(), coll.clone());
+        self.bounded("insert_many", async move { this.insert_many_op(&coll, docs).await }).await
+    }
+
+    async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>> {
+        self.find_each(coll, query).await?.into_iter().collect()
+    }
+
+    async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+        let (this, coll, query) = (self.clone(), coll.clone(), query.clone());
+        self.bounded("find", async move { this.find_each_op(&coll, &query).await }).await
+    }
+
+    async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
+        let (this, coll, query) = (self.clone(), coll.clone(), query.clone());
+        self.bounded("count", async move { this.count_op(&coll, &query).await }).await
+    }
+
+    async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
+        let (this, coll, key) = (self.clone(), coll.clone(), key.cloned());
+        self.bounded("watch", async move { this.watch_op(&coll, key.as_ref()).await }).await
+    }
+
+    async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
+        let (this, coll, indexes) = (self.clone(), coll.clone(), indexes.to_vec());
+        self.bounded("ensure_indexes", async move { this.ensure_indexes_op(&coll, &indexes).await }).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn timeouts_default_and_keep_uri_values() {
+        let (opts, op) = client_options("mongodb://h:1/").await.unwrap();
+        assert_eq!(
+            (opts.connect_timeout, opts.server_selection_timeout),
+            (Some(DEFAULT_CONNECT_TIMEOUT), Some(DEFAULT_CONNECT_TIMEOUT))
+        );
+        assert_eq!(op, DEFAULT_OPERATION_TIMEOUT);
+        let uri = "mongodb://h:1/?connectTimeoutMS=1500&serverSelectionTimeoutMS=2500&socketTimeoutMS=3500";
+        let (opts, op) = client_options(uri).await.unwrap();
+        assert_eq!(opts.connect_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(opts.server_selection_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(op, Duration::from_millis(3500));
+    }
+
+    /// Writes are journaled at every consistency level: `w: 1` without the
+    /// journal loses grants when the server crashes.
+    #[tokio::test]
+    async fn every_consistency_journals_writes() {
+        let (opts, _) = client_options("mongodb://h:1/").await.unwrap();
+        let client = Client::with_options(opts).unwrap();
+        for c in [Consistency::Majority, Consistency::Local] {
+            let store = MongoStore::new(client.database("x")).with_consistency(c);
+            let wc = store.coll(&Collection::new("c").unwrap()).write_concern().cloned();
+            assert_eq!(wc.and_then(|w| w.journal), Some(true), "{c:?}");
+        }
+    }
+
+    /// A server that accepts connections and never answers: every call ends with
+    /// a timeout error after the operation timeout, instead of hanging (here it
+    /// would wait for the 60 s server selection timeout).
+    #[tokio::test]
+    async fn a_silent_server_times_out_every_call() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hold = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                open.push(sock);
+            }
+        });
+        let uri = format!("mongodb://127.0.0.1:{port}/?directConnection=true&serverSelectionTimeoutMS=60000");
+        let (opts, _) = client_options(&uri).await.unwrap();
+        let store = MongoStore::new(Client::with_options(opts).unwrap().database("x"))
+            .with_operation_timeout(Duration::from_millis(200));
+        let start = std::time::Instant::now();
+        let e = store.get(&Collection::new("c").unwrap(), &Key::new("k").unwrap()).await.unwrap_err();
+        assert_eq!(e.fault_kind(), Some(FaultKind::Timeout), "{e}");
+        assert!(e.is_ambiguous());
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+        hold.abort();
+    }
 
     #[test]
     fn db_names() {

@@ -59,7 +59,7 @@ pub use error::{FaultKind, StoreError, StoreResult};
 pub use key::{check_field_name, Collection, Key};
 pub use ops::{
     ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome, LeaseOp,
-    Mutation, Order, Query, Write, WriteOutcome,
+    Mutation, Nonce, Order, Query, Write, WriteOutcome,
 };
 pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
@@ -74,8 +74,11 @@ use bson::Document;
 /// sent and rejected with [`StoreError::InvalidInput`].
 ///
 /// A transient error leaves the outcome unknown: the write may or may not have
-/// been applied (see [`StoreError::is_ambiguous`]). Callers that must know read
-/// the record back and compare owner and fencing token.
+/// been applied (see [`StoreError::is_ambiguous`]). Callers that must know send
+/// the same write again with the same nonce ([`Write::with_nonce`]) and ask the
+/// outcome whether an earlier attempt was applied ([`WriteOutcome::applied_with`]);
+/// "the lease is gone and the fence is mine" is no proof, since someone else may
+/// have released it in between.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// A short name for logs and reports (`"memory"`, `"mongodb"`).

@@ -24,7 +24,10 @@ pub mod fields {
     /// Revision: grows by one on every applied write.
     pub const REV: &str = "rev";
     /// The nonce of the last applied write, which lets a backend tell in one round
-    /// trip whether its own conditional write was applied.
+    /// trip whether its own conditional write was applied: the backend's nonce for
+    /// the call, after the caller's nonce and a `/` when the write has one
+    /// ([`Write::stamp`](crate::Write::stamp)), so a retry recognises an earlier
+    /// attempt ([`Record::last_nonce`](crate::Record::last_nonce)).
     pub const LAST_OP: &str = "last_op";
     /// A BSON date after which the document may be garbage-collected by a TTL
     /// index. Never used for correctness.
@@ -79,6 +82,7 @@ pub struct Record {
     lease: Option<Lease>,
     fence: u64,
     rev: u64,
+    last_op: Option<String>,
     data: Document,
 }
 
@@ -126,7 +130,11 @@ impl Record {
         let until = int(&mut doc, fields::LEASE_UNTIL)?;
         let fence = int(&mut doc, fields::FENCE)?.unwrap_or(0);
         let rev = int(&mut doc, fields::REV)?.unwrap_or(0);
-        doc.remove(fields::LAST_OP);
+        // A foreign or hand-edited value is no nonce of ours: read it as none.
+        let last_op = match doc.remove(fields::LAST_OP) {
+            Some(Bson::String(s)) => Some(s),
+            _ => None,
+        };
         doc.remove(fields::GC_AT);
         let lease = match (owner, until) {
             (Some(owner), Some(until)) => Some(Lease {
@@ -140,7 +148,14 @@ impl Record {
             (None, _) => None,
         };
         let to_u64 = |field: &str, v: i64| u64::try_from(v).map_err(|_| bad(field, &Bson::Int64(v)));
-        Ok(Record { fence: to_u64(fields::FENCE, fence)?, rev: to_u64(fields::REV, rev)?, key, lease, data: doc })
+        Ok(Record {
+            fence: to_u64(fields::FENCE, fence)?,
+            rev: to_u64(fields::REV, rev)?,
+            key,
+            lease,
+            last_op,
+            data: doc,
+        })
     }
 
     /// The document id.
@@ -171,6 +186,13 @@ impl Record {
     /// The revision (0 when never written through the store).
     pub fn rev(&self) -> u64 {
         self.rev
+    }
+
+    /// The nonce of the last write applied to this document, when that write was
+    /// given one ([`Write::with_nonce`](crate::Write::with_nonce)): how a retried
+    /// write recognises its own earlier application.
+    pub fn last_nonce(&self) -> Option<&str> {
+        self.last_op.as_deref().and_then(|s| s.rsplit_once('/')).map(|(nonce, _attempt)| nonce)
     }
 
     /// The user's fields (everything but the reserved ones).

@@ -18,8 +18,8 @@ use std::time::Duration;
 use bson::{doc, Bson, Document};
 
 use crate::{
-    ChangeKind, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation, Order, Query,
-    Record, Store, StoreError, StoreTime, Ttl, Write, WriteOutcome,
+    ChangeKind, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation, Nonce, Order,
+    Query, Record, Store, StoreError, StoreTime, Ttl, Write, WriteOutcome,
 };
 
 /// What a backend provides to run the suite.
@@ -58,7 +58,8 @@ macro_rules! conformance_tests {
             claim_respects_leases_and_due_times, claim_on_empty_queue, insert_many_reports_duplicates,
             unique_index_dedupes, data_mutations_on_store_clock, find_and_count, field_conditions,
             due_by_tolerates_malformed_values, watch_or_clean_absence, bad_inputs_are_typed_errors,
-            foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents
+            foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents,
+            retried_write_recognises_its_nonce
         );
     };
 }
@@ -280,6 +281,48 @@ pub async fn fence_grows_over_1000_cycles<H: Harness>(h: &H) {
         applied(s.write(&c, &k, &release(owner)).await.unwrap());
     }
     assert_eq!(last, 1000);
+}
+
+/// A write sent again with the same nonce (a retry after an ambiguous error)
+/// recognises that an earlier attempt was applied, is itself reported as
+/// rejected, and recognises nothing once another write was applied since, or
+/// when no attempt ever applied.
+pub async fn retried_write_recognises_its_nonce<H: Harness>(h: &H) {
+    let s = h.store("retried_write_recognises_its_nonce").await;
+    let (c, k) = (coll("locks"), key("k"));
+    let ttl = ttl_of(Duration::from_secs(30));
+    let r = applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
+    let nonce = Nonce::generate();
+    let fenced = Condition::OwnedBy("a".into()).and(Condition::FenceIs(r.fence()));
+    let release = Write::new(fenced.clone(), Mutation::new().release()).with_nonce(nonce.clone());
+    let first = s.write(&c, &k, &release).await.unwrap();
+    assert!(first.applied_with(&nonce), "an applied write carries its nonce: {first:?}");
+    assert_eq!(first.record().unwrap().last_nonce(), Some(nonce.as_str()));
+    // The retry: rejected (nothing changed), and recognised as applied before.
+    let retry = s.write(&c, &k, &release).await.unwrap();
+    let cur = rejected(retry.clone()).unwrap();
+    assert_eq!(cur.rev(), first.record().unwrap().rev(), "the retry changed nothing");
+    assert!(retry.applied_with(&nonce), "the retry recognises its earlier application");
+    assert_eq!(s.get(&c, &k).await.unwrap().record.unwrap().last_nonce(), Some(nonce.as_str()));
+    // Another write's nonce is not ours, and a write without a nonce has none.
+    let other = Nonce::generate();
+    assert!(!retry.applied_with(&other));
+    applied(s.write(&c, &k, &acquire("b", ttl)).await.unwrap());
+    let after = s.write(&c, &k, &release).await.unwrap();
+    assert!(!after.is_applied());
+    assert!(!after.applied_with(&nonce), "a write applied since hides the earlier one");
+    assert_eq!(after.record().unwrap().last_nonce(), None);
+    // A write none of whose attempts applied is never recognised.
+    let never = Write::new(fenced, Mutation::new().release()).with_nonce(other.clone());
+    for _ in 0..2 {
+        let o = s.write(&c, &k, &never).await.unwrap();
+        assert!(!o.is_applied() && !o.applied_with(&other), "{o:?}");
+    }
+    // An idempotent write whose condition still holds applies again.
+    let mark = Write::new(Condition::Always, Mutation::new().set("v", 1)).with_nonce(other.clone());
+    applied(s.write(&c, &k, &mark).await.unwrap());
+    let again = s.write(&c, &k, &mark).await.unwrap();
+    assert!(again.is_applied() && again.applied_with(&other));
 }
 
 pub async fn compare_and_set_on_fence_and_rev<H: Harness>(h: &H) {

@@ -6,7 +6,7 @@ use mongolock::{LockError, LockGuard};
 use store_trait::{Condition, Key, Mutation, Query, Record, Store, StoreError};
 
 use super::{Agent, Processed};
-use crate::queue::not_complete;
+use crate::queue::{not_complete, pending};
 use crate::task::{fields, Child};
 use crate::{AgentError, NewTask};
 
@@ -16,27 +16,116 @@ pub(crate) fn joined_to(waiter: &Bson, round: i64) -> Query {
 }
 
 impl<S: Store + Clone> Agent<S> {
-    /// The handler waits for the follow-ups of `round` (enqueued already): mark
-    /// the task waiting, still holding the claim, then settle.
-    pub(super) async fn wait(
+    /// Records a handler's outcome whose follow-ups were enqueued pending (with
+    /// this claim's fence): one fenced write that keeps the claim and names the
+    /// fence whose follow-ups are the task's, then [`Agent::end_with_follow_ups`].
+    /// A stale run's write is rejected, so its follow-ups are never activated.
+    pub(super) async fn hand_over(
+        &self,
+        guard: LockGuard<S>,
+        record: &Record,
+        merge: Document,
+        finish: Finish,
+    ) -> Result<Processed, AgentError> {
+        let key = record.key().clone();
+        let token = guard.token();
+        let changes = Mutation::new()
+            .set_all(merge)
+            .set(pending::PARENT_FENCE, i64::try_from(token).unwrap_or(i64::MAX))
+            .set(pending::PARENT_FINISH, finish.as_str());
+        match guard.write(changes).await {
+            Ok(_) => {}
+            Err(LockError::Lost { current, .. }) => return Ok(self.stale(&key, token, current)),
+            Err(e) => return Err(e.into()),
+        }
+        let result = match finish {
+            Finish::Complete | Finish::CompleteThen => {
+                self.bump(|l| l.completed += 1);
+                Processed::Completed(key.clone())
+            }
+            Finish::Wait => {
+                self.bump(|l| l.waiting += 1);
+                Processed::Waiting(key.clone())
+            }
+        };
+        tracing::info!(agent = %self.inner.name, task = %key, token, outcome = ?result, "task finished; activating its follow-ups");
+        self.end_with_follow_ups(guard, &key, record.data(), token, finish).await?;
+        Ok(result)
+    }
+
+    /// The steps after a fenced outcome write that named `fence` as the owner of
+    /// the task's pending follow-ups: activate them, then end the task as
+    /// `finish` says (completed, or waiting for them), still holding the claim.
+    /// Every step is idempotent; if the agent dies in between, the claim lapses
+    /// and the next claimer runs this again instead of the handler. A claim lost
+    /// in between (`Lost`) leaves the rest to that claimer.
+    pub(super) async fn end_with_follow_ups(
         &self,
         guard: LockGuard<S>,
         key: &Key,
-        round: i64,
-        merge: Document,
-    ) -> Result<Processed, AgentError> {
-        let changes = Mutation::new().set_all(merge).set(fields::WAITING, round).set(fields::READY, false);
-        match guard.write(changes).await {
-            Ok(_) => {}
-            Err(LockError::Lost { current, .. }) => return Ok(self.stale(key, guard.token(), current)),
-            Err(e) => return Err(e.into()),
+        data: &Document,
+        fence: u64,
+        finish: Finish,
+    ) -> Result<(), AgentError> {
+        let round = task_round(data);
+        self.activate(key, fence).await?;
+        let end = Mutation::new().unset(pending::PARENT_FENCE).unset(pending::PARENT_FINISH);
+        let ended = match finish {
+            Finish::Wait => {
+                let changes = end.set(fields::WAITING, round).set(fields::READY, false);
+                match guard.write(changes).await {
+                    Ok(_) => {}
+                    Err(LockError::Lost { .. }) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                }
+                tracing::info!(agent = %self.inner.name, task = %key, round, "task waits for its follow-ups");
+                self.settle_wait(guard, key, round).await.map(drop)
+            }
+            Finish::Complete | Finish::CompleteThen => {
+                if finish == Finish::CompleteThen {
+                    // A fan-in task whose follow-ups all ended before it was active.
+                    let then = Key::new(format!("{}/then", child_prefix(key, round)))?;
+                    self.wake_if_done(then.as_bson(), 0).await?;
+                }
+                let changes = self.finished(end, fence).set(fields::ERROR_ENCOUNTERED, false);
+                if data.contains_key(fields::JOIN) {
+                    match guard.write(changes).await {
+                        Ok(_) => {}
+                        Err(LockError::Lost { .. }) => return Ok(()),
+                        Err(e) => return Err(e.into()),
+                    }
+                    self.notify_waiter(data).await?;
+                    guard.release_with(self.close(Mutation::new(), data)).await.map(drop)
+                } else {
+                    guard.release_with(self.close(changes, data)).await.map(drop)
+                }
+            }
+        };
+        if ended.is_ok() && finish != Finish::Wait {
+            // It ended for good: the follow-ups it waited for in earlier rounds
+            // may be collected now.
+            self.collect_children(key, data).await;
         }
-        self.bump(|l| l.waiting += 1);
-        tracing::info!(agent = %self.inner.name, task = %key, round, "task waits for its follow-ups");
-        match self.settle_wait(guard, key, round).await {
-            Ok(_) | Err(LockError::Lost { .. }) => Ok(Processed::Waiting(key.clone())),
+        match ended {
+            Ok(()) | Err(LockError::Lost { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Activates the follow-ups of `parent` still pending with `fence` (fan-in
+    /// tasks last, after the follow-ups they wait for). Idempotent.
+    pub(super) async fn activate(&self, parent: &Key, fence: u64) -> Result<(), AgentError> {
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
+        let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone(), pending::FENCE: fence });
+        let mut found = self.inner.store.find(&self.inner.queue.coll, &q).await?;
+        found.sort_by_key(|r| pending::is_fan_in(r.data()));
+        for r in &found {
+            self.inner.store.write(&self.inner.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
+        }
+        if !found.is_empty() {
+            tracing::debug!(agent = %self.inner.name, task = %parent, count = found.len(), "follow-ups activated");
+        }
+        Ok(())
     }
 
     /// Lets go of a task that waits for its follow-ups of `round`: ready again at
@@ -128,15 +217,16 @@ impl<S: Store + Clone> Agent<S> {
         &self,
         record: &Record,
         round: i64,
+        fence: u64,
         children: Vec<NewTask>,
         then: Option<NewTask>,
     ) -> Result<(), AgentError> {
         let key = record.key();
-        let Some(mut waiter) = then else { return self.enqueue_children(key, round, children, None).await };
+        let Some(mut waiter) = then else { return self.enqueue_children(key, round, fence, children, None).await };
         let waiter_key = Key::new(format!("{}/then", child_prefix(key, round)))?;
         // Every follow-up exists before the fan-in task does: one that ends early
         // finds no task to wake, and never wakes it before its siblings exist.
-        self.enqueue_children(key, round, children, Some((waiter_key.as_bson().clone(), 0))).await?;
+        self.enqueue_children(key, round, fence, children, Some((waiter_key.as_bson().clone(), 0))).await?;
         waiter.id = Some(waiter_key.as_bson().clone());
         waiter.parent = Some(key.as_bson().clone());
         waiter.dedupe_key = None;
@@ -147,18 +237,17 @@ impl<S: Store + Clone> Agent<S> {
             let r = record.data().get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
             (w.clone(), r)
         });
-        self.inner.queue.enqueue_all(std::slice::from_ref(&waiter)).await?;
-        // The follow-ups may all have ended already (or a retried handler finds
-        // the fan-in task from its first run): wake it if so. Idempotent.
-        self.wake_if_done(waiter_key.as_bson(), 0).await
+        self.inner.queue.enqueue_pending(std::slice::from_ref(&waiter), fence).await
     }
 
-    /// Enqueues follow-ups with ids derived from the parent, its round and their
-    /// position, so a retried handler never duplicates them.
+    /// Enqueues follow-ups, pending with the parent's claim `fence`, with ids
+    /// derived from the parent, its round and their position, so a retried
+    /// handler never duplicates them.
     pub(super) async fn enqueue_children(
         &self,
         parent: &Key,
         round: i64,
+        fence: u64,
         children: Vec<NewTask>,
         join: Option<(Bson, i64)>,
     ) -> Result<(), AgentError> {
@@ -176,8 +265,38 @@ impl<S: Store + Clone> Agent<S> {
                 t
             })
             .collect();
-        self.inner.queue.enqueue_all(&tasks).await?;
-        Ok(())
+        self.inner.queue.enqueue_pending(&tasks, fence).await
+    }
+}
+
+/// How a task whose follow-ups are pending ends once they are active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Finish {
+    /// Completed.
+    Complete,
+    /// Completed, with a fan-in task after the follow-ups (`Outcome::then`).
+    CompleteThen,
+    /// Waiting for them (fan-in).
+    Wait,
+}
+
+impl Finish {
+    fn as_str(self) -> &'static str {
+        match self {
+            Finish::Complete => "complete",
+            Finish::CompleteThen => "complete-then",
+            Finish::Wait => "wait",
+        }
+    }
+
+    /// The step a task records in [`pending::PARENT_FINISH`].
+    pub(super) fn of(data: &Document) -> Finish {
+        match data.get_str(pending::PARENT_FINISH) {
+            Ok("wait") => Finish::Wait,
+            Ok("complete") => Finish::Complete,
+            // Unknown: the safe choice also wakes a fan-in task if there is one.
+            _ => Finish::CompleteThen,
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use bson::Document;
 use mongolock::{LockError, LockGuard};
 use store_trait::{Key, Mutation, Record, Store};
 
-use super::fan_in::task_round;
+use super::fan_in::{task_round, Finish};
 use super::{Agent, Processed};
 use crate::task::fields;
 use crate::{AgentError, Outcome, Retry};
@@ -26,10 +26,16 @@ impl<S: Store + Clone> Agent<S> {
         let outcome = match outcome {
             Outcome::Complete { merge, follow_ups, then } => match check_merge(&merge) {
                 Err(e) => Outcome::failed_permanently(e),
-                Ok(()) => match self.enqueue_follow_ups(record, round, follow_ups, then.map(|t| *t)).await {
-                    Ok(()) => Outcome::done_with(merge),
-                    Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
-                },
+                Ok(()) if follow_ups.is_empty() && then.is_none() => Outcome::done_with(merge),
+                // Follow-ups are enqueued pending and activated only after this
+                // claim's fenced outcome write: a stale run's never run.
+                Ok(()) => {
+                    let finish = if then.is_some() { Finish::CompleteThen } else { Finish::Complete };
+                    match self.enqueue_follow_ups(record, round, token, follow_ups, then.map(|t| *t)).await {
+                        Ok(()) => return self.hand_over(guard, record, merge, finish).await,
+                        Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+                    }
+                }
             },
             Outcome::Wait { follow_ups, .. } if follow_ups.is_empty() => {
                 Outcome::failed_permanently("the handler waits for follow-ups but returned none")
@@ -38,8 +44,8 @@ impl<S: Store + Clone> Agent<S> {
                 Err(e) => Outcome::failed_permanently(e),
                 Ok(()) => {
                     let join = (key.as_bson().clone(), round);
-                    match self.enqueue_children(&key, round, follow_ups, Some(join)).await {
-                        Ok(()) => return self.wait(guard, &key, round, merge).await,
+                    match self.enqueue_children(&key, round, token, follow_ups, Some(join)).await {
+                        Ok(()) => return self.hand_over(guard, record, merge, Finish::Wait).await,
                         Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
                     }
                 }
@@ -159,7 +165,7 @@ impl<S: Store + Clone> Agent<S> {
 
 pub(super) fn check_merge(merge: &Document) -> Result<(), String> {
     for k in merge.keys() {
-        if fields::CONTROL.contains(&k.as_str()) {
+        if fields::CONTROL.contains(&k.as_str()) || crate::queue::pending::ALL.contains(&k.as_str()) {
             return Err(format!("the handler tried to set the queue's own field {k:?}"));
         }
         if let Err(e) = store_trait::check_field_name(k) {

@@ -10,8 +10,9 @@ use mongolock::LockError;
 use store_trait::{Key, Mutation, Record, Store};
 
 use super::claim::Claimed;
-use super::fan_in::task_round;
+use super::fan_in::{task_round, Finish};
 use super::{Agent, Processed};
+use crate::queue::pending;
 use crate::task::fields;
 use crate::{AgentError, Outcome, Task};
 
@@ -35,13 +36,19 @@ where
 
 impl<S: Store + Clone> Agent<S> {
     /// Runs the handler on a claimed task and records the outcome. A claimed task
-    /// that already has an outcome, or that waits for its follow-ups, was left
-    /// by a crashed agent in the middle of a fan-in step: that step is finished
-    /// instead.
+    /// that already has an outcome (with follow-ups perhaps still pending), or
+    /// that waits for its follow-ups, was left by a crashed agent in the middle
+    /// of a step: that step is finished instead.
     pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
         let Claimed { guard, record } = c;
         let key = record.key().clone();
         let data = record.data();
+        if let Some(fence) = data.get(pending::PARENT_FENCE).and_then(store_trait::semantics::as_i64) {
+            // The outcome was written; its follow-ups may still be pending.
+            let fence = u64::try_from(fence).unwrap_or(0);
+            self.end_with_follow_ups(guard, &key, data, fence, Finish::of(data)).await?;
+            return self.recovered(Ok(record.clone()), key);
+        }
         if data.get_bool(fields::COMPLETE).ok() == Some(true) {
             self.notify_waiter(data).await?;
             let released = guard.release_with(self.close(Mutation::new(), data)).await;

@@ -3,6 +3,7 @@
 //! and a deterministic simulation with crashes, partitions and faults.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod fencing;
 mod input;
 mod simulation;
 mod suite;

@@ -56,6 +56,70 @@ async fn unreachable_store_signals_loss_before_expiry() {
     assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
 }
 
+/// A release whose reply was lost (applied, reported as an error) is recognised
+/// by its retry.
+#[tokio::test(start_paused = true)]
+async fn release_applied_before_its_error_is_recognised() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    let g = lock.acquire().await.unwrap();
+    store.faults().fail_next_after_apply(1);
+    g.release().await.unwrap();
+    assert!(!lock.locked().await.unwrap());
+}
+
+/// A release that failed before it applied is not taken for done when someone
+/// released the lock by force before the retry: the retry finds no lease and
+/// (before forced releases bumped the fence) the same fence, which the old check
+/// read as "my earlier attempt applied".
+#[tokio::test(start_paused = true)]
+async fn release_retry_is_not_fooled_by_a_forced_release() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    let g = lock.acquire().await.unwrap();
+    let token = g.token();
+    store.faults().fail_next(1);
+    let release = tokio::spawn(g.release_with(store_trait::Mutation::new().set("outcome", "done")));
+    // The release failed once and backs off; an operator forces the lock free.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let other = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    assert!(other.release(true).await.unwrap());
+    let out = release.await.unwrap();
+    assert!(matches!(out, Err(LockError::Lost { .. })), "the outcome was never written: {out:?}");
+    let r = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap().record.unwrap();
+    assert!(r.data().get("outcome").is_none());
+    assert_eq!(r.fence(), token + 1, "a forced release bumps the fence");
+}
+
+/// A store that never answers (a black-holed primary) does not hold an acquire
+/// with a timeout past it: neither the subscription, nor the attempt, nor the
+/// clock read while waiting for a holder.
+#[tokio::test(start_paused = true)]
+async fn acquire_timeout_holds_when_the_store_never_answers() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    store.faults().set_latency(Duration::from_secs(24 * 3600));
+    let start = tokio::time::Instant::now();
+    let out = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(5))).await;
+    assert!(matches!(out, Err(LockError::Timeout { .. })), "{out:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+
+    // Held by someone else; the store stops answering while the waiter waits.
+    store.faults().clear();
+    let holder = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(60)).build().unwrap();
+    let _held = holder.acquire().await.unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire_with(Acquire::new().timeout(Duration::from_secs(5))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    store.faults().set_latency(Duration::from_secs(24 * 3600));
+    let start = tokio::time::Instant::now();
+    let out = waiter.await.unwrap();
+    assert!(matches!(out, Err(LockError::Timeout { .. })), "{out:?}");
+    assert!(start.elapsed() <= Duration::from_secs(5), "{:?}", start.elapsed());
+}
+
 async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document) {
     admin
         .database("admin")

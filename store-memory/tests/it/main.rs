@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use bson::doc;
 use store_memory::MemoryStore;
-use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TokioClock, Ttl, Write, WriteOutcome};
+use store_trait::{
+    Collection, Condition, Key, Mutation, Nonce, Store, StoreTime, TokioClock, Ttl, Write, WriteOutcome,
+};
 
 use store_memory::testing::MemoryHarness;
 
@@ -66,6 +68,39 @@ async fn fail_after_apply_is_ambiguous_but_applied() {
         WriteOutcome::Applied(r) => assert_eq!((r.fence(), r.lease().unwrap().owner.as_str()), (2, "a")),
         other => panic!("{other:?}"),
     }
+}
+
+/// A fenced write applied but reported as an error is recognised by its retry
+/// (same nonce); one that failed before it applied is not, even when a release by
+/// someone else in between left the same "no lease" picture.
+#[tokio::test(start_paused = true)]
+async fn retry_after_ambiguous_error_knows_by_nonce() {
+    let s = MemoryStore::new();
+    let (c, k) = (Collection::new("l").unwrap(), Key::new("k").unwrap());
+    let fence = s.write(&c, &k, &acquire("a")).await.unwrap().record().unwrap().fence();
+    let release = |n: &Nonce| {
+        Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(fence)), Mutation::new().release())
+            .with_nonce(n.clone())
+    };
+    let applied = Nonce::generate();
+    s.faults().fail_next_after_apply(1);
+    assert!(s.write(&c, &k, &release(&applied)).await.unwrap_err().is_ambiguous());
+    let retry = s.write(&c, &k, &release(&applied)).await.unwrap();
+    assert!(!retry.is_applied() && retry.applied_with(&applied), "{retry:?}");
+
+    let fence = s.write(&c, &k, &acquire("a")).await.unwrap().record().unwrap().fence();
+    let lost = Nonce::generate();
+    let release = Write::new(Condition::OwnedBy("a".into()).and(Condition::FenceIs(fence)), Mutation::new().release())
+        .with_nonce(lost.clone());
+    s.faults().fail_next(1);
+    assert!(s.write(&c, &k, &release).await.unwrap_err().is_ambiguous());
+    // Someone else releases it in between (a force release without a fence bump).
+    let force = Write::new(Condition::Free.negate(), Mutation::new().release());
+    assert!(s.write(&c, &k, &force).await.unwrap().is_applied());
+    let retry = s.write(&c, &k, &release).await.unwrap();
+    let cur = retry.record().unwrap();
+    assert!(cur.lease().is_none() && cur.fence() == fence, "the picture the old check took for success");
+    assert!(!retry.is_applied() && !retry.applied_with(&lost), "{retry:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,298 @@
+//! Stale agents change nothing: a lapsed claim's late outcome is never taken for
+//! done (memory store, paused time, fault injection).
+
+use std::time::Duration;
+
+use bson::doc;
+use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
+use store_memory::MemoryStore;
+use store_trait::{Collection, Key};
+
+fn record(store: &MemoryStore, id: &str) -> store_trait::Record {
+    store.peek(&Collection::new("tasks").unwrap(), &Key::new(id).unwrap()).unwrap().record.unwrap()
+}
+
+/// The agent's claim lapses while its handler runs; its outcome write fails
+/// before it applies, and the task is requeued before the retry. The retry finds
+/// no lease and (before requeue bumped the fence) the same fence: the old check
+/// took that for "my earlier attempt applied" and reported the task completed,
+/// although its outcome was never written and it runs again.
+#[tokio::test(start_paused = true)]
+async fn a_requeue_between_retries_is_not_taken_for_done() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("t")).await.unwrap();
+    let a = Agent::builder(store.clone(), "w", "tasks").lease(Duration::from_secs(2)).build().unwrap();
+    let handler = {
+        let (store, q) = (store.clone(), q.clone());
+        move |_t: Task| {
+            let (store, q) = (store.clone(), q.clone());
+            async move {
+                // Cut off until the claim lapses.
+                store.faults().set_unreachable(true);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                store.faults().set_unreachable(false);
+                // The outcome write fails before it applies; an operator requeues
+                // the stuck task while the agent backs off.
+                store.faults().fail_next(1);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    assert_eq!(q.requeue(doc! {"_id": "t"}, false).await.unwrap().len(), 1);
+                });
+                Outcome::done_with(doc! {"result": "first run"})
+            }
+        }
+    };
+    let token = record(&store, "t").fence() + 1;
+    let out = a.process(handler).await.unwrap();
+    assert_eq!(out, Some(Processed::Stale(Key::new("t").unwrap())), "the outcome was never written");
+    assert_eq!(a.log().completed, 0);
+    let r = record(&store, "t");
+    assert_eq!((r.data().get_bool("ready").unwrap(), r.data().get_bool("complete").unwrap()), (true, false));
+    assert!(r.data().get("result").is_none());
+    assert_eq!(r.fence(), token + 1, "a requeue bumps the fence");
+}
+
+/// A handler that signals it runs, then waits for the go-ahead and returns
+/// `outcome(round)`.
+fn gated(
+    outcome: fn(&str, u64) -> Outcome,
+    from: &'static str,
+) -> (impl Fn(Task) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>> + Clone, Gate) {
+    let (running_tx, running) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (go, go_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let go_rx = std::sync::Arc::new(tokio::sync::Mutex::new(go_rx));
+    let handler = move |t: Task| {
+        let (running_tx, go_rx) = (running_tx.clone(), go_rx.clone());
+        Box::pin(async move {
+            if t.round() == 0 {
+                running_tx.send(()).unwrap();
+                go_rx.lock().await.recv().await.unwrap();
+            }
+            outcome(from, t.round())
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>>
+    };
+    (handler, Gate { running, go })
+}
+
+struct Gate {
+    running: tokio::sync::mpsc::UnboundedReceiver<()>,
+    go: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+/// A run whose claim lapsed while another agent took the task over returns
+/// `outcome` first (with its own data in the follow-ups), then its outcome
+/// write is rejected; the holder returns the same shape with other data. Only
+/// the holder's follow-ups run. Returns what the follow-ups saw, and the
+/// parent's agent for a second round.
+async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Processed) -> (Vec<String>, MemoryStore) {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let (client_a, client_b) = (store.client(), store.client());
+    let builder = |c: &store_memory::Client| {
+        Agent::builder(c.clone(), "split", "tasks")
+            .lease(Duration::from_secs(2))
+            .sleep_between(Duration::from_secs(3600))
+    };
+    let (a, b) = (builder(&client_a).build().unwrap(), builder(&client_b).build().unwrap());
+    let (handler_a, mut gate_a) = gated(outcome, "stale");
+    let (handler_b, mut gate_b) = gated(outcome, "holder");
+    let run_a = tokio::spawn(async move { a.process(handler_a).await });
+    gate_a.running.recv().await.unwrap();
+    // Agent A is cut off until its claim lapses; agent B takes the task over.
+    client_a.set_partitioned(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b2 = b.clone();
+    let run_b = tokio::spawn(async move { b2.process(handler_b.clone()).await });
+    gate_b.running.recv().await.unwrap();
+    // A comes back and finishes first: its follow-ups are inserted before its
+    // outcome is rejected.
+    client_a.set_partitioned(false);
+    gate_a.go.send(()).unwrap();
+    assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(Key::new("job").unwrap())));
+    gate_b.go.send(()).unwrap();
+    assert_eq!(run_b.await.unwrap().unwrap(), Some(holder_result));
+
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let seen = seen.clone();
+        move |t: Task| {
+            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
+            async { true }
+        }
+    };
+    while part.process(handler.clone()).await.unwrap().is_some() {}
+    let seen = seen.lock().unwrap().clone();
+    (seen, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_runs_follow_ups_never_run() {
+    let outcome = |from: &str, _round: u64| Outcome::done().follow_up(NewTask::new("part", doc! {"from": from}));
+    let (seen, _) = stale_then_holder(outcome, Processed::Completed(Key::new("job").unwrap())).await;
+    assert_eq!(seen, vec!["holder".to_owned()], "only the holder's follow-up ran");
+}
+
+/// The same with a wait for the follow-ups (fan-in): the task resumes once,
+/// and sees the holder's follow-ups only.
+#[tokio::test(start_paused = true)]
+async fn a_stale_runs_joined_follow_ups_never_run() {
+    fn outcome(from: &str, round: u64) -> Outcome {
+        match round {
+            0 => Outcome::done()
+                .follow_up(NewTask::new("part", doc! {"from": from}))
+                .follow_up(NewTask::new("part", doc! {"from": from}))
+                .wait_for_follow_ups(),
+            _ => Outcome::done(),
+        }
+    }
+    let (seen, store) = stale_then_holder(outcome, Processed::Waiting(Key::new("job").unwrap())).await;
+    assert_eq!(seen, vec!["holder".to_owned(), "holder".to_owned()]);
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let children = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let resume = {
+        let children = children.clone();
+        move |t: Task| {
+            children.lock().unwrap().extend(t.children().iter().map(|c| c.data().get_str("from").unwrap().to_owned()));
+            async { true }
+        }
+    };
+    assert_eq!(split.process(resume).await.unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+    assert_eq!(*children.lock().unwrap(), vec!["holder".to_owned(), "holder".to_owned()]);
+}
+
+/// The same with a fan-in task after the follow-ups (`Outcome::then`): the
+/// holder's fan-in task runs once, after the holder's follow-ups.
+#[tokio::test(start_paused = true)]
+async fn a_stale_runs_fan_in_task_never_runs() {
+    fn outcome(from: &str, _round: u64) -> Outcome {
+        Outcome::done()
+            .follow_up(NewTask::new("part", doc! {"from": from}))
+            .then(NewTask::new("part", doc! {"from": format!("{from} fan-in")}))
+    }
+    let (seen, _) = stale_then_holder(outcome, Processed::Completed(Key::new("job").unwrap())).await;
+    assert_eq!(seen, vec!["holder".to_owned(), "holder fan-in".to_owned()]);
+}
+
+/// The agent dies after its outcome write, before it activated the follow-ups:
+/// the next agent to claim the task activates them (only those of the claim
+/// whose outcome was written) and ends the task; no handler runs twice.
+#[tokio::test(start_paused = true)]
+async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
+    use store_trait::{Claim, Mutation, Query, Store, Ttl};
+    let store = MemoryStore::new();
+    let coll = Collection::new("tasks").unwrap();
+    let pending = |id: &str, fence: i64, from: &str| {
+        doc! {"_id": id, "agent_name": "part", "ready": false, "parent": "job", "from": from,
+        "pending_parent_fence": fence, "pending_fields": {"ready": true}}
+    };
+    let docs = vec![
+        doc! {"_id": "job", "agent_name": "split", "ready": true},
+        pending("job/0", 1, "written"),
+        pending("job/1", 0, "stale"),
+    ];
+    store.insert_many(&coll, docs).await.unwrap();
+    // The crashed agent's claim (fence 1), with its outcome written.
+    let claim = Claim {
+        query: Query::eq(doc! {"_id": "job"}),
+        mutation: Mutation::new()
+            .grant("dead-agent", Ttl::new(Duration::from_millis(1500)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true)
+            .set("result", 42)
+            .set("follow_ups_fence", 1_i64)
+            .set("follow_ups_finish", "complete"),
+    };
+    assert_eq!(store.claim(&coll, &claim).await.unwrap().unwrap().fence(), 1);
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    assert_eq!(part.process(|_t: Task| async { true }).await.unwrap(), None, "nothing active yet");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = {
+        let ran = ran.clone();
+        move |_t: Task| {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            async { true }
+        }
+    };
+    let out = split.process(handler).await.unwrap();
+    assert_eq!(out, Some(Processed::Recovered(Key::new("job").unwrap())));
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "the handler did not run again");
+    let job = record(&store, "job");
+    let d = job.data();
+    assert_eq!(
+        (d.get_bool("complete").unwrap(), d.get_bool("claimed").unwrap(), d.get_i32("result").unwrap()),
+        (true, false, 42)
+    );
+    assert!(d.get("follow_ups_fence").is_none() && job.lease().is_none(), "{d}");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let seen = seen.clone();
+        move |t: Task| {
+            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
+            async { true }
+        }
+    };
+    while part.process(handler.clone()).await.unwrap().is_some() {}
+    assert_eq!(*seen.lock().unwrap(), vec!["written".to_owned()]);
+    assert!(record(&store, "job/1").data().get_bool("ready").is_ok_and(|r| !r), "the stale one stays inert");
+}
+
+/// As above, for a task that waits for its follow-ups: recovery activates them,
+/// marks the task waiting, and the last follow-up to end makes it ready; it
+/// resumes once and sees only the follow-ups of the claim whose outcome was
+/// written.
+#[tokio::test(start_paused = true)]
+async fn joined_follow_ups_pending_after_a_crash_are_activated_by_recovery() {
+    use store_trait::{Claim, Mutation, Query, Store, Ttl};
+    let store = MemoryStore::new();
+    let coll = Collection::new("tasks").unwrap();
+    let pending = |id: &str, fence: i64, from: &str| {
+        doc! {"_id": id, "agent_name": "part", "ready": false, "parent": "job", "from": from,
+        "pending_parent_fence": fence, "pending_fields": {"ready": true, "join": "job", "join_round": 0_i64}}
+    };
+    let docs = vec![
+        doc! {"_id": "job", "agent_name": "split", "ready": true},
+        pending("job/0", 1, "written"),
+        pending("job/1", 1, "written"),
+        pending("job/2", 0, "stale"),
+    ];
+    store.insert_many(&coll, docs).await.unwrap();
+    let claim = Claim {
+        query: Query::eq(doc! {"_id": "job"}),
+        mutation: Mutation::new()
+            .grant("dead-agent", Ttl::new(Duration::from_millis(1500)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true)
+            .set("follow_ups_fence", 1_i64)
+            .set("follow_ups_finish", "wait"),
+    };
+    assert_eq!(store.claim(&coll, &claim).await.unwrap().unwrap().fence(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let children = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let resume = {
+        let children = children.clone();
+        move |t: Task| {
+            children.lock().unwrap().push((t.round(), t.children().len()));
+            async { true }
+        }
+    };
+    assert_eq!(split.process(resume.clone()).await.unwrap(), Some(Processed::Recovered(Key::new("job").unwrap())));
+    let job = record(&store, "job");
+    assert_eq!(job.data().get_i64("waiting").unwrap(), 0, "{:?}", job.data());
+    assert!(children.lock().unwrap().is_empty(), "no handler ran");
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let mut ran = Vec::new();
+    while let Some(p) = part.process(|_t: Task| async { true }).await.unwrap() {
+        ran.push(p);
+    }
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(split.process(resume).await.unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+    assert_eq!(*children.lock().unwrap(), vec![(1, 2)]);
+}
