@@ -8,9 +8,9 @@
 
 mod bench;
 mod chaos;
-mod child;
 mod demo;
 mod runners;
+mod supervise;
 mod views;
 
 use std::process::ExitCode;
@@ -75,6 +75,14 @@ enum Cmd {
         /// The lock collection.
         #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
         collection: String,
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+        /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
+        /// much of the lease is confirmed; it must fit between two renewals.
+        #[arg(long)]
+        grace: Option<f64>,
+        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+        #[arg(long)]
+        pass_env: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -88,6 +96,14 @@ enum Cmd {
         /// Lease length in seconds.
         #[arg(long, default_value_t = 15.0)]
         ttl: f64,
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+        /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
+        /// much of the lease is confirmed; it must fit between two renewals.
+        #[arg(long)]
+        grace: Option<f64>,
+        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+        #[arg(long)]
+        pass_env: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -113,6 +129,14 @@ enum Cmd {
         /// Stop after this many tasks.
         #[arg(long)]
         max_tasks: Option<u64>,
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+        /// quarter of the lease, at most 10). CMD gets SIGTERM once less than this
+        /// much of the claim is confirmed; it must fit between two renewals.
+        #[arg(long)]
+        grace: Option<f64>,
+        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+        #[arg(long)]
+        pass_env: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -233,6 +257,21 @@ enum Cmd {
         #[arg(long)]
         log: std::path::PathBuf,
     },
+    /// The supervisor of a lock/elect/agent command (started by those runners):
+    /// runs CMD in its own process group and kills its whole tree when the
+    /// runner dies.
+    #[command(hide = true)]
+    Supervise {
+        /// The runner's pid.
+        #[arg(long)]
+        parent: i32,
+        /// Milliseconds between SIGTERM and SIGKILL.
+        #[arg(long)]
+        grace_ms: u64,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
     /// A live view of locks, leaders and (with --queue) tasks.
     Watch {
         /// The queue collection to include.
@@ -302,13 +341,21 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let target = if memory { None } else { resolve_connection(uri, db) };
             demo::run(target, seconds, tasks, json).await
         }
-        Cmd::Lock { key, ttl, timeout, collection, cmd } => {
-            runners::lock(connect(uri, db).await?, &key, &collection, ttl, timeout, &cmd).await
+        Cmd::Lock { key, ttl, timeout, collection, grace, pass_env, cmd } => {
+            let run = runners::Run::new("ttl", ttl, grace, pass_env, &cmd)?;
+            runners::lock(connect(uri, db).await?, &key, &collection, timeout, &run).await
         }
-        Cmd::Elect { key, ttl, cmd } => runners::elect(connect(uri, db).await?, &key, ttl, &cmd).await,
-        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, cmd } => {
-            let opts = runners::AgentOpts { concurrency, max_attempts, lease, max_tasks };
-            runners::agent(connect(uri, db).await?, &name, &queue, opts, &cmd).await
+        Cmd::Elect { key, ttl, grace, pass_env, cmd } => {
+            let run = runners::Run::new("ttl", ttl, grace, pass_env, &cmd)?;
+            runners::elect(connect(uri, db).await?, &key, &run).await
+        }
+        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, grace, pass_env, cmd } => {
+            let run = runners::Run::new("lease", lease, grace, pass_env, &cmd)?;
+            let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
+            runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
+        }
+        Cmd::Supervise { parent, grace_ms, cmd } => {
+            supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), &cmd).await
         }
         Cmd::Locks { collection } => views::locks(&connect(uri, db).await?, &collection, json).await,
         Cmd::Leaders { collection, status_collection } => {

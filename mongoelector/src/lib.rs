@@ -498,6 +498,15 @@ impl<S: Store + Clone> Elector<S> {
             .map(|(t, _, _)| t.clone())
     }
 
+    /// The current term's [`mongolock::Validity`]: how long its lease is confirmed
+    /// ([`mongolock::Validity::expiring`]). `None` when not leading.
+    pub fn term_validity(&self) -> Option<mongolock::Validity> {
+        lock_poisoned(&self.inner.term_token)
+            .as_ref()
+            .filter(|(t, _, v)| !t.is_cancelled() && !v.is_lost())
+            .map(|(_, _, v)| v.clone())
+    }
+
     /// Waits until this node leads, then runs `work(term_token)` until it finishes
     /// (`Some(output)`) or leadership ends first (`None`; the future is dropped).
     pub async fn while_master<F, Fut>(&self, work: F) -> Option<Fut::Output>
