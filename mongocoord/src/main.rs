@@ -61,8 +61,9 @@ enum Cmd {
         memory: bool,
     },
     /// Acquires a lock, runs CMD while holding it (auto-renewed, fencing token in
-    /// $MONGOCOORD_FENCE), releases it when CMD exits. If the lock is lost, CMD is
-    /// terminated and the exit status is 75.
+    /// $MONGOCOORD_FENCE), releases it once CMD and every process it started are
+    /// gone. If the lock is at risk or lost, they are stopped (SIGTERM, SIGKILL
+    /// before the lease can lapse) and the exit status is 75.
     Lock {
         /// The lock's key.
         key: String,
@@ -88,8 +89,8 @@ enum Cmd {
         cmd: Vec<String>,
     },
     /// Campaigns for leadership of KEY; while leader runs CMD (term token in
-    /// $MONGOCOORD_FENCE); on loss stops CMD and campaigns again; on SIGTERM or
-    /// SIGINT releases leadership at once.
+    /// $MONGOCOORD_FENCE); on loss stops CMD's whole process tree and campaigns
+    /// again; on SIGTERM or SIGINT stops it and then releases leadership at once.
     Elect {
         /// The election key.
         key: String,
@@ -129,9 +130,9 @@ enum Cmd {
         /// Stop after this many tasks.
         #[arg(long)]
         max_tasks: Option<u64>,
-        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
-        /// quarter of the lease, at most 10). CMD gets SIGTERM once less than this
-        /// much of the claim is confirmed; it must fit between two renewals.
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped on shutdown or
+        /// leaves processes behind (default: a quarter of the lease, at most 10);
+        /// it must fit between two renewals. A lost claim kills CMD at once.
         #[arg(long)]
         grace: Option<f64>,
         /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
