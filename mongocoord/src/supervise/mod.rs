@@ -272,24 +272,36 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
         tokio::select! {
             s = job.0.wait() => break s?,
             _ = stops.terminate.cancelled(), if graceful => {
+                tracing::info!(why = ?stops.why(), grace = ?spec.grace, "stopping the command: SIGTERM to its process tree");
                 job.send(Signal::SIGTERM);
                 kill_at = Some(Instant::now() + spec.grace);
             }
             _ = overflow.cancelled(), if graceful => {
                 Stops::note(&stops.why, Why::Output);
+                tracing::info!(limit = STDOUT_LIMIT, "stopping the command: too much output");
                 job.send(Signal::SIGTERM);
                 kill_at = Some(Instant::now() + spec.grace);
             }
             _ = sleep_until(kill_at), if !killed => {
+                tracing::info!("grace period over: SIGKILL to the command's process tree");
                 job.send(supervisor::KILL_NOW);
                 killed = true;
             }
             _ = stops.kill.cancelled(), if !killed => {
+                tracing::info!(why = ?stops.why(), "SIGKILL to the command's process tree");
                 job.send(supervisor::KILL_NOW);
                 killed = true;
             }
         }
     };
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            // Only someone else kills the supervisor by a signal; its tree is then
+            // left to init and cannot be found from here.
+            tracing::warn!(signal = sig, "the command's supervisor was killed: processes it started may still run");
+        }
+    }
     let timer = {
         let stop_reading = stop_reading.clone();
         tokio::spawn(async move {

@@ -110,23 +110,30 @@ fn a_lost_lease_stops_the_whole_tree_before_the_lock_is_free() {
         term_log.display(),
         stubborn.display()
     );
-    let start = |key: &str, script: &str| {
+    let start = |key: &str, lease: &[&str], script: &str| {
         Command::new(BIN)
-            .args(["--uri", &uri, "--db", &e.db, "lock", key, "--ttl", "2", "--", "sh", "-c", script])
+            .args(["--uri", &uri, "--db", &e.db, "lock", key])
+            .args(lease)
+            .args(["--", "sh", "-c", script])
             .env_remove("MONGODB_URI")
             .stdin(Stdio::null())
             .spawn()
             .unwrap()
     };
-    let mut runners = [start("daemon", &daemon), start("stubborn", &ignores_term)];
+    // The default grace period (a quarter of the ttl), and a long one, so that
+    // SIGTERM surely comes well before SIGKILL on a busy machine.
+    let mut runners =
+        [start("daemon", &["--ttl", "2"], &daemon), start("stubborn", &["--ttl", "3", "--grace", "1"], &ignores_term)];
     let (gc, stubborn) = (pid_in(&gc), pid_in(&stubborn));
     wait_until("both locks held", Duration::from_secs(20), || held(&e, "daemon") && held(&e, "stubborn"));
     assert!(alive(&gc) && alive(&stubborn));
     let _blocked = BlockedRenewals::start(app);
-    for key in ["daemon", "stubborn"] {
+    for (key, pid, what) in [
+        ("daemon", &gc, "the grandchild in the background"),
+        ("stubborn", &stubborn, "the command that ignores SIGTERM"),
+    ] {
         wait_until(&format!("lock {key} to lapse"), Duration::from_secs(30), || !held(&e, key));
-        assert!(!alive(&gc), "the grandchild of {key}'s command outlived the lease");
-        assert!(!alive(&stubborn), "the command that ignores SIGTERM outlived the lease");
+        assert!(!alive(pid), "{what} outlived the lease");
     }
     assert!(!lines(&term_log).is_empty(), "SIGTERM came first, while the lease was at risk");
     for r in &mut runners {
