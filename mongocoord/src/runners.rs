@@ -274,12 +274,13 @@ pub(crate) async fn agent(
 fn task_outcome(argv0: &str, done: std::io::Result<supervise::Finished>) -> Outcome {
     match done {
         Err(e) => Outcome::failed(format!("cannot run {argv0:?}: {e}")),
+        // Too much output fails the task whether or not the command ended first.
+        Ok(done) if done.stdout.overflow || done.stopped == Some(Why::Output) => Outcome::failed_permanently(format!(
+            "the command wrote more than {} bytes to stdout (the limit)",
+            supervise::STDOUT_LIMIT
+        )),
         Ok(done) => match done.stopped {
-            Some(Why::Output) => Outcome::failed_permanently(format!(
-                "the command wrote more than {} bytes to stdout (the limit); it was stopped",
-                supervise::STDOUT_LIMIT
-            )),
-            Some(Why::Signal) => Outcome::failed("stopped: the agent is shutting down"),
+            Some(Why::Signal | Why::Output) => Outcome::failed("stopped: the agent is shutting down"),
             Some(Why::LeaseLost | Why::LeaseAtRisk) => Outcome::failed("stopped: the claim was lost"),
             None if done.status.success() => {
                 parse_output(&done.stdout.bytes).unwrap_or_else(Outcome::failed_permanently)
@@ -303,6 +304,26 @@ mod tests {
         assert!(parse_output(b"[1]").is_err());
         assert!(parse_output(b"not json").is_err());
         assert!(parse_output(br#"{"follow_ups": [{"file": "x"}]}"#).is_err());
+    }
+
+    #[test]
+    fn too_much_output_fails_for_good_even_when_the_command_ended_first() {
+        use std::os::unix::process::ExitStatusExt;
+        let finished = |overflow, stopped| supervise::Finished {
+            status: std::process::ExitStatus::from_raw(0),
+            stopped,
+            stdout: supervise::Captured { bytes: b"{}".to_vec(), overflow },
+            stderr: supervise::Captured::default(),
+        };
+        assert_eq!(task_outcome("x", Ok(finished(false, None))), parse_output(b"{}").unwrap());
+        for (overflow, stopped) in [(true, None), (true, Some(Why::Output)), (false, Some(Why::Output))] {
+            let o = task_outcome("x", Ok(finished(overflow, stopped)));
+            let Outcome::Fail { error, retry, .. } = o else { panic!("fails: {o:?}") };
+            assert!(error.contains("more than 1048576 bytes to stdout"), "{error}");
+            assert_eq!(retry, mongoagent::Retry::Never);
+        }
+        let lost = task_outcome("x", Ok(finished(false, Some(Why::LeaseLost))));
+        assert!(matches!(lost, Outcome::Fail { retry: mongoagent::Retry::Policy, .. }), "{lost:?}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Running a command under a lease, with its whole process tree.
 //!
 //! The runner does not start the command itself: it starts a supervisor, this
-//! same binary as `mongocoord supervise` ([`supervisor`]), which starts the
+//! same binary as `mongocoord supervise` (module `supervisor`), which starts the
 //! command in a new process group, is a child subreaper, and kills the whole tree
 //! when the runner dies, even by SIGKILL. The runner stops the command through
 //! it: SIGTERM to the group, then SIGKILL after the grace period, or SIGKILL at
