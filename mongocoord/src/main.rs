@@ -7,9 +7,9 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod args;
-mod child;
 mod demo;
 mod runners;
+mod supervise;
 mod views;
 
 use std::process::ExitCode;
@@ -60,8 +60,9 @@ enum Cmd {
         memory: bool,
     },
     /// Acquires a lock, runs CMD while holding it (auto-renewed, fencing token in
-    /// $MONGOCOORD_FENCE), releases it when CMD exits. If the lock is lost, CMD is
-    /// terminated and the exit status is 75.
+    /// $MONGOCOORD_FENCE), releases it once CMD and every process it started are
+    /// gone. If the lock is at risk or lost, they are stopped (SIGTERM, SIGKILL
+    /// before the lease can lapse) and the exit status is 75.
     Lock {
         /// The lock's key.
         key: String,
@@ -74,19 +75,35 @@ enum Cmd {
         /// The lock collection.
         #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
         collection: String,
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+        /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
+        /// much of the lease is confirmed; it must fit between two renewals.
+        #[arg(long)]
+        grace: Option<f64>,
+        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+        #[arg(long)]
+        pass_env: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
     /// Campaigns for leadership of KEY; while leader runs CMD (term token in
-    /// $MONGOCOORD_FENCE); on loss stops CMD and campaigns again; on SIGTERM or
-    /// SIGINT releases leadership at once.
+    /// $MONGOCOORD_FENCE); on loss stops CMD's whole process tree and campaigns
+    /// again; on SIGTERM or SIGINT stops it and then releases leadership at once.
     Elect {
         /// The election key.
         key: String,
         /// Lease length in seconds.
         #[arg(long, default_value_t = 15.0)]
         ttl: f64,
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+        /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
+        /// much of the lease is confirmed; it must fit between two renewals.
+        #[arg(long)]
+        grace: Option<f64>,
+        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+        #[arg(long)]
+        pass_env: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -112,6 +129,14 @@ enum Cmd {
         /// Stop after this many tasks.
         #[arg(long)]
         max_tasks: Option<u64>,
+        /// Seconds between SIGTERM and SIGKILL when CMD is stopped on shutdown or
+        /// leaves processes behind (default: a quarter of the lease, at most 10);
+        /// it must fit between two renewals. A lost claim kills CMD at once.
+        #[arg(long)]
+        grace: Option<f64>,
+        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+        #[arg(long)]
+        pass_env: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -187,6 +212,21 @@ enum Cmd {
         #[arg(long)]
         yes: bool,
     },
+    /// The supervisor of a lock/elect/agent command (started by those runners):
+    /// runs CMD in its own process group and kills its whole tree when the
+    /// runner dies.
+    #[command(hide = true)]
+    Supervise {
+        /// The runner's pid.
+        #[arg(long)]
+        parent: i32,
+        /// Milliseconds between SIGTERM and SIGKILL.
+        #[arg(long)]
+        grace_ms: u64,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
     /// A live view of locks, leaders and (with --queue) tasks.
     Watch {
         /// The queue collection to include.
@@ -242,13 +282,21 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let target = if memory { None } else { resolve_connection(uri, db).ok() };
             demo::run(target, seconds, tasks, json).await
         }
-        Cmd::Lock { key, ttl, timeout, collection, cmd } => {
-            runners::lock(connect(uri, db).await?, &key, &collection, ttl, timeout, &cmd).await
+        Cmd::Lock { key, ttl, timeout, collection, grace, pass_env, cmd } => {
+            let run = runners::Run::new("ttl", ttl, grace, pass_env, &cmd)?;
+            runners::lock(connect(uri, db).await?, &key, &collection, timeout, &run).await
         }
-        Cmd::Elect { key, ttl, cmd } => runners::elect(connect(uri, db).await?, &key, ttl, &cmd).await,
-        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, cmd } => {
-            let opts = runners::AgentOpts { concurrency, max_attempts, lease, max_tasks };
-            runners::agent(connect(uri, db).await?, &name, &queue, opts, &cmd).await
+        Cmd::Elect { key, ttl, grace, pass_env, cmd } => {
+            let run = runners::Run::new("ttl", ttl, grace, pass_env, &cmd)?;
+            runners::elect(connect(uri, db).await?, &key, &run).await
+        }
+        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, grace, pass_env, cmd } => {
+            let run = runners::Run::new("lease", lease, grace, pass_env, &cmd)?;
+            let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
+            runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
+        }
+        Cmd::Supervise { parent, grace_ms, cmd } => {
+            supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), &cmd).await
         }
         Cmd::Locks { collection } => views::locks(&connect(uri, db).await?, &collection, json).await,
         Cmd::Leaders { collection, status_collection } => {

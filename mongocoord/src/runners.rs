@@ -1,4 +1,9 @@
 //! `lock`, `elect` and `agent`: coordination for shell scripts and other languages.
+//!
+//! Each runs its command under a supervisor ([`crate::supervise`]): the whole
+//! process tree is stopped when the lease is at risk or lost, on SIGTERM/SIGINT,
+//! and when the runner dies; the lock, the leadership or the task's outcome is
+//! let go of only once that tree is gone.
 
 use std::time::Duration;
 
@@ -7,9 +12,8 @@ use mongoagent::{Agent, NewTask, Outcome, Task};
 use mongoelector::Elector;
 use mongolock::{Acquire, Lock, LockError};
 use store_mongo::MongoStore;
-use tokio_util::sync::CancellationToken;
 
-use crate::child::{self, exit_code};
+use crate::supervise::{self, exit_code, Spec, Stops, Why};
 use crate::{EXIT_LOST, EXIT_TIMEOUT};
 
 fn secs(what: &str, s: f64) -> Result<Duration, String> {
@@ -19,18 +23,48 @@ fn secs(what: &str, s: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(s))
 }
 
+/// What the three runners share: the lease, the grace period that fits it, and
+/// the command. Checked before connecting, so bad options fail fast (status 2).
+#[derive(Debug)]
+pub(crate) struct Run<'a> {
+    ttl: Duration,
+    grace: Duration,
+    pass_env: bool,
+    cmd: &'a [String],
+}
+
+impl<'a> Run<'a> {
+    /// `lease` names the lease option (`ttl`, or the agent's `lease`).
+    pub(crate) fn new(
+        lease: &str,
+        ttl: f64,
+        grace: Option<f64>,
+        pass_env: bool,
+        cmd: &'a [String],
+    ) -> Result<Self, String> {
+        let ttl = secs(lease, ttl)?;
+        let grace = supervise::grace(lease, ttl, grace)?;
+        if cmd.is_empty() {
+            return Err("no command given".into());
+        }
+        Ok(Run { ttl, grace, pass_env, cmd })
+    }
+
+    fn spec(&self, env: Vec<(&'static str, String)>, stdin: Option<Vec<u8>>, capture: bool) -> Spec<'a> {
+        Spec { argv: self.cmd, env, stdin, capture, grace: self.grace, pass_env: self.pass_env }
+    }
+}
+
 /// `mongocoord lock KEY -- CMD`.
 pub(crate) async fn lock(
     store: MongoStore,
     key: &str,
     collection: &str,
-    ttl: f64,
     timeout: Option<f64>,
-    cmd: &[String],
+    run: &Run<'_>,
 ) -> Result<u8, String> {
-    let lock =
-        Lock::builder(store, key).collection(collection).ttl(secs("ttl", ttl)?).build().map_err(|e| e.to_string())?;
-    let signal = child::on_signal();
+    let lock = Lock::builder(store, key).collection(collection).ttl(run.ttl).build().map_err(|e| e.to_string())?;
+    let signal = supervise::on_signal();
     let mut opts = Acquire::new().auto_renew();
     if let Some(t) = timeout {
         opts = opts.timeout(secs("timeout", t)?);
@@ -47,26 +81,31 @@ pub(crate) async fn lock(
         _ = signal.cancelled() => return Ok(130),
     };
     tracing::info!(key, token = guard.token(), "lock acquired; running the command");
-    let stop = CancellationToken::new();
-    let lost = guard.lost_token();
-    let watcher = {
-        let (stop, signal) = (stop.clone(), signal.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = lost.cancelled() => {}
-                _ = signal.cancelled() => {}
-            }
-            stop.cancel();
-        })
-    };
-    let env = [("MONGOCOORD_FENCE", guard.token().to_string()), ("MONGOCOORD_KEY", key.to_owned())];
-    let done = child::run(cmd, &env, None, false, &stop).await.map_err(|e| format!("cannot run {:?}: {e}", cmd[0]))?;
-    watcher.abort();
+    let mut stops = Stops::new();
+    stops.terminate_on(&signal, Why::Signal);
+    stops.lease(guard.validity(), run.grace);
+    let env = vec![("MONGOCOORD_FENCE", guard.token().to_string()), ("MONGOCOORD_KEY", key.to_owned())];
+    let done = supervise::run(&run.spec(env, None, false), &stops).await;
+    drop(stops);
+    // The command's whole tree is gone (or was never started): only now is the
+    // lock let go of.
     let was_lost = guard.is_lost();
     let released = guard.release().await;
-    if was_lost || (done.stopped && !signal.is_cancelled()) {
-        eprintln!("mongocoord: lock {key} was lost; the command was stopped");
-        return Ok(EXIT_LOST);
+    let done = done.map_err(|e| format!("cannot run {:?}: {e}", run.cmd[0]))?;
+    match done.stopped {
+        Some(Why::LeaseLost) => {
+            eprintln!("mongocoord: lock {key} was lost; the command was killed");
+            return Ok(EXIT_LOST);
+        }
+        Some(Why::LeaseAtRisk) => {
+            eprintln!("mongocoord: lock {key} could not be renewed in time; the command was stopped");
+            return Ok(EXIT_LOST);
+        }
+        _ if was_lost => {
+            eprintln!("mongocoord: lock {key} was lost");
+            return Ok(EXIT_LOST);
+        }
+        _ => {}
     }
     if let Err(e) = released {
         eprintln!("mongocoord: lock {key}: {e}");
@@ -76,10 +115,10 @@ pub(crate) async fn lock(
 }
 
 /// `mongocoord elect KEY -- CMD`.
-pub(crate) async fn elect(store: MongoStore, key: &str, ttl: f64, cmd: &[String]) -> Result<u8, String> {
-    let elector = Elector::builder(store, key).ttl(secs("ttl", ttl)?).build().map_err(|e| e.to_string())?;
+pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result<u8, String> {
+    let elector = Elector::builder(store, key).ttl(run.ttl).build().map_err(|e| e.to_string())?;
     elector.start().map_err(|e| e.to_string())?;
-    let signal = child::on_signal();
+    let signal = supervise::on_signal();
     let mut leadership = elector.leadership();
     loop {
         let term = loop {
@@ -96,20 +135,18 @@ pub(crate) async fn elect(store: MongoStore, key: &str, ttl: f64, cmd: &[String]
         };
         let token = elector.node_status().term_token.unwrap_or_default();
         eprintln!("mongocoord: elected leader of {key} (term {token})");
-        let stop = CancellationToken::new();
-        let watcher = {
-            let (stop, signal, term) = (stop.clone(), signal.clone(), term.clone());
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = term.cancelled() => {}
-                    _ = signal.cancelled() => {}
-                }
-                stop.cancel();
-            })
-        };
-        let env = [("MONGOCOORD_FENCE", token.to_string()), ("MONGOCOORD_KEY", key.to_owned())];
-        let done = child::run(cmd, &env, None, false, &stop).await;
-        watcher.abort();
+        let mut stops = Stops::new();
+        stops.terminate_on(&signal, Why::Signal);
+        stops.kill_on(&term, Why::LeaseLost);
+        match elector.term_validity() {
+            Some(v) => stops.lease(v, run.grace),
+            // The term ended already.
+            None => stops.kill_now(Why::LeaseLost),
+        }
+        let env = vec![("MONGOCOORD_FENCE", token.to_string()), ("MONGOCOORD_KEY", key.to_owned())];
+        let done = supervise::run(&run.spec(env, None, false), &stops).await;
+        drop(stops);
+        // The command's whole tree is gone: only now is leadership let go of.
         if signal.is_cancelled() {
             // Release at once so a peer takes over within milliseconds.
             elector.stop().await;
@@ -119,15 +156,20 @@ pub(crate) async fn elect(store: MongoStore, key: &str, ttl: f64, cmd: &[String]
             Ok(d) => d,
             Err(e) => {
                 elector.stop().await;
-                return Err(format!("cannot run {:?}: {e}", cmd[0]));
+                return Err(format!("cannot run {:?}: {e}", run.cmd[0]));
             }
         };
-        if !done.stopped {
-            // The command ended by itself: give up leadership and report its status.
-            elector.stop().await;
-            return Ok(exit_code(done.status));
+        match done.stopped {
+            None => {
+                // The command ended by itself: give up leadership and report its status.
+                elector.stop().await;
+                return Ok(exit_code(done.status));
+            }
+            Some(Why::LeaseAtRisk) => {
+                eprintln!("mongocoord: leadership of {key} could not be renewed in time; the command was stopped");
+            }
+            Some(_) => eprintln!("mongocoord: leadership of {key} lost; the command was killed; campaigning again"),
         }
-        eprintln!("mongocoord: leadership of {key} lost; the command was stopped; campaigning again");
     }
 }
 
@@ -136,7 +178,6 @@ pub(crate) async fn elect(store: MongoStore, key: &str, ttl: f64, cmd: &[String]
 pub(crate) struct AgentOpts {
     pub(crate) concurrency: usize,
     pub(crate) max_attempts: u32,
-    pub(crate) lease: f64,
     pub(crate) max_tasks: Option<u64>,
 }
 
@@ -181,18 +222,21 @@ pub(crate) async fn agent(
     name: &str,
     queue: &str,
     o: AgentOpts,
-    cmd: &[String],
+    run: &Run<'_>,
 ) -> Result<u8, String> {
     let mut b = Agent::builder(store, name, queue)
         .concurrency(o.concurrency)
         .max_attempts(o.max_attempts)
-        .lease(secs("lease", o.lease)?)
-        .sleep_between(Duration::from_secs(5));
+        .lease(run.ttl)
+        .sleep_between(Duration::from_secs(5))
+        // On shutdown the handlers stop their commands (SIGTERM, SIGKILL after
+        // the grace period) and record the outcome: the drain outlasts that.
+        .drain_timeout(run.grace * 2 + Duration::from_secs(5));
     if let Some(n) = o.max_tasks {
         b = b.process_while(move |log| log.tasks_processed < n);
     }
     let agent = b.build().map_err(|e| e.to_string())?;
-    let signal = child::on_signal();
+    let signal = supervise::on_signal();
     {
         let (a, s) = (agent.clone(), signal.clone());
         tokio::spawn(async move {
@@ -200,24 +244,22 @@ pub(crate) async fn agent(
             a.shutdown();
         });
     }
-    let argv = cmd.to_vec();
+    let (argv0, grace, pass_env) = (run.cmd[0].clone(), run.grace, run.pass_env);
+    let argv = run.cmd.to_vec();
     let handler = move |task: Task| {
-        let argv = argv.clone();
+        let (argv, argv0, signal) = (argv.clone(), argv0.clone(), signal.clone());
         async move {
-            let input = task_json(&task);
-            let env = [("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.token().to_string())];
-            match child::run(&argv, &env, Some(input), true, task.cancelled()).await {
-                Err(e) => Outcome::failed(format!("cannot run {:?}: {e}", argv[0])),
-                Ok(done) if done.stopped => {
-                    Outcome::failed("stopped: the claim was lost or the agent is shutting down")
-                }
-                Ok(done) if done.status.success() => {
-                    parse_output(&done.stdout).unwrap_or_else(Outcome::failed_permanently)
-                }
-                Ok(done) => {
-                    Outcome::failed(format!("exit status {}: {}", exit_code(done.status), done.stderr_tail.trim()))
-                }
-            }
+            let env =
+                vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.token().to_string())];
+            let spec = Spec { argv: &argv, env, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
+            let mut stops = Stops::new();
+            stops.terminate_on(&signal, Why::Signal);
+            // mongoagent hands out the claim's lost signal, not its deadline: the
+            // command is killed when the claim counts as lost.
+            stops.kill_on(task.cancelled(), Why::LeaseLost);
+            let done = supervise::run(&spec, &stops).await;
+            drop(stops);
+            task_outcome(&argv0, done)
         }
     };
     let log = agent.work(handler).await.map_err(|e| e.to_string())?;
@@ -226,6 +268,26 @@ pub(crate) async fn agent(
         log.tasks_processed, log.completed, log.failed_permanently, log.retried
     );
     Ok(0)
+}
+
+/// The outcome of a task whose command's tree is gone.
+fn task_outcome(argv0: &str, done: std::io::Result<supervise::Finished>) -> Outcome {
+    match done {
+        Err(e) => Outcome::failed(format!("cannot run {argv0:?}: {e}")),
+        // Too much output fails the task whether or not the command ended first.
+        Ok(done) if done.stdout.overflow || done.stopped == Some(Why::Output) => Outcome::failed_permanently(format!(
+            "the command wrote more than {} bytes to stdout (the limit)",
+            supervise::STDOUT_LIMIT
+        )),
+        Ok(done) => match done.stopped {
+            Some(Why::Signal | Why::Output) => Outcome::failed("stopped: the agent is shutting down"),
+            Some(Why::LeaseLost | Why::LeaseAtRisk) => Outcome::failed("stopped: the claim was lost"),
+            None if done.status.success() => {
+                parse_output(&done.stdout.bytes).unwrap_or_else(Outcome::failed_permanently)
+            }
+            None => Outcome::failed(format!("exit status {}: {}", exit_code(done.status), done.stderr_tail())),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -242,6 +304,26 @@ mod tests {
         assert!(parse_output(b"[1]").is_err());
         assert!(parse_output(b"not json").is_err());
         assert!(parse_output(br#"{"follow_ups": [{"file": "x"}]}"#).is_err());
+    }
+
+    #[test]
+    fn too_much_output_fails_for_good_even_when_the_command_ended_first() {
+        use std::os::unix::process::ExitStatusExt;
+        let finished = |overflow, stopped| supervise::Finished {
+            status: std::process::ExitStatus::from_raw(0),
+            stopped,
+            stdout: supervise::Captured { bytes: b"{}".to_vec(), overflow },
+            stderr: supervise::Captured::default(),
+        };
+        assert_eq!(task_outcome("x", Ok(finished(false, None))), parse_output(b"{}").unwrap());
+        for (overflow, stopped) in [(true, None), (true, Some(Why::Output)), (false, Some(Why::Output))] {
+            let o = task_outcome("x", Ok(finished(overflow, stopped)));
+            let Outcome::Fail { error, retry, .. } = o else { panic!("fails: {o:?}") };
+            assert!(error.contains("more than 1048576 bytes to stdout"), "{error}");
+            assert_eq!(retry, mongoagent::Retry::Never);
+        }
+        let lost = task_outcome("x", Ok(finished(false, Some(Why::LeaseLost))));
+        assert!(matches!(lost, Outcome::Fail { retry: mongoagent::Retry::Policy, .. }), "{lost:?}");
     }
 
     #[test]

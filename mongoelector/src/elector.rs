@@ -253,6 +253,12 @@ impl<S: Store + Clone> Elector<S> {
         self.inner.live_term().map(|t| t.cancel().clone())
     }
 
+    /// The current term's [`mongolock::Validity`]: how long its lease is
+    /// confirmed ([`mongolock::Validity::expiring`]). `None` when not leading.
+    pub fn term_validity(&self) -> Option<mongolock::Validity> {
+        self.inner.live_term().map(|t| t.validity().clone())
+    }
+
     /// Waits until this node leads, then runs `work(term_token)` until it finishes
     /// (`Some(output)`) or leadership ends first (`None`; the future is dropped).
     ///

@@ -42,6 +42,11 @@ impl TermSnapshot {
     pub(crate) fn cancel(&self) -> &CancellationToken {
         &self.cancel
     }
+
+    /// How long the term's lease is confirmed.
+    pub(crate) fn validity(&self) -> &Validity {
+        &self.validity
+    }
 }
 
 impl<S: Store + Clone> Inner<S> {

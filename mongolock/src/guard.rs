@@ -449,6 +449,37 @@ impl Validity {
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled() || self.state.lock().unwrap_or_else(|p| p.into_inner()).lapsed_locally(Instant::now())
     }
+
+    fn deadline(&self) -> Instant {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).deadline
+    }
+
+    /// Waits until at most `within` of confirmed time is left on the lease (the
+    /// local deadline, the send time of the last confirmed renewal plus ttl minus
+    /// the safety margin, is `within` away or closer), or until the lock is lost or
+    /// released. A renewal confirmed meanwhile moves the deadline on: the wait then
+    /// goes on. With `within` zero it returns when the lost signal would fire.
+    ///
+    /// Use it to stop work in time: start a graceful stop when this returns for a
+    /// grace period, and stop hard on [`LockGuard::lost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only sleeps and reads the deadline.
+    pub async fn expiring(&self, within: Duration) {
+        loop {
+            let deadline = self.deadline();
+            let Some(at) = deadline.checked_sub(within) else { return };
+            tokio::select! {
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(at) => {}
+            }
+            // A renewal may have moved the deadline while this slept.
+            if self.deadline().saturating_duration_since(Instant::now()) <= within {
+                return;
+            }
+        }
+    }
 }
 
 /// A held lock. Release it with [`LockGuard::release`]; dropping it without
@@ -591,5 +622,44 @@ impl<S: Store + Clone> Drop for LockGuard<S> {
             self.term.clear_current();
             self.term.release_in_background();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use store_memory::MemoryStore;
+    use tokio::time::Instant;
+
+    use crate::{Acquire, Lock};
+
+    /// `expiring` waits while renewals keep the deadline ahead, returns `within`
+    /// before the deadline once renewals stop being confirmed, and at once after a
+    /// loss.
+    #[tokio::test(start_paused = true)]
+    async fn expiring_follows_the_confirmed_deadline() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_secs(3);
+        let lock = Lock::builder(store.clone(), "k").ttl(ttl).build().unwrap();
+        let guard = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+        let validity = guard.validity();
+        let within = Duration::from_millis(500);
+        // Renewals every second keep 1.8 s to 2.7 s of confirmed time: no wake.
+        let early = tokio::time::timeout(Duration::from_secs(10), validity.expiring(within)).await;
+        assert!(early.is_err(), "renewals move the deadline on");
+        assert!(!guard.is_lost());
+        // Renewals fail from now on: the deadline stays where the last one put it.
+        store.faults().set_unreachable(true);
+        let start = Instant::now();
+        validity.expiring(within).await;
+        let waited = start.elapsed();
+        assert!(!guard.is_lost(), "it returns before the loss");
+        assert!(waited <= ttl - Duration::from_millis(300) - within, "{waited:?}");
+        tokio::time::timeout(within + Duration::from_millis(10), guard.lost()).await.unwrap();
+        assert!(guard.is_lost());
+        // Lost: it returns at once, whatever `within`.
+        tokio::time::timeout(Duration::from_millis(1), validity.expiring(Duration::ZERO)).await.unwrap();
     }
 }

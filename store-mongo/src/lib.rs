@@ -255,11 +255,10 @@ impl MongoStore {
 /// The client options [`MongoStore::connect`] uses for `uri`, and the operation
 /// timeout (`socketTimeoutMS`, which the driver rejects, or the default).
 async fn client_options(uri: &str) -> StoreResult<(ClientOptions, Duration)> {
-    let bad_uri =
-        |e: MongoError| StoreError::InvalidInput {
-            what: "MongoDB URI",
-            reason: format!("{}: {}", redact_uri(uri), connect::driver_message(&e.to_string(), uri)),
-        };
+    let bad_uri = |e: MongoError| StoreError::InvalidInput {
+        what: "MongoDB URI",
+        reason: format!("{}: {}", redact_uri(uri), connect::driver_message(&e.to_string(), uri)),
+    };
     let mut parsed = ConnectionString::parse(uri).map_err(bad_uri)?;
     #[allow(deprecated)]
     let op_timeout = parsed.socket_timeout.take().filter(|d| !d.is_zero()).unwrap_or(DEFAULT_OPERATION_TIMEOUT);

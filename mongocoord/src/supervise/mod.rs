@@ -1,0 +1,362 @@
+//! Running a command under a lease, with its whole process tree.
+//!
+//! The runner does not start the command itself: it starts a supervisor, this
+//! same binary as `mongocoord supervise` (module `supervisor`), which starts the
+//! command in a new process group, is a child subreaper, and kills the whole tree
+//! when the runner dies, even by SIGKILL. The runner stops the command through
+//! it: SIGTERM to the group, then SIGKILL after the grace period, or SIGKILL at
+//! once; it learns that the tree is gone (and reaped) when the supervisor exits,
+//! and only then releases the lock, the leadership, or records a task's outcome.
+//!
+//! [`Stops`] says when to stop: on a signal, when the lease's confirmed time
+//! drops below the grace period ([`mongolock::Validity::expiring`]), and at the
+//! latest when the lease counts as lost.
+
+mod capture;
+mod supervisor;
+mod timing;
+mod tree;
+
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use capture::{Captured, STDOUT_LIMIT};
+pub(crate) use supervisor::run as supervisor;
+pub(crate) use timing::grace;
+
+/// How long output is still read after the supervisor exited. Every process that
+/// could write to the pipes is gone by then, unless the supervisor itself was
+/// killed and left its tree behind.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// What to run, and how.
+#[derive(Debug)]
+pub(crate) struct Spec<'a> {
+    /// The command and its arguments.
+    pub(crate) argv: &'a [String],
+    /// Extra environment (`MONGOCOORD_FENCE`, ...).
+    pub(crate) env: Vec<(&'static str, String)>,
+    /// Fed to the command's stdin (else it inherits the runner's).
+    pub(crate) stdin: Option<Vec<u8>>,
+    /// Capture stdout (up to [`STDOUT_LIMIT`]) and the end of stderr.
+    pub(crate) capture: bool,
+    /// Between SIGTERM and SIGKILL.
+    pub(crate) grace: Duration,
+    /// Keep the runner's `MONGO_*` / `MONGODB_*` variables in the command's environment.
+    pub(crate) pass_env: bool,
+}
+
+/// Why a command was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// The runner got SIGTERM or SIGINT.
+    Signal,
+    /// The lease's confirmed time fell below the grace period.
+    LeaseAtRisk,
+    /// The lease was lost.
+    LeaseLost,
+    /// Its stdout went past [`STDOUT_LIMIT`].
+    Output,
+}
+
+/// When to stop a command: gracefully (SIGTERM, then SIGKILL after the grace
+/// period) or at once (SIGKILL). The first reason is kept. Dropping it stops the
+/// watchers it started.
+#[derive(Debug, Default)]
+pub(crate) struct Stops {
+    terminate: CancellationToken,
+    kill: CancellationToken,
+    why: Arc<Mutex<Option<Why>>>,
+    watchers: Vec<JoinHandle<()>>,
+}
+
+impl Stops {
+    /// Nothing stops the command yet.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    fn note(why: &Mutex<Option<Why>>, reason: Why) {
+        why.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reason);
+    }
+
+    fn watch(&mut self, fire: impl std::future::Future<Output = Why> + Send + 'static, hard: bool) {
+        let (why, token) = (self.why.clone(), if hard { self.kill.clone() } else { self.terminate.clone() });
+        self.watchers.push(tokio::spawn(async move {
+            let reason = fire.await;
+            Self::note(&why, reason);
+            token.cancel();
+        }));
+    }
+
+    /// Stops gracefully when `token` is cancelled.
+    pub(crate) fn terminate_on(&mut self, token: &CancellationToken, why: Why) {
+        let t = token.clone();
+        self.watch(
+            async move {
+                t.cancelled().await;
+                why
+            },
+            false,
+        );
+    }
+
+    /// Stops at once when `token` is cancelled.
+    pub(crate) fn kill_on(&mut self, token: &CancellationToken, why: Why) {
+        let t = token.clone();
+        self.watch(
+            async move {
+                t.cancelled().await;
+                why
+            },
+            true,
+        );
+    }
+
+    /// Stops gracefully once less than `grace` of the lease is confirmed, and at
+    /// once when it counts as lost (its local deadline, which comes before the
+    /// lease can lapse on the server).
+    pub(crate) fn lease(&mut self, validity: mongolock::Validity, grace: Duration) {
+        let v = validity.clone();
+        self.watch(
+            async move {
+                v.expiring(grace).await;
+                if v.is_lost() {
+                    Why::LeaseLost
+                } else {
+                    Why::LeaseAtRisk
+                }
+            },
+            false,
+        );
+        self.watch(
+            async move {
+                validity.expiring(Duration::ZERO).await;
+                Why::LeaseLost
+            },
+            true,
+        );
+    }
+
+    /// Stops at once, now.
+    pub(crate) fn kill_now(&self, why: Why) {
+        Self::note(&self.why, why);
+        self.kill.cancel();
+    }
+
+    fn why(&self) -> Option<Why> {
+        *self.why.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Stops {
+    fn drop(&mut self) {
+        for w in &self.watchers {
+            w.abort();
+        }
+    }
+}
+
+/// What a supervised command did. Its whole process tree is gone and reaped.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    /// The main process's exit status (as the supervisor reports it).
+    pub(crate) status: ExitStatus,
+    /// Why it was stopped, if it was.
+    pub(crate) stopped: Option<Why>,
+    /// Its stdout, when captured.
+    pub(crate) stdout: Captured,
+    /// The end of its stderr, when captured.
+    pub(crate) stderr: Captured,
+}
+
+impl Finished {
+    /// The end of stderr as text.
+    pub(crate) fn stderr_tail(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.bytes).trim().to_owned()
+    }
+}
+
+/// Variables that tell how to reach the server; not passed on without `--pass-env`.
+fn is_connection_var(name: &std::ffi::OsStr) -> bool {
+    name.to_str().is_some_and(|n| n.starts_with("MONGO_") || n.starts_with("MONGODB_"))
+}
+
+/// This binary: `/proc/self/exe` still names it if the file was replaced since.
+fn this_binary() -> std::io::Result<std::path::PathBuf> {
+    let proc = std::path::Path::new("/proc/self/exe");
+    if proc.exists() {
+        Ok(proc.to_owned())
+    } else {
+        std::env::current_exe()
+    }
+}
+
+/// The supervisor process, as the runner holds it. Dropped before it exited (a
+/// drain timeout aborting a task, say), it has the tree killed.
+struct Job(tokio::process::Child);
+
+impl Job {
+    fn send(&self, sig: Signal) {
+        // `id` is `None` once the supervisor was reaped: its pid may be reused.
+        if let Some(pid) = self.0.id().and_then(|id| i32::try_from(id).ok()) {
+            let _ = kill(Pid::from_raw(pid), sig);
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.send(supervisor::KILL_NOW);
+    }
+}
+
+/// Runs `spec` under a supervisor until its whole tree is gone, stopping it as
+/// `stops` says.
+pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finished> {
+    if spec.argv.is_empty() {
+        return Err(std::io::Error::other("no command given"));
+    }
+    let mut cmd = tokio::process::Command::new(this_binary()?);
+    cmd.arg0("mongocoord")
+        .args(["supervise", "--parent", &std::process::id().to_string()])
+        .args(["--grace-ms", &spec.grace.as_millis().to_string(), "--"])
+        .args(spec.argv);
+    if !spec.pass_env {
+        for (name, _) in std::env::vars_os().filter(|(n, _)| is_connection_var(n)) {
+            cmd.env_remove(name);
+        }
+    }
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::inherit() });
+    if spec.capture {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let mut job = Job(cmd.spawn()?);
+    if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), job.0.stdin.take()) {
+        tokio::spawn(async move {
+            let _ = pipe.write_all(&data).await;
+        });
+    }
+    let overflow = CancellationToken::new();
+    let stop_reading = CancellationToken::new();
+    let read = |pipe: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>, keep, on_overflow| {
+        let done = stop_reading.clone();
+        tokio::spawn(async move {
+            match pipe {
+                Some(p) => capture::read(p, keep, on_overflow, done).await,
+                None => Captured::default(),
+            }
+        })
+    };
+    let out = read(job.0.stdout.take().map(|p| Box::new(p) as _), capture::Keep::Head(STDOUT_LIMIT), overflow.clone());
+    let err = read(
+        job.0.stderr.take().map(|p| Box::new(p) as _),
+        capture::Keep::Tail(capture::STDERR_TAIL),
+        CancellationToken::new(),
+    );
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        let graceful = kill_at.is_none() && !killed;
+        tokio::select! {
+            s = job.0.wait() => break s?,
+            _ = stops.terminate.cancelled(), if graceful => {
+                tracing::info!(why = ?stops.why(), grace = ?spec.grace, "stopping the command: SIGTERM to its process tree");
+                job.send(Signal::SIGTERM);
+                kill_at = Some(Instant::now() + spec.grace);
+            }
+            _ = overflow.cancelled(), if graceful => {
+                Stops::note(&stops.why, Why::Output);
+                tracing::info!(limit = STDOUT_LIMIT, "stopping the command: too much output");
+                job.send(Signal::SIGTERM);
+                kill_at = Some(Instant::now() + spec.grace);
+            }
+            _ = sleep_until(kill_at), if !killed => {
+                tracing::info!("grace period over: SIGKILL to the command's process tree");
+                job.send(supervisor::KILL_NOW);
+                killed = true;
+            }
+            _ = stops.kill.cancelled(), if !killed => {
+                tracing::info!(why = ?stops.why(), "SIGKILL to the command's process tree");
+                job.send(supervisor::KILL_NOW);
+                killed = true;
+            }
+        }
+    };
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            // Only someone else kills the supervisor by a signal; its tree is then
+            // left to init and cannot be found from here.
+            tracing::warn!(signal = sig, "the command's supervisor was killed: processes it started may still run");
+        }
+    }
+    let timer = {
+        let stop_reading = stop_reading.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(DRAIN).await;
+            stop_reading.cancel();
+        })
+    };
+    let stdout = out.await.unwrap_or_default();
+    let stderr = err.await.unwrap_or_default();
+    timer.abort();
+    let stopped = if kill_at.is_some() || killed { Some(stops.why().unwrap_or(Why::Signal)) } else { None };
+    Ok(Finished { status, stopped, stdout, stderr })
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A shell-style exit code: the command's code, or 128 + the signal.
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+        _ => 1,
+    }
+}
+
+/// Fires on the first SIGTERM or SIGINT. A second one ends the process at once
+/// (status 128 + the signal); the supervisors then kill their trees, since
+/// their parent died.
+pub(crate) fn on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        let first = next_signal(&mut term, &mut int).await;
+        tracing::info!(signal = %first, "stopping: the command gets SIGTERM, then SIGKILL after the grace period");
+        t.cancel();
+        let second = next_signal(&mut term, &mut int).await;
+        eprintln!("mongocoord: second {second}: exiting now; the command's process tree is killed");
+        std::process::exit(128 + second as i32);
+    });
+    token
+}
+
+async fn next_signal(term: &mut tokio::signal::unix::Signal, int: &mut tokio::signal::unix::Signal) -> Signal {
+    tokio::select! {
+        _ = term.recv() => Signal::SIGTERM,
+        _ = int.recv() => Signal::SIGINT,
+    }
+}

@@ -1,0 +1,117 @@
+//! The supervisor process (`mongocoord supervise`, hidden): started by a runner,
+//! it starts the command in a new process group and stays its parent, so that
+//! the command's whole tree ends with it and with the runner.
+//!
+//! - It is a child subreaper: a descendant whose parent dies (a daemon that
+//!   double-forks, say) becomes its child rather than init's, so it is found and
+//!   reaped.
+//! - Its parent-death signal is SIGUSR2, and it checks its parent right after
+//!   setting it (the runner may have died before) and every half second: when
+//!   the runner dies, however it dies, it SIGKILLs the group and every
+//!   descendant, reaps them, and exits.
+//! - SIGTERM (from the runner, or from anyone) is passed on to the group and to
+//!   every descendant that left it; SIGKILL follows after the grace period unless
+//!   the tree is gone by then.
+//! - SIGUSR1 (from the runner) kills the tree at once.
+//! - When the main process exits, whatever it left running gets SIGTERM, then
+//!   SIGKILL after the grace period.
+//!
+//! It exits once no descendant is left, with the main process's exit code (128 +
+//! the signal that ended it); 127 or 126 when the command could not be started,
+//! as a shell does.
+
+use std::time::Duration;
+
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
+use nix::unistd::{getppid, Pid};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::Instant;
+
+use super::tree::{Left, Tree};
+
+/// The supervisor's parent-death signal.
+pub(crate) const PARENT_DIED: Signal = Signal::SIGUSR2;
+/// What a runner sends to have the tree killed at once.
+pub(crate) const KILL_NOW: Signal = Signal::SIGUSR1;
+
+/// How often the parent is checked besides the parent-death signal.
+const PARENT_CHECK: Duration = Duration::from_millis(500);
+
+/// `mongocoord supervise --parent PID --grace-ms MS -- CMD...`: runs `argv`
+/// as described in the module documentation and returns the exit code.
+pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result<u8, String> {
+    let parent = Pid::from_raw(parent);
+    let (program, args) = argv.split_first().ok_or("no command given")?;
+    prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a child subreaper: {e}"))?;
+    // Handlers first, so that no signal below takes its default action (which
+    // would end this process and orphan the tree).
+    let listen = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot handle signals: {e}"));
+    let mut chld = listen(SignalKind::child())?;
+    let mut term = listen(SignalKind::terminate())?;
+    let mut kill_now = listen(SignalKind::from_raw(KILL_NOW as i32))?;
+    let mut parent_died = listen(SignalKind::from_raw(PARENT_DIED as i32))?;
+    // Interrupts and hangups reach the runner as well (same terminal and process
+    // group); it decides. Here they only prompt a look at the parent.
+    let mut int = listen(SignalKind::interrupt())?;
+    let mut hup = listen(SignalKind::hangup())?;
+    prctl::set_pdeathsig(PARENT_DIED).map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    if getppid() != parent {
+        // The runner died before the parent-death signal was set.
+        return Ok(1);
+    }
+    let main = {
+        use std::os::unix::process::CommandExt;
+        match std::process::Command::new(program).args(args).process_group(0).spawn() {
+            Ok(child) => Pid::from_raw(i32::try_from(child.id()).map_err(|_| "bad pid")?),
+            Err(e) => {
+                eprintln!("mongocoord: cannot run {program:?}: {e}");
+                return Ok(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
+            }
+        }
+    };
+    tracing::debug!(pid = main.as_raw(), ?program, "command started in its own process group");
+    let mut tree = Tree::new(main);
+    let mut kill_at: Option<Instant> = None;
+    let mut check = tokio::time::interval(PARENT_CHECK);
+    loop {
+        let mut terminate = false;
+        tokio::select! {
+            _ = chld.recv() => {}
+            _ = term.recv() => terminate = true,
+            _ = kill_now.recv() => {
+                tracing::debug!("told to kill the command's tree");
+                break;
+            }
+            _ = parent_died.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+            _ = check.tick() => {}
+            _ = sleep_until(kill_at) => {
+                tracing::debug!("grace period over: killing the command's tree");
+                break;
+            }
+        }
+        if getppid() != parent {
+            tracing::warn!("the runner died: killing the command's tree");
+            break;
+        }
+        if tree.reap() == Left::None {
+            return Ok(tree.main_status().unwrap_or(1));
+        }
+        // Leftovers of a main process that ended are terminated like the rest.
+        if (terminate || tree.main_status().is_some()) && kill_at.is_none() {
+            tree.signal(Signal::SIGTERM);
+            kill_at = Some(Instant::now() + grace);
+        }
+    }
+    tree.kill_all().await;
+    Ok(tree.main_status().unwrap_or(128 + Signal::SIGKILL as u8))
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,166 @@
+//! A supervisor's process tree: every descendant found through `/proc`,
+//! signalled, and reaped (the supervisor is a child subreaper, so a descendant
+//! whose parent dies becomes its child).
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+/// One process as `/proc/PID/stat` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+}
+
+/// Reads pid, parent and process group from the text of `/proc/PID/stat`. The
+/// command name (in parentheses) may hold spaces and parentheses, so the fields
+/// are read after its last `)`.
+fn parse_stat(stat: &str) -> Option<Proc> {
+    let (head, tail) = stat.rsplit_once(')')?;
+    let pid = head.split_whitespace().next()?.parse().ok()?;
+    let mut fields = tail.split_whitespace();
+    let _state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(Proc { pid, ppid, pgrp })
+}
+
+fn processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        e.file_name().to_str()?.parse::<i32>().ok()?;
+        parse_stat(&std::fs::read_to_string(e.path().join("stat")).ok()?)
+    })
+    .collect()
+}
+
+/// Every descendant of `root` in `procs`, parents before children.
+fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent && p.pid != root) {
+            if !found.iter().any(|f: &Proc| f.pid == p.pid) {
+                found.push(*p);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    found
+}
+
+/// The command's process tree as seen from its supervisor.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    /// This process (the subreaper).
+    me: i32,
+    /// The command's main process, also its process group's id.
+    main: Pid,
+    /// The main process's status once reaped: its exit code, or 128 + signal.
+    main_status: Option<u8>,
+}
+
+/// Whether any child is left after reaping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// Some child still runs.
+    Some,
+    /// No child is left: the whole tree is gone and reaped.
+    None,
+}
+
+impl Tree {
+    /// The tree of the command whose main process (and process group leader) is `main`.
+    pub(crate) fn new(main: Pid) -> Self {
+        Tree { me: nix::unistd::getpid().as_raw(), main, main_status: None }
+    }
+
+    /// The main process's status once it was reaped.
+    pub(crate) fn main_status(&self) -> Option<u8> {
+        self.main_status
+    }
+
+    /// Sends `sig` to the command's process group and to every descendant that
+    /// left it (a new group or session), each once.
+    pub(crate) fn signal(&self, sig: Signal) {
+        let group = self.main.as_raw();
+        // While the main process is unreaped its pid cannot name another group;
+        // after that, the members still alive are found among the descendants.
+        let group_alive = self.main_status.is_none();
+        if group_alive {
+            let _ = killpg(self.main, sig);
+        }
+        for p in descendants_in(&processes(), self.me) {
+            if !group_alive || p.pgrp != group {
+                let _ = kill(Pid::from_raw(p.pid), sig);
+            }
+        }
+    }
+
+    /// Reaps every child that ended (descendants are re-parented here when their
+    /// parent dies) and tells whether any is left.
+    pub(crate) fn reap(&mut self) -> Left {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => return Left::Some,
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    if pid == self.main {
+                        self.main_status = Some(u8::try_from(code).unwrap_or(1));
+                    }
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    if pid == self.main {
+                        self.main_status = Some(u8::try_from(128 + sig as i32).unwrap_or(1));
+                    }
+                }
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => return Left::None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "waitpid failed");
+                    return Left::Some;
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs the group and every descendant, again and again, until all are
+    /// reaped: a process forked before its parent died is found in the next round.
+    pub(crate) async fn kill_all(&mut self) {
+        loop {
+            self.signal(Signal::SIGKILL);
+            if self.reap() == Left::None {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn stat_lines_are_read_after_the_command_name() {
+        let p = parse_stat("4242 (sh) S 17 4242 17 0 -1 4194560 1 0 0 0").unwrap();
+        assert_eq!(p, Proc { pid: 4242, ppid: 17, pgrp: 4242 });
+        let odd = parse_stat("77 (a) b (c)) R 5 9 9 0").unwrap();
+        assert_eq!(odd, Proc { pid: 77, ppid: 5, pgrp: 9 });
+        assert!(parse_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn descendants_include_grandchildren_and_leave_others() {
+        let p = |pid, ppid| Proc { pid, ppid, pgrp: 0 };
+        let procs = [p(1, 0), p(10, 1), p(11, 10), p(12, 11), p(13, 10), p(20, 1), p(21, 20)];
+        let mut d: Vec<i32> = descendants_in(&procs, 10).iter().map(|p| p.pid).collect();
+        d.sort_unstable();
+        assert_eq!(d, [11, 12, 13]);
+        assert!(descendants_in(&procs, 12).is_empty());
+    }
+}

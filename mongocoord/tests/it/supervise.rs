@@ -1,0 +1,239 @@
+//! The runners supervise their command's whole process tree: it dies with the
+//! runner (even by SIGKILL), is stopped before the lease can lapse, and is gone
+//! before the lock is free; `agent` caps the output it keeps and does not wait
+//! for a daemon holding stdout; a second SIGINT ends the runner at once;
+//! connection variables are not passed on.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{env, lines, signal, wait_until, Env, BIN};
+
+/// Whether a process exists and has not ended (a zombie has ended).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().to_owned()))
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// The pid a command wrote to `path`, once it is there.
+fn pid_in(path: &Path) -> String {
+    wait_until(&format!("a pid in {}", path.display()), Duration::from_secs(30), || {
+        lines(path).first().is_some_and(|l| !l.trim().is_empty())
+    });
+    lines(path)[0].trim().to_owned()
+}
+
+/// Waits for `child` to exit; kills it and fails when it takes longer than `limit`.
+fn exits_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn held(e: &Env, key: &str) -> bool {
+    e.json(&["locks"]).as_array().unwrap().iter().any(|l| l["key"] == key && l["held"] == true)
+}
+
+fn with_option(uri: &str, option: &str) -> String {
+    let sep = if uri.contains('?') {
+        "&"
+    } else if uri.matches('/').count() >= 3 {
+        "?"
+    } else {
+        "/?"
+    };
+    format!("{uri}{sep}{option}")
+}
+
+/// A `failCommand` failpoint that holds every `findAndModify` of one client
+/// (by application name) for 4 s; off again when dropped.
+struct BlockedRenewals {
+    rt: tokio::runtime::Runtime,
+    admin: store_mongo::mongodb::Client,
+}
+
+impl BlockedRenewals {
+    fn start(app: &str) -> Self {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let admin = rt.block_on(store_mongo::testing::admin_client()).unwrap();
+        let data = bson::doc! { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": app };
+        let on = bson::doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data };
+        rt.block_on(async { admin.database("admin").run_command(on).await }).unwrap();
+        BlockedRenewals { rt, admin }
+    }
+}
+
+impl Drop for BlockedRenewals {
+    fn drop(&mut self) {
+        let off = bson::doc! { "configureFailPoint": "failCommand", "mode": "off" };
+        let _ = self.rt.block_on(async { self.admin.database("admin").run_command(off).await });
+    }
+}
+
+#[test]
+fn the_grandchild_dies_when_the_runner_is_sigkilled() {
+    let Some(e) = env("supervise_sigkill") else { return };
+    let gc = e.file("grandchild");
+    let script = format!("sleep 1000 & echo $! > {}; wait", gc.display());
+    let mut runner = e.spawn(&["elect", "k", "--ttl", "2", "--", "sh", "-c", &script]);
+    let grandchild = pid_in(&gc);
+    assert!(alive(&grandchild));
+    signal(&runner, "-KILL");
+    let _ = runner.wait();
+    wait_until("the grandchild to die with the runner", Duration::from_secs(15), || !alive(&grandchild));
+}
+
+/// Renewals stop being confirmed (the server holds them): each command's whole
+/// tree, one that ignores SIGTERM included, is killed before the lease can lapse
+/// on the server, so before anyone else could take the lock.
+#[test]
+fn a_lost_lease_stops_the_whole_tree_before_the_lock_is_free() {
+    let Some(e) = env("supervise_lost") else { return };
+    let app = "cli-supervise-lost";
+    let uri = with_option(&e.uri, &format!("appName={app}"));
+    let (gc, stubborn, term_log) = (e.file("grandchild"), e.file("stubborn"), e.file("term"));
+    let daemon = format!("sleep 1000 & echo $! > {}; wait", gc.display());
+    let ignores_term = format!(
+        "trap 'echo term >> {}' TERM; echo $$ > {}; while :; do sleep 0.2; done",
+        term_log.display(),
+        stubborn.display()
+    );
+    let start = |key: &str, lease: &[&str], script: &str| {
+        Command::new(BIN)
+            .args(["--uri", &uri, "--db", &e.db, "lock", key])
+            .args(lease)
+            .args(["--", "sh", "-c", script])
+            .env_remove("MONGODB_URI")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // The default grace period (a quarter of the ttl), and a long one, so that
+    // SIGTERM surely comes well before SIGKILL on a busy machine.
+    let mut runners =
+        [start("daemon", &["--ttl", "2"], &daemon), start("stubborn", &["--ttl", "3", "--grace", "1"], &ignores_term)];
+    let (gc, stubborn) = (pid_in(&gc), pid_in(&stubborn));
+    wait_until("both locks held", Duration::from_secs(20), || held(&e, "daemon") && held(&e, "stubborn"));
+    assert!(alive(&gc) && alive(&stubborn));
+    let _blocked = BlockedRenewals::start(app);
+    for (key, pid, what) in [
+        ("daemon", &gc, "the grandchild in the background"),
+        ("stubborn", &stubborn, "the command that ignores SIGTERM"),
+    ] {
+        wait_until(&format!("lock {key} to lapse"), Duration::from_secs(30), || !held(&e, key));
+        assert!(!alive(pid), "{what} outlived the lease");
+    }
+    assert!(!lines(&term_log).is_empty(), "SIGTERM came first, while the lease was at risk");
+    for r in &mut runners {
+        assert_eq!(exits_within(r, Duration::from_secs(30), "a runner").code(), Some(75));
+    }
+}
+
+#[test]
+fn a_grace_period_that_cannot_fit_the_lease_is_rejected() {
+    let Some(e) = env("supervise_grace") else { return };
+    for args in [
+        &["lock", "k", "--ttl", "2", "--grace", "1.2", "--", "true"][..],
+        &["elect", "k", "--ttl", "2", "--grace", "5", "--", "true"],
+        &["agent", "a", "--queue", "q", "--lease", "3", "--grace", "1.7", "--", "true"],
+    ] {
+        let out = e.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--grace") && err.contains("does not fit"), "{args:?}: {err}");
+    }
+    let fits = e.run(&["lock", "k", "--ttl", "2", "--grace", "1.1", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(fits.status.code(), Some(3), "{}", String::from_utf8_lossy(&fits.stderr));
+}
+
+#[test]
+fn agent_fails_a_task_whose_stdout_is_too_long() {
+    let Some(e) = env("supervise_stdout_cap") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "chatty", "{}"]);
+    // 3 MB, then it would go on for a long time.
+    let script = "head -c 3000000 /dev/zero; sleep 1000";
+    let mut agent = e.spawn(&[
+        "agent",
+        "chatty",
+        "--queue",
+        "jobs",
+        "--max-tasks",
+        "1",
+        "--max-attempts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert!(exits_within(&mut agent, Duration::from_secs(60), "the agent").success());
+    let task = e.json(&["tasks", "--queue", "jobs", "--list"]);
+    let error = task[0]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("more than 1048576 bytes to stdout"), "{task}");
+}
+
+#[test]
+fn agent_does_not_wait_for_a_daemon_holding_stdout() {
+    let Some(e) = env("supervise_daemon") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "spawner", "{}"]);
+    let daemon = e.file("daemon");
+    let script = format!(r#"cat > /dev/null; sleep 1000 & echo $! > {}; echo '{{"done": 1}}'"#, daemon.display());
+    let mut agent = e.spawn(&["agent", "spawner", "--queue", "jobs", "--max-tasks", "1", "--", "sh", "-c", &script]);
+    assert!(exits_within(&mut agent, Duration::from_secs(60), "the agent").success());
+    let task = e.json(&["tasks", "--queue", "jobs", "--list"]);
+    assert_eq!((&task[0]["complete"], &task[0]["done"]), (&serde_json::json!(true), &serde_json::json!(1)), "{task}");
+    assert!(!alive(&pid_in(&daemon)), "the daemon was stopped with its task");
+}
+
+#[test]
+fn a_second_sigint_ends_the_runner_at_once() {
+    let Some(e) = env("supervise_second_sigint") else { return };
+    let (pid, term_log) = (e.file("pid"), e.file("term"));
+    let script = format!(
+        "trap 'echo term >> {}' TERM; echo $$ > {}; while :; do sleep 0.2; done",
+        term_log.display(),
+        pid.display()
+    );
+    let mut runner = e.spawn(&["lock", "k", "--ttl", "60", "--grace", "20", "--", "sh", "-c", &script]);
+    let pid = pid_in(&pid);
+    signal(&runner, "-INT");
+    wait_until("SIGTERM to reach the command", Duration::from_secs(20), || !lines(&term_log).is_empty());
+    assert!(runner.try_wait().unwrap().is_none(), "the first SIGINT waits for the grace period");
+    signal(&runner, "-INT");
+    let status = exits_within(&mut runner, Duration::from_secs(8), "the runner after a second SIGINT");
+    assert_eq!(status.code(), Some(130));
+    wait_until("the command to die with the runner", Duration::from_secs(15), || !alive(&pid));
+}
+
+#[test]
+fn connection_variables_are_passed_on_only_when_asked() {
+    let Some(e) = env("supervise_env") else { return };
+    let script = r#"echo "${MONGODB_URI-unset} ${MONGO_HOST-unset} ${MONGO_DB-unset} fence=${MONGOCOORD_FENCE-unset}""#;
+    let run = |extra: &[&str]| {
+        let args = [&["lock", "envk", "--ttl", "5"][..], extra, &["--", "sh", "-c", script]].concat();
+        let out = e
+            .cmd(&args)
+            .env("MONGODB_URI", "mongodb://secret@h/")
+            .env("MONGO_HOST", "h")
+            .env("MONGO_DB", "d")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    assert_eq!(run(&[]), "unset unset unset fence=1");
+    assert_eq!(run(&["--pass-env"]), "mongodb://secret@h/ h d fence=2");
+}
