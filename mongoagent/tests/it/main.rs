@@ -3,6 +3,7 @@
 //! and a deterministic simulation with crashes, partitions and faults.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod mechanisms;
 mod simulation;
 mod suite;
 
