@@ -44,7 +44,7 @@ async fn unreachable_store_signals_loss_before_expiry() {
     let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(6)).build().unwrap();
     let g = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
     store.faults().set_unreachable(true);
-    g.lost().await;
+    crate::suite::lost_within_lease(&g, Duration::from_secs(6)).await;
     let snap = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap();
     assert!(snap.record.unwrap().is_held_by_at(g.owner(), snap.now), "signalled while the lease was still valid");
     store.faults().set_unreachable(false);

@@ -33,6 +33,12 @@ fn ttl<H: Harness>(h: &H) -> Duration {
     h.ttl() * 2
 }
 
+/// Waits for `g`'s lost signal, which must come within the lease: a test fails
+/// instead of hanging when it never fires.
+pub(crate) async fn lost_within_lease<S: Store + Clone>(g: &mongolock::LockGuard<S>, ttl: Duration) {
+    tokio::time::timeout(ttl, g.lost()).await.expect("the lost signal fired within the lease");
+}
+
 async fn lock<H: Harness>(h: &H, test: &str) -> (H::Store, impl Fn() -> Lock<H::Store>) {
     let store = h.store(test).await;
     let s = store.clone();
@@ -84,7 +90,7 @@ pub(crate) async fn tokens_increase_across_release_expiry_and_force<H: Harness>(
     let g = b.acquire().await.unwrap();
     tokens.push(g.token());
     // Let it lapse: no renewal.
-    g.lost().await;
+    lost_within_lease(&g, ttl(h)).await;
     tokio::time::sleep(ttl(h) / 4).await;
     let g2 = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
     tokens.push(g2.token());
@@ -105,7 +111,7 @@ pub(crate) async fn lost_signal_fires_before_expiry<H: Harness>(h: &H) {
     let (store, make) = lock(h, "lock_lost_before_expiry").await;
     let a = make();
     let g = a.acquire().await.unwrap();
-    g.lost().await;
+    lost_within_lease(&g, ttl(h)).await;
     // When the holder is told, its lease is still valid on the store clock: it was
     // warned before anyone else could take the lock.
     let now = store.now().await.unwrap();
@@ -277,7 +283,7 @@ pub(crate) async fn clock_skew_changes_nothing<H: Harness>(h: &H) {
         let g = a.acquire().await.unwrap();
         trace.push(b.try_acquire().await.unwrap().is_some());
         trace.push(a.owned().await.unwrap());
-        g.lost().await;
+        lost_within_lease(&g, ttl(h)).await;
         tokio::time::sleep(ttl(h) / 4).await;
         trace.push(b.try_acquire().await.unwrap().is_some());
         traces.push(trace);
