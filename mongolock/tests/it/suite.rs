@@ -112,23 +112,31 @@ pub(crate) async fn lost_signal_fires_before_expiry<H: Harness>(h: &H) {
     let a = make();
     let g = a.acquire().await.unwrap();
     lost_within_lease(&g, ttl(h)).await;
+    // The two "before its expiry" checks below are exact on the paused clock of
+    // the memory store. On a real server each needs a round trip to finish within
+    // the safety margin (120 ms here), which a loaded machine does not promise:
+    // there the signal and the release are checked, not their timing. (That the
+    // server's expiry is the grant's `$$NOW` plus the ttl, so never before the
+    // holder's deadline, is the conformance suite's.)
+    let exact = store.backend_name() == "memory";
     // When the holder is told, its lease is still valid on the store clock: it was
     // warned before anyone else could take the lock.
     let now = store.now().await.unwrap();
-    assert!(now < g.expires(), "lost fired after the lease lapsed: now {now}, expiry {}", g.expires());
+    assert!(!exact || now < g.expires(), "lost fired after the lease lapsed: now {now}, expiry {}", g.expires());
     assert!(g.is_lost());
     // Then the lost holder frees the lock at once instead of at expiry.
     let (coll, key) = (Collection::new("mongolocker").unwrap(), Key::new("job").unwrap());
-    let mut freed = false;
-    for _ in 0..100 {
+    let mut freed = None;
+    for _ in 0..1000 {
         let snap = store.get(&coll, &key).await.unwrap();
         if snap.record.as_ref().is_some_and(|r| r.lease().is_none()) {
-            freed = snap.now < g.expires();
+            freed = Some(snap.now);
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(freed, "released before its expiry");
+    let freed = freed.expect("the lost holder released the lock");
+    assert!(!exact || freed < g.expires(), "released before its expiry: at {freed}, expiry {}", g.expires());
     assert_eq!(a.metrics().losses, 1);
     assert!(matches!(g.touch().await, Err(LockError::Lost { .. })));
 }
@@ -284,7 +292,15 @@ pub(crate) async fn clock_skew_changes_nothing<H: Harness>(h: &H) {
         trace.push(b.try_acquire().await.unwrap().is_some());
         trace.push(a.owned().await.unwrap());
         lost_within_lease(&g, ttl(h)).await;
-        tokio::time::sleep(ttl(h) / 4).await;
+        // Past the lease on the store clock (a fixed sleep would assume the grant
+        // had come back quickly).
+        loop {
+            let now = store.now().await.unwrap();
+            if now > g.expires() {
+                break;
+            }
+            tokio::time::sleep(now.until(g.expires()) + Duration::from_millis(5)).await;
+        }
         trace.push(b.try_acquire().await.unwrap().is_some());
         traces.push(trace);
         offsets.push(a.clock_offset_ms().await.unwrap() - skew);
