@@ -179,7 +179,12 @@ async fn agents_on_one_queue_claim_in_turn() {
         })
         .collect();
     let done = Query::eq(doc! {"complete": true});
-    while store.count(&coll(), &done).await.unwrap() < 24 {
+    // Bounded (simulated time), so that a broken agent fails the test instead of
+    // hanging it.
+    for _ in 0..3_000 {
+        if store.count(&coll(), &done).await.unwrap() >= 24 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     agents.iter().for_each(Agent::shutdown);
