@@ -209,8 +209,12 @@ pub fn db_name(test: &str) -> String {
 /// Tells the person running the tests that this test did not run against a
 /// server, bypassing libtest's output capture; panics instead under `CI`.
 pub fn skip(test: &str, why: &str) {
+    skip_unless_required(required(), test, why);
+}
+
+fn skip_unless_required(required: bool, test: &str, why: &str) {
     let msg = format!("SKIPPED {test}: no MongoDB server ({why}). Set MONGODB_URI or run `cargo xtask test`.");
-    assert!(!required(), "{msg} (CI is set: a Mongo test must not skip)");
+    assert!(!required, "{msg} (CI is set: a Mongo test must not skip)");
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
@@ -249,10 +253,27 @@ pub async fn test_store_with(test: &str, options: &str) -> Option<MongoStore> {
 }
 
 /// Another client on `test`'s database (not emptied), with application name
-/// `app`: a second "process" in a failpoint test.
+/// `app`: a second "process" in a failpoint test. `None` (after [`skip`]) when
+/// there is no server.
 pub async fn connect_as(test: &str, app: &str) -> Option<MongoStore> {
-    let uri = with_option(&server_uri().ok()?, &format!("appName={app}"));
-    MongoStore::connect(&uri, &db_name(test)).await.ok()
+    connect_as_to(server_uri(), required(), test, app).await
+}
+
+async fn connect_as_to(server: Result<String, String>, required: bool, test: &str, app: &str) -> Option<MongoStore> {
+    let uri = match server {
+        Ok(uri) => with_option(&uri, &format!("appName={app}")),
+        Err(why) => {
+            skip_unless_required(required, test, &why);
+            return None;
+        }
+    };
+    match MongoStore::connect(&uri, &db_name(test)).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            skip_unless_required(required, test, &e.to_string());
+            None
+        }
+    }
 }
 
 fn with_option(uri: &str, option: &str) -> String {
@@ -268,10 +289,28 @@ fn with_option(uri: &str, option: &str) -> String {
 }
 
 /// A client connected to the test server, for side channels such as
-/// `configureFailPoint` (send those from a separate client).
+/// `configureFailPoint` (send those from a separate client). `None` (after
+/// [`skip`]) when there is no server.
 pub async fn admin_client() -> Option<mongodb::Client> {
-    let uri = server_uri().ok()?;
-    mongodb::Client::with_uri_str(&uri).await.ok()
+    admin_client_to(server_uri(), required()).await
+}
+
+async fn admin_client_to(server: Result<String, String>, required: bool) -> Option<mongodb::Client> {
+    let test = "a failpoint test (admin client)";
+    let uri = match server {
+        Ok(uri) => uri,
+        Err(why) => {
+            skip_unless_required(required, test, &why);
+            return None;
+        }
+    };
+    match mongodb::Client::with_uri_str(&uri).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            skip_unless_required(required, test, &e.to_string());
+            None
+        }
+    }
 }
 
 /// Runs a TTL pass now: SecantusDB's `{"secantusAdmin.pruneTtl": 1}` on the
@@ -331,5 +370,30 @@ impl store_trait::testing::Harness for MongoHarness {
 
     async fn prune_ttl(&self, _store: &MongoStore) {
         prune_ttl().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{admin_client_to, connect_as_to};
+
+    fn no_server() -> Result<String, String> {
+        Err("no server in this test".to_owned())
+    }
+
+    /// Every way a test reaches the server skips when there is none, and fails
+    /// instead under `CI` (`required`): a failpoint test must not pass silently.
+    #[tokio::test]
+    async fn no_server_fails_a_required_test_at_every_entry_point() {
+        assert!(admin_client_to(no_server(), false).await.is_none());
+        assert!(connect_as_to(no_server(), false, "t", "app").await.is_none());
+        let admin = tokio::spawn(admin_client_to(no_server(), true)).await;
+        assert!(admin.is_err_and(|e| e.is_panic()), "admin_client fails under CI");
+        let other = tokio::spawn(connect_as_to(no_server(), true, "t", "app")).await;
+        assert!(other.is_err_and(|e| e.is_panic()), "connect_as fails under CI");
+        // A URI the driver cannot use is no server either.
+        let bad = || Ok("not-a-uri".to_owned());
+        assert!(tokio::spawn(admin_client_to(bad(), true)).await.is_err_and(|e| e.is_panic()));
+        assert!(tokio::spawn(connect_as_to(bad(), true, "t", "app")).await.is_err_and(|e| e.is_panic()));
     }
 }

@@ -5,6 +5,7 @@
 
 mod fencing;
 mod input;
+mod mechanisms;
 mod simulation;
 mod suite;
 

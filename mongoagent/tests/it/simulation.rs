@@ -12,8 +12,17 @@
 //! - follow-ups are never duplicated;
 //! - a waiting task runs again, and a fan-in task runs, only once every one of
 //!   its follow-ups has ended, and sees all of them.
+//!
+//! The store also fails after applying a write (the ambiguous case), slows
+//! down, and ends its change streams.
+//!
+//! The handler only *records* what it sees (`Checks`); the test asserts at the
+//! end. An `assert!` inside the handler could never fail the test: the agent
+//! catches a handler's panic and counts it as a failed attempt, and this
+//! simulation makes handlers panic on purpose.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,47 +38,107 @@ use tokio_util::sync::CancellationToken;
 
 const SEEDED: usize = 120;
 
-type Running = Arc<Mutex<HashMap<String, Vec<CancellationToken>>>>;
+/// What handlers observed, shared by every agent, checked at the end of the test.
+#[derive(Default)]
+struct Checks {
+    /// Every claim a handler ran under, per task.
+    running: Mutex<HashMap<String, Vec<CancellationToken>>>,
+    /// Handler starts that found another run of the same task still live.
+    overlaps: Mutex<Vec<String>>,
+    /// Handler runs that found the task's follow-ups invalid for a fan-in step.
+    fan_in: Mutex<Vec<String>>,
+    /// Handler runs that started after an earlier run of the same task.
+    reruns: AtomicU64,
+    /// Fan-in runs checked.
+    fan_in_runs: AtomicU64,
+    /// Per task, the newest claim (token) a handler ran under, and whether that
+    /// run panicked (and so wrote no outcome of its own).
+    last_run: Mutex<HashMap<String, (u64, bool)>>,
+}
+
+impl Checks {
+    fn violation(list: &Mutex<Vec<String>>, what: String) {
+        list.lock().unwrap().push(what);
+    }
+}
+
+/// Counts on the store, retrying injected faults (the handler must see the truth,
+/// not a fault meant for the agents).
+async fn count_open_follow_ups(store: &MemoryStore, waiter: &Task) -> u64 {
+    let open = Query::eq(doc! {"join": waiter.id().as_bson().clone()})
+        .when(store_trait::Condition::FieldEq("complete".into(), true.into()).negate());
+    loop {
+        if let Ok(n) = store.count(&coll(), &open).await {
+            return n;
+        }
+    }
+}
 
 fn handler(
-    running: Running,
+    checks: Arc<Checks>,
     store: MemoryStore,
     seed: u64,
 ) -> impl Fn(Task) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>> + Send + Sync + 'static {
     move |task: Task| {
-        let (running, store) = (running.clone(), store.clone());
+        let (checks, store) = (checks.clone(), store.clone());
         Box::pin(async move {
             let id = task.id().to_string();
             {
-                let mut r = running.lock().unwrap();
+                let mut r = checks.running.lock().unwrap();
                 let others = r.entry(id.clone()).or_default();
-                assert!(others.iter().all(CancellationToken::is_cancelled), "task {id} runs twice at once");
+                if !others.is_empty() {
+                    checks.reruns.fetch_add(1, Ordering::SeqCst);
+                }
+                if !others.iter().all(CancellationToken::is_cancelled) {
+                    Checks::violation(
+                        &checks.overlaps,
+                        format!("task {id} runs twice at once (token {})", task.token()),
+                    );
+                }
                 others.push(task.cancelled().clone());
+                let mut last = checks.last_run.lock().unwrap();
+                let last = last.entry(id.clone()).or_default();
+                if task.token() > last.0 {
+                    *last = (task.token(), false);
+                }
             }
-            let mut rng = fastrand::Rng::with_seed(seed ^ (task.token() * 7919) ^ id.len() as u64);
-            tokio::time::sleep(Duration::from_millis(rng.u64(10..3_000))).await;
+            let id_hash =
+                id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+            let mut rng = fastrand::Rng::with_seed(seed ^ (task.token() * 7919) ^ id_hash);
+            // Some handlers outlast a partition longer than the lease (they do not
+            // watch their cancellation): their late outcome must be rejected.
+            let work = if rng.u32(..4) == 0 { rng.u64(8_000..30_000) } else { rng.u64(10..3_000) };
+            tokio::time::sleep(Duration::from_millis(work)).await;
             let stage = task.data().get_i32("stage").unwrap_or(0);
             let fan = task.data().get_i64("i").unwrap_or(0) % 3;
             if task.round() > 0 || stage == 2 {
                 // Fan-in: every follow-up has ended, and the handler sees them all.
-                let open = Query::eq(doc! {"join": task.id().as_bson().clone()})
-                    .when(store_trait::Condition::FieldEq("complete".into(), true.into()).negate());
-                assert_eq!(store.count(&coll(), &open).await.unwrap(), 0, "{id} runs before its follow-ups end");
-                assert_eq!(task.children().len(), 2, "{id} sees its follow-ups");
-                assert!(task.children().iter().all(|c| c.data().get_bool("complete").ok() == Some(true)));
+                checks.fan_in_runs.fetch_add(1, Ordering::SeqCst);
+                let open = count_open_follow_ups(&store, &task).await;
+                let children = task.children();
+                let ended = children.iter().filter(|c| c.data().get_bool("complete").ok() == Some(true)).count();
+                if open != 0 || children.len() != 2 || ended != 2 {
+                    let what = format!("{id}: {open} follow-ups open, sees {} of which {ended} ended", children.len());
+                    Checks::violation(&checks.fan_in, what);
+                }
             }
             let two = |o: Outcome| {
                 o.follow_up(NewTask::new("sim", doc! {"stage": 1})).follow_up(NewTask::new("sim", doc! {"stage": 1}))
             };
-            match rng.u32(..100) {
+            let outcome = match rng.u32(..100) {
                 0..=7 => Outcome::failed("flaky"),
-                8..=9 => panic!("handler bug"),
+                8..=9 => {
+                    checks.last_run.lock().unwrap().entry(id).and_modify(|r| r.1 |= r.0 == task.token());
+                    panic!("handler bug")
+                }
                 10 => Outcome::failed_permanently("bad input"),
                 _ if stage == 0 && task.round() == 0 && fan == 1 => two(Outcome::done()).wait_for_follow_ups(),
                 _ if stage == 0 && fan == 2 => two(Outcome::done()).then(NewTask::new("sim", doc! {"stage": 2})),
                 _ if stage == 0 && task.round() == 0 => two(Outcome::done()),
                 _ => Outcome::done(),
-            }
+            };
+            // Every outcome says which claim wrote it.
+            outcome.merge(doc! {"outcome_token": i64::try_from(task.token()).unwrap()})
         })
     }
 }
@@ -80,7 +149,7 @@ struct Worker {
     agent: Agent<Client>,
 }
 
-fn spawn(store: &MemoryStore, running: &Running, seed: u64) -> Worker {
+fn spawn(store: &MemoryStore, checks: &Arc<Checks>, seed: u64) -> Worker {
     let client = store.client();
     let agent = Agent::builder(client.clone(), "sim", "tasks")
         .lease(Duration::from_secs(3))
@@ -91,10 +160,46 @@ fn spawn(store: &MemoryStore, running: &Running, seed: u64) -> Worker {
         .drain_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let h = handler(running.clone(), store.clone(), seed);
+    let h = handler(checks.clone(), store.clone(), seed);
     let a = agent.clone();
     let task = tokio::spawn(async move { a.work(h).await.unwrap_or_default() });
     Worker { client, task, agent }
+}
+
+/// The store's faults beyond "fail before apply", and how many of each were
+/// injected.
+#[derive(Debug, Default)]
+struct StoreFaults {
+    after_apply: u32,
+    latency: u32,
+    streams_ended: u32,
+}
+
+impl StoreFaults {
+    fn inject(&mut self, store: &MemoryStore, rng: &mut fastrand::Rng) {
+        match rng.u32(..3) {
+            0 => {
+                // Applied, then an error: the caller cannot tell whether it happened.
+                store.faults().fail_next_after_apply(u64::from(rng.u32(1..3)));
+                self.after_apply += 1;
+            }
+            1 => {
+                // A slow store for a while: every operation waits before it applies.
+                store.faults().set_latency(Duration::from_millis(rng.u64(20..400)));
+                let (store, d) = (store.clone(), Duration::from_millis(rng.u64(500..5_000)));
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    store.faults().set_latency(Duration::ZERO);
+                });
+                self.latency += 1;
+            }
+            _ => {
+                // Every change stream ends; watchers must subscribe again.
+                store.faults().end_change_streams();
+                self.streams_ended += 1;
+            }
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -104,10 +209,11 @@ async fn agents_under_crashes_partitions_and_faults() {
     let queue = Queue::new(store.clone(), "tasks").unwrap();
     let seeded: Vec<_> = (0..SEEDED).map(|i| NewTask::new("sim", doc! {"stage": 0, "i": i as i64})).collect();
     queue.enqueue_all(&seeded).await.unwrap();
-    let running: Running = Arc::default();
-    let mut workers: Vec<Worker> = (0..4).map(|i| spawn(&store, &running, i)).collect();
+    let checks = Arc::new(Checks::default());
+    let mut workers: Vec<Worker> = (0..4).map(|i| spawn(&store, &checks, i)).collect();
     let mut logs: Vec<AgentLog> = Vec::new();
     let (mut crashes, mut partitions) = (0, 0);
+    let mut injected = StoreFaults::default();
     for step in 0..400_u64 {
         let i = rng.usize(..workers.len());
         match rng.u32(..100) {
@@ -117,7 +223,9 @@ async fn agents_under_crashes_partitions_and_faults() {
                 workers[i].client.set_partitioned(true);
                 workers[i].task.abort();
                 let _ = (&mut workers[i].task).await;
-                workers[i] = spawn(&store, &running, 1000 + step);
+                // What the dead process had applied still counts.
+                logs.push(workers[i].agent.log());
+                workers[i] = spawn(&store, &checks, 1000 + step);
                 crashes += 1;
             }
             4..=7 => {
@@ -132,6 +240,7 @@ async fn agents_under_crashes_partitions_and_faults() {
                 });
             }
             8..=9 => store.faults().fail_next(u64::from(rng.u32(1..3))),
+            10..=15 => injected.inject(&store, &mut rng),
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(50..700))).await;
@@ -141,13 +250,14 @@ async fn agents_under_crashes_partitions_and_faults() {
     for w in &workers {
         w.client.set_partitioned(false);
     }
-    let total = SEEDED as u64 * 3 + SEEDED as u64 / 3;
     let coll = coll();
     let open =
         || Query::all().when(store_trait::Condition::FieldEq("complete".into(), bson::Bson::Boolean(true)).negate());
     for _ in 0..2_000 {
-        if store.count(&coll, &open()).await.unwrap() == 0 && store.count(&coll, &Query::all()).await.unwrap() >= total
-        {
+        // Follow-ups exist before their parent ends, so once no task is open and
+        // no fan-in step is pending (claimed), nothing more will come.
+        let claimed = Query::eq(doc! {"claimed": true});
+        if store.count(&coll, &open()).await.unwrap() == 0 && store.count(&coll, &claimed).await.unwrap() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -191,5 +301,34 @@ async fn agents_under_crashes_partitions_and_faults() {
     assert!(docs.iter().all(|r| r.lease().is_none()), "no claim left behind");
     let applied: u64 = logs.iter().map(|l| l.completed + l.failed_permanently).sum();
     assert!(applied <= docs.len() as u64, "no outcome applied twice: {applied} > {}", docs.len());
+    // Each task's outcome is the one its newest claim's handler returned: a late
+    // outcome of an older claim was never applied over it.
+    let last_run = checks.last_run.lock().unwrap();
+    let mut outcomes_checked = 0;
+    for r in &docs {
+        let Some(&(token, panicked)) = last_run.get(&r.key().to_string()) else { continue };
+        if panicked {
+            continue;
+        }
+        let written = r.data().get_i64("outcome_token").ok();
+        assert_eq!(written, Some(i64::try_from(token).unwrap()), "{}: outcome written by an older claim", r.key());
+        outcomes_checked += 1;
+    }
+    assert!(outcomes_checked > docs.len() / 2, "{outcomes_checked} outcomes checked");
+    let stale: u64 = logs.iter().map(|l| l.stale_rejected).sum();
+    eprintln!("applied {applied} of {} tasks, {stale} stale", docs.len());
+    assert!(stale > 0, "late outcomes of lapsed claims were tried (and rejected)");
     assert!(crashes > 5 && partitions > 5, "faults happened: {crashes} crashes, {partitions} partitions");
+    assert!(
+        injected.after_apply >= 3 && injected.latency >= 3 && injected.streams_ended >= 3,
+        "store faults happened: {injected:?}"
+    );
+    let overlaps = checks.overlaps.lock().unwrap();
+    assert!(overlaps.is_empty(), "two live claims ran one task at once: {overlaps:#?}");
+    let fan_in = checks.fan_in.lock().unwrap();
+    assert!(fan_in.is_empty(), "fan-in steps ran too early: {fan_in:#?}");
+    // The checks above saw enough to mean something.
+    let (reruns, fan_in_runs) = (checks.reruns.load(Ordering::SeqCst), checks.fan_in_runs.load(Ordering::SeqCst));
+    eprintln!("checked: {reruns} reruns, {fan_in_runs} fan-in runs");
+    assert!(reruns > 50 && fan_in_runs > SEEDED as u64 / 2, "{reruns} reruns, {fan_in_runs} fan-in runs checked");
 }

@@ -1,6 +1,7 @@
 //! A deterministic simulation on the in-memory store under paused time: five
 //! electors over a simulated hour with random crashes, partitions longer than the
-//! ttl, clean stops, restarts, transient store faults and steps of the store clock
+//! ttl, clean stops, restarts, store faults (failed before apply, applied and
+//! then failed, slow, change streams ended) and steps of the store clock
 //! (back by up to a ttl; forward by up to 1.2 s, four times the safety margin,
 //! which the leader reports as a loss at its next renewal). A forward step is only
 //! made while no master is cut off, and no node is cut off until the leader has
@@ -64,6 +65,7 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
     let end = tokio::time::Instant::now() + Duration::from_secs(60 * minutes);
     let mut leaderless_since: Option<tokio::time::Instant> = None;
     let (mut steps, mut terms) = (0, 0);
+    let mut injected = StoreFaults::default();
     let mut last_token = 0;
     // After a forward step of the store clock: no partition until the leader has
     // renewed once, and no other forward step.
@@ -131,6 +133,7 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
                     }
                 }
             }
+            21..=25 => injected.inject(&store, &mut rng),
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(10..1500))).await;
@@ -192,7 +195,47 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
             assert_eq!(*ev, want, "process {i}: callbacks do not alternate: {log:?}");
         }
     }
+    assert!(
+        injected.after_apply > 0 && injected.latency > 0 && injected.streams_ended > 0,
+        "store faults happened: {injected:?}"
+    );
     (steps, terms, reported)
+}
+
+/// The store's faults beyond "fail before apply", and how many of each were
+/// injected.
+#[derive(Debug, Default)]
+struct StoreFaults {
+    after_apply: u32,
+    latency: u32,
+    streams_ended: u32,
+}
+
+impl StoreFaults {
+    fn inject(&mut self, store: &MemoryStore, rng: &mut fastrand::Rng) {
+        match rng.u32(..3) {
+            0 => {
+                // Applied, then an error: the caller cannot tell whether it happened.
+                store.faults().fail_next_after_apply(u64::from(rng.u32(1..3)));
+                self.after_apply += 1;
+            }
+            1 => {
+                // A slow store for a while: every operation waits before it applies.
+                store.faults().set_latency(Duration::from_millis(rng.u64(20..400)));
+                let (store, d) = (store.clone(), Duration::from_millis(rng.u64(500..5_000)));
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    store.faults().set_latency(Duration::ZERO);
+                });
+                self.latency += 1;
+            }
+            _ => {
+                // Every change stream ends; observers must subscribe again.
+                store.faults().end_change_streams();
+                self.streams_ended += 1;
+            }
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]

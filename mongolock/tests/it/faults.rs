@@ -44,7 +44,7 @@ async fn unreachable_store_signals_loss_before_expiry() {
     let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(6)).build().unwrap();
     let g = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
     store.faults().set_unreachable(true);
-    g.lost().await;
+    crate::suite::lost_within_lease(&g, Duration::from_secs(6)).await;
     let snap = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap();
     assert!(snap.record.unwrap().is_held_by_at(g.owner(), snap.now), "signalled while the lease was still valid");
     store.faults().set_unreachable(false);
@@ -118,6 +118,25 @@ async fn acquire_timeout_holds_when_the_store_never_answers() {
     let out = waiter.await.unwrap();
     assert!(matches!(out, Err(LockError::Timeout { .. })), "{out:?}");
     assert!(start.elapsed() <= Duration::from_secs(5), "{:?}", start.elapsed());
+}
+
+/// Fence check on writes made while holding: once the lease lapsed and another
+/// holder took the lock, the old guard's write is rejected and changes nothing;
+/// so is one on a lapsed lease nobody took yet.
+#[tokio::test(start_paused = true)]
+async fn fenced_writes_of_a_lapsed_holder_are_rejected() {
+    let store = MemoryStore::new();
+    let (coll, key) = (Collection::new("mongolocker").unwrap(), Key::new("job").unwrap());
+    let make = || Lock::builder(store.clone(), "job").ttl(Duration::from_secs(3)).build().unwrap();
+    let (a, b) = (make(), make());
+    let g = a.acquire().await.unwrap();
+    g.write(store_trait::Mutation::new().set("by", "a")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(matches!(g.write(store_trait::Mutation::new().set("by", "a-late")).await, Err(LockError::Lost { .. })));
+    let g2 = b.try_acquire().await.unwrap().expect("the lease lapsed");
+    assert!(matches!(g.write(store_trait::Mutation::new().set("by", "a-stale")).await, Err(LockError::Lost { .. })));
+    let rec = store.peek(&coll, &key).unwrap().record.unwrap();
+    assert_eq!((rec.data().get_str("by").unwrap(), rec.fence()), ("a", g2.token()));
 }
 
 async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document) {

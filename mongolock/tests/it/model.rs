@@ -1,7 +1,8 @@
 //! A property-based model test on the in-memory store under paused time:
-//! random sequences of acquire, release, touch, force, partitions, crashes,
-//! store faults, steps of the store clock (forward and back) and the passing of
-//! time. After every step:
+//! random sequences of acquire (at once, or waiting), release, touch, force,
+//! partitions, crashes, store faults (failed before apply, applied and then
+//! failed, slow, change streams ended), steps of the store clock (forward and
+//! back) and the passing of time. After every step:
 //! - every holder that has not been told it lost the lock (and was not forced
 //!   out) holds a live lease on the store clock — so at most one does, and a
 //!   holder whose lease lapsed was signalled first. The one exception is the
@@ -35,6 +36,19 @@ enum Op {
     /// The store clock steps by this many milliseconds (an NTP step on the
     /// server, a failover to a member whose clock is off).
     StoreClockStep(i64),
+    // Store faults beyond "failed before apply", and an acquisition that waits
+    // (so that change streams matter).
+    /// The next n operations are applied, then report an error.
+    FailAfterApply(u64),
+    /// Every operation takes this long (0: back to normal).
+    Latency(u64),
+    /// Every change stream ends after this delay.
+    EndStreams(u64),
+    /// Acquire, waiting up to this long.
+    WaitAcquire {
+        client: usize,
+        ms: u64,
+    },
 }
 
 const CLIENTS: usize = 4;
@@ -50,10 +64,14 @@ fn op() -> impl Strategy<Value = Op> {
         1 => c.clone().prop_map(Op::Touch),
         1 => c.clone().prop_map(Op::Force),
         2 => (c.clone(), any::<bool>()).prop_map(|(c, d)| Op::Partition(c, d)),
-        1 => c.prop_map(Op::Crash),
+        1 => c.clone().prop_map(Op::Crash),
         1 => (1..4_u64).prop_map(Op::Faults),
         4 => (1..2 * TTL_MS).prop_map(Op::Advance),
         2 => (-2 * TTL_MS as i64..2 * TTL_MS as i64).prop_map(Op::StoreClockStep),
+        1 => (1..4_u64).prop_map(Op::FailAfterApply),
+        1 => prop_oneof![Just(0), 1..TTL_MS / 2].prop_map(Op::Latency),
+        1 => (0..TTL_MS).prop_map(Op::EndStreams),
+        2 => (c.clone(), 1..2 * TTL_MS).prop_map(|(client, ms)| Op::WaitAcquire { client, ms }),
     ]
 }
 
@@ -132,14 +150,22 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Force(client) => {
                 if clients[client].guard.is_none() {
-                    if let Ok(g) = clients[client].lock.acquire_with(Acquire::try_once().force()).await {
-                        prop_assert!(g.token() > max_token);
-                        max_token = g.token();
+                    // A forced grant that was applied but reported an error (and not
+                    // read back) still forced the holder out: the fence moved.
+                    let fence = |store: &MemoryStore| store.peek(&coll, &key).unwrap().record.map(|r| r.fence());
+                    let before = fence(&store);
+                    let got = clients[client].lock.acquire_with(Acquire::try_once().force()).await;
+                    settle().await;
+                    if fence(&store) > before {
                         for (i, other) in clients.iter_mut().enumerate() {
                             if i != client && other.guard.is_some() {
                                 other.forced_out = true;
                             }
                         }
+                    }
+                    if let Ok(g) = got {
+                        prop_assert!(g.token() > max_token);
+                        max_token = g.token();
                         clients[client].hold(g);
                     }
                 }
@@ -160,6 +186,26 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for c in clients.iter_mut().filter(|c| c.guard.is_some()) {
                     c.stepped += ms;
                     c.stepped_peak = c.stepped_peak.max(c.stepped);
+                }
+            }
+            Op::FailAfterApply(n) => store.faults().fail_next_after_apply(n),
+            Op::Latency(ms) => store.faults().set_latency(Duration::from_millis(ms)),
+            Op::EndStreams(after) => {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(after)).await;
+                    store.faults().end_change_streams();
+                });
+            }
+            Op::WaitAcquire { client, ms } => {
+                let c = &mut clients[client];
+                if c.guard.is_none() {
+                    let opts = Acquire::new().timeout(Duration::from_millis(ms)).auto_renew();
+                    if let Ok(g) = c.lock.acquire_with(opts).await {
+                        prop_assert!(g.token() > max_token, "step {step}: token {} after {max_token}", g.token());
+                        max_token = g.token();
+                        c.hold(g);
+                    }
                 }
             }
         }
@@ -203,7 +249,7 @@ fn client_fresh(store: &MemoryStore) -> Client {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 960, ..ProptestConfig::default() })]
 
     #[test]
     fn at_most_one_believing_holder_and_increasing_tokens(ops in prop::collection::vec(op(), 1..80)) {

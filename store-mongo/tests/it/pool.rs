@@ -33,15 +33,18 @@ async fn idle_change_streams_do_not_hold_connections() {
     assert!(got.is_ok(), "operations waited for connections held by idle change streams");
 }
 
-/// Watchers of one collection share one server-side stream: each sees its own
-/// key's events; the stream closes when the last watcher is gone, and the next
-/// watcher opens a new one.
+/// Watchers of one collection share one server-side stream, whatever their
+/// number (counted on the server): each sees its own key's events; the stream
+/// closes when the last watcher is gone, and the next watcher opens a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_share_one_stream_per_collection() {
     use store_trait::{ChangeKind, Condition, Mutation, Write};
     let Some(store) = store_mongo::testing::test_store_with("pool_shared_stream", "maxPoolSize=3").await else {
         return;
     };
+    // Its own pool: the count must not wait for the store's connections.
+    let Some(admin) = store_mongo::testing::admin_client().await else { return };
+    let ns = |c: &Collection| format!("{}.{}", store.database().name(), c.as_str());
     let coll = Collection::new("shared").unwrap();
     let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
     let put = |k: Key| {
@@ -57,6 +60,13 @@ async fn watchers_share_one_stream_per_collection() {
         let mut only_a = store.watch(&coll, Some(&a)).await.unwrap();
         let mut all = store.watch(&coll, None).await.unwrap();
         let mut elsewhere = store.watch(&coll_b, None).await.unwrap();
+        let mut more = Vec::new();
+        for k in [None, Some(&a), Some(&b)] {
+            more.push(store.watch(&coll, k).await.unwrap());
+        }
+        // Five watchers of one collection, one of another: one stream each.
+        assert_eq!(server_streams(&admin, &ns(&coll)).await, 1, "one server-side stream for five watchers");
+        assert_eq!(server_streams(&admin, &ns(&coll_b)).await, 1);
         put(b.clone()).await;
         put(a.clone()).await;
         assert_eq!(next_event(&mut all).await.key, Some(b.clone()));
@@ -67,10 +77,12 @@ async fn watchers_share_one_stream_per_collection() {
             tokio::time::timeout(Duration::from_millis(300), elsewhere.next()).await.is_err(),
             "no events from another collection"
         );
-        drop((only_a, all, elsewhere));
+        drop((only_a, all, elsewhere, more));
         // Let the pumps notice that nobody watches, and close; the next round
         // opens new ones.
         tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(server_streams(&admin, &ns(&coll)).await, 0, "closed with its last watcher");
+        assert_eq!(server_streams(&admin, &ns(&coll_b)).await, 0);
         store.delete(&coll, &a, &Condition::Exists("x".into())).await.unwrap();
         store.delete(&coll, &b, &Condition::Exists("x".into())).await.unwrap();
     }
@@ -78,4 +90,29 @@ async fn watchers_share_one_stream_per_collection() {
 
 async fn next_event(s: &mut store_trait::ChangeStream) -> store_trait::ChangeEvent {
     tokio::time::timeout(Duration::from_secs(10), s.next()).await.expect("an event").unwrap().unwrap()
+}
+
+/// How many cursors (change streams, in these tests) are open on the namespace
+/// `ns`, as the server reports them. `mongod` lists idle cursors, and a
+/// `getMore` in flight with its cursor, through the `$currentOp` stage;
+/// SecantusDB's `$currentOp` stage is a stub, and its `currentOp` command lists
+/// every open cursor (`type: "idleCursor"`, also while a `getMore` waits on it).
+/// The union of both, by cursor id.
+async fn server_streams(admin: &mongodb::Client, ns: &str) -> usize {
+    let db = admin.database("admin");
+    let mut reported = Vec::new();
+    let stage = bson::doc! {"$currentOp": {"allUsers": true, "idleCursors": true, "idleConnections": false}};
+    if let Ok(mut ops) = db.aggregate([stage]).await {
+        while let Some(Ok(op)) = ops.next().await {
+            reported.push(op);
+        }
+    }
+    let command = db.run_command(bson::doc! {"currentOp": 1, "$all": true}).await.unwrap();
+    reported.extend(command.get_array("inprog").unwrap().iter().filter_map(|op| op.as_document().cloned()));
+    let cursor_id = |op: &bson::Document| {
+        op.get_i64("cursorId").ok().or_else(|| op.get_document("cursor").ok()?.get_i64("cursorId").ok())
+    };
+    let ids: std::collections::HashSet<i64> =
+        reported.iter().filter(|op| op.get_str("ns").ok() == Some(ns)).filter_map(cursor_id).collect();
+    ids.len()
 }

@@ -1,0 +1,250 @@
+//! One deterministic test per agent safety mechanism that the suite and the
+//! simulation do not pin down on their own (see ARCHITECTURE.md, "Testing"):
+//! each fails when its mechanism is removed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::doc;
+use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
+use store_memory::MemoryStore;
+use store_trait::{
+    ChangeStream, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot,
+    Store, StoreResult, StoreTime, Write, WriteOutcome,
+};
+use tokio::sync::Notify;
+
+fn coll() -> Collection {
+    Collection::new("tasks").unwrap()
+}
+
+async fn data(s: &MemoryStore, id: &Key) -> bson::Document {
+    s.peek(&coll(), id).unwrap().record.unwrap().into_data()
+}
+
+/// Fence check: an agent cut off for longer than its lease finishes its handler
+/// after another agent took the task over and completed it. Its late outcome is
+/// rejected, whatever order the two finish in.
+#[tokio::test(start_paused = true)]
+async fn a_late_outcome_of_a_lapsed_claim_is_rejected() {
+    for newer_finishes_first in [true, false] {
+        let store = MemoryStore::new();
+        let (id, _) = Queue::new(store.clone(), "tasks").unwrap().enqueue(NewTask::new("w", doc! {})).await.unwrap();
+        let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let slow = store.client();
+        let old = Agent::builder(slow.clone(), "w", "tasks").lease(Duration::from_secs(3)).build().unwrap();
+        let old_run = tokio::spawn({
+            let (started, finish) = (started.clone(), finish.clone());
+            async move {
+                let handler = move |_t: Task| {
+                    let (started, finish) = (started.clone(), finish.clone());
+                    async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        Outcome::done_with(doc! {"by": "old"})
+                    }
+                };
+                old.process(handler).await.map(|p| (p, old.log()))
+            }
+        });
+        started.notified().await;
+        // Cut off past the lease: the claim lapses on the store.
+        slow.set_partitioned(true);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+
+        let new = Agent::builder(store.client(), "w", "tasks").lease(Duration::from_secs(3)).build().unwrap();
+        let new_started = Arc::new(Notify::new());
+        let new_run = tokio::spawn({
+            let (new, new_started) = (new.clone(), new_started.clone());
+            let release = if newer_finishes_first { None } else { Some(finish.clone()) };
+            async move {
+                let handler = move |t: Task| {
+                    let (new_started, release) = (new_started.clone(), release.clone());
+                    async move {
+                        assert_eq!(t.attempt(), 2);
+                        new_started.notify_one();
+                        if let Some(r) = release {
+                            // The old agent finishes while this one still runs.
+                            r.notify_one();
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                        Outcome::done_with(doc! {"by": "new"})
+                    }
+                };
+                new.process(handler).await
+            }
+        });
+        new_started.notified().await;
+        slow.set_partitioned(false);
+        if newer_finishes_first {
+            assert_eq!(new_run.await.unwrap().unwrap(), Some(Processed::Completed(id.clone())));
+            finish.notify_one();
+            let (old_processed, old_log) = old_run.await.unwrap().unwrap();
+            assert_eq!(old_processed, Some(Processed::Stale(id.clone())), "the late outcome is rejected");
+            assert_eq!((old_log.completed, old_log.stale_rejected), (0, 1));
+        } else {
+            let (old_processed, old_log) = old_run.await.unwrap().unwrap();
+            assert_eq!(old_processed, Some(Processed::Stale(id.clone())), "the late outcome is rejected");
+            assert_eq!((old_log.completed, old_log.stale_rejected), (0, 1));
+            assert_eq!(new_run.await.unwrap().unwrap(), Some(Processed::Completed(id.clone())));
+        }
+        let d = data(&store, &id).await;
+        assert_eq!((d.get_str("by").unwrap(), d.get_bool("complete").unwrap()), ("new", true), "{d}");
+    }
+}
+
+/// Fan-in conditional wake: the wake-up is conditional on the round the task
+/// waits on. A follow-up of round 0 whose agent died after recording its outcome
+/// and before telling the waiter is finished later by whoever claims it; by
+/// then the waiter woke itself (it counts too), ran round 1 and waits on a new
+/// follow-up. That late wake-up for round 0 must not wake it.
+#[tokio::test(start_paused = true)]
+async fn a_late_wake_up_for_an_earlier_round_wakes_nobody() {
+    let store = MemoryStore::new();
+    store
+        .insert_many(
+            &coll(),
+            vec![
+                doc! {"_id": "job", "agent_name": "split", "ready": false, "round": 1_i64, "waiting": 1_i64},
+                doc! {"_id": "job/0", "agent_name": "count", "ready": true, "join": "job", "join_round": 0_i64},
+                doc! {"_id": "job@1/0", "agent_name": "count", "ready": false, "join": "job", "join_round": 1_i64},
+            ],
+        )
+        .await
+        .unwrap();
+    // The dead agent's claim on job/0, with its outcome recorded.
+    let dead = store_trait::Claim {
+        query: store_trait::Query::eq(doc! {"_id": "job/0"}),
+        mutation: store_trait::Mutation::new()
+            .grant("dead-agent", store_trait::Ttl::new(Duration::from_secs(2)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true)
+            .set("complete", true)
+            .set("error_encountered", false),
+    };
+    assert!(store.claim(&coll(), &dead).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let recover = Agent::builder(store.client(), "count", "tasks")
+        .sleep_between(Duration::from_secs(3600))
+        .process_while(|l| l.recovered < 1)
+        .build()
+        .unwrap();
+    let log = tokio::time::timeout(Duration::from_secs(60), recover.work(|_t: Task| async { true }))
+        .await
+        .expect("the dead agent's step is finished")
+        .unwrap();
+    assert_eq!((log.recovered, log.tasks_processed), (1, 0));
+    let d = data(&store, &Key::new("job").unwrap()).await;
+    assert_eq!((d.get_i64("waiting").ok(), d.get_bool("ready").unwrap()), (Some(1), false), "still waits: {d}");
+    let split = Agent::builder(store.client(), "split", "tasks").build().unwrap();
+    assert!(split.process(|_t: Task| async { true }).await.unwrap().is_none(), "not ready while round 1 is open");
+}
+
+/// Claim (ready tasks): a task can be ready and still held, for a moment: the
+/// last follow-up wakes a waiting task while the waiter's own agent still holds
+/// it. Nobody claims it until that agent lets go.
+#[tokio::test(start_paused = true)]
+async fn a_ready_task_still_held_is_not_claimed() {
+    let store = MemoryStore::new();
+    store.insert_many(&coll(), vec![doc! {"_id": "t", "agent_name": "w", "ready": true}]).await.unwrap();
+    let ttl = store_trait::Ttl::new(Duration::from_secs(60)).unwrap();
+    let hold =
+        store_trait::Write::new(store_trait::Condition::Always, store_trait::Mutation::new().grant("other", ttl));
+    assert!(store.write(&coll(), &Key::new("t").unwrap(), &hold).await.unwrap().is_applied());
+    let a = Agent::builder(store.client(), "w", "tasks").build().unwrap();
+    assert!(a.process(|_t: Task| async { true }).await.unwrap().is_none(), "a held task is not claimed");
+    let release = store_trait::Write::new(store_trait::Condition::Always, store_trait::Mutation::new().release());
+    assert!(store.write(&coll(), &Key::new("t").unwrap(), &release).await.unwrap().is_applied());
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(Key::new("t").unwrap())));
+}
+
+/// Claim gate: agents built on one `Queue` take turns claiming instead of racing
+/// for the head of the queue; counted on a store that records claims in flight.
+#[tokio::test(start_paused = true)]
+async fn agents_on_one_queue_claim_in_turn() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(20));
+    let counted = ClaimsInFlight { inner: store.clone(), now: Arc::default(), max: Arc::default() };
+    let queue = Queue::new(counted.clone(), "tasks").unwrap();
+    let tasks: Vec<_> = (0..24_i64).map(|i| NewTask::new("w", doc! {"i": i})).collect();
+    queue.enqueue_all(&tasks).await.unwrap();
+    let agents: Vec<_> = (0..4).map(|_| Agent::on_queue(&queue, "w").concurrency(2).build().unwrap()).collect();
+    let workers: Vec<_> = agents
+        .iter()
+        .map(|a| {
+            let a = a.clone();
+            tokio::spawn(async move { a.work(|_t: Task| async { true }).await.unwrap() })
+        })
+        .collect();
+    let done = Query::eq(doc! {"complete": true});
+    // Bounded (simulated time), so that a broken agent fails the test instead of
+    // hanging it.
+    for _ in 0..3_000 {
+        if store.count(&coll(), &done).await.unwrap() >= 24 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agents.iter().for_each(Agent::shutdown);
+    let mut completed = 0;
+    for w in workers {
+        completed += w.await.unwrap().completed;
+    }
+    assert_eq!(completed, 24);
+    assert!(agents.iter().filter(|a| a.log().completed > 0).count() > 1, "the agents shared the work");
+    assert_eq!(counted.max.load(Ordering::SeqCst), 1, "one claim in flight at a time");
+}
+
+/// A store that counts `claim` calls in flight.
+#[derive(Debug, Clone)]
+struct ClaimsInFlight {
+    inner: MemoryStore,
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Store for ClaimsInFlight {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    async fn now(&self) -> StoreResult<StoreTime> {
+        self.inner.now().await
+    }
+    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
+        self.inner.get(c, k).await
+    }
+    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
+        self.inner.write(c, k, w).await
+    }
+    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
+        self.inner.delete(c, k, cond).await
+    }
+    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        let out = self.inner.claim(c, claim).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+    async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
+        self.inner.insert_many(c, docs).await
+    }
+    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
+        self.inner.find(c, q).await
+    }
+    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+        self.inner.find_each(c, q).await
+    }
+    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
+        self.inner.count(c, q).await
+    }
+    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
+        self.inner.watch(c, k).await
+    }
+    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
+        self.inner.ensure_indexes(c, i).await
+    }
+}
