@@ -1,0 +1,211 @@
+//! The scheduler: a periodic executor that sleeps until the next tick of any
+//! schedule, wakes early when a schedule changes, and stops promptly.
+
+use std::time::Duration;
+
+use bson::Bson;
+use store_trait::{Condition, InsertOutcome, Mutation, Query, Store, StoreTime, Watcher, Write};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{fields, from_of, parse_record, Overlap, Schedules};
+use crate::AgentError;
+
+/// Turns the ticks of a queue's schedules into tasks. Run one in every process
+/// that should keep the schedules going: nobody is elected, and each tick still
+/// becomes exactly one task (its id is derived from the schedule and the tick).
+///
+/// It sleeps until the next tick of any schedule (on the store clock), wakes
+/// early when a schedule changes (change notifications, or a poll every
+/// [`Scheduler::poll_every`] on a store without them), and has no other timer.
+#[derive(Debug, Clone)]
+pub struct Scheduler<S> {
+    schedules: Schedules<S>,
+    poll: Duration,
+    retry_max: Duration,
+}
+
+/// A running scheduler. Dropping it stops the scheduler (at its next await
+/// point); [`SchedulerHandle::stop`] also waits for it to end.
+#[derive(Debug)]
+pub struct SchedulerHandle {
+    cancel: CancellationToken,
+    join: Option<tokio::task::JoinHandle<Result<(), AgentError>>>,
+}
+
+impl SchedulerHandle {
+    /// Stops the scheduler and waits for it; returns the error that ended it, if any.
+    pub async fn stop(mut self) -> Result<(), AgentError> {
+        self.cancel.cancel();
+        match self.join.take() {
+            Some(j) => j.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether it ended (stopped, or failed for good).
+    pub fn is_finished(&self) -> bool {
+        self.join.as_ref().is_none_or(|j| j.is_finished())
+    }
+}
+
+impl Drop for SchedulerHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(j) = &self.join {
+            j.abort();
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pass {
+    /// Tasks this pass inserted (others may have been inserted by other processes).
+    pub enqueued: u64,
+    /// The next tick of any schedule, on the store clock.
+    pub next_tick: Option<StoreTime>,
+}
+
+impl<S: Store + Clone> Scheduler<S> {
+    /// A scheduler for `schedules`.
+    pub fn new(schedules: Schedules<S>) -> Self {
+        Scheduler { schedules, poll: Duration::from_secs(5), retry_max: Duration::from_secs(5) }
+    }
+
+    /// On a store without change notifications, how often to look for changed
+    /// schedules (default 5 s). Also the delay before re-subscribing after a
+    /// change stream ends.
+    pub fn poll_every(mut self, d: Duration) -> Self {
+        self.poll = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Starts the scheduler on the current tokio runtime. It stops when the
+    /// handle is dropped or stopped.
+    pub fn spawn(self) -> SchedulerHandle {
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
+        let join = tokio::spawn(async move { self.run(token).await });
+        SchedulerHandle { cancel, join: Some(join) }
+    }
+
+    /// Runs until `cancel` is cancelled. Transient store errors are retried with
+    /// backoff; others end it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a pass cut short leaves at most ticks enqueued but not
+    /// recorded, which the next pass (of any process) enqueues again as
+    /// duplicates and records.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), AgentError> {
+        let s = &self.schedules;
+        let mut events = Watcher::open(s.store.clone(), s.coll.clone(), None, self.poll).await;
+        let push = events.is_live();
+        tracing::info!(schedules = %s.coll, push, "scheduler running");
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let wake = match self.pass().await {
+                Ok(pass) => {
+                    backoff = Duration::from_millis(50);
+                    let now = s.store.now().await.ok();
+                    let until_tick = match (pass.next_tick, now) {
+                        (Some(t), Some(now)) => Some(now.until(t).max(Duration::from_millis(1))),
+                        (Some(_), None) => Some(backoff),
+                        (None, _) => None,
+                    };
+                    // Without notifications, look for changed schedules every `poll`.
+                    let cap = if events.is_live() { None } else { Some(self.poll) };
+                    [until_tick, cap].into_iter().flatten().min().map(|d| Instant::now() + d)
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(schedules = %s.coll, error = %e, "scheduler pass failed; retrying");
+                    let at = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(self.retry_max);
+                    Some(at)
+                }
+                Err(e) => {
+                    tracing::error!(schedules = %s.coll, error = %e, "scheduler stopped");
+                    return Err(e);
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = async { match wake { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+                _ = events.changed() => {
+                    // Coalesce a burst of notifications into one pass.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    events.drain_ready();
+                }
+            }
+        }
+        tracing::info!(schedules = %s.coll, "scheduler stopped");
+        Ok(())
+    }
+
+    /// One pass: enqueues every due tick of every schedule (per its policies)
+    /// and records it; returns the next tick of any schedule.
+    ///
+    /// # Cancel safety
+    ///
+    /// See [`Scheduler::run`].
+    pub async fn pass(&self) -> Result<Pass, AgentError> {
+        let s = &self.schedules;
+        let records = s.store.find(&s.coll, &Query::all()).await?;
+        let now = s.store.now().await?.as_millis();
+        let mut out = Pass::default();
+        for r in records {
+            if r.data().get_bool(fields::PAUSED).unwrap_or(false) {
+                continue;
+            }
+            let sched = match parse_record(&r) {
+                Ok(sched) => sched,
+                Err(e) => {
+                    tracing::warn!(schedule = %r.key(), error = %e, "schedule cannot be read; skipped");
+                    continue;
+                }
+            };
+            let ticks = sched.ticks()?;
+            let from = from_of(&sched, &r);
+            let plan = sched.plan(&ticks, from, now);
+            if let Some(newest) = plan.newest {
+                let mut run = plan.run;
+                if sched.overlap == Overlap::Skip && !run.is_empty() {
+                    if s.has_unfinished(&sched.name).await? {
+                        tracing::info!(schedule = %sched.name, skipped = run.len(), "tick skipped: the previous task has not ended");
+                        run.clear();
+                    } else {
+                        // The ticks of one pass would overlap each other: the newest runs.
+                        run.drain(..run.len() - 1);
+                    }
+                }
+                let tasks: Vec<_> = run.iter().map(|&t| sched.template(StoreTime::from_millis(t))).collect();
+                if !tasks.is_empty() {
+                    let outcomes = s.queue.enqueue_all(&tasks).await?;
+                    let inserted = outcomes.iter().filter(|o| matches!(o, InsertOutcome::Inserted(_))).count();
+                    out.enqueued += u64::try_from(inserted).unwrap_or(u64::MAX);
+                    tracing::info!(schedule = %sched.name, ticks = tasks.len(), inserted, "ticks enqueued");
+                }
+                // Only forward, and only for the definition this pass read.
+                let mut m = Mutation::new().set(fields::LAST_TICK, newest);
+                if let Some(&last) = run.last() {
+                    m = m.set(fields::LAST_TASK, super::task_id(&sched.name, StoreTime::from_millis(last)));
+                }
+                let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
+                let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
+                    .and(Condition::FieldEq(fields::VERSION.into(), version));
+                s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?;
+            }
+            let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
+            if let Some(next) = ticks.next_at_or_after(after) {
+                let next = StoreTime::from_millis(next);
+                out.next_tick = Some(out.next_tick.map_or(next, |t: StoreTime| t.min(next)));
+            }
+        }
+        Ok(out)
+    }
+}
