@@ -55,6 +55,9 @@ pub mod fields {
     pub const SCHEDULE: &str = "schedule";
     /// On a task a schedule enqueued: the tick it was enqueued for (a date).
     pub const SCHEDULED_FOR: &str = "scheduled_for";
+    /// On a task of a schedule with [`crate::Overlap::Queue`]: held back (not
+    /// ready) until the schedule's previous task ends.
+    pub const OVERLAP_HELD: &str = "overlap_held";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
     pub const CONTROL: [&str; 15] = [
@@ -107,6 +110,8 @@ pub struct NewTask {
     pub(crate) run_at: Option<store_trait::StoreTime>,
     /// The schedule and tick that enqueued it.
     pub(crate) schedule: Option<(String, store_trait::StoreTime)>,
+    /// Held back by its schedule's overlap policy (enqueued not ready).
+    pub(crate) held: bool,
 }
 
 impl NewTask {
@@ -125,6 +130,7 @@ impl NewTask {
             fan_in: false,
             run_at: None,
             schedule: None,
+            held: false,
         }
     }
 
@@ -172,7 +178,8 @@ impl NewTask {
         }
         for k in self.data.keys() {
             if fields::CONTROL.contains(&k.as_str())
-                || [fields::PRIORITY, fields::DEDUPE_KEY, fields::SCHEDULE, fields::SCHEDULED_FOR].contains(&k.as_str())
+                || [fields::PRIORITY, fields::DEDUPE_KEY, fields::SCHEDULE, fields::SCHEDULED_FOR, fields::OVERLAP_HELD]
+                    .contains(&k.as_str())
             {
                 return Err(AgentError::InvalidTask(format!(
                     "field {k:?} is set by the queue; use the NewTask methods"
@@ -187,7 +194,10 @@ impl NewTask {
             d.insert("_id", id.clone());
         }
         d.insert(fields::AGENT_NAME, self.agent_name.as_str());
-        d.insert(fields::READY, !self.fan_in);
+        d.insert(fields::READY, !self.fan_in && !self.held);
+        if self.held {
+            d.insert(fields::OVERLAP_HELD, true);
+        }
         if self.fan_in {
             d.insert(fields::WAITING, 0_i64);
         }

@@ -53,6 +53,9 @@ pub mod fields {
     pub const LAST_TICK: &str = "last_tick";
     /// The id of the last task enqueued.
     pub const LAST_TASK: &str = "last_task";
+    /// With [`super::Overlap::Queue`]: the task let through last; the next
+    /// held task is let through only once it has ended.
+    pub const RUNNING: &str = "running";
 }
 
 /// When a schedule ticks.
@@ -88,6 +91,9 @@ pub enum Overlap {
     Skip,
     /// The tick's task is enqueued anyway.
     Allow,
+    /// The tick's task is enqueued held back (not ready), and made ready once
+    /// the previous tick's task has ended: ticks run one at a time, in order.
+    Queue,
 }
 
 /// What happens to ticks missed while no scheduler ran. A tick is missed when
@@ -259,6 +265,7 @@ impl Schedule {
             .run_at(StoreTime::from_millis(tick.as_millis().saturating_add(self.jitter_for(tick))));
         t.max_attempts = self.max_attempts;
         t.schedule = Some((self.name.clone(), tick));
+        t.held = self.overlap == Overlap::Queue;
         t
     }
 
@@ -301,6 +308,7 @@ impl Schedule {
             match self.overlap {
                 Overlap::Skip => "skip",
                 Overlap::Allow => "allow",
+                Overlap::Queue => "queue",
             },
         );
         match self.missed {
@@ -348,6 +356,7 @@ impl Schedule {
         let overlap = match d.get_str("overlap").map_err(|_| bad("overlap"))? {
             "skip" => Overlap::Skip,
             "allow" => Overlap::Allow,
+            "queue" => Overlap::Queue,
             _ => return Err(bad("overlap")),
         };
         let missed = match d.get_str("missed").map_err(|_| bad("missed"))? {
@@ -590,9 +599,83 @@ impl<S: Store + Clone> Schedules<S> {
         all.iter().map(|r| info(r, now)).collect()
     }
 
+    /// Creates the index the scheduler's queries on the queue need (the
+    /// schedule's tasks by tick), if missing.
+    pub async fn ensure_indexes(&self) -> Result<(), AgentError> {
+        let by_schedule = store_trait::IndexSpec::new(
+            "schedule",
+            vec![
+                (task_fields::SCHEDULE.into(), store_trait::Order::Asc),
+                (task_fields::SCHEDULED_FOR.into(), store_trait::Order::Asc),
+            ],
+        )
+        .sparse();
+        self.queue.ensure_indexes().await?;
+        Ok(self.store.ensure_indexes(&self.queue.coll, &[by_schedule]).await?)
+    }
+
     /// Whether a task of the schedule has not ended.
     pub(crate) async fn has_unfinished(&self, name: &str) -> Result<bool, AgentError> {
         let q = Query::eq(doc! { task_fields::SCHEDULE: name }).when(not_complete()).limit(1);
+        Ok(self.store.count(&self.queue.coll, &q).await? > 0)
+    }
+}
+
+impl<S: Store + Clone> Schedules<S> {
+    /// With [`Overlap::Queue`]: lets the oldest held task of the schedule
+    /// through once the one let through before has ended. Returns whether
+    /// held tasks remain.
+    ///
+    /// One at a time across processes: the schedule's `running` field moves
+    /// from an ended task to the next by a compare-and-set, and only then is
+    /// that task made ready (a process that dies between the two leaves it to
+    /// the next pass, which finishes the step).
+    pub(crate) async fn let_through(&self, name: &str) -> Result<bool, AgentError> {
+        let key = Self::key(name)?;
+        let Some(sched) = self.store.get(&self.coll, &key).await?.record else { return Ok(false) };
+        let running = sched.data().get(fields::RUNNING).filter(|b| !matches!(b, Bson::Null)).cloned();
+        let release = |id: Bson| async move {
+            let k = Key::from_bson(id)?;
+            let w = Write::new(
+                Condition::FieldEq(task_fields::OVERLAP_HELD.into(), Bson::Boolean(true)),
+                Mutation::new().set(task_fields::READY, true).unset(task_fields::OVERLAP_HELD),
+            );
+            self.store.write(&self.queue.coll, &k, &w).await.map(|o| o.is_applied())
+        };
+        if let Some(id) = &running {
+            let task = self.store.get(&self.queue.coll, &Key::from_bson(id.clone())?).await?.record;
+            if let Some(t) = task {
+                if t.data().get_bool(task_fields::COMPLETE).ok() != Some(true) {
+                    // Not ended: make sure it was let through (a process may have
+                    // died between the two steps), and wait for it.
+                    if t.data().get_bool(task_fields::OVERLAP_HELD).ok() == Some(true) {
+                        release(id.clone()).await?;
+                    }
+                    return self.has_held(name).await;
+                }
+            }
+        }
+        let oldest = Query::eq(doc! { task_fields::SCHEDULE: name, task_fields::OVERLAP_HELD: true })
+            .sort(task_fields::SCHEDULED_FOR, store_trait::Order::Asc)
+            .limit(1);
+        let Some(next) = self.store.find(&self.queue.coll, &oldest).await?.into_iter().next() else {
+            return Ok(false);
+        };
+        let next_id = next.key().as_bson().clone();
+        let cond = match running {
+            Some(id) => Condition::FieldEq(fields::RUNNING.into(), id),
+            None => Condition::Exists(fields::RUNNING.into()).negate(),
+        };
+        let w = Write::new(cond, Mutation::new().set(fields::RUNNING, next_id.clone()));
+        if self.store.write(&self.coll, &key, &w).await?.is_applied() {
+            release(next_id).await?;
+            tracing::info!(schedule = %name, task = %next.key(), "held tick let through");
+        }
+        self.has_held(name).await
+    }
+
+    async fn has_held(&self, name: &str) -> Result<bool, AgentError> {
+        let q = Query::eq(doc! { task_fields::SCHEDULE: name, task_fields::OVERLAP_HELD: true }).limit(1);
         Ok(self.store.count(&self.queue.coll, &q).await? > 0)
     }
 }

@@ -66,6 +66,8 @@ pub struct Pass {
     pub enqueued: u64,
     /// The next tick of any schedule, on the store clock.
     pub next_tick: Option<StoreTime>,
+    /// Whether tasks held back by [`Overlap::Queue`] wait for a running one to end.
+    pub held: bool,
 }
 
 impl<S: Store + Clone> Scheduler<S> {
@@ -101,10 +103,29 @@ impl<S: Store + Clone> Scheduler<S> {
     /// duplicates and records.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), AgentError> {
         let s = &self.schedules;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match s.ensure_indexes().await {
+                Ok(()) => break,
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(schedules = %s.coll, error = %e, "creating indexes failed; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(self.retry_max);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let mut events = Watcher::open(s.store.clone(), s.coll.clone(), None, self.poll).await;
         let push = events.is_live();
         tracing::info!(schedules = %s.coll, push, "scheduler running");
-        let mut backoff = Duration::from_millis(50);
+        backoff = Duration::from_millis(50);
+        // Opened once a schedule holds tasks back (Overlap::Queue): the end of
+        // the running task lets the next one through.
+        let mut task_events: Option<Watcher<S>> = None;
+        let mut held = false;
         loop {
             if cancel.is_cancelled() {
                 break;
@@ -112,6 +133,13 @@ impl<S: Store + Clone> Scheduler<S> {
             let wake = match self.pass().await {
                 Ok(pass) => {
                     backoff = Duration::from_millis(50);
+                    held = pass.held;
+                    if held && task_events.is_none() {
+                        let w = Watcher::open(s.store.clone(), s.queue.coll.clone(), None, self.poll).await;
+                        task_events = Some(w.ignore_renewals());
+                        // A task may have ended before the subscription: look again.
+                        continue;
+                    }
                     let now = s.store.now().await.ok();
                     let until_tick = match (pass.next_tick, now) {
                         (Some(t), Some(now)) => Some(now.until(t).max(Duration::from_millis(1))),
@@ -119,7 +147,8 @@ impl<S: Store + Clone> Scheduler<S> {
                         (None, _) => None,
                     };
                     // Without notifications, look for changed schedules every `poll`.
-                    let cap = if events.is_live() { None } else { Some(self.poll) };
+                    let task_push = !held || task_events.as_ref().is_some_and(Watcher::is_live);
+                    let cap = if events.is_live() && task_push { None } else { Some(self.poll) };
                     [until_tick, cap].into_iter().flatten().min().map(|d| Instant::now() + d)
                 }
                 Err(e) if e.is_retryable() => {
@@ -140,6 +169,12 @@ impl<S: Store + Clone> Scheduler<S> {
                     // Coalesce a burst of notifications into one pass.
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     events.drain_ready();
+                }
+                _ = async { match task_events.as_mut() { Some(w) => { w.changed().await; } None => std::future::pending().await } }, if held => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    if let Some(w) = task_events.as_mut() {
+                        w.drain_ready();
+                    }
                 }
             }
         }
@@ -199,6 +234,9 @@ impl<S: Store + Clone> Scheduler<S> {
                 let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
                     .and(Condition::FieldEq(fields::VERSION.into(), version));
                 s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?;
+            }
+            if sched.overlap == Overlap::Queue {
+                out.held |= s.let_through(&sched.name).await?;
             }
             let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
             if let Some(next) = ticks.next_at_or_after(after) {

@@ -257,28 +257,36 @@ async fn a_three_hour_outage_per_missed_tick_policy() {
 
 /// Every minute, with a handler that takes 150 s and agents that would run
 /// several at once. With `Overlap::Skip` a tick whose previous task has not
-/// ended is skipped, and no two runs ever overlap; with `Overlap::Allow` they do.
+/// ended is skipped, and no two runs ever overlap; with `Overlap::Queue` every
+/// tick's task is enqueued and they run one after another, in tick order (with
+/// change notifications and without); with `Overlap::Allow` they overlap.
 #[tokio::test(start_paused = true)]
 async fn the_overlap_policy_holds() {
-    for policy in [Overlap::Skip, Overlap::Allow] {
-        let (store, _clock) = memory_at("2026-06-01T12:00:30Z");
+    for (policy, push) in
+        [(Overlap::Skip, true), (Overlap::Allow, true), (Overlap::Queue, true), (Overlap::Queue, false)]
+    {
+        let clock = TestClock::starting_at(at("2026-06-01T12:00:30Z"));
+        let store = MemoryStore::builder().clock(clock.clone()).change_streams(push).build();
         let s = Schedules::new(store.clone(), "jobs").unwrap();
         let sched =
             Schedule::every("slow", Duration::from_secs(60), NewTask::new("slow", doc! {})).unwrap().overlap(policy);
         s.upsert(&sched).await.unwrap();
         let active = Arc::new(Mutex::new((0_u32, 0_u32)));
         let runs: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+        let order: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
         let agent = Agent::builder(store.clone(), "slow", "jobs")
             .concurrency(4)
             .lease(Duration::from_secs(20))
             .build()
             .unwrap();
         let handler = {
-            let (active, runs) = (active.clone(), runs.clone());
+            let (active, runs, order, clock) = (active.clone(), runs.clone(), order.clone(), clock.clone());
             move |t: Task| {
-                let (active, runs) = (active.clone(), runs.clone());
+                let (active, runs, order, clock) = (active.clone(), runs.clone(), order.clone(), clock.clone());
                 async move {
                     *runs.lock().unwrap().entry(t.id().to_string()).or_default() += 1;
+                    let tick = t.data().get_datetime("scheduled_for").unwrap().timestamp_millis();
+                    order.lock().unwrap().push((tick, clock.now_ms()));
                     {
                         let mut a = active.lock().unwrap();
                         a.0 += 1;
@@ -306,6 +314,17 @@ async fn the_overlap_policy_holds() {
                 // A run takes 150 s: the two ticks after each run's tick are skipped.
                 assert!(ticks.windows(2).all(|w| w[1] - w[0] == 3 * MIN), "{ticks:?}");
                 assert!((6..=7).contains(&ticks.len()), "{ticks:?}");
+            }
+            Overlap::Queue => {
+                assert_eq!(max_active, 1, "runs never overlap (push: {push})");
+                assert_eq!(ticks.len(), 20, "every tick is enqueued: {ticks:?}");
+                let (order, starts): (Vec<i64>, Vec<i64>) = order.lock().unwrap().iter().copied().unzip();
+                assert_eq!(order, ticks[..order.len()].to_vec(), "held ticks run one after another, in order");
+                // Each run takes 150 s and the next starts when it ends (push), or
+                // within a poll of the scheduler (5 s) without notifications.
+                let slack = if push { 1_000 } else { 6_000 };
+                assert!(starts.windows(2).all(|w| w[1] - w[0] <= 150_000 + slack), "push: {push}, {starts:?}");
+                assert!(order.len() >= 7, "{order:?}");
             }
             _ => {
                 assert!(max_active >= 3, "runs overlap: {max_active}");
