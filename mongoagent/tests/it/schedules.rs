@@ -338,7 +338,8 @@ async fn the_overlap_policy_holds() {
 macro_rules! schedule_suite {
     ($harness:path, #[$attr:meta]) => {
         $crate::schedule_suite!(@each $harness, #[$attr],
-            definitions_are_upserted_versioned_paused_and_deleted, two_schedulers_enqueue_each_second_once
+            definitions_are_upserted_versioned_paused_and_deleted, two_schedulers_enqueue_each_second_once,
+            held_ticks_run_one_at_a_time
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -417,4 +418,53 @@ pub(crate) async fn two_schedulers_enqueue_each_second_once<H: Harness>(h: &H) {
     assert!(ticks.iter().all(|t| t % 1_000 == 0));
     let now = store.now().await.unwrap().as_millis();
     assert!(*ticks.last().unwrap() > now - 2_000, "the last ticks are there: {ticks:?} at {now}");
+}
+
+/// `Overlap::Queue` on a one-second interval, with a handler that takes 1.5 s
+/// and an agent that would run three at once: runs never overlap, in tick order.
+pub(crate) async fn held_ticks_run_one_at_a_time<H: Harness>(h: &H) {
+    let store = h.store("sched_queue").await;
+    let s = Schedules::new(store.clone(), "jobs").unwrap();
+    let sched =
+        Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
+    s.upsert(&sched).await.unwrap();
+    let log: Arc<Mutex<(u32, u32, Vec<i64>)>> = Arc::default();
+    // Without notifications, an agent finds a task made ready by polling.
+    let agent = Agent::builder(store.clone(), "q", "jobs")
+        .concurrency(3)
+        .sleep_between(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let handler = {
+        let log = log.clone();
+        move |t: Task| {
+            let log = log.clone();
+            async move {
+                {
+                    let mut l = log.lock().unwrap();
+                    l.0 += 1;
+                    l.1 = l.1.max(l.0);
+                    l.2.push(t.data().get_datetime("scheduled_for").unwrap().timestamp_millis());
+                }
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                log.lock().unwrap().0 -= 1;
+                true
+            }
+        }
+    };
+    let work = {
+        let agent = agent.clone();
+        tokio::spawn(async move { agent.work(handler).await })
+    };
+    let (a, b) = (s.scheduler().poll_every(Duration::from_millis(200)).spawn(), s.scheduler().spawn());
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+    agent.shutdown();
+    work.await.unwrap().unwrap();
+    let (_, max_active, order) = log.lock().unwrap().clone();
+    let ticks = ticks_of(&s, "q").await;
+    assert_eq!(max_active, 1, "held ticks never overlap");
+    assert!(order.len() >= 2 && ticks.len() > order.len(), "ran {order:?} of {ticks:?}");
+    assert_eq!(order, ticks[..order.len()].to_vec(), "in tick order");
 }
