@@ -680,16 +680,25 @@ impl<S: Store + Clone> Schedules<S> {
     }
 }
 
+/// An integer field, 32- or 64-bit (a document written by another client may hold either).
+fn int_field(r: &Record, k: &str) -> Option<i64> {
+    match r.data().get(k) {
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Int32(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
 fn version_of(r: &Record) -> u64 {
-    r.data().get_i64(fields::VERSION).ok().and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
+    int_field(r, fields::VERSION).and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
 }
 
 /// The first tick considered: after the last one handled, not before `since`
 /// (a one-off time ignores `since`: one set in the past runs once, per the
 /// missed-tick policy).
 pub(crate) fn from_of(s: &Schedule, r: &Record) -> i64 {
-    let last = r.data().get_i64(fields::LAST_TICK).ok().map(|t| t.saturating_add(1));
-    let since = r.data().get_i64(fields::SINCE).unwrap_or(0);
+    let last = int_field(r, fields::LAST_TICK).map(|t| t.saturating_add(1));
+    let since = int_field(r, fields::SINCE).unwrap_or(0);
     match s.when {
         When::At(_) => last.unwrap_or(i64::MIN),
         _ => last.unwrap_or(i64::MIN).max(since),
@@ -716,7 +725,7 @@ fn info(r: &Record, now: StoreTime) -> Result<ScheduleInfo, AgentError> {
     Ok(ScheduleInfo {
         version: version_of(r),
         paused,
-        last_tick: r.data().get_i64(fields::LAST_TICK).ok().map(StoreTime::from_millis),
+        last_tick: int_field(r, fields::LAST_TICK).map(StoreTime::from_millis),
         last_task: r.data().get_str(fields::LAST_TASK).ok().map(str::to_owned),
         next_tick,
         schedule,
