@@ -731,3 +731,67 @@ fn info(r: &Record, now: StoreTime) -> Result<ScheduleInfo, AgentError> {
         schedule,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn hourly(missed: Missed) -> Schedule {
+        Schedule::every("h", Duration::from_secs(3600), NewTask::new("w", doc! {})).unwrap().missed(missed)
+    }
+
+    #[test]
+    fn jitter_is_the_same_in_every_process() {
+        let a = hourly(Missed::Skip).jitter(Duration::from_secs(30));
+        let b = hourly(Missed::Skip).jitter(Duration::from_secs(30));
+        let tick = StoreTime::from_millis(3_600_000);
+        assert_eq!(a.template(tick), b.template(tick));
+        assert_eq!(a.template(tick).id, Some(Bson::String("sched/h/3600000".into())));
+        assert!((0..=30_000).contains(&a.jitter_for(tick)));
+        assert_eq!(hourly(Missed::Skip).jitter_for(tick), 0);
+    }
+
+    #[test]
+    fn plans_per_missed_tick_policy() {
+        const H: i64 = 3_600_000;
+        // Last handled at 1h; noticed at 5h + 30 s: 5h is on time, 2h to 4h missed.
+        let (from, now) = (H + 1, 5 * H + 30_000);
+        let plan = |m: Missed| {
+            let s = hourly(m);
+            s.plan(&s.ticks().unwrap(), from, now)
+        };
+        assert_eq!(plan(Missed::Skip), Plan { run: vec![5 * H], newest: Some(5 * H) });
+        assert_eq!(plan(Missed::Once), Plan { run: vec![5 * H], newest: Some(5 * H) });
+        assert_eq!(plan(Missed::All(2)), Plan { run: vec![3 * H, 4 * H, 5 * H], newest: Some(5 * H) });
+        assert_eq!(plan(Missed::All(0)).run, vec![5 * H]);
+        // Noticed at 5h + 2 min: every due tick is missed.
+        let late = |m: Missed| {
+            let s = hourly(m);
+            s.plan(&s.ticks().unwrap(), from, 5 * H + 120_000)
+        };
+        assert_eq!(late(Missed::Skip), Plan { run: vec![], newest: Some(5 * H) });
+        assert_eq!(late(Missed::Once), Plan { run: vec![5 * H], newest: Some(5 * H) });
+        assert_eq!(late(Missed::All(10)).run, vec![2 * H, 3 * H, 4 * H, 5 * H]);
+        // Nothing due.
+        assert_eq!(late(Missed::All(10)).newest, Some(5 * H));
+        let s = hourly(Missed::Once);
+        assert_eq!(s.plan(&s.ticks().unwrap(), 5 * H + 1, 5 * H + 120_000), Plan { run: vec![], newest: None });
+    }
+
+    #[test]
+    fn definitions_round_trip() {
+        let s = Schedule::cron("c", "*/5 * * * *", "UTC", NewTask::new("w", doc! {"a": 1}).priority(3).max_attempts(2))
+            .unwrap()
+            .overlap(Overlap::Queue)
+            .missed(Missed::All(4))
+            .starting_deadline(Duration::from_secs(9))
+            .jitter(Duration::from_millis(5));
+        assert_eq!(Schedule::from_def("c", &s.to_def().unwrap()).unwrap(), s);
+        let at = Schedule::at("a", StoreTime::from_millis(42), NewTask::new("w", doc! {})).unwrap();
+        assert_eq!(Schedule::from_def("a", &at.to_def().unwrap()).unwrap(), at);
+        assert!(Schedule::from_def("x", &doc! {"kind": "cron"}).is_err());
+        let offset = When::Every { every: Duration::from_secs(1), offset: Duration::from_secs(1) };
+        assert!(Schedule::new("o", offset, NewTask::new("w", doc! {})).is_err(), "the offset must be shorter");
+    }
+}

@@ -468,3 +468,58 @@ pub(crate) async fn held_ticks_run_one_at_a_time<H: Harness>(h: &H) {
     assert!(order.len() >= 2 && ticks.len() > order.len(), "ran {order:?} of {ticks:?}");
     assert_eq!(order, ticks[..order.len()].to_vec(), "in tick order");
 }
+
+/// Paused for two hours under an hourly interval with `Missed::All`: the ticks
+/// that fell while paused are not run after resuming; a changed definition
+/// (every 30 minutes) starts from the change, without backfilling.
+#[tokio::test(start_paused = true)]
+async fn pause_resume_and_a_changed_definition() {
+    let (store, _clock) = memory_at("2026-05-04T09:59:00Z");
+    let s = Schedules::new(store, "jobs").unwrap();
+    let task = || NewTask::new("w", doc! {});
+    let hourly = Schedule::every("h", Duration::from_secs(3600), task())
+        .unwrap()
+        .overlap(Overlap::Allow)
+        .missed(Missed::All(10));
+    s.upsert(&hourly).await.unwrap();
+    let h = s.scheduler().spawn();
+    pass_time(Duration::from_secs(30 * 60)).await; // 10:29
+    assert!(s.pause("h").await.unwrap());
+    pass_time(Duration::from_secs(2 * 3600)).await; // 12:29
+    assert!(s.resume("h").await.unwrap());
+    pass_time(Duration::from_secs(3600)).await; // 13:29
+    let half = Schedule::every("h", Duration::from_secs(1800), task())
+        .unwrap()
+        .overlap(Overlap::Allow)
+        .missed(Missed::All(10));
+    assert_eq!(s.upsert(&half).await.unwrap(), Upserted::Changed(2));
+    pass_time(Duration::from_secs(3600)).await; // 14:29
+    drop(h);
+    let hours = ["10:00", "13:00", "13:30", "14:00"];
+    let expected: Vec<i64> = hours.iter().map(|h| at(&format!("2026-05-04T{h}:00Z")).as_millis()).collect();
+    assert_eq!(ticks_of(&s, "h").await, expected);
+}
+
+/// Jitter delays each tick's task by a pseudo-random amount within the bound
+/// (two schedulers; that every process computes the same amount is a unit test).
+#[tokio::test(start_paused = true)]
+async fn jitter_is_bounded() {
+    let (store, _clock) = memory_at("2026-05-04T00:00:00Z");
+    let (a, b) = (Schedules::new(store.clone(), "jobs").unwrap(), Schedules::new(store.clone(), "jobs").unwrap());
+    let sched = Schedule::every("j", Duration::from_secs(60), NewTask::new("w", doc! {}))
+        .unwrap()
+        .overlap(Overlap::Allow)
+        .jitter(Duration::from_secs(10));
+    a.upsert(&sched).await.unwrap();
+    let (ha, hb) = (a.scheduler().spawn(), b.scheduler().spawn());
+    pass_time(Duration::from_secs(3600)).await;
+    drop((ha, hb));
+    let tasks = a.queue().tasks(doc! {"schedule": "j"}, None).await.unwrap();
+    assert_eq!(tasks.len(), 60);
+    let delays: BTreeSet<i64> = tasks
+        .iter()
+        .map(|r| run_at_of(r.data()) - r.data().get_datetime("scheduled_for").unwrap().timestamp_millis())
+        .collect();
+    assert!(delays.iter().all(|d| (0..=10_000).contains(d)), "{delays:?}");
+    assert!(delays.len() > 30, "spread out: {delays:?}");
+}
