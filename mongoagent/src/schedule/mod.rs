@@ -161,7 +161,9 @@ impl Schedule {
         };
         s.ticks()?;
         s.template(StoreTime::from_millis(0)).to_document()?;
-        Key::new(format!("sched/{}/0", s.name)).map_err(|e| AgentError::Config(e.to_string()))?;
+        // The name is the schedule's key, and part of every tick's task id.
+        Key::new(s.name.as_str()).map_err(|e| AgentError::Config(e.to_string()))?;
+        Key::new(task_id(&s.name, StoreTime::from_millis(i64::MIN))).map_err(|e| AgentError::Config(e.to_string()))?;
         if s.name.is_empty() {
             return Err(AgentError::Config("a schedule needs a non-empty name".into()));
         }

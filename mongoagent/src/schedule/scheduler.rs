@@ -130,7 +130,12 @@ impl<S: Store + Clone> Scheduler<S> {
             if cancel.is_cancelled() {
                 break;
             }
-            let wake = match self.pass().await {
+            // A pass is cancel-safe: stopping mid-pass loses nothing.
+            let pass = tokio::select! {
+                _ = cancel.cancelled() => break,
+                pass = self.pass() => pass,
+            };
+            let wake = match pass {
                 Ok(pass) => {
                     backoff = Duration::from_millis(50);
                     held = pass.held;
