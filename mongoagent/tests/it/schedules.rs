@@ -523,3 +523,29 @@ async fn jitter_is_bounded() {
     assert!(delays.iter().all(|d| (0..=10_000).contains(d)), "{delays:?}");
     assert!(delays.len() > 30, "spread out: {delays:?}");
 }
+
+/// A scheduler stops at once when asked, even in the middle of a slow pass, and
+/// a dropped handle's scheduler enqueues nothing more.
+#[tokio::test(start_paused = true)]
+async fn a_scheduler_stops_promptly_and_dies_with_its_handle() {
+    let (store, _clock) = memory_at("2026-05-04T00:00:00Z");
+    let s = Schedules::new(store.clone(), "jobs").unwrap();
+    let sched = Schedule::every("m", Duration::from_secs(60), NewTask::new("w", doc! {})).unwrap();
+    s.upsert(&sched).await.unwrap();
+    let h = s.scheduler().spawn();
+    pass_time(Duration::from_secs(90)).await;
+    assert_eq!(ticks_of(&s, "m").await.len(), 1);
+    store.faults().set_latency(Duration::from_secs(3600));
+    pass_time(Duration::from_secs(31)).await; // into the pass of the 2-minute tick
+    let asked = tokio::time::Instant::now();
+    h.stop().await.unwrap();
+    assert!(asked.elapsed() < Duration::from_secs(1), "stopped mid-pass at once: {:?}", asked.elapsed());
+    store.faults().set_latency(Duration::ZERO);
+
+    let h = s.scheduler().spawn();
+    pass_time(Duration::from_secs(60)).await;
+    let before = ticks_of(&s, "m").await.len();
+    drop(h);
+    pass_time(Duration::from_secs(600)).await;
+    assert_eq!(ticks_of(&s, "m").await.len(), before, "nothing after the handle was dropped");
+}
