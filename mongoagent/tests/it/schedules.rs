@@ -103,6 +103,8 @@ async fn a_week_of_five_crashing_schedulers() {
                     life = (t - t.rem_euclid(5 * MIN)) + rng.i64(0..12) - now;
                 }
                 pass_time(Duration::from_millis(life.max(1) as u64)).await;
+                // Store faults are retried: a scheduler never dies of them.
+                assert!(!handle.is_finished(), "process {p}'s scheduler ended by itself");
                 drop(handle);
                 let down = clock.now_ms();
                 up.lock().unwrap()[i].2 = Some(down);
