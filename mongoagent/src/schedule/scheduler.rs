@@ -59,7 +59,7 @@ impl Drop for SchedulerHandle {
 }
 
 /// What one pass did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Pass {
     /// Tasks this pass inserted (others may have been inserted by other processes).
@@ -68,6 +68,15 @@ pub struct Pass {
     pub next_tick: Option<StoreTime>,
     /// Whether tasks held back by [`Overlap::Queue`] wait for a running one to end.
     pub held: bool,
+    /// The store time the pass read, and when.
+    read_now: StoreTime,
+    read_at: Instant,
+}
+
+impl Default for Pass {
+    fn default() -> Self {
+        Pass { enqueued: 0, next_tick: None, held: false, read_now: StoreTime::default(), read_at: Instant::now() }
+    }
 }
 
 impl<S: Store + Clone> Scheduler<S> {
@@ -145,16 +154,14 @@ impl<S: Store + Clone> Scheduler<S> {
                         // A task may have ended before the subscription: look again.
                         continue;
                     }
-                    let now = s.store.now().await.ok();
-                    let until_tick = match (pass.next_tick, now) {
-                        (Some(t), Some(now)) => Some(now.until(t).max(Duration::from_millis(1))),
-                        (Some(_), None) => Some(backoff),
-                        (None, _) => None,
-                    };
+                    // The next tick, from the store time the pass read and the
+                    // moment it read it.
+                    let at_tick =
+                        pass.next_tick.map(|t| pass.read_at + pass.read_now.until(t).max(Duration::from_millis(1)));
                     // Without notifications, look for changed schedules every `poll`.
                     let task_push = !held || task_events.as_ref().is_some_and(Watcher::is_live);
-                    let cap = if events.is_live() && task_push { None } else { Some(self.poll) };
-                    [until_tick, cap].into_iter().flatten().min().map(|d| Instant::now() + d)
+                    let cap = if events.is_live() && task_push { None } else { Some(Instant::now() + self.poll) };
+                    [at_tick, cap].into_iter().flatten().min()
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(schedules = %s.coll, error = %e, "scheduler pass failed; retrying");
@@ -196,8 +203,9 @@ impl<S: Store + Clone> Scheduler<S> {
     pub async fn pass(&self) -> Result<Pass, AgentError> {
         let s = &self.schedules;
         let records = s.store.find(&s.coll, &Query::all()).await?;
-        let now = s.store.now().await?.as_millis();
-        let mut out = Pass::default();
+        let read_now = s.store.now().await?;
+        let mut out = Pass { read_now, read_at: Instant::now(), ..Pass::default() };
+        let now = read_now.as_millis();
         for r in records {
             if r.data().get_bool(fields::PAUSED).unwrap_or(false) {
                 continue;
