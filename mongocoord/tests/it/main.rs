@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod schedules;
+
 const BIN: &str = env!("CARGO_BIN_EXE_mongocoord");
 
 struct Env {
