@@ -551,3 +551,27 @@ async fn a_scheduler_stops_promptly_and_dies_with_its_handle() {
     pass_time(Duration::from_secs(600)).await;
     assert_eq!(ticks_of(&s, "m").await.len(), before, "nothing after the handle was dropped");
 }
+
+/// `NewTask::run_at` is absolute on the store clock; with a delay too, the later wins.
+#[tokio::test(start_paused = true)]
+async fn run_at_is_absolute() {
+    let (store, _clock) = memory_at("2026-05-04T00:00:00Z");
+    let q = mongoagent::Queue::new(store.clone(), "jobs").unwrap();
+    let t0 = at("2026-05-04T00:00:00Z").as_millis();
+    let (a, _) = q.enqueue(NewTask::new("w", doc! {}).run_at(at("2026-05-04T06:00:00Z"))).await.unwrap();
+    let later = NewTask::new("w", doc! {}).run_at(at("2026-05-04T00:00:01Z")).delay(Duration::from_secs(60));
+    let (b, _) = q.enqueue(later).await.unwrap();
+    let earlier = NewTask::new("w", doc! {}).run_at(at("2026-05-04T06:00:00Z")).delay(Duration::from_secs(60));
+    let (c, _) = q.enqueue(earlier).await.unwrap();
+    let run_at = |k: &store_trait::Key| {
+        let store = store.clone();
+        let k = k.clone();
+        async move {
+            let coll = store_trait::Collection::new("jobs").unwrap();
+            run_at_of(store.get(&coll, &k).await.unwrap().record.unwrap().data())
+        }
+    };
+    assert_eq!(run_at(&a).await, t0 + 6 * HOUR);
+    assert_eq!(run_at(&b).await, t0 + MIN);
+    assert_eq!(run_at(&c).await, t0 + 6 * HOUR);
+}
