@@ -86,13 +86,17 @@ pub enum When {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Overlap {
-    /// The tick is skipped (recorded as handled, no task).
+    /// The tick is skipped (recorded as handled, no task). When one pass finds
+    /// several ticks to run (missed ticks caught up), only the newest runs.
     #[default]
     Skip,
     /// The tick's task is enqueued anyway.
     Allow,
     /// The tick's task is enqueued held back (not ready), and made ready once
     /// the previous tick's task has ended: ticks run one at a time, in order.
+    /// Held tasks wait while the schedule is paused, are still let through one
+    /// at a time if the policy is changed, and stay held if the schedule is
+    /// deleted.
     Queue,
 }
 

@@ -248,7 +248,8 @@ impl<S: Store + Clone> Scheduler<S> {
                     .and(Condition::FieldEq(fields::VERSION.into(), version));
                 s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?;
             }
-            if sched.overlap == Overlap::Queue {
+            // Also after a change away from Queue, until the held tasks are through.
+            if sched.overlap == Overlap::Queue || r.data().contains_key(fields::RUNNING) {
                 out.held |= s.let_through(&sched.name).await?;
             }
             let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
