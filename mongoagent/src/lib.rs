@@ -23,6 +23,9 @@
 //!   waiting task; nothing polls.
 //! - **Push wake-up**: an idle agent is woken by a change notification, not a
 //!   5-second sleep.
+//! - **Schedules** ([`schedule`]): cron expressions in a time zone, fixed
+//!   intervals and one-off times; any number of processes run a [`Scheduler`]
+//!   and each tick still becomes exactly one task, with no leader.
 //!
 //! A two-stage pipeline:
 //!
@@ -53,11 +56,13 @@
 mod agent;
 mod error;
 mod queue;
+pub mod schedule;
 mod task;
 
 pub use agent::{Agent, AgentBuilder, AgentLog, Handler, Processed};
 pub use error::AgentError;
 pub use queue::{Queue, QueueStats};
+pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use task::{fields, Child, NewTask, Outcome, Retry, Task};
 
 pub use mongolock;

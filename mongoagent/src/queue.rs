@@ -202,7 +202,9 @@ impl<S: Store + Clone> Queue<S> {
                 let mut d = t.to_document()?;
                 if let (Some(delay), Some(now)) = (t.delay, now) {
                     let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2);
-                    d.insert(fields::RUN_AT, bson::DateTime::from_millis(now.as_millis().saturating_add(ms)));
+                    // With an absolute `run_at` too, the later of the two.
+                    let at = now.as_millis().saturating_add(ms).max(t.run_at.map_or(i64::MIN, |a| a.as_millis()));
+                    d.insert(fields::RUN_AT, bson::DateTime::from_millis(at));
                 }
                 Ok(d)
             })

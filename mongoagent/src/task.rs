@@ -51,6 +51,13 @@ pub mod fields {
     /// How many times the task's follow-ups all finished and it was made ready
     /// again (missing means 0).
     pub const ROUND: &str = "round";
+    /// On a task a schedule enqueued: the schedule's name.
+    pub const SCHEDULE: &str = "schedule";
+    /// On a task a schedule enqueued: the tick it was enqueued for (a date).
+    pub const SCHEDULED_FOR: &str = "scheduled_for";
+    /// On a task of a schedule with [`crate::Overlap::Queue`]: held back (not
+    /// ready) until the schedule's previous task ends.
+    pub const OVERLAP_HELD: &str = "overlap_held";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
     pub const CONTROL: [&str; 15] = [
@@ -99,6 +106,12 @@ pub struct NewTask {
     /// A fan-in task: enqueued waiting for the follow-ups joined to it (which
     /// are enqueued first), made ready when the last of them ends.
     pub(crate) fan_in: bool,
+    /// Not before this instant (store clock).
+    pub(crate) run_at: Option<store_trait::StoreTime>,
+    /// The schedule and tick that enqueued it.
+    pub(crate) schedule: Option<(String, store_trait::StoreTime)>,
+    /// Held back by its schedule's overlap policy (enqueued not ready).
+    pub(crate) held: bool,
 }
 
 impl NewTask {
@@ -115,6 +128,9 @@ impl NewTask {
             parent: None,
             join: None,
             fan_in: false,
+            run_at: None,
+            schedule: None,
+            held: false,
         }
     }
 
@@ -136,6 +152,13 @@ impl NewTask {
         self
     }
 
+    /// Not before the instant `at` on the store clock. With [`NewTask::delay`]
+    /// too, the later of the two applies.
+    pub fn run_at(mut self, at: store_trait::StoreTime) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
     /// Enqueuing another task with the same key is a no-op reported as a duplicate.
     pub fn dedupe_key(mut self, k: impl Into<String>) -> Self {
         self.dedupe_key = Some(k.into());
@@ -154,7 +177,10 @@ impl NewTask {
             return Err(AgentError::InvalidTask("a task needs a non-empty agent_name".into()));
         }
         for k in self.data.keys() {
-            if fields::CONTROL.contains(&k.as_str()) || k == fields::PRIORITY || k == fields::DEDUPE_KEY {
+            if fields::CONTROL.contains(&k.as_str())
+                || [fields::PRIORITY, fields::DEDUPE_KEY, fields::SCHEDULE, fields::SCHEDULED_FOR, fields::OVERLAP_HELD]
+                    .contains(&k.as_str())
+            {
                 return Err(AgentError::InvalidTask(format!(
                     "field {k:?} is set by the queue; use the NewTask methods"
                 )));
@@ -168,7 +194,10 @@ impl NewTask {
             d.insert("_id", id.clone());
         }
         d.insert(fields::AGENT_NAME, self.agent_name.as_str());
-        d.insert(fields::READY, !self.fan_in);
+        d.insert(fields::READY, !self.fan_in && !self.held);
+        if self.held {
+            d.insert(fields::OVERLAP_HELD, true);
+        }
         if self.fan_in {
             d.insert(fields::WAITING, 0_i64);
         }
@@ -185,6 +214,13 @@ impl NewTask {
         if let Some((waiter, round)) = &self.join {
             d.insert(fields::JOIN, waiter.clone());
             d.insert(fields::JOIN_ROUND, *round);
+        }
+        if let Some(at) = self.run_at {
+            d.insert(fields::RUN_AT, at.to_bson_datetime());
+        }
+        if let Some((name, tick)) = &self.schedule {
+            d.insert(fields::SCHEDULE, name.as_str());
+            d.insert(fields::SCHEDULED_FOR, tick.to_bson_datetime());
         }
         d.extend(self.data.clone());
         Ok(d)
@@ -466,6 +502,10 @@ mod tests {
         assert!(NewTask::new("", doc! {}).to_document().is_err());
         assert!(NewTask::new("a", doc! {"ready": false}).to_document().is_err());
         assert!(NewTask::new("a", doc! {}).max_attempts(0).to_document().is_err());
+        assert!(NewTask::new("a", doc! {"schedule": "x"}).to_document().is_err());
+        let at = store_trait::StoreTime::from_millis(5_000);
+        let d = NewTask::new("a", doc! {}).run_at(at).to_document().unwrap();
+        assert_eq!(d.get_datetime("run_at").unwrap().timestamp_millis(), 5_000);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `mongocoord` command-line tool: a demo of the whole toolkit, Unix-style
 //! runners (`lock`, `elect`, `agent`) for shell scripts and other languages, and
-//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `watch`).
+//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `watch`,
+//! `schedules`, `schedule`).
 //!
 //! Connection: `--uri`, else `MONGODB_URI`, else `MONGO_HOST` (+ `MONGO_DB`), as
 //! the original `mongo_agent` read it. Passwords are never printed.
@@ -9,6 +10,7 @@
 mod args;
 mod demo;
 mod runners;
+mod schedules;
 mod supervise;
 mod views;
 
@@ -212,6 +214,30 @@ enum Cmd {
         #[arg(long)]
         yes: bool,
     },
+    /// A queue's schedules: spec, zone, next tick, last tick and how its task
+    /// went, paused.
+    Schedules {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The schedules collection (default: `<queue>_schedules`).
+        #[arg(long)]
+        collection: Option<String>,
+    },
+    /// Pauses, resumes or deletes a schedule (exit status 1 if there is none).
+    Schedule {
+        /// What to do.
+        #[arg(value_enum)]
+        action: schedules::Action,
+        /// The schedule's name.
+        name: String,
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The schedules collection (default: `<queue>_schedules`).
+        #[arg(long)]
+        collection: Option<String>,
+    },
     /// The supervisor of a lock/elect/agent command (started by those runners):
     /// runs CMD in its own process group and kills its whole tree when the
     /// runner dies.
@@ -311,6 +337,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {
             views::requeue(&connect(uri, db).await?, &queue, &filter, dry_run, yes, json).await
+        }
+        Cmd::Schedules { queue, collection } => {
+            schedules::list(&connect(uri, db).await?, &queue, collection.as_deref(), json).await
+        }
+        Cmd::Schedule { action, name, queue, collection } => {
+            schedules::act(&connect(uri, db).await?, &queue, collection.as_deref(), action, &name, json).await
         }
         Cmd::Watch { queue, interval, count } => {
             views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await

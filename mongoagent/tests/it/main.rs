@@ -6,10 +6,16 @@
 mod fencing;
 mod input;
 mod mechanisms;
+mod schedules;
 mod simulation;
 mod suite;
 
 store_trait::on_all_backends!(crate::agent_suite, std::time::Duration::from_secs(2));
+
+mod schedule_backends {
+    //! The schedule suite on every backend (on the real server, a one-second interval).
+    store_trait::on_all_backends!(crate::schedule_suite, std::time::Duration::from_secs(2));
+}
 
 mod faults {
     //! `configureFailPoint` against the real server: a dropped connection on the

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod schedules;
 mod supervise;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mongocoord");
