@@ -397,11 +397,11 @@ async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
             next_renew = Instant::now() + every;
         }
     }
-    // Lost: if the server still counts our lease, free it for others now rather
-    // than at expiry.
-    if !term.stop.is_cancelled() {
-        term.release_in_background();
-    }
+    // Lost. The lease is not released here: work under it may still be
+    // stopping (a process tree being killed, a write in flight), and a release
+    // now would let the next holder in while it runs. It lapses on the store by
+    // itself, at least a safety margin after the signal; the holder may release
+    // it sooner, once its work has stopped (`LockGuard::release`).
 }
 
 async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
@@ -485,6 +485,11 @@ impl Validity {
 /// A held lock. Release it with [`LockGuard::release`]; dropping it without
 /// releasing schedules a best-effort release in the background (it never blocks or
 /// panics; the lease lapses at its expiry if that release cannot reach the store).
+///
+/// Once its loss was signalled, the lease is never released behind the holder's
+/// back, neither by the keeper nor by a drop: work under it may still be
+/// stopping. It lapses on the store by itself, at least the safety margin after
+/// the signal, unless the holder lets go sooner with [`LockGuard::release`].
 ///
 /// Select on [`LockGuard::lost`] around the work the lock protects: it fires
 /// *before* the lease can lapse on the server when renewal cannot be confirmed,
@@ -617,7 +622,10 @@ impl<S: Store + Clone> Drop for LockGuard<S> {
         // Whatever still runs under this guard's lost token must stop: the lock is
         // being let go.
         self.term.lost.cancel();
-        if !self.term.released.swap(true, Ordering::SeqCst) {
+        // A guard dropped after its loss was signalled does not release either:
+        // the lease lapses by itself (see the keeper).
+        let lost = self.term.lost_marked.load(Ordering::SeqCst);
+        if !self.term.released.swap(true, Ordering::SeqCst) && !lost {
             tracing::debug!(key = %self.term.lock.key, token = self.term.token, "lock guard dropped without release");
             self.term.clear_current();
             self.term.release_in_background();

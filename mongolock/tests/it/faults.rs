@@ -208,3 +208,52 @@ async fn mongo_failpoints() {
     g2.release().await.unwrap();
     let _ = store.now().await.unwrap();
 }
+
+/// A lease whose loss was signalled while it is still live on the store (here:
+/// time passed unseen, a suspend) is not released behind the holder's back:
+/// the work under it may still be stopping (a runner killing its command's
+/// process tree). It stays held until the holder releases it or it lapses.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_is_not_released_before_its_holder_lets_go() {
+    use store_trait::{StoreTime, TestClock};
+    let store = MemoryStore::new();
+    let wall = TestClock::starting_at(StoreTime::from_millis(1_700_000_000_000));
+    let make = |clock: Option<TestClock>| {
+        let b = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10));
+        match clock {
+            Some(c) => b.clock(c).build().unwrap(),
+            None => b.build().unwrap(),
+        }
+    };
+    let (a, b) = (make(Some(wall.clone())), make(None));
+    let g = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    // A second of wall-clock time passed that the monotonic clock did not see.
+    wall.jump(1_000);
+    tokio::time::timeout(Duration::from_secs(5), g.lost()).await.expect("the loss is signalled");
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(b.try_acquire().await.unwrap().is_none(), "released behind the holder's back");
+    // The holder's work has stopped: it lets go, and the next holder gets in.
+    let _ = g.release().await;
+    assert!(b.try_acquire().await.unwrap().is_some());
+}
+
+/// The same for a guard dropped after its loss was signalled.
+#[tokio::test(start_paused = true)]
+async fn a_lost_guard_dropped_leaves_the_lease_to_lapse() {
+    use store_trait::{StoreTime, TestClock};
+    let store = MemoryStore::new();
+    let wall = TestClock::starting_at(StoreTime::from_millis(1_700_000_000_000));
+    let a = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).clock(wall.clone()).build().unwrap();
+    let b = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    let g = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    wall.jump(1_000);
+    tokio::time::timeout(Duration::from_secs(5), g.lost()).await.expect("the loss is signalled");
+    drop(g);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(b.try_acquire().await.unwrap().is_none(), "released behind the holder's back");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(b.try_acquire().await.unwrap().is_some(), "it lapses by itself");
+}
