@@ -319,6 +319,10 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         .map(|i| NewTask::new("chaos", doc! {"stage": 0, "i": i64::from(i)}).id(format!("seed-{i}")))
         .collect();
     queue.enqueue_all(&seeded).await.map_err(|e| e.to_string())?;
+    // Documents another program wrote into the queue, which no agent can read:
+    // claims must pass over them, and nothing may stop on them.
+    let raw = store.database().collection::<bson::Document>(QUEUE);
+    raw.insert_many(foreign_tasks()).await.map_err(|e| format!("cannot insert the foreign documents: {e}"))?;
 
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let spawn = |n: usize| -> Result<tokio::process::Child, String> {
@@ -427,7 +431,11 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     // Let paused workers resume and the queue drain.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
-    let open = || Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
+    let open = || {
+        Query::all()
+            .when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate())
+            .when(Condition::FieldEq("foreign".into(), Bson::Boolean(true)).negate())
+    };
     let drain_until = Instant::now() + Duration::from_secs(180);
     while Instant::now() < drain_until {
         if store.count(&coll, &open()).await.unwrap_or(1) == 0 {
@@ -574,7 +582,27 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     }
     // The store: every task ended; two follow-ups per completed seeded task.
     let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
-    let all = store.find(&coll, &Query::all()).await.map_err(|e| e.to_string())?;
+    let mut all = Vec::new();
+    let mut unreadable = 0;
+    for r in store.find_each(&coll, &Query::all()).await.map_err(|e| e.to_string())? {
+        match r {
+            Ok(t) => all.push(t),
+            Err(_) => unreadable += 1,
+        }
+    }
+    let foreign = foreign_tasks().len();
+    if unreadable != foreign {
+        r.violations.push(format!("{unreadable} unreadable documents in the queue, {foreign} foreign ones inserted"));
+    }
+    // The foreign documents were never claimed (nor changed at all).
+    let raw = store.database().collection::<bson::Document>(QUEUE);
+    let untouched = raw
+        .count_documents(doc! { "foreign": true, "ready": true, "lease_owner": { "$exists": false } })
+        .await
+        .map_err(|e| e.to_string())?;
+    if untouched != foreign as u64 {
+        r.violations.push(format!("{} of {foreign} foreign documents were changed", foreign as u64 - untouched));
+    }
     r.tasks = all.len() as u64;
     let open: Vec<String> =
         all.iter().filter(|t| t.data().get_bool("complete").ok() != Some(true)).map(|t| t.key().to_string()).collect();
@@ -621,4 +649,16 @@ fn check_fenced_writes(mut writes: Vec<(u64, u64)>, what: &str, violations: &mut
             violations.push(format!("{what}: fenced write with fence {} accepted after fence {}", w[1].1, w[0].1));
         }
     }
+}
+
+/// Tasks written by another program that no agent can read: an `_id` of an
+/// unsupported type, a fence that is a string, an owner without an expiry.
+fn foreign_tasks() -> Vec<bson::Document> {
+    let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] };
+    vec![
+        doc! { "_id": uuid, "agent_name": "chaos", "ready": true, "foreign": true, "stage": 1 },
+        doc! { "_id": "foreign-fence", "agent_name": "chaos", "ready": true, "foreign": true, "fence": "7", "stage": 1 },
+        doc! { "_id": "foreign-owner", "agent_name": "chaos", "ready": true, "foreign": true, "lease_owner_x": 1,
+        "rev": "x", "stage": 1 },
+    ]
 }
