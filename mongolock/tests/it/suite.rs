@@ -142,11 +142,15 @@ pub(crate) async fn lost_signal_fires_before_expiry<H: Harness>(h: &H) {
 }
 
 pub(crate) async fn auto_renew_keeps_the_lock<H: Harness>(h: &H) {
-    let (_, make) = lock(h, "lock_auto_renew").await;
+    // Renewals must not depend on a loaded machine answering within the safety
+    // margin of a short lease: four times the suite's lease, renewed thrice over.
+    let store = h.store("lock_auto_renew").await;
+    let long = ttl(h) * 4;
+    let make = || Lock::builder(store.clone(), "job").ttl(long).build().unwrap();
     let (a, b) = (make(), make());
     let g = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
     let first_expiry = g.expires();
-    tokio::time::sleep(ttl(h) * 3).await;
+    tokio::time::sleep(long * 2).await;
     assert!(!g.is_lost());
     assert!(g.expires() > first_expiry, "renewed");
     assert!(b.try_acquire().await.unwrap().is_none());
@@ -191,7 +195,10 @@ pub(crate) async fn waiter_wakes_at_expiry_of_a_crashed_holder<H: Harness>(h: &H
 }
 
 pub(crate) async fn acquire_times_out_with_the_holder<H: Harness>(h: &H) {
-    let (_, make) = lock(h, "lock_timeout").await;
+    // The holder's lease is long enough that a loaded machine cannot make it
+    // lapse while the other client waits half a short lease.
+    let store = h.store("lock_timeout").await;
+    let make = || Lock::builder(store.clone(), "job").ttl(ttl(h) * 4).build().unwrap();
     let (a, b) = (make(), make());
     let g = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
     match b.acquire_timeout(ttl(h) / 2).await {
