@@ -8,12 +8,14 @@
 //   saved one after another are), one Agenda, concurrency 4, processEvery
 //   100 ms; the clock runs from start() to the N-th completion. Commands are
 //   counted with the driver's command monitoring over that span.
-//   `lockLimit` is 4 × the concurrency, 16 (env AGENDA_LOCK_LIMIT overrides
-//   it; 0 is Agenda's default, "no limit"). With no limit, a fill locks jobs
-//   one `findOneAndUpdate` at a time until none is left and nothing runs before
-//   the first fill ends, so N=2,000 would lock all 2,000 first. A limit equal
-//   to the concurrency would cap Agenda at 4 jobs per processEvery tick (40/s),
-//   since locks are refilled only on ticks; 16 leaves it room to prefetch.
+//   `lockLimit` is the concurrency, 4 (env AGENDA_LOCK_LIMIT overrides it; 0
+//   is Agenda's default, "no limit"). With no limit, a fill locks jobs one
+//   `findOneAndUpdate` at a time until none is left and nothing runs before the
+//   first fill ends, so N=2,000 would lock all 2,000 first. Locks are refilled
+//   only on processEvery ticks, so a limit of 4 caps Agenda at 40 jobs/s; yet
+//   on SecantusDB (N=100, a loaded machine, one session) it ran 11-17 jobs/s
+//   with 4, against 4-6 with 8, 16 or no limit: every extra lock is one more
+//   sorted `findOneAndUpdate` on a slow server.
 //   Agenda starts another fill on every processEvery tick while fewer than
 //   lockLimit jobs are locked, without waiting for the fill in flight: when one
 //   lock query takes longer than processEvery (a slow or loaded server), the
@@ -33,7 +35,7 @@ const [uri, dbName, nArg, picksArg] = process.argv.slice(2);
 const n = Number(nArg ?? 400);
 const picks = Number(picksArg ?? 10);
 const concurrency = 4;
-const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? 4 * concurrency);
+const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? concurrency);
 const timeLimitMs = Number(process.env.AGENDA_TIME_LIMIT_S ?? 600) * 1000;
 const processEvery = Number(process.env.AGENDA_PROCESS_EVERY_MS ?? 100);
 const client = await MongoClient.connect(uri, { monitorCommands: true });
