@@ -179,46 +179,6 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     shapes.push(("shared", queue_run(uri, db, &store, tasks, "bench_queue_shared", true).await?));
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
     shapes.push(("processes", queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
-    if let Some(dir) = &o.agenda {
-        let picks = if o.quick { 5 } else { 15 };
-        eprintln!("Agenda: {tasks} preloaded jobs, concurrency 4, processEvery 100 ms; {picks} pickups with defaults…");
-        match agenda_run(dir, uri, db, tasks, picks).await {
-            Ok(a) => {
-                if a.timed_out {
-                    eprintln!(
-                        "  Agenda hit its time limit after {} of {tasks} jobs: its rate is of those",
-                        a.completed.unwrap_or_default()
-                    );
-                    f.put("agenda_timed_out", 1.0);
-                }
-                f.put("agenda_tasks_per_s", a.tasks_per_s);
-                f.put("agenda_commands_per_task", a.commands_per_task);
-                if let Some(p) = a.pickup_ms_p50 {
-                    f.put("agenda_pickup_ms_p50", p);
-                }
-            }
-            Err(e) => eprintln!("  Agenda figures skipped: {e}"),
-        }
-    } else {
-        eprintln!(
-            "Agenda figures skipped: no --agenda harness (cargo xtask bench installs it when node and npm exist)"
-        );
-    }
-    let agenda = f.get("agenda_tasks_per_s");
-    for (shape, r) in &shapes {
-        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
-        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
-        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
-        if let Some(a) = agenda {
-            f.put(format!("queue_{shape}_vs_agenda"), r.rate / a);
-        }
-    }
-    // The figure names of earlier runs, where they still mean the same thing.
-    if let (Some(per_agent), Some(shared)) = (f.get("queue_per_agent_tasks_per_s"), f.get("queue_shared_tasks_per_s")) {
-        f.put("queue_tasks_per_s", per_agent);
-        f.put("queue_vs_raw", per_agent / raw_rate);
-        f.put("queue_shared_vs_raw", shared / raw_rate);
-    }
 
     let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };
@@ -291,6 +251,49 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         if kills > 0 {
             f.put("seed_failover_s_p50", pct(&sorted(fo), 0.5));
         }
+    }
+
+    // Agenda last: on a slow server its lock queries pile up (see
+    // lab/bench/agenda/bench.mjs) and keep the server busy after it stops.
+    if let Some(dir) = &o.agenda {
+        let picks = if o.quick { 5 } else { 15 };
+        eprintln!("Agenda: {tasks} preloaded jobs, concurrency 4, processEvery 100 ms; {picks} pickups with defaults…");
+        match agenda_run(dir, uri, db, tasks, picks).await {
+            Ok(a) => {
+                if a.timed_out {
+                    eprintln!(
+                        "  Agenda hit its time limit after {} of {tasks} jobs: its rate is of those",
+                        a.completed.unwrap_or_default()
+                    );
+                    f.put("agenda_timed_out", 1.0);
+                }
+                f.put("agenda_tasks_per_s", a.tasks_per_s);
+                f.put("agenda_commands_per_task", a.commands_per_task);
+                if let Some(p) = a.pickup_ms_p50 {
+                    f.put("agenda_pickup_ms_p50", p);
+                }
+            }
+            Err(e) => eprintln!("  Agenda figures skipped: {e}"),
+        }
+    } else {
+        eprintln!(
+            "Agenda figures skipped: no --agenda harness (cargo xtask bench installs it when node and npm exist)"
+        );
+    }
+    let agenda = f.get("agenda_tasks_per_s");
+    for (shape, r) in &shapes {
+        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
+        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
+        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
+        if let Some(a) = agenda {
+            f.put(format!("queue_{shape}_vs_agenda"), r.rate / a);
+        }
+    }
+    // The figure names of earlier runs, where they still mean the same thing.
+    if let (Some(per_agent), Some(shared)) = (f.get("queue_per_agent_tasks_per_s"), f.get("queue_shared_tasks_per_s")) {
+        f.put("queue_tasks_per_s", per_agent);
+        f.put("queue_vs_raw", per_agent / raw_rate);
+        f.put("queue_shared_vs_raw", shared / raw_rate);
     }
 
     let mut summary = serde_json::Map::new();
