@@ -16,6 +16,12 @@ use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
 use mongolock::{Acquire, Lock};
 use serde_json::{json, Value};
 use store_memory::MemoryStore;
+use store_mongo::mongodb::event::command::CommandEvent;
+use store_mongo::mongodb::event::EventHandler;
+use store_mongo::mongodb::options::{
+    Acknowledgment, ClientOptions, CollectionOptions, ReadConcern, ReturnDocument, WriteConcern,
+};
+use store_mongo::mongodb::Client;
 use store_mongo::MongoStore;
 
 /// What to run.
@@ -26,6 +32,9 @@ pub(crate) struct BenchOpts {
     pub(crate) mongocoord: PathBuf,
     pub(crate) python: Option<PathBuf>,
     pub(crate) seed_script: Option<PathBuf>,
+    /// The installed Agenda harness (a directory with `bench.mjs` and its
+    /// `node_modules`); without it the Agenda figures are skipped.
+    pub(crate) agenda: Option<PathBuf>,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -41,12 +50,17 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-struct Figures(BTreeMap<&'static str, f64>);
+struct Figures(BTreeMap<String, f64>);
 
 impl Figures {
-    fn put(&mut self, k: &'static str, v: f64) {
+    fn put(&mut self, k: impl Into<String>, v: f64) {
+        let k = k.into();
         eprintln!("  {k} = {v:.3}");
         self.0.insert(k, v);
+    }
+
+    fn get(&self, k: &str) -> Option<f64> {
+        self.0.get(k).copied()
     }
 }
 
@@ -100,6 +114,11 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     f.put("lock_acquire_p99_us", pct(&acq, 0.99));
     f.put("lock_acquire_vs_raw", pct(&acq, 0.5) / raw_p50);
 
+    eprintln!("minimal DistributedLock.MongoDB-style acquire pipeline + release ({n} cycles)…");
+    let minimal = sorted(minimal_lock_cycles(&store, n).await?);
+    f.put("minimal_pipeline_acquire_p50_us", pct(&minimal, 0.5));
+    f.put("lock_vs_minimal_pipeline", pct(&acq, 0.5) / pct(&minimal, 0.5));
+
     let trials = if o.quick { 10 } else { 30 };
     eprintln!("lock handover ({trials} trials)…");
     let mut hand = Vec::new();
@@ -142,24 +161,24 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         f.put("failover_over_ttl", pct(&fo, 0.5) / 3.0);
     }
 
-    // SecantusDB evaluates each claim's filter and sort over every ready task in
-    // Python, so a claim costs time proportional to the queue's length; 2,000
-    // tasks there would take most of the run. `mongod` uses the claim index.
-    let secantus = server.starts_with("SecantusDB");
-    let tasks: u32 = match (o.quick, secantus) {
-        (true, _) => 400,
-        (false, true) => 600,
-        (false, false) => 2000,
-    };
-    eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (as 4 processes)…");
-    let rate = queue_run(&store, tasks, "bench_queue", false).await?;
+    // The queue, side by side on the same server and the same number of tasks
+    // (SecantusDB's writes cost time in proportion to the collection's size, so
+    // only same-size figures of the same run compare): a hand-written driver
+    // loop, three shapes of ours, and Agenda. Every shape gets a collection of
+    // its own, preloaded the same way.
+    let tasks: u32 = if o.quick { 400 } else { 2000 };
     f.put("queue_tasks", f64::from(tasks));
-    f.put("queue_tasks_per_s", rate);
-    f.put("queue_vs_raw", rate / raw_rate);
-    eprintln!("queue: 4 agents sharing one Queue (one process), {tasks} trivial tasks…");
-    let rate = queue_run(&store, tasks, "bench_queue_shared", true).await?;
-    f.put("queue_shared_tasks_per_s", rate);
-    f.put("queue_shared_vs_raw", rate / raw_rate);
+    eprintln!("raw queue: one client, claim (filter + sort) then fenced complete, {tasks} tasks…");
+    let raw_queue = raw_queue_run(uri, db, &store, tasks, "bench_raw_queue").await?;
+    f.put("raw_queue_per_s", raw_queue.rate);
+    f.put("raw_queue_commands_per_task", raw_queue.commands_per_task);
+    let mut shapes: Vec<(&str, QueueRun)> = Vec::new();
+    eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (Agent::builder)…");
+    shapes.push(("per_agent", queue_run(uri, db, &store, tasks, "bench_queue", false).await?));
+    eprintln!("queue: 4 agents sharing one Queue (Agent::on_queue), {tasks} trivial tasks…");
+    shapes.push(("shared", queue_run(uri, db, &store, tasks, "bench_queue_shared", true).await?));
+    eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
+    shapes.push(("processes", queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
 
     let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };
@@ -234,9 +253,52 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         }
     }
 
+    // Agenda last: on a slow server its lock queries pile up (see
+    // lab/bench/agenda/bench.mjs) and keep the server busy after it stops.
+    if let Some(dir) = &o.agenda {
+        let picks = if o.quick { 5 } else { 15 };
+        eprintln!("Agenda: {tasks} preloaded jobs, concurrency 4, processEvery 100 ms; {picks} pickups with defaults…");
+        match agenda_run(dir, uri, db, tasks, picks).await {
+            Ok(a) => {
+                if a.timed_out {
+                    eprintln!(
+                        "  Agenda hit its time limit after {} of {tasks} jobs: its rate is of those",
+                        a.completed.unwrap_or_default()
+                    );
+                    f.put("agenda_timed_out", 1.0);
+                }
+                f.put("agenda_tasks_per_s", a.tasks_per_s);
+                f.put("agenda_commands_per_task", a.commands_per_task);
+                if let Some(p) = a.pickup_ms_p50 {
+                    f.put("agenda_pickup_ms_p50", p);
+                }
+            }
+            Err(e) => eprintln!("  Agenda figures skipped: {e}"),
+        }
+    } else {
+        eprintln!(
+            "Agenda figures skipped: no --agenda harness (cargo xtask bench installs it when node and npm exist)"
+        );
+    }
+    let agenda = f.get("agenda_tasks_per_s");
+    for (shape, r) in &shapes {
+        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
+        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
+        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
+        if let Some(a) = agenda {
+            f.put(format!("queue_{shape}_vs_agenda"), r.rate / a);
+        }
+    }
+    // The figure names of earlier runs, where they still mean the same thing.
+    if let (Some(per_agent), Some(shared)) = (f.get("queue_per_agent_tasks_per_s"), f.get("queue_shared_tasks_per_s")) {
+        f.put("queue_tasks_per_s", per_agent);
+        f.put("queue_vs_raw", per_agent / raw_rate);
+        f.put("queue_shared_vs_raw", shared / raw_rate);
+    }
+
     let mut summary = serde_json::Map::new();
     for (k, v) in &f.0 {
-        summary.insert((*k).to_owned(), json!(v));
+        summary.insert(k.clone(), json!(v));
     }
     summary.insert("server".into(), json!(server));
     summary.insert("server_version".into(), json!(version));
@@ -379,19 +441,173 @@ async fn simulate(minutes: u64) -> Result<f64, String> {
     .map_err(|e| e.to_string())?
 }
 
-/// 4 agents (concurrency 4 each) process `tasks` trivial tasks from `coll`;
-/// with `shared`, the agents are built on one `Queue` and take turns claiming.
-/// Returns tasks per second.
-async fn queue_run(store: &MongoStore, tasks: u32, coll: &str, shared: bool) -> Result<f64, String> {
+/// A store on a client of its own whose command monitoring counts every command
+/// it sends (claims, completions, renewals, change-stream `getMore`s, index
+/// builds: everything), and the counter.
+async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Arc<AtomicU64>), String> {
+    let mut opts = ClientOptions::parse(uri).await.map_err(|e| e.to_string())?;
+    let commands = Arc::new(AtomicU64::new(0));
+    let counter = commands.clone();
+    opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
+        if matches!(ev, CommandEvent::Started(_)) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+    let client = Client::with_options(opts).map_err(|e| e.to_string())?;
+    Ok((MongoStore::new(client.database(db)), commands))
+}
+
+/// Throughput and commands per completed task of one queue run.
+struct QueueRun {
+    rate: f64,
+    commands_per_task: f64,
+}
+
+/// Preloads `tasks` trivial tasks for agent `bench` into `coll` (with the
+/// queue's indexes), through the uncounted `store`.
+async fn preload(store: &MongoStore, tasks: u32, coll: &str) -> Result<Queue<MongoStore>, String> {
     let queue = Queue::new(store.clone(), coll).map_err(|e| e.to_string())?;
     let batch: Vec<NewTask> = (0..tasks).map(|i| NewTask::new("bench", doc! {"i": i64::from(i)})).collect();
     queue.enqueue_all(&batch).await.map_err(|e| e.to_string())?;
+    Ok(queue)
+}
+
+/// The server's limit for an unbatched queue: one client claims the next task
+/// (the agent's filter and sort, one `findAndModify` with a lease and a fence)
+/// and completes it with an update fenced on that token, until none is left.
+/// Same documents, claim index and write concern as the agents'.
+async fn raw_queue_run(uri: &str, db: &str, store: &MongoStore, tasks: u32, coll: &str) -> Result<QueueRun, String> {
+    preload(store, tasks, coll).await?;
+    let (counted, commands) = counted_store(uri, db).await?;
+    let c = counted.database().collection_with_options::<bson::Document>(
+        coll,
+        CollectionOptions::builder()
+            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).journal(true).build())
+            .read_concern(ReadConcern::majority())
+            .build(),
+    );
+    let now = doc! {"$toLong": "$$NOW"};
+    let filter = doc! {
+        "agent_name": "bench",
+        "ready": true,
+        "complete": {"$ne": true},
+        "$expr": {"$and": [
+            {"$lte": [{"$ifNull": [{"$toLong": "$run_at"}, 0_i64]}, now.clone()]},
+            {"$or": [
+                {"$eq": [{"$ifNull": ["$lease_owner", null]}, null]},
+                {"$lte": [{"$ifNull": [{"$toLong": "$lease_until"}, 0_i64]}, now.clone()]},
+            ]},
+        ]},
+    };
+    let claim = vec![doc! {"$set": {
+        "lease_owner": "raw",
+        "lease_until": {"$add": [now, 30_000_i64]},
+        "fence": {"$add": [{"$ifNull": ["$fence", 0_i64]}, 1_i64]},
+        "ready": false,
+        "claimed": true,
+    }}];
+    let c0 = commands.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let mut completed = 0_u32;
+    while let Some(task) = c
+        .find_one_and_update(filter.clone(), claim.clone())
+        .sort(doc! {"priority": -1, "run_at": 1, "_id": 1})
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let id = task.get("_id").cloned().ok_or("claimed task without _id")?;
+        let fence = task.get("fence").cloned().ok_or("claimed task without fence")?;
+        let done = c
+            .update_one(
+                doc! {"_id": id, "fence": fence},
+                vec![doc! {"$set": {
+                    "complete": true,
+                    "claimed": false,
+                    "lease_owner": null,
+                    "lease_until": null,
+                    "completed_at": "$$NOW",
+                }}],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if done.matched_count != 1 {
+            return Err("raw queue: a fenced completion matched no task".into());
+        }
+        completed += 1;
+    }
+    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
+    let used = commands.load(Ordering::Relaxed) - c0;
+    if completed != tasks {
+        return Err(format!("raw queue: {completed} completions for {tasks} tasks"));
+    }
+    Ok(QueueRun { rate, commands_per_task: used as f64 / f64::from(tasks) })
+}
+
+/// A minimal DistributedLock.MongoDB-style acquire: one `findAndModify` upsert
+/// whose single `$set` stage takes the lock when it is free or expired (a `$cond`
+/// on `$$NOW` per field: owner, expiry, fence). Released by an untimed update.
+/// Same write concern as our lock. Returns the acquire latencies in µs.
+async fn minimal_lock_cycles(store: &MongoStore, n: usize) -> Result<Vec<f64>, String> {
+    let c = store.database().collection_with_options::<bson::Document>(
+        "bench_minimal_lock",
+        CollectionOptions::builder()
+            .write_concern(WriteConcern::builder().w(Acknowledgment::Majority).journal(true).build())
+            .build(),
+    );
+    let now = doc! {"$toLong": "$$NOW"};
+    let free = doc! {"$or": [
+        {"$eq": [{"$ifNull": ["$owner", null]}, null]},
+        {"$lte": [{"$ifNull": ["$expires_ms", 0_i64]}, now.clone()]},
+    ]};
+    let acquire = vec![doc! {"$set": {
+        "owner": {"$cond": [free.clone(), "bench", "$owner"]},
+        "expires_ms": {"$cond": [free.clone(), {"$add": [now, 30_000_i64]}, "$expires_ms"]},
+        "fence": {"$cond": [free, {"$add": [{"$ifNull": ["$fence", 0_i64]}, 1_i64]}, "$fence"]},
+    }}];
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let got = c
+            .find_one_and_update(doc! {"_id": "bench"}, acquire.clone())
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(|e| e.to_string())?;
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+        if got.as_ref().and_then(|d| d.get_str("owner").ok()) != Some("bench") {
+            return Err("minimal lock pipeline: a free lock was not taken".into());
+        }
+        c.update_one(doc! {"_id": "bench", "owner": "bench"}, doc! {"$set": {"owner": null}})
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(lat)
+}
+
+/// 4 agents (concurrency 4 each) in this process process `tasks` trivial tasks
+/// from `coll`; with `shared`, the agents are built on one `Queue`
+/// (`Agent::on_queue`) and take turns claiming, else each on its own
+/// (`Agent::builder`). Commands are counted from the agents' start until they
+/// have shut down.
+async fn queue_run(
+    uri: &str,
+    db: &str,
+    store: &MongoStore,
+    tasks: u32,
+    coll: &str,
+    shared: bool,
+) -> Result<QueueRun, String> {
+    preload(store, tasks, coll).await?;
+    let (counted, commands) = counted_store(uri, db).await?;
+    let queue = Queue::new(counted.clone(), coll).map_err(|e| e.to_string())?;
     let done = Arc::new(AtomicU64::new(0));
+    let c0 = commands.load(Ordering::Relaxed);
     let start = Instant::now();
     let agents: Vec<Agent<MongoStore>> = (0..4)
         .map(|_| {
             let b =
-                if shared { Agent::on_queue(&queue, "bench") } else { Agent::builder(store.clone(), "bench", coll) };
+                if shared { Agent::on_queue(&queue, "bench") } else { Agent::builder(counted.clone(), "bench", coll) };
             b.concurrency(4).sleep_between(Duration::from_millis(200)).build()
         })
         .collect::<Result<_, _>>()
@@ -413,10 +629,11 @@ async fn queue_run(store: &MongoStore, tasks: u32, coll: &str, shared: bool) -> 
     // Counted in-process: polling the queue's statistics would load the server.
     while done.load(Ordering::Relaxed) < u64::from(tasks) {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        if start.elapsed() > Duration::from_secs(600) {
-            return Err("queue benchmark did not finish in 10 minutes".into());
+        if start.elapsed() > Duration::from_secs(1800) {
+            return Err("queue benchmark did not finish in 30 minutes".into());
         }
     }
+    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
     for a in &agents {
         a.shutdown();
     }
@@ -424,9 +641,162 @@ async fn queue_run(store: &MongoStore, tasks: u32, coll: &str, shared: bool) -> 
     for w in workers {
         completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
     }
-    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
+    let used = commands.load(Ordering::Relaxed) - c0;
     if completed != u64::from(tasks) || done.load(Ordering::Relaxed) != u64::from(tasks) {
         return Err(format!("queue benchmark: {completed} completions for {tasks} tasks"));
     }
-    Ok(rate)
+    Ok(QueueRun { rate, commands_per_task: used as f64 / f64::from(tasks) })
+}
+
+/// 4 agent processes (`lab bench-agent`, one agent each, concurrency 4) process
+/// `tasks` trivial tasks from `coll`. Each connects and builds its agent, says
+/// `ready`, starts on `go`, and stops when its stdin closes, reporting the
+/// commands it sent from `go` on. The clock runs from `go` until a count of
+/// completed tasks (polled every 250 ms, not counted) reaches `tasks`.
+async fn queue_processes_run(
+    uri: &str,
+    db: &str,
+    store: &MongoStore,
+    tasks: u32,
+    coll: &str,
+) -> Result<QueueRun, String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    preload(store, tasks, coll).await?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut procs = Vec::new();
+    for _ in 0..4 {
+        let mut child = tokio::process::Command::new(&exe)
+            .args(["--uri", uri, "--db", db, "bench-agent", "--coll", coll])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start a bench agent: {e}"))?;
+        let stdin = child.stdin.take().ok_or("bench agent without stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("bench agent without stdout")?).lines();
+        procs.push((child, Some(stdin), stdout));
+    }
+    for (_, _, out) in &mut procs {
+        match tokio::time::timeout(Duration::from_secs(60), out.next_line()).await {
+            Ok(Ok(Some(l))) if l == "ready" => {}
+            other => return Err(format!("bench agent did not get ready: {other:?}")),
+        }
+    }
+    let c = store.database().collection::<bson::Document>(coll);
+    let start = Instant::now();
+    for (_, stdin, _) in &mut procs {
+        if let Some(s) = stdin.as_mut() {
+            s.write_all(b"go\n").await.map_err(|e| e.to_string())?;
+            s.flush().await.map_err(|e| e.to_string())?;
+        }
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let n = c.count_documents(doc! {"agent_name": "bench", "complete": true}).await.map_err(|e| e.to_string())?;
+        if n >= u64::from(tasks) {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(1800) {
+            return Err("queue processes did not finish in 30 minutes".into());
+        }
+    }
+    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
+    let (mut used, mut completed) = (0_u64, 0_u64);
+    for (_, stdin, _) in &mut procs {
+        drop(stdin.take());
+    }
+    for (child, _, out) in &mut procs {
+        let line = tokio::time::timeout(Duration::from_secs(60), out.next_line())
+            .await
+            .map_err(|_| "bench agent did not stop within 60 s".to_owned())?
+            .map_err(|e| e.to_string())?
+            .ok_or("bench agent ended without a report")?;
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("commands"), Some(c), Some("completed"), Some(d)) => {
+                used += c.parse::<u64>().map_err(|e| e.to_string())?;
+                completed += d.parse::<u64>().map_err(|e| e.to_string())?;
+            }
+            _ => return Err(format!("bench agent reported {line:?}")),
+        }
+        let _ = child.wait().await;
+    }
+    if completed != u64::from(tasks) {
+        return Err(format!("queue processes: {completed} completions for {tasks} tasks"));
+    }
+    Ok(QueueRun { rate, commands_per_task: used as f64 / f64::from(tasks) })
+}
+
+/// `lab bench-agent`: one agent (concurrency 4, a trivial handler) on `coll`
+/// for the orchestrator in [`queue_processes_run`]. Prints `ready`, starts
+/// on a `go` line, stops when stdin closes, then prints
+/// `commands C completed N` (commands sent since `go`).
+pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, String> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let (store, commands) = counted_store(uri, db).await?;
+    let agent = Agent::builder(store, "bench", coll)
+        .concurrency(4)
+        .sleep_between(Duration::from_millis(200))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    println!("ready");
+    match lines.next_line().await.map_err(|e| e.to_string())? {
+        Some(l) if l.trim() == "go" => {}
+        other => return Err(format!("bench-agent: expected go, got {other:?}")),
+    }
+    let c0 = commands.load(Ordering::Relaxed);
+    let worker = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.work(|_t: Task| async { Outcome::done() }).await }
+    });
+    while lines.next_line().await.map_err(|e| e.to_string())?.is_some() {}
+    agent.shutdown();
+    let log = worker.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    println!("commands {} completed {}", commands.load(Ordering::Relaxed) - c0, log.completed);
+    Ok(0)
+}
+
+/// Agenda's figures from `node DIR/bench.mjs`.
+struct AgendaRun {
+    tasks_per_s: f64,
+    commands_per_task: f64,
+    pickup_ms_p50: Option<f64>,
+    completed: Option<f64>,
+    timed_out: bool,
+}
+
+/// Runs the Agenda harness on the same server, in a database of its own (the
+/// script drops it first), and parses its one JSON line.
+async fn agenda_run(dir: &Path, uri: &str, db: &str, tasks: u32, picks: u32) -> Result<AgendaRun, String> {
+    let script = dir.join("bench.mjs");
+    let agenda_db = format!("{db}_agenda");
+    // Quick runs give Agenda 5 minutes, full ones 20, before it reports
+    // what it completed by then.
+    let limit_s = if tasks <= 400 { 300 } else { 1200 };
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("AGENDA_TIME_LIMIT_S", limit_s.to_string())
+        .args([uri, &agenda_db, &tasks.to_string(), &picks.to_string()])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(1800), run)
+        .await
+        .map_err(|_| "node did not finish in 30 minutes".to_owned())?
+        .map_err(|e| format!("cannot run node {}: {e}", script.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(line) = text.lines().rev().find(|l| l.trim_start().starts_with('{')) else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("node {} printed no figures ({}): {stderr}", script.display(), out.status));
+    };
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("bench.mjs printed {line:?}: {e}"))?;
+    let num = |k: &str| v.get(k).and_then(Value::as_f64);
+    Ok(AgendaRun {
+        tasks_per_s: num("tasks_per_s").ok_or("bench.mjs: no tasks_per_s")?,
+        commands_per_task: num("commands_per_task").ok_or("bench.mjs: no commands_per_task")?,
+        pickup_ms_p50: num("pickup_ms_p50"),
+        completed: num("completed"),
+        timed_out: v.get("timed_out").and_then(Value::as_bool).unwrap_or(false),
+    })
 }

@@ -45,6 +45,18 @@ enum Cmd {
         /// The Python driver script (`lab/bench/seed_bench.py`).
         #[arg(long)]
         seed_script: Option<PathBuf>,
+        /// The installed Agenda harness: a directory with `bench.mjs` and its
+        /// `node_modules` (run as `node DIR/bench.mjs URI DB N PICKS`).
+        #[arg(long)]
+        agenda: Option<PathBuf>,
+    },
+    /// One queue agent process of `lab bench` (started by it): prints `ready`,
+    /// works on a `go` line, stops when stdin closes and prints its command count.
+    #[command(hide = true)]
+    BenchAgent {
+        /// The queue's collection.
+        #[arg(long)]
+        coll: String,
     },
     /// Chaos run: worker processes lock, lead and process tasks while they are
     /// killed, paused and restarted, and the server is restarted; then checks the
@@ -130,11 +142,15 @@ async fn connect(c: &ConnectionConfig) -> Result<MongoStore, String> {
 async fn run(cli: Cli) -> Result<u8, String> {
     let (uri, db) = (cli.uri.as_deref(), cli.db.as_deref());
     match cli.cmd {
-        Cmd::Bench { quick, out, mongocoord, python, seed_script } => {
+        Cmd::Bench { quick, out, mongocoord, python, seed_script, agenda } => {
             let c = connection(uri, db)?;
             let store = connect(&c).await?;
-            bench::run(c.uri(), c.database(), store, bench::BenchOpts { quick, out, mongocoord, python, seed_script })
-                .await
+            let opts = bench::BenchOpts { quick, out, mongocoord, python, seed_script, agenda };
+            bench::run(c.uri(), c.database(), store, opts).await
+        }
+        Cmd::BenchAgent { coll } => {
+            let c = connection(uri, db)?;
+            bench::bench_agent(c.uri(), c.database(), &coll).await
         }
         Cmd::Chaos { minutes, seed, workers, dir, server_bin, mongocoord, fork_workers } => {
             if !minutes.is_finite() || minutes <= 0.0 || minutes > 7.0 * 24.0 * 60.0 {
