@@ -237,3 +237,68 @@ fn connection_variables_are_passed_on_only_when_asked() {
     assert_eq!(run(&[]), "unset unset unset fence=1");
     assert_eq!(run(&["--pass-env"]), "mongodb://secret@h/ h d fence=2");
 }
+
+/// The state letter of a process in `/proc/PID/stat` (`T` when stopped).
+fn state(pid: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next())
+}
+
+/// The parent of a process.
+fn parent_of(pid: &str) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(1).unwrap().to_owned()
+}
+
+/// `lock k --ttl 2 -- CMD` whose command writes its pid and its background
+/// grandchild's, run in a process group of its own (the test's is not touched).
+/// Returns the runner and the pids of the command and the grandchild.
+fn locked_tree(e: &Env) -> (Child, String, String) {
+    let (main, gc) = (e.file("main"), e.file("grandchild"));
+    let script = format!("echo $$ > {}; sleep 1000 & echo $! > {}; wait", main.display(), gc.display());
+    let runner = {
+        use std::os::unix::process::CommandExt;
+        e.cmd(&["lock", "k", "--ttl", "2", "--", "sh", "-c", &script]).stdin(Stdio::null()).process_group(0).spawn()
+    }
+    .unwrap();
+    let (main, gc) = (pid_in(&main), pid_in(&gc));
+    wait_until("the lock held", Duration::from_secs(20), || held(e, "k"));
+    assert!(alive(&main) && alive(&gc));
+    (runner, main, gc)
+}
+
+/// A stopped runner can neither renew nor signal: its supervisor, told the
+/// lease's deadline after each renewal, kills the whole tree by itself before
+/// the lease lapses on the server. Continued, the runner reports the lock lost.
+#[test]
+fn a_stopped_runners_command_is_killed_before_its_lease_lapses() {
+    let Some(e) = env("supervise_sigstop") else { return };
+    let (mut runner, main, gc) = locked_tree(&e);
+    signal(&runner, "-STOP");
+    wait_until("the runner stopped", Duration::from_secs(10), || state(&runner.id().to_string()) == Some('T'));
+    wait_until("the lease to lapse on the server", Duration::from_secs(30), || !held(&e, "k"));
+    assert!(!alive(&main), "the command outlived the lease");
+    assert!(!alive(&gc), "the grandchild outlived the lease");
+    signal(&runner, "-CONT");
+    let status = exits_within(&mut runner, Duration::from_secs(30), "the runner, continued");
+    assert_eq!(status.code(), Some(75), "the lock was lost");
+}
+
+/// Ctrl-Z (SIGTSTP to the runner's process group) stops the runner, not its
+/// supervisor, which still stops the command before the lease can lapse.
+#[test]
+fn a_sigtstp_to_the_runners_group_does_not_stop_the_supervisor() {
+    let Some(e) = env("supervise_sigtstp") else { return };
+    let (mut runner, main, gc) = locked_tree(&e);
+    let supervisor = parent_of(&main);
+    let group = format!("-{}", runner.id());
+    assert!(Command::new("kill").args(["-TSTP", "--", &group]).status().unwrap().success());
+    wait_until("the runner stopped", Duration::from_secs(10), || state(&runner.id().to_string()) == Some('T'));
+    assert_ne!(state(&supervisor), Some('T'), "the supervisor was stopped with the runner");
+    wait_until("the lease to lapse on the server", Duration::from_secs(30), || !held(&e, "k"));
+    assert!(!alive(&main) && !alive(&gc), "the command outlived the lease");
+    assert!(Command::new("kill").args(["-CONT", "--", &group]).status().unwrap().success());
+    let status = exits_within(&mut runner, Duration::from_secs(30), "the runner, continued");
+    assert_eq!(status.code(), Some(75), "the lock was lost");
+}
