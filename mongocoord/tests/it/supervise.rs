@@ -1,8 +1,9 @@
 //! The runners supervise their command's whole process tree: it dies with the
 //! runner (even by SIGKILL), is stopped before the lease can lapse, and is gone
-//! before the lock is free; `agent` caps the output it keeps and does not wait
-//! for a daemon holding stdout; a second SIGINT ends the runner at once;
-//! connection variables are not passed on.
+//! before the lock is free, even when the runner is stopped (SIGSTOP, or SIGTSTP
+//! to its process group); `agent` gives it SIGTERM when the claim is at risk,
+//! caps the output it keeps and does not wait for a daemon holding stdout; a
+//! second SIGINT ends the runner at once; connection variables are not passed on.
 
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -57,21 +58,27 @@ fn with_option(uri: &str, option: &str) -> String {
     format!("{uri}{sep}{option}")
 }
 
+/// Taken by whoever sets the server's one `failCommand` failpoint.
+static FAILPOINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A `failCommand` failpoint that holds every `findAndModify` of one client
-/// (by application name) for 4 s; off again when dropped.
+/// (by application name) for 4 s; off again when dropped. One test at a time
+/// sets it (the server has one).
 struct BlockedRenewals {
     rt: tokio::runtime::Runtime,
     admin: store_mongo::mongodb::Client,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 impl BlockedRenewals {
     fn start(app: &str) -> Self {
+        let one_at_a_time = FAILPOINT.lock().unwrap_or_else(|p| p.into_inner());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let admin = rt.block_on(store_mongo::testing::admin_client()).unwrap();
         let data = bson::doc! { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": app };
         let on = bson::doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data };
         rt.block_on(async { admin.database("admin").run_command(on).await }).unwrap();
-        BlockedRenewals { rt, admin }
+        BlockedRenewals { rt, admin, _one_at_a_time: one_at_a_time }
     }
 }
 
@@ -301,4 +308,33 @@ fn a_sigtstp_to_the_runners_group_does_not_stop_the_supervisor() {
     assert!(Command::new("kill").args(["-CONT", "--", &group]).status().unwrap().success());
     let status = exits_within(&mut runner, Duration::from_secs(30), "the runner, continued");
     assert_eq!(status.code(), Some(75), "the lock was lost");
+}
+
+/// `agent`: a claim whose renewals stop being confirmed gives the command
+/// SIGTERM first, while it is at risk, then kills it before it is lost.
+#[test]
+fn agent_gives_the_command_sigterm_when_its_claim_is_at_risk() {
+    let Some(e) = env("supervise_agent_at_risk") else { return };
+    let app = "cli-supervise-agent-at-risk";
+    let uri = with_option(&e.uri, &format!("appName={app}"));
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "slow", "{}"]);
+    let (pid, term_log) = (e.file("pid"), e.file("term"));
+    let script = format!(
+        "cat > /dev/null; trap 'echo term >> {}' TERM; echo $$ > {}; while :; do sleep 0.2; done",
+        term_log.display(),
+        pid.display()
+    );
+    let mut agent = Command::new(BIN)
+        .args(["--uri", &uri, "--db", &e.db, "agent", "slow", "--queue", "jobs", "--lease", "3", "--grace", "1"])
+        .args(["--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", &script])
+        .env_remove("MONGODB_URI")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = pid_in(&pid);
+    let blocked = BlockedRenewals::start(app);
+    wait_until("the command to be stopped", Duration::from_secs(30), || !alive(&pid));
+    assert!(!lines(&term_log).is_empty(), "SIGTERM came first, while the claim was at risk");
+    drop(blocked);
+    assert!(exits_within(&mut agent, Duration::from_secs(60), "the agent").success());
 }
