@@ -51,11 +51,6 @@ const PARENT_CHECK: Duration = Duration::from_millis(500);
 pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, argv: &[String]) -> Result<u8, String> {
     let parent = Pid::from_raw(parent);
     let (program, args) = argv.split_first().ok_or("no command given")?;
-    // Before the command starts, so that it does not inherit the pipe.
-    let mut deadlines = match deadline_fd {
-        Some(fd) => Deadlines::open(fd).map_err(|e| format!("cannot read the lease's deadlines: {e}"))?,
-        None => Deadlines::none(),
-    };
     prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a child subreaper: {e}"))?;
     // Handlers first, so that no signal below takes its default action (which
     // would end this process and orphan the tree).
@@ -64,8 +59,8 @@ pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, 
     let mut term = listen(SignalKind::terminate())?;
     let mut kill_now = listen(SignalKind::from_raw(KILL_NOW as i32))?;
     let mut parent_died = listen(SignalKind::from_raw(PARENT_DIED as i32))?;
-    // Interrupts and hangups reach the runner as well (same terminal and process
-    // group); it decides. Here they only prompt a look at the parent.
+    // Interrupts and hangups from the terminal reach the runner (this process has
+    // a group of its own); it decides. Here they only prompt a look at the parent.
     let mut int = listen(SignalKind::interrupt())?;
     let mut hup = listen(SignalKind::hangup())?;
     prctl::set_pdeathsig(PARENT_DIED).map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
@@ -73,6 +68,11 @@ pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, 
         // The runner died before the parent-death signal was set.
         return Ok(1);
     }
+    // Before the command starts, so that it does not inherit the pipe.
+    let mut deadlines = match deadline_fd {
+        Some(fd) => Deadlines::open(fd).map_err(|e| format!("cannot read the lease's deadlines: {e}"))?,
+        None => Deadlines::none(),
+    };
     let main = {
         use std::os::unix::process::CommandExt;
         match std::process::Command::new(program).args(args).process_group(0).spawn() {
