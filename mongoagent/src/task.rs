@@ -234,6 +234,7 @@ pub struct Task {
     pub(crate) data: Document,
     pub(crate) token: u64,
     pub(crate) cancel: CancellationToken,
+    pub(crate) validity: mongolock::Validity,
     pub(crate) round: u64,
     pub(crate) children: Vec<Child>,
 }
@@ -270,6 +271,14 @@ impl Task {
     /// stops waiting for the handler; long handlers should select on it.
     pub fn cancelled(&self) -> &CancellationToken {
         &self.cancel
+    }
+
+    /// The claim's lease, readable from anywhere: how much confirmed time is left
+    /// ([`mongolock::Validity::remaining`]), and a wait until less than a grace
+    /// period is ([`mongolock::Validity::expiring`]), so a long handler can stop
+    /// gracefully before [`Task::cancelled`] fires.
+    pub fn validity(&self) -> &mongolock::Validity {
+        &self.validity
     }
 
     /// How many times this task's follow-ups all finished and it ran again: 0 on

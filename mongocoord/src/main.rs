@@ -249,6 +249,10 @@ enum Cmd {
         /// Milliseconds between SIGTERM and SIGKILL.
         #[arg(long)]
         grace_ms: u64,
+        /// An inherited pipe on which the runner sends the lease's deadline after
+        /// each renewal.
+        #[arg(long)]
+        deadline_fd: Option<i32>,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -321,8 +325,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }
-        Cmd::Supervise { parent, grace_ms, cmd } => {
-            supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), &cmd).await
+        Cmd::Supervise { parent, grace_ms, deadline_fd, cmd } => {
+            supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), deadline_fd, &cmd).await
         }
         Cmd::Locks { collection } => views::locks(&connect(uri, db).await?, &collection, json).await,
         Cmd::Leaders { collection, status_collection } => {

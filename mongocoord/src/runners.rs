@@ -254,8 +254,9 @@ pub(crate) async fn agent(
             let spec = Spec { argv: &argv, env, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
             let mut stops = Stops::new();
             stops.terminate_on(&signal, Why::Signal);
-            // mongoagent hands out the claim's lost signal, not its deadline: the
-            // command is killed when the claim counts as lost.
+            // SIGTERM when the claim is at risk, SIGKILL when it counts as lost (or
+            // the agent stops waiting for the handler).
+            stops.lease(task.validity().clone(), grace);
             stops.kill_on(task.cancelled(), Why::LeaseLost);
             let done = supervise::run(&spec, &stops).await;
             drop(stops);

@@ -454,6 +454,16 @@ impl Validity {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).deadline
     }
 
+    /// The confirmed time left on the lease: until its local deadline (the send
+    /// time of the last confirmed renewal plus ttl minus the safety margin), the
+    /// time [`Validity::expiring`] counts down. Zero once the lock is lost.
+    pub fn remaining(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
+        self.deadline().saturating_duration_since(Instant::now())
+    }
+
     /// Waits until at most `within` of confirmed time is left on the lease (the
     /// local deadline, the send time of the last confirmed renewal plus ttl minus
     /// the safety margin, is `within` away or closer), or until the lock is lost or
@@ -669,5 +679,29 @@ mod tests {
         assert!(guard.is_lost());
         // Lost: it returns at once, whatever `within`.
         tokio::time::timeout(Duration::from_millis(1), validity.expiring(Duration::ZERO)).await.unwrap();
+    }
+
+    /// `remaining` counts down to the confirmed deadline, is moved on by a
+    /// renewal, and is zero once the lock is lost.
+    #[tokio::test(start_paused = true)]
+    async fn remaining_is_the_confirmed_time_left() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_secs(3);
+        let lock = Lock::builder(store.clone(), "k").ttl(ttl).build().unwrap();
+        let guard = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+        let validity = guard.validity();
+        let first = validity.remaining();
+        assert!(first < ttl && first > ttl / 2, "{first:?}");
+        store.faults().set_unreachable(true);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(validity.remaining(), first - Duration::from_millis(500));
+        guard.lost().await;
+        assert_eq!(validity.remaining(), Duration::ZERO);
+        // Renewed: more than before, once renewals are confirmed again.
+        store.faults().set_unreachable(false);
+        let again = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+        let start = again.validity().remaining();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(again.validity().remaining() > start - Duration::from_secs(2), "a renewal moved the deadline on");
     }
 }

@@ -69,6 +69,7 @@ impl<S: Store + Clone> Agent<S> {
             data: data.clone(),
             token: record.fence(),
             cancel: guard.lost_token(),
+            validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
             children,
         };

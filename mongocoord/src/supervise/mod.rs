@@ -13,6 +13,7 @@
 //! latest when the lease counts as lost.
 
 mod capture;
+mod deadline;
 mod supervisor;
 mod timing;
 mod tree;
@@ -76,6 +77,8 @@ pub(crate) struct Stops {
     kill: CancellationToken,
     why: Arc<Mutex<Option<Why>>>,
     watchers: Vec<JoinHandle<()>>,
+    /// The lease and the grace period, told to the supervisor as well.
+    lease: Option<(mongolock::Validity, Duration)>,
 }
 
 impl Stops {
@@ -123,8 +126,11 @@ impl Stops {
 
     /// Stops gracefully once less than `grace` of the lease is confirmed, and at
     /// once when it counts as lost (its local deadline, which comes before the
-    /// lease can lapse on the server).
+    /// lease can lapse on the server). The supervisor is told each renewal and
+    /// does the same by itself, a little earlier, should the runner be stopped
+    /// or hung ([`deadline`]).
     pub(crate) fn lease(&mut self, validity: mongolock::Validity, grace: Duration) {
+        self.lease = Some((validity.clone(), grace));
         let v = validity.clone();
         self.watch(
             async move {
@@ -226,10 +232,22 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
         return Err(std::io::Error::other("no command given"));
     }
     let mut cmd = tokio::process::Command::new(this_binary()?);
+    // Its own process group: a Ctrl-Z or SIGSTOP to the runner's group does not
+    // stop it, so it still enforces the lease's deadline. (Ctrl-C reaches the
+    // runner, which tells it.)
     cmd.arg0("mongocoord")
+        .process_group(0)
         .args(["supervise", "--parent", &std::process::id().to_string()])
-        .args(["--grace-ms", &spec.grace.as_millis().to_string(), "--"])
-        .args(spec.argv);
+        .args(["--grace-ms", &spec.grace.as_millis().to_string()]);
+    let prepared = match &stops.lease {
+        Some((validity, grace)) => {
+            let p = deadline::Prepared::new(validity.clone(), *grace)?;
+            cmd.args(["--deadline-fd", &p.fd().to_string()]);
+            Some(p)
+        }
+        None => None,
+    };
+    cmd.arg("--").args(spec.argv);
     if !spec.pass_env {
         for (name, _) in std::env::vars_os().filter(|(n, _)| is_connection_var(n)) {
             cmd.env_remove(name);
@@ -242,7 +260,11 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     if spec.capture {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
-    let mut job = Job(cmd.spawn()?);
+    let (child, feed) = match prepared {
+        Some(p) => deadline::Feed::spawn(&mut cmd, p).map(|(c, f)| (c, Some(f)))?,
+        None => (deadline::spawn_with(&mut cmd, None)?, None),
+    };
+    let mut job = Job(child);
     if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), job.0.stdin.take()) {
         tokio::spawn(async move {
             let _ = pipe.write_all(&data).await;
@@ -294,6 +316,9 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
             }
         }
     };
+    // Whether the supervisor's own deadline came, before the runner's.
+    let supervisor_acted = feed.as_ref().is_some_and(deadline::Feed::supervisor_acted);
+    drop(feed);
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(sig) = status.signal() {
@@ -312,7 +337,14 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     let stdout = out.await.unwrap_or_default();
     let stderr = err.await.unwrap_or_default();
     timer.abort();
-    let stopped = if kill_at.is_some() || killed { Some(stops.why().unwrap_or(Why::Signal)) } else { None };
+    let mut stopped = if kill_at.is_some() || killed { Some(stops.why().unwrap_or(Why::Signal)) } else { None };
+    if stopped.is_none() && supervisor_acted {
+        // The supervisor stopped the tree on the lease's deadline before the
+        // runner did (it acts a little earlier).
+        let lost = stops.lease.as_ref().is_some_and(|(v, _)| v.is_lost());
+        tracing::info!(lost, "the supervisor stopped the command: the lease was at risk");
+        stopped = Some(if lost { Why::LeaseLost } else { Why::LeaseAtRisk });
+    }
     Ok(Finished { status, stopped, stdout, stderr })
 }
 

@@ -15,6 +15,13 @@
 //! - SIGUSR1 (from the runner) kills the tree at once.
 //! - When the main process exits, whatever it left running gets SIGTERM, then
 //!   SIGKILL after the grace period.
+//! - With `--deadline-fd`, it reads the lease's deadline from the runner after
+//!   each renewal ([`super::deadline`]) and enforces it by itself: SIGTERM the
+//!   grace period before it, SIGKILL at it, unless a later one comes first. So
+//!   a runner that is stopped (SIGSTOP, Ctrl-Z) or hung, and cannot renew or
+//!   signal, does not leave the command running past its lease.
+//! - It runs in its own process group (the runner starts it so), so a Ctrl-Z
+//!   to the runner's group does not stop it.
 //!
 //! It exits once no descendant is left, with the main process's exit code (128 +
 //! the signal that ended it); 127 or 126 when the command could not be started,
@@ -28,6 +35,7 @@ use nix::unistd::{getppid, Pid};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
+use super::deadline::Deadlines;
 use super::tree::{Left, Tree};
 
 /// The supervisor's parent-death signal.
@@ -38,9 +46,9 @@ pub(crate) const KILL_NOW: Signal = Signal::SIGUSR1;
 /// How often the parent is checked besides the parent-death signal.
 const PARENT_CHECK: Duration = Duration::from_millis(500);
 
-/// `mongocoord supervise --parent PID --grace-ms MS -- CMD...`: runs `argv`
-/// as described in the module documentation and returns the exit code.
-pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result<u8, String> {
+/// `mongocoord supervise --parent PID --grace-ms MS [--deadline-fd FD] -- CMD...`:
+/// runs `argv` as described in the module documentation and returns the exit code.
+pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, argv: &[String]) -> Result<u8, String> {
     let parent = Pid::from_raw(parent);
     let (program, args) = argv.split_first().ok_or("no command given")?;
     prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a child subreaper: {e}"))?;
@@ -51,8 +59,8 @@ pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result
     let mut term = listen(SignalKind::terminate())?;
     let mut kill_now = listen(SignalKind::from_raw(KILL_NOW as i32))?;
     let mut parent_died = listen(SignalKind::from_raw(PARENT_DIED as i32))?;
-    // Interrupts and hangups reach the runner as well (same terminal and process
-    // group); it decides. Here they only prompt a look at the parent.
+    // Interrupts and hangups from the terminal reach the runner (this process has
+    // a group of its own); it decides. Here they only prompt a look at the parent.
     let mut int = listen(SignalKind::interrupt())?;
     let mut hup = listen(SignalKind::hangup())?;
     prctl::set_pdeathsig(PARENT_DIED).map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
@@ -60,6 +68,11 @@ pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result
         // The runner died before the parent-death signal was set.
         return Ok(1);
     }
+    // Before the command starts, so that it does not inherit the pipe.
+    let mut deadlines = match deadline_fd {
+        Some(fd) => Deadlines::open(fd).map_err(|e| format!("cannot read the lease's deadlines: {e}"))?,
+        None => Deadlines::none(),
+    };
     let main = {
         use std::os::unix::process::CommandExt;
         match std::process::Command::new(program).args(args).process_group(0).spawn() {
@@ -73,6 +86,8 @@ pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result
     tracing::debug!(pid = main.as_raw(), ?program, "command started in its own process group");
     let mut tree = Tree::new(main);
     let mut kill_at: Option<Instant> = None;
+    // The lease's deadline as the runner last told it.
+    let mut lease: Option<Instant> = None;
     let mut check = tokio::time::interval(PARENT_CHECK);
     loop {
         let mut terminate = false;
@@ -91,6 +106,15 @@ pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result
                 tracing::debug!("grace period over: killing the command's tree");
                 break;
             }
+            at = deadlines.next() => lease = Some(at),
+            _ = sleep_until(lease.map(|d| d.checked_sub(grace).unwrap_or(d))), if kill_at.is_none() => {
+                tracing::info!("less than the grace period of the lease is left: SIGTERM to the command's tree");
+                terminate = true;
+            }
+            _ = sleep_until(lease) => {
+                tracing::warn!("the lease's deadline came: killing the command's tree");
+                break;
+            }
         }
         if getppid() != parent {
             tracing::warn!("the runner died: killing the command's tree");
@@ -102,7 +126,9 @@ pub(crate) async fn run(parent: i32, grace: Duration, argv: &[String]) -> Result
         // Leftovers of a main process that ended are terminated like the rest.
         if (terminate || tree.main_status().is_some()) && kill_at.is_none() {
             tree.signal(Signal::SIGTERM);
-            kill_at = Some(Instant::now() + grace);
+            // Never past the lease's deadline.
+            let after_grace = Instant::now() + grace;
+            kill_at = Some(lease.map_or(after_grace, |d| d.min(after_grace)));
         }
     }
     tree.kill_all().await;

@@ -1,8 +1,9 @@
 //! The runners supervise their command's whole process tree: it dies with the
 //! runner (even by SIGKILL), is stopped before the lease can lapse, and is gone
-//! before the lock is free; `agent` caps the output it keeps and does not wait
-//! for a daemon holding stdout; a second SIGINT ends the runner at once;
-//! connection variables are not passed on.
+//! before the lock is free, even when the runner is stopped (SIGSTOP, or SIGTSTP
+//! to its process group); `agent` gives it SIGTERM when the claim is at risk,
+//! caps the output it keeps and does not wait for a daemon holding stdout; a
+//! second SIGINT ends the runner at once; connection variables are not passed on.
 
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -57,21 +58,27 @@ fn with_option(uri: &str, option: &str) -> String {
     format!("{uri}{sep}{option}")
 }
 
+/// Taken by whoever sets the server's one `failCommand` failpoint.
+static FAILPOINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A `failCommand` failpoint that holds every `findAndModify` of one client
-/// (by application name) for 4 s; off again when dropped.
+/// (by application name) for 4 s; off again when dropped. One test at a time
+/// sets it (the server has one).
 struct BlockedRenewals {
     rt: tokio::runtime::Runtime,
     admin: store_mongo::mongodb::Client,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 impl BlockedRenewals {
     fn start(app: &str) -> Self {
+        let one_at_a_time = FAILPOINT.lock().unwrap_or_else(|p| p.into_inner());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let admin = rt.block_on(store_mongo::testing::admin_client()).unwrap();
         let data = bson::doc! { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": app };
         let on = bson::doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data };
         rt.block_on(async { admin.database("admin").run_command(on).await }).unwrap();
-        BlockedRenewals { rt, admin }
+        BlockedRenewals { rt, admin, _one_at_a_time: one_at_a_time }
     }
 }
 
@@ -236,4 +243,98 @@ fn connection_variables_are_passed_on_only_when_asked() {
     };
     assert_eq!(run(&[]), "unset unset unset fence=1");
     assert_eq!(run(&["--pass-env"]), "mongodb://secret@h/ h d fence=2");
+}
+
+/// The state letter of a process in `/proc/PID/stat` (`T` when stopped).
+fn state(pid: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next())
+}
+
+/// The parent of a process.
+fn parent_of(pid: &str) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(1).unwrap().to_owned()
+}
+
+/// `lock k --ttl 2 -- CMD` whose command writes its pid and its background
+/// grandchild's, run in a process group of its own (the test's is not touched).
+/// Returns the runner and the pids of the command and the grandchild.
+fn locked_tree(e: &Env) -> (Child, String, String) {
+    let (main, gc) = (e.file("main"), e.file("grandchild"));
+    let script = format!("echo $$ > {}; sleep 1000 & echo $! > {}; wait", main.display(), gc.display());
+    let runner = {
+        use std::os::unix::process::CommandExt;
+        e.cmd(&["lock", "k", "--ttl", "2", "--", "sh", "-c", &script]).stdin(Stdio::null()).process_group(0).spawn()
+    }
+    .unwrap();
+    let (main, gc) = (pid_in(&main), pid_in(&gc));
+    wait_until("the lock held", Duration::from_secs(20), || held(e, "k"));
+    assert!(alive(&main) && alive(&gc));
+    (runner, main, gc)
+}
+
+/// A stopped runner can neither renew nor signal: its supervisor, told the
+/// lease's deadline after each renewal, kills the whole tree by itself before
+/// the lease lapses on the server. Continued, the runner reports the lock lost.
+#[test]
+fn a_stopped_runners_command_is_killed_before_its_lease_lapses() {
+    let Some(e) = env("supervise_sigstop") else { return };
+    let (mut runner, main, gc) = locked_tree(&e);
+    signal(&runner, "-STOP");
+    wait_until("the runner stopped", Duration::from_secs(10), || state(&runner.id().to_string()) == Some('T'));
+    wait_until("the lease to lapse on the server", Duration::from_secs(30), || !held(&e, "k"));
+    assert!(!alive(&main), "the command outlived the lease");
+    assert!(!alive(&gc), "the grandchild outlived the lease");
+    signal(&runner, "-CONT");
+    let status = exits_within(&mut runner, Duration::from_secs(30), "the runner, continued");
+    assert_eq!(status.code(), Some(75), "the lock was lost");
+}
+
+/// Ctrl-Z (SIGTSTP to the runner's process group) stops the runner, not its
+/// supervisor, which still stops the command before the lease can lapse.
+#[test]
+fn a_sigtstp_to_the_runners_group_does_not_stop_the_supervisor() {
+    let Some(e) = env("supervise_sigtstp") else { return };
+    let (mut runner, main, gc) = locked_tree(&e);
+    let supervisor = parent_of(&main);
+    let group = format!("-{}", runner.id());
+    assert!(Command::new("kill").args(["-TSTP", "--", &group]).status().unwrap().success());
+    wait_until("the runner stopped", Duration::from_secs(10), || state(&runner.id().to_string()) == Some('T'));
+    assert_ne!(state(&supervisor), Some('T'), "the supervisor was stopped with the runner");
+    wait_until("the lease to lapse on the server", Duration::from_secs(30), || !held(&e, "k"));
+    assert!(!alive(&main) && !alive(&gc), "the command outlived the lease");
+    assert!(Command::new("kill").args(["-CONT", "--", &group]).status().unwrap().success());
+    let status = exits_within(&mut runner, Duration::from_secs(30), "the runner, continued");
+    assert_eq!(status.code(), Some(75), "the lock was lost");
+}
+
+/// `agent`: a claim whose renewals stop being confirmed gives the command
+/// SIGTERM first, while it is at risk, then kills it before it is lost.
+#[test]
+fn agent_gives_the_command_sigterm_when_its_claim_is_at_risk() {
+    let Some(e) = env("supervise_agent_at_risk") else { return };
+    let app = "cli-supervise-agent-at-risk";
+    let uri = with_option(&e.uri, &format!("appName={app}"));
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "slow", "{}"]);
+    let (pid, term_log) = (e.file("pid"), e.file("term"));
+    let script = format!(
+        "cat > /dev/null; trap 'echo term >> {}' TERM; echo $$ > {}; while :; do sleep 0.2; done",
+        term_log.display(),
+        pid.display()
+    );
+    let mut agent = Command::new(BIN)
+        .args(["--uri", &uri, "--db", &e.db, "agent", "slow", "--queue", "jobs", "--lease", "3", "--grace", "1"])
+        .args(["--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", &script])
+        .env_remove("MONGODB_URI")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = pid_in(&pid);
+    let blocked = BlockedRenewals::start(app);
+    wait_until("the command to be stopped", Duration::from_secs(30), || !alive(&pid));
+    assert!(!lines(&term_log).is_empty(), "SIGTERM came first, while the claim was at risk");
+    drop(blocked);
+    assert!(exits_within(&mut agent, Duration::from_secs(60), "the agent").success());
 }
