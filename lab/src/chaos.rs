@@ -369,7 +369,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         }
     }
     let mut rng = fastrand::Rng::with_seed(o.seed);
-    let (mut kills, mut pauses, mut restarts, mut runner_kills) = (0, 0, 0, 0);
+    let (mut kills, mut pauses, mut restarts, mut runner_kills, mut runner_pauses) = (0, 0, 0, 0, 0);
     let end = Instant::now() + o.duration;
     let server_every = (o.duration.as_secs_f64() / 3.0).max(15.0);
     let mut next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
@@ -409,13 +409,29 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
                     let _ = j;
                 }
             }
-            if rng.u32(..3) == 0 {
-                let j = rng.usize(..forks.len());
-                let _ = forks[j].start_kill();
-                let _ = forks[j].wait().await;
-                runner_kills += 1;
-                forks[j] = spawn_fork(next_log)?;
-                next_log += 1;
+            match rng.u32(..6) {
+                0 | 1 => {
+                    let j = rng.usize(..forks.len());
+                    let _ = forks[j].start_kill();
+                    let _ = forks[j].wait().await;
+                    runner_kills += 1;
+                    forks[j] = spawn_fork(next_log)?;
+                    next_log += 1;
+                }
+                2 => {
+                    // A runner stopped past its lease (SIGSTOP, Ctrl-Z): its
+                    // supervisor must stop the command before the lease lapses.
+                    if let Some(pid) = forks[rng.usize(..forks.len())].id() {
+                        signal(pid, "-STOP");
+                        runner_pauses += 1;
+                        let d = Duration::from_millis(rng.u64(2500..5000));
+                        tokio::spawn(async move {
+                            tokio::time::sleep(d).await;
+                            signal(pid, "-CONT");
+                        });
+                    }
+                }
+                _ => {}
             }
         }
         if let Some(s) = server.as_mut() {
@@ -463,7 +479,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     }
     let summary = json!({
         "seed": o.seed, "minutes": o.duration.as_secs_f64() / 60.0, "workers": o.workers,
-        "process_kills": kills, "pauses": pauses, "server_restarts": restarts, "runner_kills": runner_kills,
+        "process_kills": kills, "pauses": pauses, "server_restarts": restarts, "runner_kills": runner_kills, "runner_pauses": runner_pauses,
         "fork_fences": report.fork_fences, "fork_writes_accepted": report.fork_writes_ok,
         "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,
