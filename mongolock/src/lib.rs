@@ -102,20 +102,23 @@
 //!   kept too long. A wall-clock step back hides as much suspended time; the next
 //!   renewal still sees the server's clock advance too far and reports it.
 
+mod acquire;
 mod error;
 mod guard;
 mod identity;
+mod info;
+mod keeper;
 mod lock;
 mod semaphore;
+mod term;
 mod timing;
 
+pub use acquire::Acquire;
 pub use error::LockError;
 pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
-pub use lock::{
-    Acquire, Lock, LockBuilder, LockInfo, LockMetrics, LockStatus, DEFAULT_COLLECTION, DEFAULT_STEP, DEFAULT_TTL,
-    FOREIGN_LOCK_FIELDS,
-};
+pub use info::{LockInfo, LockMetrics, LockStatus, FOREIGN_LOCK_FIELDS};
+pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_STEP, DEFAULT_TTL};
 pub use semaphore::Semaphore;
 pub use store_trait;
 pub use timing::{check_interval, LeaseTiming, MAX_INTERVAL};

@@ -13,8 +13,10 @@ use bson::doc;
 use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError, Watcher};
 use tokio::time::Instant;
 
-use crate::guard::Term;
-use crate::lock::{data, Acquire, Lock, LockBuilder, LockInner};
+use crate::info::data;
+use crate::lock::{Lock, LockBuilder, LockInner};
+use crate::term::Term;
+use crate::Acquire;
 use crate::{LockError, LockGuard};
 
 /// Fields of a slot document.

@@ -37,6 +37,14 @@ use store_trait::{
 };
 use tokio::sync::broadcast;
 
+mod client;
+mod faults;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use client::Client;
+pub use faults::Faults;
+
 /// The in-memory store. Clones share the same data.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
@@ -118,71 +126,6 @@ impl MemoryStoreBuilder {
                 nonce: AtomicU64::new(0),
             }),
         }
-    }
-}
-
-/// Fault injection for a [`MemoryStore`]: failures and latency that the crates
-/// above must survive. All counters are shared by clones of the store.
-#[derive(Debug)]
-pub struct Faults {
-    fail_before: AtomicU64,
-    fail_after: AtomicU64,
-    latency_ms: AtomicU64,
-    unreachable: std::sync::atomic::AtomicBool,
-    /// Bumped to end every open change stream.
-    streams: tokio::sync::watch::Sender<u64>,
-}
-
-impl Default for Faults {
-    fn default() -> Self {
-        Faults {
-            fail_before: AtomicU64::new(0),
-            fail_after: AtomicU64::new(0),
-            latency_ms: AtomicU64::new(0),
-            unreachable: std::sync::atomic::AtomicBool::new(false),
-            streams: tokio::sync::watch::Sender::new(0),
-        }
-    }
-}
-
-impl Faults {
-    /// The next `n` operations fail with a transient error **without** being applied.
-    pub fn fail_next(&self, n: u64) {
-        self.fail_before.store(n, AtomicOrdering::SeqCst);
-    }
-
-    /// The next `n` operations are **applied** and then report a transient error, as
-    /// when a connection drops after the server committed: the ambiguous case.
-    pub fn fail_next_after_apply(&self, n: u64) {
-        self.fail_after.store(n, AtomicOrdering::SeqCst);
-    }
-
-    /// Every operation takes this long (on tokio time) before it is applied.
-    pub fn set_latency(&self, d: Duration) {
-        self.latency_ms.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), AtomicOrdering::SeqCst);
-    }
-
-    /// While set, every operation fails with [`FaultKind::Unreachable`].
-    pub fn set_unreachable(&self, on: bool) {
-        self.unreachable.store(on, AtomicOrdering::SeqCst);
-    }
-
-    /// Ends every open change stream, as a server restart or a dropped
-    /// connection does; new subscriptions work.
-    pub fn end_change_streams(&self) {
-        self.streams.send_modify(|g| *g += 1);
-    }
-
-    /// Clears all faults.
-    pub fn clear(&self) {
-        self.fail_next(0);
-        self.fail_next_after_apply(0);
-        self.set_latency(Duration::ZERO);
-        self.set_unreachable(false);
-    }
-
-    fn take(counter: &AtomicU64) -> bool {
-        counter.fetch_update(AtomicOrdering::SeqCst, AtomicOrdering::SeqCst, |n| n.checked_sub(1)).is_ok()
     }
 }
 
@@ -312,103 +255,6 @@ impl MemoryStore {
             return Err(StoreError::backend(FaultKind::Transient, "injected: failed after apply"));
         }
         Ok(out)
-    }
-}
-
-/// One client's connection to a shared [`MemoryStore`], which a test can cut off
-/// (a network partition, or a paused or dead process) while other clients go on.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use store_trait::Store;
-/// let store = store_memory::MemoryStore::new();
-/// let a = store.client();
-/// a.set_partitioned(true);
-/// assert!(a.now().await.unwrap_err().is_retryable());
-/// assert!(store.now().await.is_ok(), "others still reach the store");
-/// # }
-/// ```
-#[derive(Debug, Clone)]
-pub struct Client {
-    store: MemoryStore,
-    cut: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl MemoryStore {
-    /// A new client view of this store, with its own partition switch.
-    pub fn client(&self) -> Client {
-        Client { store: self.clone(), cut: Arc::default() }
-    }
-}
-
-impl Client {
-    /// Cuts this client off from the store (every operation fails as
-    /// [`FaultKind::Unreachable`]) or reconnects it.
-    pub fn set_partitioned(&self, cut: bool) {
-        self.cut.store(cut, AtomicOrdering::SeqCst);
-    }
-
-    /// The shared store.
-    pub fn store(&self) -> &MemoryStore {
-        &self.store
-    }
-
-    fn check(&self) -> StoreResult<()> {
-        if self.cut.load(AtomicOrdering::SeqCst) {
-            return Err(StoreError::backend(FaultKind::Unreachable, "injected: client partitioned"));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Store for Client {
-    fn backend_name(&self) -> &'static str {
-        "memory"
-    }
-    async fn now(&self) -> StoreResult<StoreTime> {
-        self.check()?;
-        self.store.now().await
-    }
-    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
-        self.check()?;
-        self.store.get(c, k).await
-    }
-    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
-        self.check()?;
-        self.store.write(c, k, w).await
-    }
-    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
-        self.check()?;
-        self.store.delete(c, k, cond).await
-    }
-    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        self.check()?;
-        self.store.claim(c, claim).await
-    }
-    async fn insert_many(&self, c: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
-        self.check()?;
-        self.store.insert_many(c, docs).await
-    }
-    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
-        self.check()?;
-        self.store.find(c, q).await
-    }
-    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        self.check()?;
-        self.store.find_each(c, q).await
-    }
-    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
-        self.check()?;
-        self.store.count(c, q).await
-    }
-    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
-        self.check()?;
-        self.store.watch(c, k).await
-    }
-    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
-        self.check()?;
-        self.store.ensure_indexes(c, i).await
     }
 }
 
@@ -672,56 +518,6 @@ impl Store for MemoryStore {
             Ok(())
         })
         .await
-    }
-}
-
-/// The in-memory backend's harness for `store_trait`'s conformance suite and the
-/// behaviour suites of the crates above.
-#[cfg(feature = "testing")]
-pub mod testing {
-    use std::time::Duration;
-
-    use crate::MemoryStore;
-
-    /// A fresh memory store per test; with or without change notifications.
-    #[derive(Debug, Clone, Copy)]
-    pub struct MemoryHarness {
-        /// Whether the stores have change notifications.
-        pub change_streams: bool,
-        /// The lease length suites use.
-        pub ttl: Duration,
-    }
-
-    impl MemoryHarness {
-        /// With change notifications and a lease of `ttl`.
-        pub fn new(ttl: Duration) -> Self {
-            MemoryHarness { change_streams: true, ttl }
-        }
-
-        /// Without change notifications (callers must poll), lease `ttl`.
-        pub fn polling(ttl: Duration) -> Self {
-            MemoryHarness { change_streams: false, ttl }
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl store_trait::testing::Harness for MemoryHarness {
-        type Store = MemoryStore;
-        async fn store(&self, _test: &str) -> MemoryStore {
-            MemoryStore::builder().change_streams(self.change_streams).build()
-        }
-        fn ttl(&self) -> Duration {
-            self.ttl
-        }
-        fn change_streams_expected(&self) -> bool {
-            self.change_streams
-        }
-        async fn insert_raw(&self, store: &MemoryStore, coll: &store_trait::Collection, doc: bson::Document) {
-            store.insert_raw(coll, doc);
-        }
-        async fn prune_ttl(&self, store: &MemoryStore) {
-            store.prune_ttl();
-        }
     }
 }
 

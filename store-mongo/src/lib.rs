@@ -55,6 +55,7 @@
 
 mod compile;
 mod connect;
+mod errors;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
@@ -66,7 +67,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
-use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
+use mongodb::error::{Error as MongoError, ErrorKind};
 use mongodb::options::{
     Acknowledgment, ClientOptions, CollectionOptions, ConnectionString, IndexOptions, ReadConcern, ReturnDocument,
     WriteConcern,
@@ -78,6 +79,7 @@ use store_trait::{
 };
 
 pub use connect::{redact_uri, ConnectionConfig, DEFAULT_DATABASE};
+pub(crate) use errors::{in_coll, is_change_streams_unsupported, map_err};
 pub use mongodb;
 
 /// Read and write concerns for the operations that grant or check ownership.
@@ -280,65 +282,6 @@ fn check_db_name(db: &str) -> StoreResult<&str> {
         return Err(StoreError::invalid("database name", format!("{db:?} is not a valid MongoDB database name")));
     }
     Ok(db)
-}
-
-/// Server error codes after which trying again may succeed.
-const TRANSIENT_CODES: &[i32] = &[6, 7, 89, 91, 112, 189, 251, 9001, 10107, 11600, 11602, 13435, 13436, 262];
-/// Server error codes meaning a deadline passed.
-const TIMEOUT_CODES: &[i32] = &[50, 64];
-
-fn classify_code(code: i32, e: &MongoError) -> FaultKind {
-    if TIMEOUT_CODES.contains(&code) {
-        FaultKind::Timeout
-    } else if TRANSIENT_CODES.contains(&code)
-        || e.contains_label("RetryableWriteError")
-        || e.contains_label("TransientTransactionError")
-    {
-        FaultKind::Transient
-    } else {
-        FaultKind::Permanent
-    }
-}
-
-fn duplicate(message: &str) -> StoreError {
-    StoreError::DuplicateKey { collection: String::new(), key: message.to_owned() }
-}
-
-/// Maps a driver error to the contract's classification (by kind and code, never
-/// by message).
-pub(crate) fn map_err(e: MongoError) -> StoreError {
-    let (kind, code, message) = match &*e.kind {
-        ErrorKind::Command(c) if c.code == 11000 => return duplicate(&c.message),
-        ErrorKind::Write(WriteFailure::WriteError(w)) if w.code == 11000 => return duplicate(&w.message),
-        ErrorKind::Command(c) => (classify_code(c.code, &e), Some(c.code), c.message.clone()),
-        ErrorKind::Write(WriteFailure::WriteError(w)) => (classify_code(w.code, &e), Some(w.code), w.message.clone()),
-        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => {
-            // The write was applied on the primary but not confirmed as asked.
-            let kind = if TIMEOUT_CODES.contains(&w.code) { FaultKind::Timeout } else { FaultKind::Transient };
-            (kind, Some(w.code), w.message.clone())
-        }
-        ErrorKind::ServerSelection { message, .. } => (FaultKind::Unreachable, None, message.clone()),
-        ErrorKind::DnsResolve { message, .. } => (FaultKind::Unreachable, None, message.clone()),
-        ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => (FaultKind::Timeout, None, io.to_string()),
-        ErrorKind::Io(io) => (FaultKind::Transient, None, io.to_string()),
-        ErrorKind::ConnectionPoolCleared { message, .. } => (FaultKind::Transient, None, message.clone()),
-        ErrorKind::Shutdown => (FaultKind::Unreachable, None, "the client was shut down".into()),
-        _ if e.contains_label("RetryableWriteError") => (FaultKind::Transient, None, e.to_string()),
-        _ => (FaultKind::Permanent, None, e.to_string()),
-    };
-    StoreError::Backend { kind, code, message, source: Some(Box::new(e)) }
-}
-
-/// Adds the collection name to a duplicate-key error.
-fn in_coll(coll: &Collection) -> impl Fn(StoreError) -> StoreError + '_ {
-    move |e| match e {
-        StoreError::DuplicateKey { key, .. } => StoreError::DuplicateKey { collection: coll.to_string(), key },
-        other => other,
-    }
-}
-
-pub(crate) fn is_change_streams_unsupported(e: &MongoError) -> bool {
-    matches!(&*e.kind, ErrorKind::Command(c) if c.code == 40573 || c.code == 40324 || c.code == 136)
 }
 
 /// The operations, unbounded; [`Store`] runs each through [`MongoStore::bounded`].

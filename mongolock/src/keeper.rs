@@ -1,0 +1,86 @@
+//! The keeper: the task that renews a lease and raises the lost signal in time.
+//! It follows the periodic-executor design: it sleeps until the next renewal or
+//! until the lease could lapse, wakes early on demand (`renew_now`, `touch`),
+//! stops promptly when the guard is released or dropped, and never wakes in
+//! between.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_trait::Store;
+use tokio::time::Instant;
+
+use crate::info::Metrics;
+use crate::term::Term;
+use crate::LockError;
+
+/// Renews until the guard goes away or the lease is lost.
+pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
+    let every = term.lock.renew_every;
+    // Without auto-renew the keeper still wakes every interval, for the clock
+    // check alone (no store operation).
+    let mut next_renew = Instant::now() + every;
+    loop {
+        let deadline = term.deadline();
+        let renew_due = tokio::select! {
+            biased;
+            _ = term.stop.cancelled() => return,
+            _ = term.lost.cancelled() => break,
+            _ = tokio::time::sleep_until(deadline) => {
+                if term.deadline() <= Instant::now() {
+                    term.mark_lost("lease not renewed before it could lapse");
+                    break;
+                }
+                false
+            }
+            _ = tokio::time::sleep_until(next_renew) => {
+                next_renew = Instant::now() + every;
+                auto_renew
+            }
+            _ = term.wake.notified() => auto_renew,
+        };
+        if term.time_passed_unseen() {
+            break;
+        }
+        if renew_due {
+            renew_with_retries(&term).await;
+            next_renew = Instant::now() + every;
+        }
+    }
+    // Lost. The lease is not released here: work under it may still be
+    // stopping (a process tree being killed, a write in flight), and a release
+    // now would let the next holder in while it runs. It lapses on the store by
+    // itself, at least a safety margin after the signal; the holder may release
+    // it sooner, once its work has stopped (`LockGuard::release`).
+}
+
+async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
+    let lock = &term.lock;
+    let mut backoff = (lock.renew_every / 20).max(Duration::from_millis(5));
+    loop {
+        match term.renew().await {
+            Ok(_) | Err(LockError::Lost { .. }) => return,
+            Err(e) => {
+                Metrics::bump(&lock.metrics.renew_failures);
+                tracing::warn!(key = %lock.key, token = term.token, error = %e, "lock renewal failed");
+                if !e.is_retryable() {
+                    term.mark_lost("renewal failed permanently");
+                    return;
+                }
+                let now = Instant::now();
+                let deadline = term.deadline();
+                if now >= deadline {
+                    term.mark_lost("lease not renewed before it could lapse");
+                    return;
+                }
+                let jitter = Duration::from_millis(fastrand::u64(0..=backoff.as_millis().min(50) as u64));
+                let pause = (backoff + jitter).min(deadline - now);
+                tokio::select! {
+                    _ = term.stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                backoff = (backoff * 2).min(lock.renew_every / 2);
+            }
+        }
+    }
+}

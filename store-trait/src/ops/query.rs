@@ -1,0 +1,188 @@
+//! Queries, claims, inserts and indexes.
+
+use std::time::Duration;
+
+use bson::{Bson, Document};
+
+use crate::{check_field_name, fields, Condition, Key, Mutation, StoreError, StoreResult};
+
+/// Sort direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// Smallest first.
+    Asc,
+    /// Largest first.
+    Desc,
+}
+
+impl Order {
+    /// `1` or `-1`, as MongoDB writes it.
+    pub fn as_i32(self) -> i32 {
+        match self {
+            Order::Asc => 1,
+            Order::Desc => -1,
+        }
+    }
+}
+
+/// A selection of documents: equality on fields (index-friendly; `null` matches
+/// missing too, and an array field matches when it contains the value, as in
+/// MongoDB) and a [`Condition`] evaluated on the store clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query {
+    /// Field equality (fields may include `_id` and `lease_owner`).
+    pub filter: Document,
+    /// A further condition.
+    pub condition: Condition,
+    /// Sort order; ties fall back to store order.
+    pub sort: Vec<(String, Order)>,
+    /// At most this many documents.
+    pub limit: Option<u32>,
+}
+
+impl Query {
+    /// All documents.
+    pub fn all() -> Self {
+        Query { filter: Document::new(), condition: Condition::Always, sort: Vec::new(), limit: None }
+    }
+
+    /// Documents whose fields equal `filter`.
+    pub fn eq(filter: Document) -> Self {
+        Query { filter, ..Self::all() }
+    }
+
+    /// Adds a condition.
+    pub fn when(mut self, c: Condition) -> Self {
+        self.condition = std::mem::replace(&mut self.condition, Condition::Always).and(c);
+        self
+    }
+
+    /// Adds a sort field.
+    pub fn sort(mut self, field: impl Into<String>, order: Order) -> Self {
+        self.sort.push((field.into(), order));
+        self
+    }
+
+    /// Limits the number of results.
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Checks field names.
+    pub fn validate(&self) -> StoreResult<()> {
+        for (k, v) in &self.filter {
+            check_filter_field(k)?;
+            if let Bson::Document(d) = v {
+                if d.keys().any(|k| k.starts_with('$')) {
+                    return Err(StoreError::invalid(
+                        "filter",
+                        format!("{k}: operators are not allowed, only equality"),
+                    ));
+                }
+            }
+        }
+        for (k, _) in &self.sort {
+            check_filter_field(k)?;
+        }
+        self.condition.validate()
+    }
+}
+
+fn check_filter_field(name: &str) -> StoreResult<()> {
+    if matches!(name, fields::ID | fields::LEASE_OWNER | fields::FENCE | fields::REV | fields::LEASE_UNTIL) {
+        return Ok(());
+    }
+    check_field_name(name)
+}
+
+/// Find the first document matching `query` (in its sort order) and apply
+/// `mutation` to it, atomically, in one round trip: what a task queue's claim is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// Which documents are candidates, and in which order.
+    pub query: Query,
+    /// What to do to the one claimed.
+    pub mutation: Mutation,
+}
+
+impl Claim {
+    /// Checks the parts.
+    pub fn validate(&self) -> StoreResult<()> {
+        self.query.validate()?;
+        self.mutation.validate()
+    }
+}
+
+/// Per-document result of [`Store::insert_many`](crate::Store::insert_many).
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertOutcome {
+    /// Inserted under this key.
+    Inserted(Key),
+    /// A document with this key (or the same value of a unique index) exists;
+    /// nothing was changed.
+    Duplicate(Key),
+}
+
+/// An index the caller needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexSpec {
+    /// Its name.
+    pub name: String,
+    /// Indexed fields.
+    pub keys: Vec<(String, Order)>,
+    /// Reject a second document with the same values.
+    pub unique: bool,
+    /// Only index documents that have the fields (with `unique`: many documents
+    /// may lack them).
+    pub sparse: bool,
+    /// Garbage-collect documents once the (date) field is older than this. For
+    /// garbage collection only, never correctness: deletion may run a minute late.
+    pub expire_after: Option<Duration>,
+}
+
+impl IndexSpec {
+    /// A plain index.
+    pub fn new(name: impl Into<String>, keys: Vec<(String, Order)>) -> Self {
+        IndexSpec { name: name.into(), keys, unique: false, sparse: false, expire_after: None }
+    }
+
+    /// Makes it unique.
+    pub fn unique(mut self) -> Self {
+        self.unique = true;
+        self
+    }
+
+    /// Makes it sparse.
+    pub fn sparse(mut self) -> Self {
+        self.sparse = true;
+        self
+    }
+
+    /// A TTL index on [`fields::GC_AT`](crate::fields::GC_AT), deleting documents once their `gc_at` is past.
+    pub fn gc() -> Self {
+        IndexSpec {
+            name: "gc_at_ttl".into(),
+            keys: vec![(fields::GC_AT.into(), Order::Asc)],
+            unique: false,
+            sparse: false,
+            expire_after: Some(Duration::ZERO),
+        }
+    }
+
+    /// Checks the spec.
+    pub fn validate(&self) -> StoreResult<()> {
+        if self.name.is_empty() || self.keys.is_empty() {
+            return Err(StoreError::invalid("index", "an index needs a name and at least one field"));
+        }
+        for (k, _) in &self.keys {
+            if k.is_empty() || k.starts_with('$') || k.contains('\0') {
+                return Err(StoreError::invalid("index", format!("bad field {k:?}")));
+            }
+        }
+        if self.expire_after.is_some() && self.keys.len() != 1 {
+            return Err(StoreError::invalid("index", "a TTL index has exactly one field"));
+        }
+        Ok(())
+    }
+}
