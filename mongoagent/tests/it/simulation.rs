@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use bson::doc;
 use mongoagent::{Agent, AgentLog, NewTask, Outcome, Queue, Task};
+use store_memory::testing::FaultSchedule;
 use store_memory::{Client, MemoryStore};
 use store_trait::{Collection, Query, Store};
 
@@ -166,42 +167,6 @@ fn spawn(store: &MemoryStore, checks: &Arc<Checks>, seed: u64) -> Worker {
     Worker { client, task, agent }
 }
 
-/// The store's faults beyond "fail before apply", and how many of each were
-/// injected.
-#[derive(Debug, Default)]
-struct StoreFaults {
-    after_apply: u32,
-    latency: u32,
-    streams_ended: u32,
-}
-
-impl StoreFaults {
-    fn inject(&mut self, store: &MemoryStore, rng: &mut fastrand::Rng) {
-        match rng.u32(..3) {
-            0 => {
-                // Applied, then an error: the caller cannot tell whether it happened.
-                store.faults().fail_next_after_apply(u64::from(rng.u32(1..3)));
-                self.after_apply += 1;
-            }
-            1 => {
-                // A slow store for a while: every operation waits before it applies.
-                store.faults().set_latency(Duration::from_millis(rng.u64(20..400)));
-                let (store, d) = (store.clone(), Duration::from_millis(rng.u64(500..5_000)));
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    store.faults().set_latency(Duration::ZERO);
-                });
-                self.latency += 1;
-            }
-            _ => {
-                // Every change stream ends; watchers must subscribe again.
-                store.faults().end_change_streams();
-                self.streams_ended += 1;
-            }
-        }
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn agents_under_crashes_partitions_and_faults() {
     let mut rng = fastrand::Rng::with_seed(42);
@@ -213,7 +178,7 @@ async fn agents_under_crashes_partitions_and_faults() {
     let mut workers: Vec<Worker> = (0..4).map(|i| spawn(&store, &checks, i)).collect();
     let mut logs: Vec<AgentLog> = Vec::new();
     let (mut crashes, mut partitions) = (0, 0);
-    let mut injected = StoreFaults::default();
+    let mut injected = FaultSchedule::default();
     for step in 0..400_u64 {
         let i = rng.usize(..workers.len());
         match rng.u32(..100) {

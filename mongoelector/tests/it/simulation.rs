@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongoelector::{Elector, DEFAULT_COLLECTION};
+use store_memory::testing::FaultSchedule;
 use store_memory::{Client, MemoryStore};
 use store_trait::{Collection, Key, StoreTime, TestClock};
 
@@ -65,7 +66,7 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
     let end = tokio::time::Instant::now() + Duration::from_secs(60 * minutes);
     let mut leaderless_since: Option<tokio::time::Instant> = None;
     let (mut steps, mut terms) = (0, 0);
-    let mut injected = StoreFaults::default();
+    let mut injected = FaultSchedule::default();
     let mut last_token = 0;
     // After a forward step of the store clock: no partition until the leader has
     // renewed once, and no other forward step.
@@ -200,42 +201,6 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
         "store faults happened: {injected:?}"
     );
     (steps, terms, reported)
-}
-
-/// The store's faults beyond "fail before apply", and how many of each were
-/// injected.
-#[derive(Debug, Default)]
-struct StoreFaults {
-    after_apply: u32,
-    latency: u32,
-    streams_ended: u32,
-}
-
-impl StoreFaults {
-    fn inject(&mut self, store: &MemoryStore, rng: &mut fastrand::Rng) {
-        match rng.u32(..3) {
-            0 => {
-                // Applied, then an error: the caller cannot tell whether it happened.
-                store.faults().fail_next_after_apply(u64::from(rng.u32(1..3)));
-                self.after_apply += 1;
-            }
-            1 => {
-                // A slow store for a while: every operation waits before it applies.
-                store.faults().set_latency(Duration::from_millis(rng.u64(20..400)));
-                let (store, d) = (store.clone(), Duration::from_millis(rng.u64(500..5_000)));
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    store.faults().set_latency(Duration::ZERO);
-                });
-                self.latency += 1;
-            }
-            _ => {
-                // Every change stream ends; observers must subscribe again.
-                store.faults().end_change_streams();
-                self.streams_ended += 1;
-            }
-        }
-    }
 }
 
 #[tokio::test(start_paused = true)]
