@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongolock::Acquire;
+use mongolock::{Acquire, Backoff};
 use store_trait::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -13,7 +13,7 @@ use crate::elector::Inner;
 
 /// Campaigns as follower, leads until the term ends, again, until stopped.
 pub(crate) async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), inner.renew_every);
     while !stop.is_cancelled() {
         // Campaign: the blocking acquire wakes on a change notification (release)
         // or at the observed expiry (crash), and polls only without notifications.
@@ -28,13 +28,12 @@ pub(crate) async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: Canc
                 tracing::warn!(key = %inner.key, error = %e, "campaign failed; retrying");
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                backoff = (backoff * 2).min(inner.renew_every);
                 continue;
             }
         };
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         let cancel = {
             let mut slot = inner.term.lock().await;
             inner.become_master(&mut slot, guard);

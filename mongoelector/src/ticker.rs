@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongolock::LockError;
+use mongolock::{Backoff, LockError};
 use store_trait::Store;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -51,7 +51,7 @@ impl<S: Store + Clone> Inner<S> {
     /// fails for good ends it here.
     async fn maintain_lease(self: &Arc<Self>, stop: &CancellationToken) {
         let Some(term) = self.live_term() else { return };
-        let mut backoff = (self.renew_every / 20).max(Duration::from_millis(5));
+        let mut backoff = Backoff::new((self.renew_every / 20).max(Duration::from_millis(5)), self.renew_every / 2);
         loop {
             let e = match self.lock.touch().await {
                 Ok(expires) => {
@@ -71,9 +71,8 @@ impl<S: Store + Clone> Inner<S> {
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = term.cancel().cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(self.renew_every / 2);
                 }
                 e => {
                     tracing::warn!(key = %self.key, error = %e, "renewing leadership failed for good");

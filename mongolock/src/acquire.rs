@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::guard::LockGuard;
 use crate::info::{check_native, data, LockInfo, Metrics, FOREIGN_LOCK_FIELDS};
 use crate::term::Term;
-use crate::{Lock, LockError};
+use crate::{Backoff, Lock, LockError};
 
 /// How to acquire: blocking or not, with a timeout, by force, with auto-renew.
 ///
@@ -150,7 +150,7 @@ impl<S: Store + Clone> Lock<S> {
             None
         };
         let mut waited = false;
-        let mut backoff = Duration::from_millis(10);
+        let mut backoff = Backoff::new(Duration::from_millis(20), inner.step.max(Duration::from_millis(20)));
         // The holder last seen, for the timeout error.
         let mut seen: Option<Box<LockInfo>> = None;
         loop {
@@ -196,10 +196,7 @@ impl<S: Store + Clone> Lock<S> {
                         remaining.min(inner.step) + jitter
                     }
                 }
-                None => {
-                    backoff = (backoff * 2).min(inner.step.max(Duration::from_millis(20)));
-                    backoff
-                }
+                None => backoff.next_delay(),
             };
             let mut wait_until = Instant::now() + wait.max(Duration::from_millis(1));
             if let Some(d) = deadline {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::info::Metrics;
 use crate::term::Term;
-use crate::LockError;
+use crate::{Backoff, LockError};
 
 /// Renews until the guard goes away or the lease is lost.
 pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
@@ -56,7 +56,7 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: boo
 
 async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
     let lock = &term.lock;
-    let mut backoff = (lock.renew_every / 20).max(Duration::from_millis(5));
+    let mut backoff = Backoff::new((lock.renew_every / 20).max(Duration::from_millis(5)), lock.renew_every / 2);
     loop {
         match term.renew().await {
             Ok(_) | Err(LockError::Lost { .. }) => return,
@@ -73,13 +73,13 @@ async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
                     term.mark_lost("lease not renewed before it could lapse");
                     return;
                 }
-                let jitter = Duration::from_millis(fastrand::u64(0..=backoff.as_millis().min(50) as u64));
-                let pause = (backoff + jitter).min(deadline - now);
+                let base = backoff.next_delay();
+                let jitter = Duration::from_millis(fastrand::u64(0..=base.as_millis().min(50) as u64));
+                let pause = (base + jitter).min(deadline - now);
                 tokio::select! {
                     _ = term.stop.cancelled() => return,
                     _ = tokio::time::sleep(pause) => {}
                 }
-                backoff = (backoff * 2).min(lock.renew_every / 2);
             }
         }
     }

@@ -103,6 +103,7 @@
 //!   renewal still sees the server's clock advance too far and reports it.
 
 mod acquire;
+mod backoff;
 mod error;
 mod guard;
 mod identity;
@@ -114,6 +115,7 @@ mod term;
 mod timing;
 
 pub use acquire::Acquire;
+pub use backoff::Backoff;
 pub use error::LockError;
 pub use guard::{LockGuard, Validity};
 pub use identity::Identity;

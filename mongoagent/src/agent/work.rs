@@ -11,6 +11,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{Agent, AgentLog, Handler, Processed};
+use mongolock::Backoff;
+
 use crate::queue::not_complete;
 use crate::task::fields;
 use crate::AgentError;
@@ -31,7 +33,7 @@ impl<S: Store + Clone> Agent<S> {
                 .await
                 .ignore_renewals();
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), inner.sleep_between);
         let mut idle_until: Option<Instant> = None;
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, push = events.is_live(), "agent working");
         loop {
@@ -50,7 +52,7 @@ impl<S: Store + Clone> Agent<S> {
             }
             match self.claim().await {
                 Ok(Some(c)) => {
-                    backoff = Duration::from_millis(50);
+                    backoff.reset();
                     let (this, h) = (self.clone(), handler.clone());
                     running.spawn(async move { this.run(c, h).await });
                 }
@@ -87,9 +89,8 @@ impl<S: Store + Clone> Agent<S> {
                     }
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(inner.sleep_between);
                 }
             }
         }

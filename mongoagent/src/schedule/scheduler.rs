@@ -9,6 +9,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{fields, from_of, parse_record, Overlap, Schedules};
+use mongolock::Backoff;
+
 use crate::AgentError;
 
 /// Turns the ticks of a queue's schedules into tasks. Run one in every process
@@ -112,7 +114,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// duplicates and records.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), AgentError> {
         let s = &self.schedules;
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), self.retry_max);
         loop {
             match s.ensure_indexes().await {
                 Ok(()) => break,
@@ -120,9 +122,8 @@ impl<S: Store + Clone> Scheduler<S> {
                     tracing::warn!(schedules = %s.coll, error = %e, "creating indexes failed; retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(self.retry_max);
                 }
                 Err(e) => return Err(e),
             }
@@ -130,7 +131,7 @@ impl<S: Store + Clone> Scheduler<S> {
         let mut events = Watcher::open(s.store.clone(), s.coll.clone(), None, self.poll).await;
         let push = events.is_live();
         tracing::info!(schedules = %s.coll, push, "scheduler running");
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         // Opened once a schedule holds tasks back (Overlap::Queue): the end of
         // the running task lets the next one through.
         let mut task_events: Option<Watcher<S>> = None;
@@ -146,7 +147,7 @@ impl<S: Store + Clone> Scheduler<S> {
             };
             let wake = match pass {
                 Ok(pass) => {
-                    backoff = Duration::from_millis(50);
+                    backoff.reset();
                     held = pass.held;
                     if held && task_events.is_none() {
                         let w = Watcher::open(s.store.clone(), s.queue.coll.clone(), None, self.poll).await;
@@ -165,8 +166,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(schedules = %s.coll, error = %e, "scheduler pass failed; retrying");
-                    let at = Instant::now() + backoff;
-                    backoff = (backoff * 2).min(self.retry_max);
+                    let at = Instant::now() + backoff.next_delay();
                     Some(at)
                 }
                 Err(e) => {

@@ -237,7 +237,12 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 );
                 c.seen_expires = g.expires();
                 c.stepped = 0;
-                c.stepped_peak = 0;
+                // A reply that was slow may report a grant made before a step
+                // the model saw during its round trip: that step is not
+                // confirmed, and stays in the window the bound leaves to fencing.
+                if c.latency_peak == 0 {
+                    c.stepped_peak = 0;
+                }
                 c.latency_peak = latency_ms;
             }
             if g.is_lost() || c.forced_out {
@@ -264,11 +269,28 @@ fn client_fresh(store: &MemoryStore) -> Client {
     client(store)
 }
 
+/// 960 cases from a fixed seed, so a run is repeatable (set `PROPTEST_RNG_SEED`
+/// to explore other cases).
+fn config() -> ProptestConfig {
+    let mut c = ProptestConfig { cases: 960, ..ProptestConfig::default() };
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        c.rng_seed = proptest::test_runner::RngSeed::Fixed(0x6d6f_6e67);
+    }
+    c
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 960, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
     fn at_most_one_believing_holder_and_increasing_tokens(ops in prop::collection::vec(op(), 1..80)) {
+        // The lock's jitter draws from this thread's generator, and the runtime
+        // runs every task on this thread: seeded from the case, a case replays
+        // exactly (and shrinks).
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        format!("{ops:?}").hash(&mut h);
+        fastrand::seed(h.finish());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         rt.block_on(run(ops))?;
     }
