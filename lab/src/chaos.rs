@@ -451,6 +451,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         Query::all()
             .when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate())
             .when(Condition::FieldEq("foreign".into(), Bson::Boolean(true)).negate())
+            .when(Condition::Exists("pending_parent_fence".into()).negate())
     };
     let drain_until = Instant::now() + Duration::from_secs(180);
     while Instant::now() < drain_until {
@@ -599,11 +600,21 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     // The store: every task ended; two follow-ups per completed seeded task.
     let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
     let mut all = Vec::new();
+    let mut debris = Vec::new();
     let mut unreadable = 0;
     for r in store.find_each(&coll, &Query::all()).await.map_err(|e| e.to_string())? {
         match r {
+            // A stale run's follow-ups that the holder's outcome did not take
+            // over stay pending and inert: not tasks (checked below).
+            Ok(t) if t.data().contains_key("pending_parent_fence") => debris.push(t),
             Ok(t) => all.push(t),
             Err(_) => unreadable += 1,
+        }
+    }
+    for d in &debris {
+        let parent = d.data().get("parent").and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
+        if !parent.is_some_and(|p| p.data().get_bool("complete").ok() == Some(true)) {
+            r.violations.push(format!("pending follow-up {} of a parent that has not ended", d.key()));
         }
     }
     let foreign = foreign_tasks().len();
