@@ -613,7 +613,7 @@ async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     }
     for d in &debris {
         let parent = d.data().get("parent").and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
-        if !parent.is_some_and(|p| p.data().get_bool("complete").ok() == Some(true)) {
+        if parent.is_none_or(|p| p.data().get_bool("complete").ok() != Some(true)) {
             r.violations.push(format!("pending follow-up {} of a parent that has not ended", d.key()));
         }
     }
