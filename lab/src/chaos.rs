@@ -372,7 +372,8 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     let (mut kills, mut pauses, mut restarts, mut runner_kills, mut runner_pauses) = (0, 0, 0, 0, 0);
     let end = Instant::now() + o.duration;
     let server_every = (o.duration.as_secs_f64() / 3.0).max(15.0);
-    let mut next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
+    let mut next_server_kill =
+        Instant::now() + Duration::try_from_secs_f64(server_every).unwrap_or(Duration::from_secs(15));
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rng.u64(700..2500))).await;
         let i = rng.usize(..workers.len());
@@ -440,7 +441,8 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
                 tokio::time::sleep(Duration::from_millis(rng.u64(500..2000))).await;
                 s.start().await?;
                 restarts += 1;
-                next_server_kill = Instant::now() + Duration::from_secs_f64(server_every);
+                next_server_kill =
+                    Instant::now() + Duration::try_from_secs_f64(server_every).unwrap_or(Duration::from_secs(15));
             }
         }
     }

@@ -156,7 +156,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
             if !minutes.is_finite() || minutes <= 0.0 || minutes > 7.0 * 24.0 * 60.0 {
                 return Err(format!("--minutes must be a positive number of minutes up to a week, not {minutes}"));
             }
-            let duration = Duration::from_secs_f64(minutes * 60.0);
+            let duration =
+                Duration::try_from_secs_f64(minutes * 60.0).map_err(|e| format!("--minutes {minutes}: {e}"))?;
             let u = connection(uri, db).ok().map(|c| c.uri().to_owned());
             let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
             chaos::run(u, &d, chaos::ChaosOpts { duration, seed, dir, server_bin, workers, mongocoord, fork_workers })

@@ -17,10 +17,7 @@ use crate::supervise::{self, exit_code, Spec, Stops, Why};
 use crate::{EXIT_LOST, EXIT_TIMEOUT};
 
 fn secs(what: &str, s: f64) -> Result<Duration, String> {
-    if !s.is_finite() || s <= 0.0 || s > 366.0 * 86400.0 {
-        return Err(format!("--{what} must be a positive number of seconds, not {s}"));
-    }
-    Ok(Duration::from_secs_f64(s))
+    crate::args::seconds(what, s, false)
 }
 
 /// What the three runners share: the lease, the grace period that fits it, and

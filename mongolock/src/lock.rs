@@ -64,7 +64,11 @@ impl<S: Store + Clone> LockBuilder<S> {
     /// The lease length in seconds, as the Python original takes it.
     pub fn ttl_secs(self, secs: f64) -> Self {
         // An invalid value (negative, NaN) is reported by `build`.
-        let d = if secs.is_finite() && secs > 0.0 { Duration::from_secs_f64(secs.min(1e12)) } else { Duration::ZERO };
+        let d = if secs.is_finite() && secs > 0.0 {
+            Duration::try_from_secs_f64(secs.min(1e12)).unwrap_or(Duration::ZERO)
+        } else {
+            Duration::ZERO
+        };
         self.ttl(d)
     }
 

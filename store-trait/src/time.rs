@@ -99,7 +99,8 @@ impl Ttl {
         if secs > Self::MAX.as_secs_f64() {
             return Err(StoreError::invalid("ttl", format!("{secs} s is longer than the maximum of 366 days")));
         }
-        Ttl::new(Duration::from_secs_f64(secs))
+        let d = Duration::try_from_secs_f64(secs).map_err(|e| StoreError::invalid("ttl", format!("{secs} s: {e}")))?;
+        Ttl::new(d)
     }
 
     /// Whole milliseconds (at least 1).

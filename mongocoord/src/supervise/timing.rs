@@ -59,7 +59,7 @@ mod tests {
     use super::*;
 
     fn s(x: f64) -> Duration {
-        Duration::from_secs_f64(x)
+        Duration::try_from_secs_f64(x).unwrap()
     }
 
     #[test]
