@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::guard::LockGuard;
 use crate::info::{check_native, data, LockInfo, Metrics, FOREIGN_LOCK_FIELDS};
+use crate::lock::on_own_task;
 use crate::term::Term;
 use crate::{Backoff, Lock, LockError};
 
@@ -74,19 +75,12 @@ impl Acquire {
     }
 }
 
-/// Runs `fut` on its own task and waits for it until `deadline` (when there is
-/// one): `None` when the deadline passed first. The task is not cancelled, so a
-/// store call is never dropped half-way; its late result is ignored.
+/// [`on_own_task`] for the acquire path: `None` when the deadline passed first.
 async fn within<T: Send + 'static>(
     deadline: Option<Instant>,
     fut: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Option<T> {
-    let task = tokio::spawn(fut);
-    let joined = match deadline {
-        Some(d) => tokio::time::timeout_at(d, task).await.ok()?,
-        None => task.await,
-    };
-    match joined {
+    match on_own_task(deadline, fut).await? {
         Ok(v) => Some(v),
         // The task panicked or the runtime is shutting down: resume the panic,
         // as awaiting the future in place would have.

@@ -190,10 +190,25 @@ pub(crate) async fn spawn_with_deadline<T: Send + 'static>(
     deadline: Instant,
     fut: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
 ) -> Option<Result<T, StoreError>> {
-    let joined = tokio::time::timeout_at(deadline, tokio::spawn(fut)).await.ok()?;
-    Some(joined.unwrap_or_else(|e| {
+    Some(on_own_task(Some(deadline), fut).await?.unwrap_or_else(|e| {
         Err(StoreError::backend(store_trait::FaultKind::Transient, format!("store call task failed: {e}")))
     }))
+}
+
+/// The one way a store call is bounded by a deadline: it runs on its own task,
+/// waited for until `deadline` (when there is one); `None` when the deadline
+/// passed first. The task is not cancelled, so a driver call is never dropped
+/// half-way (the driver's own advice); its late result is ignored. A task that
+/// failed (a panic, a runtime shutting down) is the `Err`.
+pub(crate) async fn on_own_task<T: Send + 'static>(
+    deadline: Option<Instant>,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    let task = tokio::spawn(fut);
+    Some(match deadline {
+        Some(d) => tokio::time::timeout_at(d, task).await.ok()?,
+        None => task.await,
+    })
 }
 
 impl<S: Store + Clone> Lock<S> {
