@@ -131,7 +131,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                 .map_err(|e| e.to_string())?;
             let mut last_term = 0;
             loop {
-                if let Some(term) = elector.node_status().term_token {
+                if let Some(term) = elector.node_status().fence {
                     if term != last_term {
                         if let Ok(Some(info)) = probe.get_current().await {
                             if info.token == term {
@@ -141,7 +141,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                         last_term = term;
                     }
                     if let Ok(now) = store.now().await {
-                        if elector.node_status().term_token == Some(term) {
+                        if elector.node_status().fence == Some(term) {
                             log.line(format!("lead {term} {}", now.as_millis()));
                         }
                     }

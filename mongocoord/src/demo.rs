@@ -82,7 +82,7 @@ struct Shared {
     running: Mutex<HashMap<String, usize>>,
     double_runs: AtomicU64,
     handler_runs: AtomicU64,
-    two_masters: AtomicU64,
+    two_leaders: AtomicU64,
     failovers: AtomicU64,
     /// Batches that ran again before all their fetches had ended.
     early_joins: AtomicU64,
@@ -98,8 +98,8 @@ fn start_elector<S: Store + Clone>(store: &S, name: usize) -> Node<S> {
         .collection(ELECTOR_COLL)
         .status_collection(STATUS_COLL)
         .ttl(Duration::from_secs(2))
-        .on_master(move || tracing::info!(node = name, "on_master: scheduler started"))
-        .on_master_loss(move || tracing::info!(node = name, "on_master_loss: scheduler stopped"))
+        .on_leader(move || tracing::info!(node = name, "on_leader: scheduler started"))
+        .on_leader_loss(move || tracing::info!(node = name, "on_leader_loss: scheduler stopped"))
         .build();
     let Ok(e) = e else { return Node { proc: None, elector: None } };
     let handle = e.clone();
@@ -301,9 +301,9 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = Instant::now();
         // At most one live elector believes it is master.
-        let masters = electors.iter().filter(|n| n.elector.as_ref().is_some_and(Elector::is_master)).count();
+        let masters = electors.iter().filter(|n| n.elector.as_ref().is_some_and(Elector::is_leader)).count();
         if masters > 1 {
-            shared.two_masters.fetch_add(1, Ordering::Relaxed);
+            shared.two_leaders.fetch_add(1, Ordering::Relaxed);
         }
         let leader = leader_lock.get_current().await.ok().flatten();
         let leader_owner = leader.as_ref().map(|l| l.owner.clone());
@@ -317,7 +317,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
             let round = kills + clean_stops + agent_kills;
             match round % 3 {
                 0 => {
-                    if let Some(i) = electors.iter().position(|n| n.elector.as_ref().is_some_and(Elector::is_master)) {
+                    if let Some(i) = electors.iter().position(|n| n.elector.as_ref().is_some_and(Elector::is_leader)) {
                         if let Some(mut p) = electors[i].proc.take() {
                             electors[i].elector = None;
                             p.kill();
@@ -420,7 +420,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
     let tokens = shared.lock_tokens.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let increasing = tokens.windows(2).all(|w| w[0] < w[1]);
     let checks = [
-        ("at most one leader at a time", shared.two_masters.load(Ordering::Relaxed) == 0),
+        ("at most one leader at a time", shared.two_leaders.load(Ordering::Relaxed) == 0),
         ("lock never held twice at once", shared.lock_overlaps.load(Ordering::Relaxed) == 0),
         ("lock tokens strictly increase", increasing && !tokens.is_empty()),
         ("no task ran twice at once", shared.double_runs.load(Ordering::Relaxed) == 0),

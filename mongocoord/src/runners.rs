@@ -119,7 +119,7 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
     let mut leadership = elector.leadership();
     loop {
         let term = loop {
-            if let Some(t) = elector.term_token() {
+            if let Some(t) = elector.term_cancellation() {
                 break t;
             }
             tokio::select! {
@@ -130,7 +130,7 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
                 r = leadership.changed() => if r.is_err() { return Err("elector stopped".into()) },
             }
         };
-        let token = elector.node_status().term_token.unwrap_or_default();
+        let token = elector.node_status().fence.unwrap_or_default();
         eprintln!("mongocoord: elected leader of {key} (term {token})");
         let mut stops = Stops::new();
         stops.terminate_on(&signal, Why::Signal);

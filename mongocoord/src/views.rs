@@ -149,7 +149,7 @@ pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, 
                     "host": n.host,
                     "pid": n.pid,
                     "version": n.version,
-                    "is_master": n.is_master,
+                    "is_master": n.is_leader,
                     "last_seen_ms_ago": now.as_millis().saturating_sub(n.last_poll.as_millis()),
                 })
             })

@@ -101,41 +101,41 @@ impl<S: Store + Clone> ElectorBuilder<S> {
         self
     }
 
-    /// Runs every time this node becomes master, on a blocking thread. It should
-    /// return promptly: `on_master_loss` for this term cannot run before it
-    /// returns. Long-running leader work belongs in [`Elector::while_master`], or
-    /// in [`ElectorBuilder::on_master_term`], which is told when the term ends.
-    /// Replaces an earlier `on_master` or `on_master_term`.
-    #[doc(alias = "onmaster")]
-    pub fn on_master(self, f: impl Fn() + Send + Sync + 'static) -> Self {
-        self.on_master_term(move |_| f())
+    /// Runs every time this node becomes leader, on a blocking thread. It should
+    /// return promptly: `on_leader_loss` for this term cannot run before it
+    /// returns. Long-running leader work belongs in [`Elector::while_leader`], or
+    /// in [`ElectorBuilder::on_leader_term`], which is told when the term ends.
+    /// Replaces an earlier `on_leader` or `on_leader_term`.
+    #[doc(alias = "onmaster", alias = "on_master")]
+    pub fn on_leader(self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_leader_term(move |_| f())
     }
 
-    /// Runs every time this node becomes master, on a blocking thread, with the
+    /// Runs every time this node becomes leader, on a blocking thread, with the
     /// term's cancellation token: it is cancelled when the term ends (lost before
     /// the lease can lapse, released, or stopped), so a callback that runs leader
-    /// work itself can return in time. `on_master_loss` runs after it returns.
+    /// work itself can return in time. `on_leader_loss` runs after it returns.
     /// Cancelling the token yourself does not end the term. A term that ends
-    /// before its `on_master` could start is not reported at all (neither
-    /// `on_master` nor `on_master_loss`). Replaces an earlier `on_master`.
-    pub fn on_master_term(mut self, f: impl Fn(CancellationToken) + Send + Sync + 'static) -> Self {
-        self.handlers.on_master = Some(Arc::new(f));
+    /// before its `on_leader` could start is not reported at all (neither
+    /// `on_leader` nor `on_leader_loss`). Replaces an earlier `on_leader`.
+    pub fn on_leader_term(mut self, f: impl Fn(CancellationToken) + Send + Sync + 'static) -> Self {
+        self.handlers.on_leader = Some(Arc::new(f));
         self
     }
 
-    /// Runs every time this node stops being master (lost, released or stopped),
-    /// after that term's `on_master` returned, and ahead of an `on_master` that is
+    /// Runs every time this node stops being leader (lost, released or stopped),
+    /// after that term's `on_leader` returned, and ahead of an `on_leader` that is
     /// waiting.
-    #[doc(alias = "onmasterloss")]
-    pub fn on_master_loss(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
-        self.handlers.on_master_loss = Some(Arc::new(f));
+    #[doc(alias = "onmasterloss", alias = "on_master_loss")]
+    pub fn on_leader_loss(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.handlers.on_leader_loss = Some(Arc::new(f));
         self
     }
 
     /// Runs every round (every renew interval) after its lease maintenance,
     /// whatever the role, on its own blocking thread: while it runs, further rounds
-    /// are coalesced into one pending call, and it never delays `on_master` or
-    /// `on_master_loss` (which may therefore run at the same time).
+    /// are coalesced into one pending call, and it never delays `on_leader` or
+    /// `on_leader_loss` (which may therefore run at the same time).
     #[doc(alias = "onloop")]
     pub fn on_loop(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.handlers.on_loop = Some(Arc::new(f));
@@ -153,8 +153,8 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     }
 
     /// How long [`Elector::stop`] waits at most (default: the ttl) for the lease
-    /// release and the callbacks of the ending term (`on_master` still running,
-    /// then `on_master_loss`). Callbacks still running then finish in the
+    /// release and the callbacks of the ending term (`on_leader` still running,
+    /// then `on_leader_loss`). Callbacks still running then finish in the
     /// background, in order.
     pub fn stop_timeout(mut self, timeout: Duration) -> Self {
         self.stop_timeout = Some(timeout);

@@ -2,18 +2,18 @@
 //! threads, in two lanes so that nothing the user does in one callback can hold
 //! back the report that leadership ended.
 //!
-//! - The **term lane** runs `on_master` and `on_master_loss`, one at a time. A
-//!   pending loss goes before a pending `on_master` (which can only belong to a
-//!   later term). A term that ends before its `on_master` started is not reported
-//!   at all: its pending `on_master` is dropped and no loss follows, so the user
-//!   never hears "master" for a term that is already over, and for one node the
-//!   two callbacks still strictly alternate, master first.
+//! - The **term lane** runs `on_leader` and `on_leader_loss`, one at a time. A
+//!   pending loss goes before a pending `on_leader` (which can only belong to a
+//!   later term). A term that ends before its `on_leader` started is not reported
+//!   at all: its pending `on_leader` is dropped and no loss follows, so the user
+//!   never hears "leader" for a term that is already over, and for one node the
+//!   two callbacks still strictly alternate, leader first.
 //! - The **info lane** runs `on_new_leader` and `on_loop`, each coalesced: at most
 //!   one of each is pending, with the latest leader. A slow `on_loop` delays
 //!   neither lane's other work nor a loss.
 //!
 //! A callback that is already running is never interrupted: a loss waits for a
-//! running `on_master` (which gets the term's cancellation token to return in
+//! running `on_leader` (which gets the term's cancellation token to return in
 //! time). Panics are logged, never fatal.
 
 use std::sync::{Arc, Mutex};
@@ -32,8 +32,8 @@ pub(crate) type LeaderCallback = Arc<dyn Fn(LockInfo) + Send + Sync>;
 /// The user's callbacks.
 #[derive(Default, Clone)]
 pub(crate) struct Handlers {
-    pub(crate) on_master: Option<TermCallback>,
-    pub(crate) on_master_loss: Option<Callback>,
+    pub(crate) on_leader: Option<TermCallback>,
+    pub(crate) on_leader_loss: Option<Callback>,
     pub(crate) on_loop: Option<Callback>,
     pub(crate) on_new_leader: Option<LeaderCallback>,
 }
@@ -41,11 +41,11 @@ pub(crate) struct Handlers {
 /// What is pending, per lane.
 #[derive(Debug, Default)]
 struct Pending {
-    /// A term whose `on_master` has not started; its cancellation token.
-    master: Option<CancellationToken>,
-    /// The current term's `on_master` started and its loss is not queued yet.
+    /// A term whose `on_leader` has not started; its cancellation token.
+    leader: Option<CancellationToken>,
+    /// The current term's `on_leader` started and its loss is not queued yet.
     reported: bool,
-    /// An `on_master_loss` to run.
+    /// An `on_leader_loss` to run.
     loss: bool,
     /// A term-lane callback runs now.
     term_running: bool,
@@ -64,7 +64,7 @@ struct Pending {
 
 /// The next job of a lane.
 enum Job {
-    Master(CancellationToken),
+    Leader(CancellationToken),
     Loss,
     NewLeader(LockInfo),
     Tick,
@@ -72,7 +72,7 @@ enum Job {
 
 impl Pending {
     fn term_idle(&self) -> bool {
-        !self.loss && self.master.is_none() && !self.term_running
+        !self.loss && self.leader.is_none() && !self.term_running
     }
 
     fn answer_flushes(&mut self) {
@@ -83,19 +83,19 @@ impl Pending {
         }
     }
 
-    /// The term lane's next job: a loss first, then an `on_master` whose term has
+    /// The term lane's next job: a loss first, then an `on_leader` whose term has
     /// not ended yet (one that has is dropped, and its loss will not be reported).
     fn next_term_job(&mut self) -> Option<Job> {
         if self.loss {
             self.loss = false;
             return Some(Job::Loss);
         }
-        let token = self.master.take()?;
+        let token = self.leader.take()?;
         if token.is_cancelled() {
             return None;
         }
         self.reported = true;
-        Some(Job::Master(token))
+        Some(Job::Leader(token))
     }
 
     fn next_info_job(&mut self) -> Option<Job> {
@@ -105,13 +105,13 @@ impl Pending {
         std::mem::take(&mut self.tick).then_some(Job::Tick)
     }
 
-    fn push_master(&mut self, term: CancellationToken) {
-        self.master = Some(term);
+    fn push_leader(&mut self, term: CancellationToken) {
+        self.leader = Some(term);
     }
 
     fn push_loss(&mut self) {
-        if self.master.take().is_some() {
-            // The term ended before its `on_master` started: report neither.
+        if self.leader.take().is_some() {
+            // The term ended before its `on_leader` started: report neither.
         } else if std::mem::take(&mut self.reported) {
             self.loss = true;
         }
@@ -174,9 +174,9 @@ impl Dispatcher {
         self.shared.info_wake.notify_one();
     }
 
-    /// This node became master of the term cancelled by `term`.
-    pub(crate) fn master(&self, term: CancellationToken) {
-        self.update(|p| p.push_master(term));
+    /// This node became leader of the term cancelled by `term`.
+    pub(crate) fn leader(&self, term: CancellationToken) {
+        self.update(|p| p.push_leader(term));
     }
 
     /// This node's term ended.
@@ -199,7 +199,7 @@ impl Dispatcher {
     }
 
     /// Waits until the term lane has nothing pending or running (every
-    /// `on_master` and `on_master_loss` reported so far has returned).
+    /// `on_leader` and `on_leader_loss` reported so far has returned).
     ///
     /// # Cancel safety
     ///
@@ -232,8 +232,8 @@ impl Drop for Dispatcher {
 async fn run(shared: &Shared, job: Job) {
     let h = &shared.handlers;
     let (what, f): (&str, Option<Box<dyn FnOnce() + Send>>) = match job {
-        Job::Master(term) => ("on_master", h.on_master.clone().map(|f| Box::new(move || f(term)) as _)),
-        Job::Loss => ("on_master_loss", h.on_master_loss.clone().map(|f| Box::new(move || f()) as _)),
+        Job::Leader(term) => ("on_leader", h.on_leader.clone().map(|f| Box::new(move || f(term)) as _)),
+        Job::Loss => ("on_leader_loss", h.on_leader_loss.clone().map(|f| Box::new(move || f()) as _)),
         Job::NewLeader(l) => ("on_new_leader", h.on_new_leader.clone().map(|f| Box::new(move || f(l)) as _)),
         Job::Tick => ("on_loop", h.on_loop.clone().map(|f| Box::new(move || f()) as _)),
     };
@@ -243,7 +243,7 @@ async fn run(shared: &Shared, job: Job) {
     }
 }
 
-/// `on_master` and `on_master_loss`, in order, a loss first.
+/// `on_leader` and `on_leader_loss`, in order, a loss first.
 async fn term_lane(shared: Arc<Shared>) {
     loop {
         let job = {
@@ -297,7 +297,7 @@ mod tests {
 
     fn kind(j: Option<Job>) -> &'static str {
         match j {
-            Some(Job::Master(_)) => "master",
+            Some(Job::Leader(_)) => "leader",
             Some(Job::Loss) => "loss",
             Some(Job::NewLeader(_)) => "leader",
             Some(Job::Tick) => "tick",
@@ -316,34 +316,34 @@ mod tests {
     }
 
     #[test]
-    fn a_term_that_ended_before_its_on_master_started_is_not_reported() {
+    fn a_term_that_ended_before_its_on_leader_started_is_not_reported() {
         let mut p = Pending::default();
-        p.push_master(CancellationToken::new());
+        p.push_leader(CancellationToken::new());
         p.push_loss();
         assert_eq!(kind(p.next_term_job()), "-");
         assert!(p.term_idle());
     }
 
     #[test]
-    fn a_loss_goes_before_the_next_terms_on_master() {
+    fn a_loss_goes_before_the_next_terms_on_leader() {
         let mut p = Pending::default();
-        p.push_master(CancellationToken::new());
-        assert_eq!(kind(p.next_term_job()), "master");
-        // While `on_master` runs, the term ends and the next one begins.
+        p.push_leader(CancellationToken::new());
+        assert_eq!(kind(p.next_term_job()), "leader");
+        // While `on_leader` runs, the term ends and the next one begins.
         p.push_loss();
-        p.push_master(CancellationToken::new());
+        p.push_leader(CancellationToken::new());
         assert_eq!(kind(p.next_term_job()), "loss");
-        assert_eq!(kind(p.next_term_job()), "master");
+        assert_eq!(kind(p.next_term_job()), "leader");
         p.push_loss();
         assert_eq!(kind(p.next_term_job()), "loss");
         assert_eq!(kind(p.next_term_job()), "-");
     }
 
     #[test]
-    fn an_on_master_whose_term_was_cancelled_is_skipped() {
+    fn an_on_leader_whose_term_was_cancelled_is_skipped() {
         let mut p = Pending::default();
         let t = CancellationToken::new();
-        p.push_master(t.clone());
+        p.push_leader(t.clone());
         t.cancel();
         assert_eq!(kind(p.next_term_job()), "-");
         p.push_loss();

@@ -36,7 +36,7 @@ pub(crate) async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: Canc
         backoff.reset();
         let cancel = {
             let mut slot = inner.term.lock().await;
-            inner.become_master(&mut slot, guard);
+            inner.become_leader(&mut slot, guard);
             slot.as_ref().map(|t| t.cancel.clone())
         };
         let Some(cancel) = cancel else { continue };

@@ -39,7 +39,7 @@ pub(crate) struct Inner<S: Store + Clone> {
     pub(crate) running: AtomicBool,
     /// The current term; held across a renewal or release.
     pub(crate) term: tokio::sync::Mutex<Option<Term<S>>>,
-    /// The current term, readable without awaiting (`is_master`).
+    /// The current term, readable without awaiting (`is_leader`).
     pub(crate) snapshot: Mutex<Option<TermSnapshot>>,
     pub(crate) leadership: watch::Sender<Leadership>,
     /// Wakes the observer after a local transition.
@@ -69,7 +69,7 @@ impl<S: Store + Clone> std::fmt::Debug for Elector<S> {
         f.debug_struct("Elector")
             .field("key", &self.inner.key)
             .field("node", &self.inner.identity.to_string())
-            .field("is_master", &self.is_master())
+            .field("is_leader", &self.is_leader())
             .finish_non_exhaustive()
     }
 }
@@ -128,11 +128,11 @@ impl<S: Store + Clone> Elector<S> {
     }
 
     /// Stops the background loop and surrenders leadership at once; returns once
-    /// the lease is released and `on_master_loss` has run, or after the stop
+    /// the lease is released and `on_leader_loss` has run, or after the stop
     /// timeout ([`ElectorBuilder::stop_timeout`], default the ttl), whichever
     /// comes first. It never waits for `on_loop`. After the timeout, a release
-    /// still in flight and callbacks still running (an `on_master` that ignores
-    /// its cancellation token, then `on_master_loss`) finish in the background.
+    /// still in flight and callbacks still running (an `on_leader` that ignores
+    /// its cancellation token, then `on_leader_loss`) finish in the background.
     ///
     /// # Cancel safety
     ///
@@ -159,12 +159,12 @@ impl<S: Store + Clone> Elector<S> {
         });
         let _ = tokio::time::timeout_at(deadline, step_down).await;
         if tokio::time::timeout_at(deadline, inner.callbacks.flush()).await.is_err() {
-            tracing::warn!(key = %inner.key, "stopped before the master callbacks returned; they finish in the background");
+            tracing::warn!(key = %inner.key, "stopped before the leader callbacks returned; they finish in the background");
         }
         tracing::info!(key = %inner.key, node = %inner.identity, "elector stopped");
     }
 
-    /// Releases leadership if held (calling `on_master_loss`), letting another node
+    /// Releases leadership if held (calling `on_leader_loss`), letting another node
     /// take over; the loop keeps running and campaigns again after a renew interval.
     ///
     /// # Cancel safety
@@ -195,14 +195,14 @@ impl<S: Store + Clone> Elector<S> {
             let mut term = inner.term.lock().await;
             match term.as_ref() {
                 Some(t) => match t.guard.touch().await {
-                    Ok(_) => Role::Master,
+                    Ok(_) => Role::Leader,
                     Err(LockError::Lost { .. }) => Role::Follower,
                     Err(e) => return Err(e.into()),
                 },
                 None => match inner.lock.try_acquire().await? {
                     Some(guard) => {
-                        inner.become_master(&mut term, guard);
-                        Role::Master
+                        inner.become_leader(&mut term, guard);
+                        Role::Leader
                     }
                     None => Role::Follower,
                 },
@@ -220,9 +220,9 @@ impl<S: Store + Clone> Elector<S> {
 
     /// Whether this node leads now. False as soon as the lease could not be
     /// confirmed in time, before it can lapse on the store.
-    #[doc(alias = "ismaster")]
-    pub fn is_master(&self) -> bool {
-        self.inner.is_master()
+    #[doc(alias = "ismaster", alias = "is_master")]
+    pub fn is_leader(&self) -> bool {
+        self.inner.is_leader()
     }
 
     /// Whether any node leads now (store clock).
@@ -230,7 +230,8 @@ impl<S: Store + Clone> Elector<S> {
     /// # Cancel safety
     ///
     /// Cancel-safe: a read.
-    pub async fn master_exists(&self) -> Result<bool, ElectorError> {
+    #[doc(alias = "master_exists")]
+    pub async fn leader_exists(&self) -> Result<bool, ElectorError> {
         Ok(self.inner.lock.locked().await?)
     }
 
@@ -249,7 +250,7 @@ impl<S: Store + Clone> Elector<S> {
 
     /// The current term's cancellation token: cancelled when leadership ends (lost
     /// before the lease can lapse, released, or stopped). `None` when not leading.
-    pub fn term_token(&self) -> Option<CancellationToken> {
+    pub fn term_cancellation(&self) -> Option<CancellationToken> {
         self.inner.live_term().map(|t| t.cancel().clone())
     }
 
@@ -259,21 +260,22 @@ impl<S: Store + Clone> Elector<S> {
         self.inner.live_term().map(|t| t.validity().clone())
     }
 
-    /// Waits until this node leads, then runs `work(term_token)` until it finishes
+    /// Waits until this node leads, then runs `work(term_cancellation)` until it finishes
     /// (`Some(output)`) or leadership ends first (`None`; the future is dropped).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe as far as the elector is concerned (it changes nothing);
     /// dropping it drops `work`'s future, so `work` decides what a drop means.
-    pub async fn while_master<F, Fut>(&self, work: F) -> Option<Fut::Output>
+    #[doc(alias = "while_master")]
+    pub async fn while_leader<F, Fut>(&self, work: F) -> Option<Fut::Output>
     where
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future,
     {
         let mut rx = self.leadership();
         let token = loop {
-            if let Some(t) = self.term_token() {
+            if let Some(t) = self.term_cancellation() {
                 break t;
             }
             if rx.changed().await.is_err() {
@@ -300,8 +302,8 @@ impl<S: Store + Clone> Elector<S> {
             pid: inner.identity.pid(),
             version: inner.version.clone(),
             running: self.running(),
-            is_master: fence.is_some(),
-            term_token: fence,
+            is_leader: fence.is_some(),
+            fence,
             leader: inner.leadership.borrow().leader.clone(),
             terms_won: inner.terms_won.load(Ordering::Relaxed),
             last_poll: *lock_poisoned(&inner.last_poll),

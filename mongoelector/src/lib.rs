@@ -9,10 +9,10 @@
 //!   expiry, not a fixed poll interval.
 //! - **Leader-scoped work stops in time**: each term has a cancellation token that
 //!   fires *before* the lease can lapse when renewal cannot be confirmed. Run
-//!   leader work with [`Elector::while_master`], or in
-//!   [`ElectorBuilder::on_master_term`], which is handed the token.
+//!   leader work with [`Elector::while_leader`], or in
+//!   [`ElectorBuilder::on_leader_term`], which is handed the token.
 //! - **Callbacks cannot delay a loss**: callbacks run on blocking threads, never on
-//!   the renewal path, in two lanes. `on_master` and `on_master_loss` strictly
+//!   the renewal path, in two lanes. `on_leader` and `on_leader_loss` strictly
 //!   alternate, and a pending loss goes ahead of anything else; `on_loop` and
 //!   `on_new_leader` run in a lane of their own and are coalesced, so a slow
 //!   `on_loop` never holds back a loss. A panicking callback is logged.
@@ -30,16 +30,16 @@
 //! let store = store_memory::MemoryStore::new(); // or mongoelector::mongo::MongoStore::connect(uri, "coolproj")
 //! let elector = Elector::builder(store, "CleverName")
 //!     .ttl(Duration::from_secs(15))
-//!     .on_master(|| println!("Elected master, starting task scheduler"))
-//!     .on_master_loss(|| println!("Master lost, shutting down task scheduler"))
+//!     .on_leader(|| println!("Elected leader, starting task scheduler"))
+//!     .on_leader_loss(|| println!("Leadership lost, shutting down task scheduler"))
 //!     .build()?;
 //! elector.start()?;
 //! let mut changes = elector.leadership();
 //! changes.wait_for(|l| l.is_me).await.expect("elector running");
-//! assert!(elector.is_master());
-//! assert!(elector.master_exists().await?);
+//! assert!(elector.is_leader());
+//! assert!(elector.leader_exists().await?);
 //! elector.stop().await; // surrenders leadership at once
-//! assert!(!elector.is_master());
+//! assert!(!elector.is_leader());
 //! # Ok(()) }
 //! ```
 //!
@@ -49,7 +49,7 @@
 //! | `app_version` | [`ElectorBuilder::version`] |
 //! | `start(blocking=False)` / `start(blocking=True)` | [`Elector::start`] / [`Elector::run`] |
 //! | `stop()`, `release()`, `poll()` | [`Elector::stop`], [`Elector::release`], [`Elector::poll`] |
-//! | `ismaster`, `master_exists`, `running` | [`Elector::is_master`], [`Elector::master_exists`], [`Elector::running`] |
+//! | `ismaster`, `leader_exists`, `running` | [`Elector::is_leader`], [`Elector::leader_exists`], [`Elector::running`] |
 //! | `cluster_detail`, `node_status`, `report_status()` | [`Elector::cluster_detail`], [`Elector::node_status`], [`Elector::report_status`] |
 //!
 //! Each round of the background loop is the Python `MongoElector`'s `poll()`: lease maintenance
@@ -98,7 +98,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// It holds the leadership lease.
-    Master,
+    Leader,
     /// It does not.
     Follower,
 }

@@ -39,7 +39,7 @@ impl<S: Store + Clone> Inner<S> {
                 return;
             }
         };
-        let is_me = self.is_master() && leader.as_ref().is_some_and(|l| self.identity.is_mine(&l.owner));
+        let is_me = self.is_leader() && leader.as_ref().is_some_and(|l| self.identity.is_mine(&l.owner));
         let next = Leadership { leader, is_me };
         let mut new_leader = None;
         self.leadership.send_if_modified(|cur| {

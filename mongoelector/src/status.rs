@@ -30,8 +30,8 @@ pub mod fields {
     pub const PID: &str = "pid";
     /// The application's version.
     pub const VERSION: &str = "version";
-    /// Whether the node reported itself master.
-    pub const IS_MASTER: &str = "is_master";
+    /// Whether the node reported itself leader.
+    pub const IS_LEADER: &str = "is_leader";
     /// When the node last reported (a date, store clock).
     pub const LAST_POLL: &str = "last_poll";
 }
@@ -52,9 +52,9 @@ pub struct NodeStatus {
     /// Whether the background loop runs.
     pub running: bool,
     /// Whether this node leads.
-    pub is_master: bool,
+    pub is_leader: bool,
     /// This node's current term's fencing token, when leading.
-    pub term_token: Option<u64>,
+    pub fence: Option<u64>,
     /// The leader as last observed.
     pub leader: Option<LockInfo>,
     /// Elections won by this node.
@@ -77,8 +77,8 @@ pub struct NodeReport {
     pub pid: i64,
     /// The application's version.
     pub version: String,
-    /// Whether it reported itself master.
-    pub is_master: bool,
+    /// Whether it reported itself leader.
+    pub is_leader: bool,
     /// When it last reported (store clock).
     pub last_poll: StoreTime,
 }
@@ -91,7 +91,7 @@ pub struct ClusterDetail {
     /// The store's time when read.
     pub now: StoreTime,
     /// The live leader, if any.
-    pub master: Option<LockInfo>,
+    pub leader: Option<LockInfo>,
     /// Nodes that reported within the last three ttls.
     pub nodes: Vec<NodeReport>,
 }
@@ -129,7 +129,7 @@ impl NodeReport {
             host: field(id, d, fields::HOST, string)?,
             pid: field(id, d, fields::PID, store_trait::semantics::as_i64)?,
             version: field(id, d, fields::VERSION, string)?,
-            is_master: field(id, d, fields::IS_MASTER, Bson::as_bool)?,
+            is_leader: field(id, d, fields::IS_LEADER, Bson::as_bool)?,
             last_poll: field(id, d, fields::LAST_POLL, |b| {
                 b.as_datetime().map(|t| StoreTime::from_millis(t.timestamp_millis()))
             })?,
@@ -187,7 +187,7 @@ impl<S: Store + Clone> Inner<S> {
             .set(fields::HOST, self.identity.host())
             .set(fields::PID, i64::from(self.identity.pid()))
             .set(fields::VERSION, self.version.as_str())
-            .set(fields::IS_MASTER, self.is_master())
+            .set(fields::IS_LEADER, self.is_leader())
             .set_now(fields::LAST_POLL)
             .gc_after(gc);
         let out = self.store.write(&self.status_coll, &id, &Write::new(Condition::Always, m).upsert()).await?;
@@ -209,6 +209,6 @@ impl<S: Store + Clone> Inner<S> {
             tracing::warn!(key = %self.key, error = %bad, "status document left out");
         }
         let nodes = reports.nodes.into_iter().filter(|n| n.last_poll.as_millis() >= horizon).collect();
-        Ok(ClusterDetail { key: self.key.clone(), now: status.now, master: status.holder, nodes })
+        Ok(ClusterDetail { key: self.key.clone(), now: status.now, leader: status.holder, nodes })
     }
 }

@@ -56,20 +56,20 @@ impl<S: Store + Clone> Inner<S> {
     }
 
     /// Whether this node leads now (a live term).
-    pub(crate) fn is_master(&self) -> bool {
+    pub(crate) fn is_leader(&self) -> bool {
         self.live_term().is_some()
     }
 
     /// Records a won election (the caller holds the term mutex).
-    pub(crate) fn become_master(&self, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
+    pub(crate) fn become_leader(&self, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
         let cancel = guard.lost_token();
         let fence = guard.token();
         *lock_poisoned(&self.snapshot) =
             Some(TermSnapshot { cancel: cancel.clone(), fence, validity: guard.validity() });
         self.terms_won.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(key = %self.key, node = %self.identity, fence, "elected master");
+        tracing::info!(key = %self.key, node = %self.identity, fence, "elected leader");
         // The callback gets a child: cancelling it does not end the term.
-        self.callbacks.master(cancel.child_token());
+        self.callbacks.leader(cancel.child_token());
         *slot = Some(Term { guard, cancel });
         self.changed.notify_one();
     }
@@ -85,7 +85,7 @@ impl<S: Store + Clone> Inner<S> {
         term.cancel.cancel();
         *lock_poisoned(&self.snapshot) = None;
         let fence = term.guard.token();
-        tracing::info!(key = %self.key, node = %self.identity, fence, why, "master status ended");
+        tracing::info!(key = %self.key, node = %self.identity, fence, why, "leadership ended");
         self.callbacks.loss();
         self.changed.notify_one();
         if release && !term.guard.is_lost() {

@@ -1,5 +1,5 @@
-//! Callbacks cannot delay a loss: a slow `on_loop` and a blocking `on_master`
-//! neither hold back `on_master_loss` nor keep `stop` from returning.
+//! Callbacks cannot delay a loss: a slow `on_loop` and a blocking `on_leader`
+//! neither hold back `on_leader_loss` nor keep `stop` from returning.
 //!
 //! Paused time does not move by itself here: tokio stops auto-advancing while a
 //! callback runs on a blocking thread (which keeps callback tests deterministic),
@@ -92,13 +92,13 @@ async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
             let _ = loop_tx.send(());
             let _ = gate_rx.lock().unwrap().recv();
         })
-        // A blocking `on_master` that runs the leader's work until the term ends.
-        .on_master_term(move |term| {
+        // A blocking `on_leader` that runs the leader's work until the term ends.
+        .on_leader_term(move |term| {
             push(&l1, "master");
             let _ = master_tx.send(());
             tokio::runtime::Handle::current().block_on(term.cancelled());
         })
-        .on_master_loss(move || {
+        .on_leader_loss(move || {
             push(&l2, "loss");
             let _ = loss_tx.send(Instant::now());
         })
@@ -106,18 +106,18 @@ async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
         .unwrap();
     a.start().unwrap();
     recv(&loops, "on_loop started").await;
-    recv(&masters, "on_master started while on_loop blocks").await;
-    assert!(a.is_master());
+    recv(&masters, "on_leader started while on_loop blocks").await;
+    assert!(a.is_leader());
     // Rounds go by while both callbacks block: renewal goes on.
     let end = Instant::now() + TTL * 2;
     advance_until(TTL * 3, "two ttls pass", || Instant::now() >= end).await;
-    assert!(a.is_master(), "blocked callbacks do not cost the lease");
+    assert!(a.is_leader(), "blocked callbacks do not cost the lease");
 
     // The leader is cut off: its term ends before the lease can lapse.
     client.set_partitioned(true);
-    advance_until(TTL, "the term ends", || !a.is_master()).await;
+    advance_until(TTL, "the term ends", || !a.is_leader()).await;
     let ended = Instant::now();
-    let delivered = recv(&losses, "on_master_loss while on_loop still blocks").await;
+    let delivered = recv(&losses, "on_leader_loss while on_loop still blocks").await;
     assert!(delivered - ended <= MARGIN, "the loss was delivered {:?} after the term ended", delivered - ended);
     let snap = store.peek(&Collection::new(DEFAULT_COLLECTION).unwrap(), &Key::new("scheduler").unwrap()).unwrap();
     assert!(
@@ -126,7 +126,7 @@ async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
     );
 
     // `stop` does not wait for the blocked `on_loop`: it would return only at its
-    // timeout (the ttl). It does wait for `on_master_loss` to return, which takes
+    // timeout (the ttl). It does wait for `on_leader_loss` to return, which takes
     // real time, while `drive` goes on advancing simulated time.
     let took = drive(TTL * 3, a.stop()).await.expect("stop returns while on_loop blocks");
     assert!(took < TTL, "stop took {took:?}, as if it waited for on_loop");
@@ -149,26 +149,26 @@ async fn stop_is_bounded_when_on_master_ignores_its_term() {
         .ttl(TTL)
         .report_status(false)
         .stop_timeout(limit)
-        .on_master(move || {
+        .on_leader(move || {
             push(&l1, "master");
             let _ = master_tx.send(());
             let _ = gate_rx.lock().unwrap().recv();
         })
-        .on_master_loss(move || {
+        .on_leader_loss(move || {
             push(&l2, "loss");
             let _ = loss_tx.send(());
         })
         .build()
         .unwrap();
     a.start().unwrap();
-    recv(&masters, "on_master started").await;
-    let took = drive(limit * 10, a.stop()).await.expect("stop returns while on_master blocks");
+    recv(&masters, "on_leader started").await;
+    let took = drive(limit * 10, a.stop()).await.expect("stop returns while on_leader blocks");
     assert!(took >= limit && took <= limit + 2 * STEP, "stop waited {took:?} for a blocked on_master");
-    assert!(!a.is_master());
+    assert!(!a.is_leader());
     let lock = mongolock::Lock::builder(store.clone(), "scheduler").collection(DEFAULT_COLLECTION).build().unwrap();
     assert!(!lock.locked().await.unwrap(), "the lease was released at once");
     assert_eq!(*log.lock().unwrap(), ["master"], "the loss waits for on_master");
     gate.send(()).unwrap();
-    recv(&losses, "on_master_loss after on_master returned").await;
+    recv(&losses, "on_leader_loss after on_leader returned").await;
     assert_eq!(*log.lock().unwrap(), ["master", "loss"]);
 }

@@ -44,7 +44,7 @@ async fn memory_failover_after_partition() {
         "taken over within ttl + one renew interval: {:?}",
         crashed_at.elapsed()
     );
-    assert!(!leader.is_master(), "the partitioned leader stepped down before its lease lapsed");
+    assert!(!leader.is_leader(), "the partitioned leader stepped down before its lease lapsed");
     follower.stop().await;
 }
 
@@ -102,15 +102,15 @@ async fn mongo_leader_with_a_hung_renewal_steps_down_in_time() {
         })
         .await
         .unwrap();
-    let first_term = leader.node_status().term_token.unwrap();
-    let term = |e: &Elector<MongoStore>| e.node_status().term_token.unwrap_or(0);
+    let first_term = leader.node_status().fence.unwrap();
+    let term = |e: &Elector<MongoStore>| e.node_status().fence.unwrap_or(0);
     let start = std::time::Instant::now();
     let (mut both, mut stepped_down) = (0, false);
     while term(&leader).max(term(&follower)) <= first_term && start.elapsed() < Duration::from_secs(20) {
-        if leader.is_master() && follower.is_master() {
+        if leader.is_leader() && follower.is_leader() {
             both += 1;
         }
-        stepped_down |= !leader.is_master();
+        stepped_down |= !leader.is_leader();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(term(&leader).max(term(&follower)) > first_term, "a new term began");

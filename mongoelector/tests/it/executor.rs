@@ -38,7 +38,7 @@ async fn idle_cluster_wakes_a_bounded_number_of_times() {
         if change_streams {
             assert!(ops <= 4 * 600, "renewals woke watchers: {ops} store operations in 600 s");
         }
-        assert!(a.is_master() && !b.is_master(), "a stable leader");
+        assert!(a.is_leader() && !b.is_leader(), "a stable leader");
         a.stop().await;
         b.stop().await;
     }

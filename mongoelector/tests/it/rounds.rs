@@ -111,7 +111,7 @@ async fn status_documents_carry_the_version_and_are_garbage_collected() {
     store.write(&coll, &Key::new("by-hand").unwrap(), &Write::new(Condition::Always, bad).upsert()).await.unwrap();
     let reports = status::read_reports(&store, &coll, Some("scheduler")).await.unwrap();
     assert_eq!(reports.nodes.len(), 1);
-    assert_eq!((reports.nodes[0].version.as_str(), reports.nodes[0].is_master), ("app-1.2.3", true));
+    assert_eq!((reports.nodes[0].version.as_str(), reports.nodes[0].is_leader), ("app-1.2.3", true));
     assert_eq!(reports.skipped.len(), 1);
     assert_eq!((reports.skipped[0].id.as_str(), reports.skipped[0].field), ("by-hand", status::fields::NODE));
     let detail = a.cluster_detail().await.unwrap();

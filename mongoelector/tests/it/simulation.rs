@@ -40,8 +40,8 @@ fn elector(client: &Client, log: &Arc<Mutex<Vec<&'static str>>>) -> Elector<Clie
     Elector::builder(client.clone(), "scheduler")
         .ttl(TTL)
         .report_status(false)
-        .on_master(move || a.lock().unwrap().push("master"))
-        .on_master_loss(move || b.lock().unwrap().push("loss"))
+        .on_leader(move || a.lock().unwrap().push("master"))
+        .on_leader_loss(move || b.lock().unwrap().push("loss"))
         .build()
         .unwrap()
 }
@@ -121,15 +121,15 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
                 // The store clock steps forward: the leader's lease ends early.
                 let now = tokio::time::Instant::now();
                 let master_cut =
-                    nodes.iter().any(|n| n.partitioned && n.elector.as_ref().is_some_and(|e| e.is_master()));
+                    nodes.iter().any(|n| n.partitioned && n.elector.as_ref().is_some_and(|e| e.is_leader()));
                 if !master_cut && now >= quiet_until {
                     let ms = rng.u64(1..=1_200);
                     clock.jump(i64::try_from(ms).unwrap());
                     quiet_until = now + renew + Duration::from_millis(800);
                     forward_steps.push((now, Duration::from_millis(ms)));
-                    let master = (0..NODES).find(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_master()));
+                    let master = (0..NODES).find(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_leader()));
                     if let (Some(m), true) = (master, Duration::from_millis(ms) > TTL / 10) {
-                        let token = nodes[m].elector.as_ref().unwrap().node_status().term_token.unwrap();
+                        let token = nodes[m].elector.as_ref().unwrap().node_status().fence.unwrap();
                         must_report = Some((m, token, quiet_until));
                     }
                 }
@@ -143,11 +143,11 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
         let snap = store.peek(&coll, &key).unwrap();
         let live = snap.record.as_ref().and_then(|r| r.holder_at(snap.now).map(|l| (l.owner.clone(), r.fence())));
         let masters: Vec<usize> =
-            (0..NODES).filter(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_master())).collect();
+            (0..NODES).filter(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_leader())).collect();
         assert!(masters.len() <= 1, "step {steps}: two masters {masters:?}");
         if let [m] = masters[..] {
             let e = nodes[m].elector.as_ref().unwrap();
-            let token = e.node_status().term_token.unwrap();
+            let token = e.node_status().fence.unwrap();
             assert_eq!(
                 live.as_ref().map(|l| l.1),
                 Some(token),
@@ -156,7 +156,7 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
         }
         if let Some((m, token, by)) = must_report {
             if tokio::time::Instant::now() >= by {
-                let still = nodes[m].elector.as_ref().is_some_and(|e| e.node_status().term_token == Some(token));
+                let still = nodes[m].elector.as_ref().is_some_and(|e| e.node_status().fence == Some(token));
                 assert!(!still, "step {steps}: node {m} leads on with token {token} after a store clock jump");
                 must_report = None;
                 reported += 1;

@@ -46,7 +46,7 @@ fn step<H: Harness>(h: &H) -> Duration {
 pub(crate) async fn wait_leader<S: store_trait::Store + Clone>(electors: &[Elector<S>]) -> usize {
     tokio::time::timeout(WAIT, async {
         loop {
-            let masters: Vec<usize> = (0..electors.len()).filter(|&i| electors[i].is_master()).collect();
+            let masters: Vec<usize> = (0..electors.len()).filter(|&i| electors[i].is_leader()).collect();
             assert!(masters.len() <= 1, "two masters: {masters:?}");
             if let [i] = masters[..] {
                 return i;
@@ -78,7 +78,7 @@ pub(crate) async fn one_leader_among_three<H: Harness>(h: &H) {
     }
     let leader = wait_leader(&electors).await;
     for e in &electors {
-        assert!(e.master_exists().await.unwrap());
+        assert!(e.leader_exists().await.unwrap());
         let mut rx = e.leadership();
         let seen = tokio::time::timeout(WAIT, rx.wait_for(|l: &Leadership| l.leader.is_some()))
             .await
@@ -86,10 +86,10 @@ pub(crate) async fn one_leader_among_three<H: Harness>(h: &H) {
             .unwrap()
             .clone();
         let l = seen.leader.unwrap();
-        assert_eq!(l.token, electors[leader].node_status().term_token.unwrap(), "every node observes the same term");
+        assert_eq!(l.token, electors[leader].node_status().fence.unwrap(), "every node observes the same term");
     }
     tokio::time::sleep(long * 2).await;
-    assert!(electors[leader].is_master(), "the leader keeps renewing");
+    assert!(electors[leader].is_leader(), "the leader keeps renewing");
     assert_eq!(wait_leader(&electors).await, leader);
     for e in &electors {
         e.stop().await;
@@ -103,12 +103,12 @@ pub(crate) async fn handover_on_stop<H: Harness>(h: &H) {
         e.start().unwrap();
     }
     let first = wait_leader(&electors).await;
-    let old_token = electors[first].node_status().term_token.unwrap();
+    let old_token = electors[first].node_status().fence.unwrap();
     electors[first].stop().await;
-    assert!(!electors[first].is_master());
+    assert!(!electors[first].is_leader());
     let rest: Vec<_> = electors.iter().enumerate().filter(|(i, _)| *i != first).map(|(_, e)| e.clone()).collect();
     let next = wait_leader(&rest).await;
-    assert!(rest[next].node_status().term_token.unwrap() > old_token);
+    assert!(rest[next].node_status().fence.unwrap() > old_token);
     for e in &rest {
         e.stop().await;
     }
@@ -118,7 +118,7 @@ pub(crate) async fn release_hands_over_and_calls_back<H: Harness>(h: &H) {
     let store = h.store("el_release").await;
     let losses = Arc::new(AtomicUsize::new(0));
     let l2 = losses.clone();
-    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).on_master_loss(move || {
+    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).on_leader_loss(move || {
         l2.fetch_add(1, Ordering::SeqCst);
     });
     let a = a.build().unwrap();
@@ -127,7 +127,7 @@ pub(crate) async fn release_hands_over_and_calls_back<H: Harness>(h: &H) {
     let b = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).build().unwrap();
     b.start().unwrap();
     assert!(a.release().await.unwrap());
-    assert!(!a.is_master());
+    assert!(!a.is_leader());
     let pair = [a.clone(), b.clone()];
     assert_eq!(wait_leader(&pair).await, 1, "the other node takes over after a release");
     tokio::time::timeout(WAIT, async {
@@ -136,7 +136,7 @@ pub(crate) async fn release_hands_over_and_calls_back<H: Harness>(h: &H) {
         }
     })
     .await
-    .expect("on_master_loss ran");
+    .expect("on_leader_loss ran");
     assert!(!a.release().await.unwrap(), "nothing to release");
     a.stop().await;
     b.stop().await;
@@ -150,11 +150,11 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
     let a = Elector::builder(store.clone(), "scheduler")
         .ttl(ttl(h))
         .step(step(h))
-        .on_master(move || {
+        .on_leader(move || {
             l1.lock().unwrap().push("master");
-            panic!("a buggy on_master callback");
+            panic!("a buggy on_leader callback");
         })
-        .on_master_loss(move || {
+        .on_leader_loss(move || {
             // A slow callback: it must not delay renewal.
             std::thread::sleep(Duration::from_millis(50));
             l2.lock().unwrap().push("loss");
@@ -164,8 +164,8 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
         })
         .build()
         .unwrap();
-    // A term that ends before its `on_master` started is not reported at all, so
-    // each term waits for its `on_master` before it ends.
+    // A term that ends before its `on_leader` started is not reported at all, so
+    // each term waits for its `on_leader` before it ends.
     let logged = |n: usize| {
         let log = log.clone();
         async move {
@@ -183,7 +183,7 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
         wait_leader(std::slice::from_ref(&a)).await;
         logged(2 * term + 1).await;
         tokio::time::sleep(ttl(h)).await;
-        assert!(a.is_master(), "panicking callbacks do not cost the lease");
+        assert!(a.is_leader(), "panicking callbacks do not cost the lease");
         a.release().await.unwrap();
     }
     wait_leader(std::slice::from_ref(&a)).await;
@@ -204,7 +204,7 @@ pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
     let worker = {
         let a = a.clone();
         tokio::spawn(async move {
-            a.while_master(|token| async move {
+            a.while_leader(|token| async move {
                 s2.fetch_add(1, Ordering::SeqCst);
                 token.cancelled().await;
                 "unreachable: the select returns first"
@@ -213,7 +213,7 @@ pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
         })
     };
     wait_leader(std::slice::from_ref(&a)).await;
-    let token = a.term_token().unwrap();
+    let token = a.term_cancellation().unwrap();
     // Another process takes over by force: the term ends at the next renewal.
     let other = mongolock::Lock::builder(store.clone(), "scheduler")
         .collection(mongoelector::DEFAULT_COLLECTION)
@@ -224,7 +224,7 @@ pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
     tokio::time::timeout(WAIT, token.cancelled()).await.expect("term token cancelled");
     assert_eq!(worker.await.unwrap(), None, "leader-only work was stopped");
     assert_eq!(started.load(Ordering::SeqCst), 1);
-    assert!(!a.is_master());
+    assert!(!a.is_leader());
     a.stop().await;
 }
 
@@ -239,14 +239,14 @@ pub(crate) async fn cluster_detail_lists_nodes<H: Harness>(h: &H) {
     }
     let detail = electors[0].cluster_detail().await.unwrap();
     assert_eq!(detail.nodes.len(), 3);
-    let master = detail.master.unwrap();
-    assert_eq!(Some(master.token), electors[leader].node_status().term_token);
-    let reported_masters: Vec<_> = detail.nodes.iter().filter(|n| n.is_master).collect();
+    let master = detail.leader.unwrap();
+    assert_eq!(Some(master.token), electors[leader].node_status().fence);
+    let reported_masters: Vec<_> = detail.nodes.iter().filter(|n| n.is_leader).collect();
     assert_eq!(reported_masters.len(), 1);
     assert_eq!(reported_masters[0].node, electors[leader].identity().to_string());
     assert!(detail.nodes.iter().all(|n| n.pid == i64::from(std::process::id()) && !n.version.is_empty()));
     let status = electors[leader].node_status();
-    assert!(status.is_master && status.running && status.terms_won == 1);
+    assert!(status.is_leader && status.running && status.terms_won == 1);
     for e in &electors {
         e.stop().await;
     }
@@ -256,13 +256,13 @@ pub(crate) async fn manual_poll<H: Harness>(h: &H) {
     let store = h.store("el_manual_poll").await;
     let make = || Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).build().unwrap();
     let (a, b) = (make(), make());
-    assert_eq!(a.poll().await.unwrap(), Role::Master);
+    assert_eq!(a.poll().await.unwrap(), Role::Leader);
     assert_eq!(b.poll().await.unwrap(), Role::Follower);
     tokio::time::sleep(ttl(h) / 3).await;
-    assert_eq!(a.poll().await.unwrap(), Role::Master, "poll renews");
-    assert!(a.is_master() && !b.is_master());
+    assert_eq!(a.poll().await.unwrap(), Role::Leader, "poll renews");
+    assert!(a.is_leader() && !b.is_leader());
     a.stop().await;
-    assert_eq!(b.poll().await.unwrap(), Role::Master);
+    assert_eq!(b.poll().await.unwrap(), Role::Leader);
     b.stop().await;
 }
 
@@ -272,10 +272,10 @@ pub(crate) async fn dropping_the_handle_releases<H: Harness>(h: &H) {
         e.start().unwrap();
     }
     let first = wait_leader(&electors).await;
-    let token = electors[first].node_status().term_token.unwrap();
+    let token = electors[first].node_status().fence.unwrap();
     drop(electors.remove(first));
     let next = wait_leader(&electors).await;
-    assert!(electors[next].node_status().term_token.unwrap() > token);
+    assert!(electors[next].node_status().fence.unwrap() > token);
     electors[next].stop().await;
 }
 
