@@ -120,6 +120,11 @@ impl<S: Store + Clone> Queue<S> {
     /// fields), the recovery index, the dedupe index, the parent and fan-in
     /// indexes, and the TTL index that
     /// garbage-collects finished tasks marked for it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: index creation is idempotent; a dropped call is tried again by
+    /// the next caller.
     pub async fn ensure_indexes(&self) -> Result<(), AgentError> {
         self.indexes
             .get_or_try_init(|| async {
@@ -152,6 +157,12 @@ impl<S: Store + Clone> Queue<S> {
 
     /// Enqueues tasks idempotently: a task whose id or dedupe key exists is
     /// reported as [`InsertOutcome::Duplicate`] and not changed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: a dropped call may or may not have inserted some of
+    /// the tasks; enqueuing the same tasks again (same ids or dedupe keys) is
+    /// idempotent, so retry.
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
         let docs = self.documents(tasks).await?;
         let out = self.store.insert_many(&self.coll, docs).await?;
@@ -212,6 +223,11 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Enqueues one task; returns its id and whether it was new.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Queue::enqueue_all`]: a dropped call may or may not have inserted the
+    /// task; enqueuing it again with the same id or dedupe key is idempotent.
     pub async fn enqueue(&self, task: NewTask) -> Result<(Key, bool), AgentError> {
         match self.enqueue_all(std::slice::from_ref(&task)).await?.pop() {
             Some(InsertOutcome::Inserted(k)) => Ok((k, true)),
@@ -221,6 +237,10 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Tasks matching an equality filter, in claim order (the Ruby `mongo_agent`'s `get_tasks`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
     pub async fn tasks(&self, filter: Document, limit: Option<u32>) -> Result<Vec<Record>, AgentError> {
         let mut q = claim_order(Query::eq(filter));
         q.limit = limit;
@@ -231,6 +251,10 @@ impl<S: Store + Clone> Queue<S> {
     /// read (another program's, with a UUID `_id` or a string `fence`) is an
     /// `Err(`[`StoreError::Malformed`]`)` in its place, naming its raw `_id`, and
     /// the others are listed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
     pub async fn tasks_each(
         &self,
         filter: Document,
@@ -243,6 +267,10 @@ impl<S: Store + Clone> Queue<S> {
 
     /// Per-state counts of one agent's tasks (each count an equality query the
     /// queue's indexes serve).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: reads only.
     pub async fn stats(&self, agent_name: &str) -> Result<QueueStats, AgentError> {
         let eq = |extra: Document| {
             let mut d = doc! { fields::AGENT_NAME: agent_name };
@@ -283,6 +311,11 @@ impl<S: Store + Clone> Queue<S> {
     /// lapsed claim, ready again (attempt counts are kept; the fence grows, so the
     /// lapsed claim's holder can write nothing more). Returns their ids; with
     /// `dry_run`, only lists them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: each task is requeued by its own conditional write; a
+    /// dropped call has requeued some of them, and calling it again requeues the rest.
     pub async fn requeue(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)));

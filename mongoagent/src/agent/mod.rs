@@ -154,6 +154,10 @@ impl<S: Store + Clone> Agent<S> {
 
     /// Ready tasks of this agent (the Ruby `mongo_agent`'s `get_tasks`), or those matching
     /// `filter` (field equality).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
     pub async fn get_tasks(&self, filter: Option<Document>) -> Result<Vec<Record>, AgentError> {
         let filter = filter.unwrap_or_else(|| doc! { fields::AGENT_NAME: &self.inner.name, fields::READY: true });
         self.inner.queue.tasks(filter, None).await
@@ -162,6 +166,13 @@ impl<S: Store + Clone> Agent<S> {
     /// Processes at most one task: claims the next one (one round trip), runs
     /// `handler` while renewing the claim, records the outcome. `Ok(None)` when no
     /// task is ready.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped after its claim, the task is not run to the end and
+    /// no outcome is written; its lease is released in the background and it is
+    /// claimed again with a higher fence (nothing is lost, a late write of the
+    /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
         match self.claim().await? {

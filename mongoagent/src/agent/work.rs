@@ -23,6 +23,15 @@ impl<S: Store + Clone> Agent<S> {
     /// arrives (change notification), when a delayed task or a lapsed claim
     /// becomes due, or after `sleep_between`. On shutdown it stops claiming, lets
     /// in-flight tasks finish within the drain timeout, then gives the rest back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe as a whole: dropping the future stops claiming and drops the
+    /// handlers in flight at their next await point. No outcome is written for
+    /// them: their leases are released in the background (a fenced write), and the
+    /// tasks are claimed again with a higher fence, so nothing is lost and a late
+    /// write of the dropped run is rejected. Use [`Agent::shutdown`] to stop with a
+    /// drain.
     pub async fn work(&self, handler: impl Handler) -> Result<AgentLog, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
         let inner = &self.inner;

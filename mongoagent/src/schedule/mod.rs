@@ -191,17 +191,30 @@ impl<S: Store + Clone> Schedules<S> {
 
     /// Pauses the schedule: its ticks are skipped until it is resumed. False
     /// when there is no such schedule.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: one conditional write; a dropped call may or may not
+    /// have paused the schedule, and pausing again is idempotent.
     pub async fn pause(&self, name: &str) -> Result<bool, AgentError> {
         self.set_paused(name, true).await
     }
 
     /// Resumes the schedule; the ticks that fell while it was paused are not
     /// run. False when there is no such schedule.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: one conditional write, idempotent.
     pub async fn resume(&self, name: &str) -> Result<bool, AgentError> {
         self.set_paused(name, false).await
     }
 
     /// Deletes the schedule (its tasks stay). False when there was none.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: one delete, idempotent.
     pub async fn delete(&self, name: &str) -> Result<bool, AgentError> {
         let out = self.store.delete(&self.coll, &Self::key(name)?, &Condition::Always).await?;
         let deleted = matches!(out, store_trait::DeleteOutcome::Deleted(_));
@@ -212,12 +225,20 @@ impl<S: Store + Clone> Schedules<S> {
     }
 
     /// One schedule as stored (`None` when there is none).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
     pub async fn get(&self, name: &str) -> Result<Option<ScheduleInfo>, AgentError> {
         let snap = self.store.get(&self.coll, &Self::key(name)?).await?;
         snap.record.map(|r| info(&r, snap.now)).transpose()
     }
 
     /// Every schedule, by name.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: reads only.
     pub async fn list(&self) -> Result<Vec<ScheduleInfo>, AgentError> {
         let now = self.store.now().await?;
         let all = self.store.find(&self.coll, &Query::all().sort("_id", store_trait::Order::Asc)).await?;
@@ -226,6 +247,10 @@ impl<S: Store + Clone> Schedules<S> {
 
     /// Creates the index the scheduler's queries on the queue need (the
     /// schedule's tasks by tick), if missing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: index creation is idempotent.
     pub async fn ensure_indexes(&self) -> Result<(), AgentError> {
         let by_schedule = store_trait::IndexSpec::new(
             "schedule",

@@ -37,6 +37,11 @@ pub struct SchedulerHandle {
 
 impl SchedulerHandle {
     /// Stops the scheduler and waits for it; returns the error that ended it, if any.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the scheduler is told to stop before the first await; dropping
+    /// the future only stops waiting for it to end.
     pub async fn stop(mut self) -> Result<(), AgentError> {
         self.cancel.cancel();
         match self.join.take() {
