@@ -1,5 +1,5 @@
 //! An in-memory [`Store`]: the same semantics as the MongoDB backend (it runs the
-//! reference evaluator in [`store_trait::semantics`]), deterministic under a paused
+//! reference evaluator in [`store_trait::backend::semantics`]), deterministic under a paused
 //! tokio runtime, cheap enough for property tests with tens of thousands of steps,
 //! and with fault injection so upper crates can test their error paths.
 //!
@@ -21,6 +21,15 @@
 //! assert!(store.write(&locks, &key, &take("a")).await.unwrap_err().is_retryable());
 //! # Ok(()) }
 //! ```
+//!
+//! # Cancel safety
+//!
+//! An operation applies its change in one step, with no await point in it,
+//! after its injected latency ([`Faults::set_latency`]) if any. Dropped
+//! before that step, it has no effect; otherwise it has completed. So a
+//! dropped write was applied entirely or not at all, and its caller cannot
+//! tell which: the same doubt as on MongoDB, where it is also applied or not
+//! on the server after the caller stopped waiting.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -31,9 +40,10 @@ use async_trait::async_trait;
 use bson::{Bson, Document};
 use futures::StreamExt;
 use store_trait::{
-    fields, prepare_inserts, semantics, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition,
-    DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Order, Query, Record, Snapshot, Store, StoreError,
-    StoreResult, StoreTime, TokioClock, Write, WriteOutcome,
+    backend::{prepare_inserts, semantics},
+    fields, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition, DeleteOutcome, FaultKind,
+    IndexSpec, InsertOutcome, Key, Order, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime,
+    TokioClock, Write, WriteOutcome,
 };
 use tokio::sync::broadcast;
 
@@ -341,6 +351,10 @@ impl Coll {
     }
 }
 
+/// # Cancel safety
+///
+/// Reads and `watch` are cancel-safe. A write dropped half-way was applied
+/// entirely or not at all (see the crate docs).
 #[async_trait]
 impl Store for MemoryStore {
     fn backend_name(&self) -> &'static str {
