@@ -42,7 +42,7 @@
 //! - [`helpers`]: what is built on the contract for its users ([`helpers::Watcher`]);
 //! - [`backend`]: for implementors of [`Store`], not part of the stable API for
 //!   users (the reference semantics, shared input checks);
-//! - [`testing`] (feature `testing`): the conformance suite every backend runs
+//! - `testing` (feature `testing`): the conformance suite every backend runs
 //!   in full.
 //!
 //! # Cancel safety

@@ -74,7 +74,7 @@ impl Lease {
 /// assert_eq!(r.fence(), 3);
 /// assert_eq!(r.holder_at(StoreTime::from_millis(5)).unwrap().owner, "me");
 /// assert!(r.holder_at(StoreTime::from_millis(10)).is_none());
-/// assert_eq!(r.data().get_str("color").unwrap(), "red");
+/// assert_eq!(r.get_str("color"), Some("red"));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
