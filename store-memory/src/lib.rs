@@ -31,7 +31,6 @@
 //! tell which: the same doubt as on MongoDB, where it is also applied or not
 //! on the server after the caller stopped waiting.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -42,13 +41,15 @@ use futures::StreamExt;
 use store_trait::{
     backend::{prepare_inserts, semantics},
     fields, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition, DeleteOutcome, FaultKind,
-    IndexSpec, InsertOutcome, Key, Order, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime,
-    TokioClock, Write, WriteOutcome,
+    IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, TokioClock,
+    Write, WriteOutcome,
 };
-use tokio::sync::broadcast;
 
 mod client;
 mod faults;
+mod state;
+
+use state::{map_key, to_record, update_kind, Entry, State};
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -69,31 +70,6 @@ struct Inner {
     faults: Faults,
     ops: AtomicU64,
     nonce: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    collections: HashMap<String, Coll>,
-    seq: u64,
-}
-
-#[derive(Debug)]
-struct Coll {
-    docs: HashMap<String, Entry>,
-    indexes: Vec<IndexSpec>,
-    events: broadcast::Sender<ChangeEvent>,
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    seq: u64,
-    doc: Document,
-}
-
-impl Default for Coll {
-    fn default() -> Self {
-        Coll { docs: HashMap::new(), indexes: Vec::new(), events: broadcast::channel(1024).0 }
-    }
 }
 
 /// Builds a [`MemoryStore`].
@@ -265,89 +241,6 @@ impl MemoryStore {
             return Err(StoreError::backend(FaultKind::Transient, "injected: failed after apply"));
         }
         Ok(out)
-    }
-}
-
-/// What a change stream would report for an update from `before` to `after`.
-fn update_kind(before: &Document, after: &Document) -> ChangeKind {
-    let set = after.iter().filter(|(k, v)| before.get(k.as_str()) != Some(*v)).map(|(k, _)| k.as_str());
-    let removed = before.keys().filter(|k| !after.contains_key(k.as_str())).map(String::as_str);
-    ChangeKind::of_update(set, removed)
-}
-
-fn map_key(k: &Key) -> String {
-    match k.as_bson() {
-        Bson::String(s) => format!("s:{s}"),
-        Bson::ObjectId(o) => format!("o:{o}"),
-        other => format!("n:{}", semantics::as_i64(other).unwrap_or_default()),
-    }
-}
-
-fn to_record(coll: &str, doc: &Document) -> StoreResult<Record> {
-    Record::from_document(coll, doc.clone())
-}
-
-impl State {
-    fn coll(&mut self, c: &Collection) -> &mut Coll {
-        self.collections.entry(c.as_str().to_owned()).or_default()
-    }
-}
-
-impl Coll {
-    /// Checks unique indexes for `doc` replacing the document at `own` (if any).
-    fn check_unique(&self, cname: &str, own: &str, doc: &Document) -> StoreResult<()> {
-        for idx in self.indexes.iter().filter(|i| i.unique) {
-            let vals: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| doc.get(f)).collect();
-            if idx.sparse && vals.iter().all(Option::is_none) {
-                continue;
-            }
-            let clash = self.docs.iter().any(|(k, e)| {
-                k != own && {
-                    let other: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| e.doc.get(f)).collect();
-                    !(idx.sparse && other.iter().all(Option::is_none))
-                        && vals
-                            .iter()
-                            .zip(&other)
-                            .all(|(a, b)| semantics::value_eq(a.unwrap_or(&Bson::Null), b.unwrap_or(&Bson::Null)))
-                }
-            });
-            if clash {
-                return Err(StoreError::DuplicateKey {
-                    collection: cname.to_owned(),
-                    key: format!("{} {:?}", idx.name, vals),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn notify(&self, key: &Key, kind: ChangeKind) {
-        let _ = self.events.send(ChangeEvent { key: Some(key.clone()), kind });
-    }
-
-    fn select(&self, q: &Query, now: StoreTime) -> Vec<&Entry> {
-        let mut hits: Vec<&Entry> = self
-            .docs
-            .values()
-            .filter(|e| {
-                semantics::filter_matches(&q.filter, &e.doc) && semantics::eval(&q.condition, Some(&e.doc), now)
-            })
-            .collect();
-        hits.sort_by(|a, b| {
-            for (f, order) in &q.sort {
-                let (x, y) = (a.doc.get(f).unwrap_or(&Bson::Null), b.doc.get(f).unwrap_or(&Bson::Null));
-                let o = semantics::compare(x, y);
-                let o = if *order == Order::Desc { o.reverse() } else { o };
-                if o != std::cmp::Ordering::Equal {
-                    return o;
-                }
-            }
-            a.seq.cmp(&b.seq)
-        });
-        if let Some(n) = q.limit {
-            hits.truncate(n as usize);
-        }
-        hits
     }
 }
 
