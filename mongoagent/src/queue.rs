@@ -186,7 +186,7 @@ impl<S: Store + Clone> Queue<S> {
             // inserts once, so a few rounds settle it.
             for _ in 0..4 {
                 let Some(current) = self.store.get(&self.coll, &key).await?.record else { break };
-                let theirs = current.data().get(pending::FENCE).and_then(store_trait::semantics::as_i64);
+                let theirs = current.get_i64(pending::FENCE);
                 // Ours, an active task, or a newer claim's: leave it.
                 let Some(theirs) = theirs.filter(|&t| t < fence) else { break };
                 // An older claim's follow-up that was never activated (that claim's

@@ -15,7 +15,8 @@ pub(crate) async fn observer<S: Store + Clone>(inner: Arc<Inner<S>>, stop: Cance
     let (store, coll, key) = (inner.lock.store().clone(), inner.lock.collection().clone(), inner.lock.key().clone());
     // Re-subscribes by itself after the stream ends (a server restart).
     // Renewals change nothing it publishes that the timer below does not refresh.
-    let mut events = store_trait::Watcher::open(store, coll, Some(key), inner.renew_every).await.ignore_renewals();
+    let mut events =
+        store_trait::helpers::Watcher::open(store, coll, Some(key), inner.renew_every).await.ignore_renewals();
     loop {
         inner.refresh().await;
         tokio::select! {

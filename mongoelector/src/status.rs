@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::doc;
 use mongolock::{Identity, LockInfo};
 use store_trait::{Collection, Condition, IndexSpec, Key, Mutation, Order, Query, Record, Store, StoreError};
 use store_trait::{StoreTime, Ttl, Write, WriteOutcome};
@@ -105,34 +105,33 @@ pub struct Reports {
     pub skipped: Vec<MalformedReport>,
 }
 
-fn field<'a, T>(
-    id: &Key,
-    d: &'a Document,
+fn field<T>(
+    r: &Record,
     name: &'static str,
-    read: impl FnOnce(&'a Bson) -> Option<T>,
+    read: impl FnOnce(&Record, &str) -> Option<T>,
 ) -> Result<T, MalformedReport> {
-    let bad = |problem| MalformedReport { id: id.to_string(), field: name, problem };
-    read(d.get(name).ok_or_else(|| bad("is missing"))?).ok_or_else(|| bad("has another type"))
+    let bad = |problem| MalformedReport { id: r.key().to_string(), field: name, problem };
+    if r.get(name).is_none() {
+        return Err(bad("is missing"));
+    }
+    read(r, name).ok_or_else(|| bad("has another type"))
 }
 
-fn string(b: &Bson) -> Option<String> {
-    b.as_str().map(str::to_owned)
+fn string(r: &Record, name: &str) -> Option<String> {
+    r.get_str(name).map(str::to_owned)
 }
 
 impl NodeReport {
     /// Reads a status document.
     pub fn from_record(r: &Record) -> Result<NodeReport, MalformedReport> {
-        let (id, d) = (r.key(), r.data());
         Ok(NodeReport {
-            election: field(id, d, fields::ELECTION, string)?,
-            node: field(id, d, fields::NODE, string)?,
-            host: field(id, d, fields::HOST, string)?,
-            pid: field(id, d, fields::PID, store_trait::semantics::as_i64)?,
-            version: field(id, d, fields::VERSION, string)?,
-            is_leader: field(id, d, fields::IS_LEADER, Bson::as_bool)?,
-            last_poll: field(id, d, fields::LAST_POLL, |b| {
-                b.as_datetime().map(|t| StoreTime::from_millis(t.timestamp_millis()))
-            })?,
+            election: field(r, fields::ELECTION, string)?,
+            node: field(r, fields::NODE, string)?,
+            host: field(r, fields::HOST, string)?,
+            pid: field(r, fields::PID, Record::get_i64)?,
+            version: field(r, fields::VERSION, string)?,
+            is_leader: field(r, fields::IS_LEADER, Record::get_bool)?,
+            last_poll: field(r, fields::LAST_POLL, Record::get_time)?,
         })
     }
 }

@@ -4,7 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use store_trait::{Condition, Mutation, Record, Store, StoreError, Watcher, Write, WriteOutcome};
+use store_trait::helpers::Watcher;
+use store_trait::{Condition, Mutation, Record, Store, StoreError, Write, WriteOutcome};
 use tokio::time::Instant;
 
 use crate::guard::LockGuard;

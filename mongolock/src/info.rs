@@ -58,11 +58,10 @@ impl LockInfo {
             Some(now) => record.holder_at(now)?,
             None => record.lease()?,
         };
-        let d = record.data();
         Some(LockInfo {
             owner: lease.owner.clone(),
-            host: d.get_str(data::HOST).ok().map(str::to_owned),
-            pid: d.get(data::PID).and_then(store_trait::semantics::as_i64).and_then(|p| u32::try_from(p).ok()),
+            host: record.get_str(data::HOST).map(str::to_owned),
+            pid: record.get_i64(data::PID).and_then(|p| u32::try_from(p).ok()),
             since: lease.since,
             expires: lease.until,
             token: record.fence(),

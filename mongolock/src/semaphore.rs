@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::doc;
-use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError, Watcher};
+use store_trait::helpers::Watcher;
+use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError};
 use tokio::time::Instant;
 
 use crate::info::data;
@@ -174,7 +175,7 @@ impl<S: Store + Clone> Semaphore<S> {
             record = first.store.claim(&first.coll, &claim).await?;
         }
         let Some(record) = record else { return Ok(None) };
-        let slot = record.data().get(slot::SLOT).and_then(store_trait::semantics::as_i64).unwrap_or(-1);
+        let slot = record.get_i64(slot::SLOT).unwrap_or(-1);
         let inner = usize::try_from(slot).ok().and_then(|i| self.slots.get(i)).ok_or_else(|| {
             LockError::Store(StoreError::malformed(first.coll.as_str(), record.key(), "semaphore slot out of range"))
         })?;

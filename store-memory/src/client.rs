@@ -58,6 +58,10 @@ impl Client {
     }
 }
 
+/// # Cancel safety
+///
+/// As the [`MemoryStore`](crate::MemoryStore)'s: each call checks the
+/// partition switch without waiting, then runs the store's operation.
 #[async_trait]
 impl Store for Client {
     fn backend_name(&self) -> &'static str {

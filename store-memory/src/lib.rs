@@ -1,5 +1,5 @@
 //! An in-memory [`Store`]: the same semantics as the MongoDB backend (it runs the
-//! reference evaluator in [`store_trait::semantics`]), deterministic under a paused
+//! reference evaluator in [`store_trait::backend::semantics`]), deterministic under a paused
 //! tokio runtime, cheap enough for property tests with tens of thousands of steps,
 //! and with fault injection so upper crates can test their error paths.
 //!
@@ -21,8 +21,16 @@
 //! assert!(store.write(&locks, &key, &take("a")).await.unwrap_err().is_retryable());
 //! # Ok(()) }
 //! ```
+//!
+//! # Cancel safety
+//!
+//! An operation applies its change in one step, with no await point in it,
+//! after its injected latency ([`Faults::set_latency`]) if any. Dropped
+//! before that step, it has no effect; otherwise it has completed. So a
+//! dropped write was applied entirely or not at all, and its caller cannot
+//! tell which: the same doubt as on MongoDB, where it is also applied or not
+//! on the server after the caller stopped waiting.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -31,14 +39,17 @@ use async_trait::async_trait;
 use bson::{Bson, Document};
 use futures::StreamExt;
 use store_trait::{
-    fields, prepare_inserts, semantics, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition,
-    DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Order, Query, Record, Snapshot, Store, StoreError,
-    StoreResult, StoreTime, TokioClock, Write, WriteOutcome,
+    backend::{prepare_inserts, semantics},
+    fields, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition, DeleteOutcome, FaultKind,
+    IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, TokioClock,
+    Write, WriteOutcome,
 };
-use tokio::sync::broadcast;
 
 mod client;
 mod faults;
+mod state;
+
+use state::{map_key, to_record, update_kind, Entry, State};
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -59,31 +70,6 @@ struct Inner {
     faults: Faults,
     ops: AtomicU64,
     nonce: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    collections: HashMap<String, Coll>,
-    seq: u64,
-}
-
-#[derive(Debug)]
-struct Coll {
-    docs: HashMap<String, Entry>,
-    indexes: Vec<IndexSpec>,
-    events: broadcast::Sender<ChangeEvent>,
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    seq: u64,
-    doc: Document,
-}
-
-impl Default for Coll {
-    fn default() -> Self {
-        Coll { docs: HashMap::new(), indexes: Vec::new(), events: broadcast::channel(1024).0 }
-    }
 }
 
 /// Builds a [`MemoryStore`].
@@ -258,89 +244,10 @@ impl MemoryStore {
     }
 }
 
-/// What a change stream would report for an update from `before` to `after`.
-fn update_kind(before: &Document, after: &Document) -> ChangeKind {
-    let set = after.iter().filter(|(k, v)| before.get(k.as_str()) != Some(*v)).map(|(k, _)| k.as_str());
-    let removed = before.keys().filter(|k| !after.contains_key(k.as_str())).map(String::as_str);
-    ChangeKind::of_update(set, removed)
-}
-
-fn map_key(k: &Key) -> String {
-    match k.as_bson() {
-        Bson::String(s) => format!("s:{s}"),
-        Bson::ObjectId(o) => format!("o:{o}"),
-        other => format!("n:{}", semantics::as_i64(other).unwrap_or_default()),
-    }
-}
-
-fn to_record(coll: &str, doc: &Document) -> StoreResult<Record> {
-    Record::from_document(coll, doc.clone())
-}
-
-impl State {
-    fn coll(&mut self, c: &Collection) -> &mut Coll {
-        self.collections.entry(c.as_str().to_owned()).or_default()
-    }
-}
-
-impl Coll {
-    /// Checks unique indexes for `doc` replacing the document at `own` (if any).
-    fn check_unique(&self, cname: &str, own: &str, doc: &Document) -> StoreResult<()> {
-        for idx in self.indexes.iter().filter(|i| i.unique) {
-            let vals: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| doc.get(f)).collect();
-            if idx.sparse && vals.iter().all(Option::is_none) {
-                continue;
-            }
-            let clash = self.docs.iter().any(|(k, e)| {
-                k != own && {
-                    let other: Vec<Option<&Bson>> = idx.keys.iter().map(|(f, _)| e.doc.get(f)).collect();
-                    !(idx.sparse && other.iter().all(Option::is_none))
-                        && vals
-                            .iter()
-                            .zip(&other)
-                            .all(|(a, b)| semantics::value_eq(a.unwrap_or(&Bson::Null), b.unwrap_or(&Bson::Null)))
-                }
-            });
-            if clash {
-                return Err(StoreError::DuplicateKey {
-                    collection: cname.to_owned(),
-                    key: format!("{} {:?}", idx.name, vals),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn notify(&self, key: &Key, kind: ChangeKind) {
-        let _ = self.events.send(ChangeEvent { key: Some(key.clone()), kind });
-    }
-
-    fn select(&self, q: &Query, now: StoreTime) -> Vec<&Entry> {
-        let mut hits: Vec<&Entry> = self
-            .docs
-            .values()
-            .filter(|e| {
-                semantics::filter_matches(&q.filter, &e.doc) && semantics::eval(&q.condition, Some(&e.doc), now)
-            })
-            .collect();
-        hits.sort_by(|a, b| {
-            for (f, order) in &q.sort {
-                let (x, y) = (a.doc.get(f).unwrap_or(&Bson::Null), b.doc.get(f).unwrap_or(&Bson::Null));
-                let o = semantics::compare(x, y);
-                let o = if *order == Order::Desc { o.reverse() } else { o };
-                if o != std::cmp::Ordering::Equal {
-                    return o;
-                }
-            }
-            a.seq.cmp(&b.seq)
-        });
-        if let Some(n) = q.limit {
-            hits.truncate(n as usize);
-        }
-        hits
-    }
-}
-
+/// # Cancel safety
+///
+/// Reads and `watch` are cancel-safe. A write dropped half-way was applied
+/// entirely or not at all (see the crate docs).
 #[async_trait]
 impl Store for MemoryStore {
     fn backend_name(&self) -> &'static str {

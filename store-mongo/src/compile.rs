@@ -155,7 +155,7 @@ fn int_like(f: &str, unsigned: bool) -> Bson {
 }
 
 /// An aggregation expression that is true exactly when
-/// `store_trait::semantics::readable` is: the `_id` is a non-empty string of at
+/// `store_trait::backend::semantics::readable` is: the `_id` is a non-empty string of at
 /// most `Key::MAX_LEN` bytes without NUL, an `ObjectId`, an int or a long; the
 /// lease owner is missing, null or a string, with an expiry beside it when set;
 /// the lease times, fence and revision are integer-like (fence and revision not

@@ -3,10 +3,13 @@
 //! their secrets.
 
 use std::fmt;
+use std::time::Duration;
 
+use mongodb::error::Error as MongoError;
+use mongodb::options::{ClientOptions, ConnectionString};
 use store_trait::{StoreError, StoreResult};
 
-use crate::MongoStore;
+use crate::{MongoStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT};
 
 /// The database used when none is configured, by the libraries and the
 /// `mongocoord` tool alike (the Ruby `mongo_agent` had no default; it required
@@ -197,6 +200,36 @@ pub(crate) fn driver_message(message: &str, uri: &str) -> String {
     }
 }
 
+/// The client options [`MongoStore::connect`] uses for `uri`, and the operation
+/// timeout (`socketTimeoutMS`, which the driver rejects, or the default).
+pub(crate) async fn client_options(uri: &str) -> StoreResult<(ClientOptions, Duration)> {
+    let bad_uri = |e: MongoError| StoreError::InvalidInput {
+        what: "MongoDB URI",
+        reason: format!("{}: {}", redact_uri(uri), driver_message(&e.to_string(), uri)),
+    };
+    let mut parsed = ConnectionString::parse(uri).map_err(bad_uri)?;
+    #[allow(deprecated)]
+    let op_timeout = parsed.socket_timeout.take().filter(|d| !d.is_zero()).unwrap_or(DEFAULT_OPERATION_TIMEOUT);
+    let mut opts = ClientOptions::parse(parsed).await.map_err(bad_uri)?;
+    if opts.app_name.is_none() {
+        opts.app_name = Some("mongocoord".into());
+    }
+    if opts.server_selection_timeout.is_none() {
+        opts.server_selection_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
+    }
+    if opts.connect_timeout.is_none() {
+        opts.connect_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
+    }
+    Ok((opts, op_timeout))
+}
+
+pub(crate) fn check_db_name(db: &str) -> StoreResult<&str> {
+    if db.is_empty() || db.len() > 63 || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
+        return Err(StoreError::invalid("database name", format!("{db:?} is not a valid MongoDB database name")));
+    }
+    Ok(db)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +278,28 @@ mod tests {
             ConnectionConfig::new("mongodb://u:pw@h", "d")
         );
         assert!(!shown.contains("pw"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn timeouts_default_and_keep_uri_values() {
+        let (opts, op) = client_options("mongodb://h:1/").await.unwrap();
+        assert_eq!(
+            (opts.connect_timeout, opts.server_selection_timeout),
+            (Some(DEFAULT_CONNECT_TIMEOUT), Some(DEFAULT_CONNECT_TIMEOUT))
+        );
+        assert_eq!(op, DEFAULT_OPERATION_TIMEOUT);
+        let uri = "mongodb://h:1/?connectTimeoutMS=1500&serverSelectionTimeoutMS=2500&socketTimeoutMS=3500";
+        let (opts, op) = client_options(uri).await.unwrap();
+        assert_eq!(opts.connect_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(opts.server_selection_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(op, Duration::from_millis(3500));
+    }
+
+    #[test]
+    fn db_names() {
+        assert!(check_db_name("coolproj").is_ok());
+        for bad in ["", "a.b", "a b", "x".repeat(64).as_str()] {
+            assert!(check_db_name(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `write` (acquire, renew, release, CAS) | one `findAndModify` with a pipeline update (upsert when asked) |
 //! | `claim` | one `findAndModify` with filter, sort and pipeline update |
-//! | `get` | one `aggregate` (`$documents` + `$lookup`) returning the record and `$$NOW` |
+//! | `get` | one `aggregate` returning the record and `$$NOW` (`$documents` + `$lookup`; before MongoDB 5.1, `$match` + `$facet`) |
 //! | `now` | one `hello` (its `localTime`) |
 //! | `delete` | one `findAndModify` (remove); a rejected delete reads the current record with a second |
 //! | `insert_many` | one unordered `insert` |
@@ -46,6 +46,28 @@
 //! `serverSelectionTimeoutMS` to 10 s unless the URI gives them. Callers with a
 //! tighter deadline (an acquire timeout, a lease) wait less on their own.
 //!
+//! # Server versions
+//!
+//! MongoDB [`MIN_SERVER_VERSION`] (4.4) or newer, as a replica set for change
+//! notifications (a standalone server works; watchers then poll). Older
+//! servers are refused by the driver itself when it selects a server, with an
+//! error naming its minimum. `get` reads a record and the server time in one
+//! command whatever the version: MongoDB 5.1 and newer get `$documents` +
+//! `$lookup`; 4.4 and 5.0 get `$match` + `$facet` on the collection (`$facet`
+//! always outputs one row, so the time comes back for a missing document
+//! too). Which one is decided once per store from the `maxWireVersion` of
+//! the first `hello` (the one [`MongoStore::connect`] sends, or one more
+//! command before the first `get` of a store made with [`MongoStore::new`]).
+//!
+//! # Cancel safety
+//!
+//! Every [`Store`] operation runs on its own task (see "Deadlines"), so
+//! dropping its future does not stop the command: a write the server
+//! received is applied or not whether or not anyone waits for the reply.
+//! Dropped half-way, a write's outcome is unknown to the caller, as after a
+//! [`FaultKind::Timeout`]; reads and `watch` are cancel-safe. The crates above
+//! run writes they bound by a deadline on their own task for the same reason.
+//!
 //! # Retries
 //!
 //! The driver retries a retryable write once by itself (`retryWrites=true`, the
@@ -56,31 +78,31 @@
 mod compile;
 mod connect;
 mod errors;
+mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
 
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
-use mongodb::error::{Error as MongoError, ErrorKind};
-use mongodb::options::{
-    Acknowledgment, ClientOptions, CollectionOptions, ConnectionString, IndexOptions, ReadConcern, ReturnDocument,
-    WriteConcern,
-};
+use mongodb::error::ErrorKind;
+use mongodb::options::{Acknowledgment, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern};
 use mongodb::{Client, Database, IndexModel};
 use store_trait::{
-    fields, prepare_inserts, ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec,
+    backend::prepare_inserts, fields, ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec,
     InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
 };
 
+use connect::{check_db_name, client_options};
 pub use connect::{redact_uri, ConnectionConfig, DEFAULT_DATABASE};
 pub(crate) use errors::{in_coll, is_change_streams_unsupported, map_err};
 pub use mongodb;
+pub use server::MIN_SERVER_VERSION;
 
 /// Read and write concerns for the operations that grant or check ownership.
 ///
@@ -120,6 +142,8 @@ pub struct MongoStore {
     nonce_prefix: Arc<str>,
     nonce: Arc<AtomicU64>,
     hub: Arc<watch::Hub>,
+    /// How `get` reads, learned from the first `hello` (see "Server versions").
+    read_form: Arc<OnceLock<server::ReadForm>>,
 }
 
 impl MongoStore {
@@ -129,7 +153,12 @@ impl MongoStore {
     /// otherwise (`appName`, `connectTimeoutMS`, `serverSelectionTimeoutMS`,
     /// `socketTimeoutMS`, which this store applies to every operation since the
     /// driver does not). Fails with [`FaultKind::Unreachable`] when no server
-    /// answers.
+    /// answers, and with [`FaultKind::Permanent`] when it is older than
+    /// [`MIN_SERVER_VERSION`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: nothing is written; dropping the future drops the client.
     pub async fn connect(uri: &str, db: &str) -> StoreResult<MongoStore> {
         let (opts, op_timeout) = client_options(uri).await?;
         let client = Client::with_options(opts).map_err(map_err)?;
@@ -149,6 +178,7 @@ impl MongoStore {
             nonce_prefix: prefix.into(),
             nonce: Arc::new(AtomicU64::new(0)),
             hub: Arc::new(watch::Hub::new()),
+            read_form: Arc::new(OnceLock::new()),
         }
     }
 
@@ -170,6 +200,14 @@ impl MongoStore {
     /// The operation timeout.
     pub fn operation_timeout(&self) -> Duration {
         self.op_timeout
+    }
+
+    /// This store reading as it does on a server of wire version `wire`: how
+    /// tests try the forms older servers get on a newer one.
+    #[cfg(feature = "testing")]
+    pub(crate) fn assuming_wire_version(mut self, wire: i32) -> StoreResult<Self> {
+        self.read_form = Arc::new(OnceLock::from(server::ReadForm::for_wire_version(wire)?));
+        Ok(self)
     }
 
     /// Runs one operation on its own task (a driver future is never dropped
@@ -254,69 +292,8 @@ impl MongoStore {
     }
 }
 
-/// The client options [`MongoStore::connect`] uses for `uri`, and the operation
-/// timeout (`socketTimeoutMS`, which the driver rejects, or the default).
-async fn client_options(uri: &str) -> StoreResult<(ClientOptions, Duration)> {
-    let bad_uri = |e: MongoError| StoreError::InvalidInput {
-        what: "MongoDB URI",
-        reason: format!("{}: {}", redact_uri(uri), connect::driver_message(&e.to_string(), uri)),
-    };
-    let mut parsed = ConnectionString::parse(uri).map_err(bad_uri)?;
-    #[allow(deprecated)]
-    let op_timeout = parsed.socket_timeout.take().filter(|d| !d.is_zero()).unwrap_or(DEFAULT_OPERATION_TIMEOUT);
-    let mut opts = ClientOptions::parse(parsed).await.map_err(bad_uri)?;
-    if opts.app_name.is_none() {
-        opts.app_name = Some("mongocoord".into());
-    }
-    if opts.server_selection_timeout.is_none() {
-        opts.server_selection_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
-    }
-    if opts.connect_timeout.is_none() {
-        opts.connect_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
-    }
-    Ok((opts, op_timeout))
-}
-
-fn check_db_name(db: &str) -> StoreResult<&str> {
-    if db.is_empty() || db.len() > 63 || db.contains(['/', '\\', '.', ' ', '"', '$', '\0']) {
-        return Err(StoreError::invalid("database name", format!("{db:?} is not a valid MongoDB database name")));
-    }
-    Ok(db)
-}
-
 /// The operations, unbounded; [`Store`] runs each through [`MongoStore::bounded`].
 impl MongoStore {
-    async fn now_op(&self) -> StoreResult<StoreTime> {
-        let reply = self.db.run_command(doc! { "hello": 1 }).await.map_err(map_err)?;
-        match reply.get("localTime") {
-            Some(Bson::DateTime(d)) => Ok(StoreTime::from_millis(d.timestamp_millis())),
-            _ => Err(StoreError::backend(FaultKind::Permanent, "the server's hello reply has no localTime")),
-        }
-    }
-
-    async fn get_op(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
-        let pipeline = vec![
-            doc! { "$documents": [{ "now": { "$toLong": "$$NOW" } }] },
-            doc! { "$lookup": { "from": coll.as_str(), "pipeline": [{ "$match": { fields::ID: key.as_bson().clone() } }], "as": "doc" } },
-        ];
-        let mut agg = self.db.aggregate(pipeline).max_time(self.op_timeout);
-        if self.consistency == Consistency::Majority {
-            agg = agg.read_concern(ReadConcern::majority());
-        }
-        let rows: Vec<Document> = agg.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
-        let row = rows
-            .into_iter()
-            .next()
-            .ok_or_else(|| StoreError::backend(FaultKind::Permanent, "empty $documents result"))?;
-        let now =
-            row.get_i64("now").map_err(|_| StoreError::backend(FaultKind::Permanent, "no server time in reply"))?;
-        let record = match row.get_array("doc").ok().and_then(|a| a.first()) {
-            Some(Bson::Document(d)) => Some(Record::from_document(coll.as_str(), d.clone())?),
-            _ => None,
-        };
-        Ok(Snapshot { record, now: StoreTime::from_millis(now) })
-    }
-
     async fn write_op(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
         write.validate()?;
         let nonce = write.stamp(&self.next_nonce());
@@ -433,6 +410,14 @@ impl MongoStore {
     }
 }
 
+/// Each operation is one command (see the crate docs), run on its own task.
+///
+/// # Cancel safety
+///
+/// Dropping an operation's future leaves its task running to the end: a write
+/// is applied or not as the server decides, and the caller does not learn
+/// which (as after a [`FaultKind::Timeout`]). Reads and `watch` are
+/// cancel-safe.
 #[async_trait]
 impl Store for MongoStore {
     fn backend_name(&self) -> &'static str {
@@ -441,7 +426,7 @@ impl Store for MongoStore {
 
     async fn now(&self) -> StoreResult<StoreTime> {
         let this = self.clone();
-        self.bounded("now", async move { this.now_op().await }).await
+        self.bounded("now", async move { this.hello_op().await.map(|(now, _)| now) }).await
     }
 
     async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot> {
@@ -498,21 +483,6 @@ impl Store for MongoStore {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn timeouts_default_and_keep_uri_values() {
-        let (opts, op) = client_options("mongodb://h:1/").await.unwrap();
-        assert_eq!(
-            (opts.connect_timeout, opts.server_selection_timeout),
-            (Some(DEFAULT_CONNECT_TIMEOUT), Some(DEFAULT_CONNECT_TIMEOUT))
-        );
-        assert_eq!(op, DEFAULT_OPERATION_TIMEOUT);
-        let uri = "mongodb://h:1/?connectTimeoutMS=1500&serverSelectionTimeoutMS=2500&socketTimeoutMS=3500";
-        let (opts, op) = client_options(uri).await.unwrap();
-        assert_eq!(opts.connect_timeout, Some(Duration::from_millis(1500)));
-        assert_eq!(opts.server_selection_timeout, Some(Duration::from_millis(2500)));
-        assert_eq!(op, Duration::from_millis(3500));
-    }
-
     /// Writes are journaled at every consistency level: `w: 1` without the
     /// journal loses grants when the server crashes.
     #[tokio::test]
@@ -549,13 +519,5 @@ mod tests {
         assert!(e.is_ambiguous());
         assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
         hold.abort();
-    }
-
-    #[test]
-    fn db_names() {
-        assert!(check_db_name("coolproj").is_ok());
-        for bad in ["", "a.b", "a b", "x".repeat(64).as_str()] {
-            assert!(check_db_name(bad).is_err(), "{bad}");
-        }
     }
 }

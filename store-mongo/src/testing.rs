@@ -18,6 +18,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use store_trait::StoreResult;
+
 use crate::MongoStore;
 
 /// The SecantusDB release the tests are pinned to.
@@ -220,17 +222,30 @@ fn skip_unless_required(required: bool, test: &str, why: &str) {
 
 /// A fresh, empty database for `test` on the test server, or `None` (after
 /// [`skip`]) when there is none.
+///
+/// # Cancel safety
+///
+/// Dropped half-way, the test's database may be left as it was; the next call
+/// empties it again.
 pub async fn test_store(test: &str) -> Option<MongoStore> {
     test_store_as(test, "mongocoord").await
 }
 
 /// As [`test_store`], connecting with application name `app`, so a
 /// `configureFailPoint` with `appName` hits only this test's commands.
+///
+/// # Cancel safety
+///
+/// As [`test_store`].
 pub async fn test_store_as(test: &str, app: &str) -> Option<MongoStore> {
     test_store_with(test, &format!("appName={app}")).await
 }
 
 /// As [`test_store`], with extra URI options (`"maxPoolSize=2"`).
+///
+/// # Cancel safety
+///
+/// As [`test_store`].
 pub async fn test_store_with(test: &str, options: &str) -> Option<MongoStore> {
     let uri = match server_uri() {
         Ok(uri) => with_option(&uri, options),
@@ -255,6 +270,10 @@ pub async fn test_store_with(test: &str, options: &str) -> Option<MongoStore> {
 /// Another client on `test`'s database (not emptied), with application name
 /// `app`: a second "process" in a failpoint test. `None` (after [`skip`]) when
 /// there is no server.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: nothing is written.
 pub async fn connect_as(test: &str, app: &str) -> Option<MongoStore> {
     connect_as_to(server_uri(), required(), test, app).await
 }
@@ -291,6 +310,10 @@ fn with_option(uri: &str, option: &str) -> String {
 /// A client connected to the test server, for side channels such as
 /// `configureFailPoint` (send those from a separate client). `None` (after
 /// [`skip`]) when there is no server.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: nothing is written.
 pub async fn admin_client() -> Option<mongodb::Client> {
     admin_client_to(server_uri(), required()).await
 }
@@ -316,6 +339,11 @@ async fn admin_client_to(server: Result<String, String>, required: bool) -> Opti
 /// Runs a TTL pass now: SecantusDB's `{"secantusAdmin.pruneTtl": 1}` on the
 /// admin database. A server without that command (`mongod`) has no way to force
 /// one, so this waits out its TTL monitor (it runs every 60 s).
+///
+/// # Cancel safety
+///
+/// Cancel-safe: a TTL pass may or may not have run, and running one again is
+/// harmless.
 pub async fn prune_ttl() {
     let Some(admin) = admin_client().await else { panic!("the test server went away") };
     if let Err(e) = admin.database("admin").run_command(bson::doc! { "secantusAdmin.pruneTtl": 1 }).await {
@@ -324,20 +352,41 @@ pub async fn prune_ttl() {
     }
 }
 
+/// `store` reading as it would from a server whose `hello` reports
+/// `max_wire_version` (9 for MongoDB 4.4, 13 for 5.0, 14 for 5.1): the forms
+/// older servers get, tried on the test server. A permanent error for a
+/// version older than [`MIN_SERVER_VERSION`](crate::MIN_SERVER_VERSION).
+pub fn assuming_wire_version(store: MongoStore, max_wire_version: i32) -> StoreResult<MongoStore> {
+    store.assuming_wire_version(max_wire_version)
+}
+
 /// The [`Harness`](store_trait::testing::Harness) for the conformance suite.
 #[derive(Debug, Clone, Copy)]
-pub struct MongoHarness;
+pub struct MongoHarness {
+    wire_version: Option<i32>,
+}
 
 impl MongoHarness {
     /// The harness, or `None` (after [`skip`]) when there is no server.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: finding or starting the server runs on its own thread to
+    /// the end, and the next call uses the result.
     pub async fn get() -> Option<MongoHarness> {
         match server_uri() {
-            Ok(_) => Some(MongoHarness),
+            Ok(_) => Some(MongoHarness { wire_version: None }),
             Err(why) => {
                 skip("conformance suite", &why);
                 None
             }
         }
+    }
+
+    /// Its stores read as on a server of `max_wire_version`
+    /// ([`assuming_wire_version`]).
+    pub fn assuming_wire_version(self, max_wire_version: i32) -> MongoHarness {
+        MongoHarness { wire_version: Some(max_wire_version) }
     }
 }
 
@@ -346,9 +395,19 @@ impl store_trait::testing::Harness for MongoHarness {
     type Store = MongoStore;
 
     async fn store(&self, test: &str) -> MongoStore {
-        match test_store(&format!("conf_{test}")).await {
+        // Its own database per wire version, so the runs of one test do not meet.
+        let name = match self.wire_version {
+            Some(v) => format!("conf_w{v}_{test}"),
+            None => format!("conf_{test}"),
+        };
+        let store = match test_store(&name).await {
             Some(s) => s,
             None => panic!("the test server went away during {test}"),
+        };
+        match self.wire_version.map(|v| store.clone().assuming_wire_version(v)) {
+            None => store,
+            Some(Ok(s)) => s,
+            Some(Err(e)) => panic!("{test}: {e}"),
         }
     }
 

@@ -37,16 +37,30 @@
 //! ```
 //!
 //! Backends: `store-memory` (deterministic under paused tokio time, fault
-//! injection) and `store-mongo`. With the `testing` feature this crate ships
-//! the conformance suite ([`testing`]) that every backend runs in full.
+//! injection) and `store-mongo`. The crate root is the contract alone; beside it:
+//!
+//! - [`helpers`]: what is built on the contract for its users ([`helpers::Watcher`]);
+//! - [`backend`]: for implementors of [`Store`], not part of the stable API for
+//!   users (the reference semantics, shared input checks);
+//! - `testing` (feature `testing`): the conformance suite every backend runs
+//!   in full.
+//!
+//! # Cancel safety
+//!
+//! Dropping a [`Store`] future half-way leaves a **read** without effect, but a
+//! **write** (`write`, `delete`, `claim`, `insert_many`, `ensure_indexes`) in
+//! doubt: it may or may not have been applied, as after an ambiguous error
+//! ([`StoreError::is_ambiguous`]). Each method says which it is. Callers that
+//! bound a write by a deadline therefore run it on its own task and keep its
+//! late result, instead of dropping it (`mongolock`'s `on_own_task`).
 
+pub mod backend;
 mod error;
+pub mod helpers;
 mod key;
 mod ops;
 mod record;
-pub mod semantics;
 mod time;
-mod watcher;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -63,7 +77,6 @@ pub use ops::{
 };
 pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
-pub use watcher::Watcher;
 
 use bson::Document;
 
@@ -85,50 +98,106 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn backend_name(&self) -> &'static str;
 
     /// The store's current time.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
     async fn now(&self) -> StoreResult<StoreTime>;
 
     /// Reads one record together with the store's current time.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
     async fn get(&self, coll: &Collection, key: &Key) -> StoreResult<Snapshot>;
 
     /// Applies `write.mutation` if `write.condition` holds on the current document,
     /// creating it first when `write.upsert` is set and it does not exist.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, the write may or may not have been
+    /// applied (a backend that sent it to a server cannot call it back), as
+    /// after an ambiguous error. Send it again with the same nonce
+    /// ([`Write::with_nonce`]) to learn which, or run the call on its own task
+    /// and keep its result.
     async fn write(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome>;
 
     /// Deletes the document if `condition` holds.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, the document may or may not have
+    /// been deleted, as after an ambiguous error; [`Store::get`] tells.
     async fn delete(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome>;
 
     /// Applies `claim.mutation` to the first document matching `claim.query` (in its
     /// sort order); `None` when no document matches. A document that cannot be read
     /// as a [`Record`] (an `_id` that is no [`Key`], a reserved field of the wrong
     /// type: another program's) never matches, so a claim never hands out, nor
-    /// changes, a document it cannot read ([`semantics::readable`]).
+    /// changes, a document it cannot read ([`Record::from_document`] would fail;
+    /// the reference rule is [`backend::semantics::readable`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, a document may have been claimed
+    /// without the caller learning which. It stays under the lease the claim
+    /// granted, which lapses unless renewed, so a queue recovers it as it does
+    /// a crashed claimer's.
     async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>>;
 
     /// Inserts documents (each gets rev 1 and fence 0; a missing `_id` gets a fresh
     /// `ObjectId`). Duplicates are reported per document; the others are inserted.
     /// Documents must not carry reserved fields other than `_id`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, some or all of the documents may have
+    /// been inserted. Inserting the same documents (with their `_id`s) again
+    /// reports those as duplicates and inserts the rest.
     async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>>;
 
     /// Documents matching `query`, in its order. Fails with
     /// [`StoreError::Malformed`] (naming the document) when one of them cannot be
     /// read; [`Store::find_each`] reads the others.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
     async fn find(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Record>>;
 
     /// Documents matching `query`, in its order, each read on its own: one that
     /// cannot be read as a record is an `Err(`[`StoreError::Malformed`]`)` in its
     /// place, naming its raw `_id`, and the others are still returned. For views
     /// that list what they can and report what they skipped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
     async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>>;
 
     /// How many documents match `query` (sort and limit ignored).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
     async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64>;
 
     /// Change notifications for the collection, or for one key. Subscribe
     /// **before** reading the state you wait on, so no change falls between.
     /// [`StoreError::Unsupported`] when the backend cannot (a standalone `mongod`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future drops the subscription being made.
     async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream>;
 
     /// Creates the indexes if missing (idempotent).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped half-way, the indexes may or may not have been created (or be
+    /// still building on the server); calling again is harmless.
     async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()>;
 }
 
@@ -178,24 +247,3 @@ macro_rules! forward_store {
 
 forward_store!(Arc);
 forward_store!(Box);
-
-/// Checks documents for [`Store::insert_many`] and gives each an `_id`; shared by
-/// backends so they reject the same inputs.
-pub fn prepare_inserts(docs: Vec<Document>) -> StoreResult<Vec<(Key, Document)>> {
-    docs.into_iter()
-        .map(|mut d| {
-            let key = match d.remove(fields::ID) {
-                Some(id) => Key::from_bson(id)?,
-                None => Key::generate(),
-            };
-            for name in d.keys() {
-                check_field_name(name)?;
-            }
-            let mut out = bson::doc! { fields::ID: key.as_bson().clone() };
-            out.extend(d);
-            out.insert(fields::FENCE, 0_i64);
-            out.insert(fields::REV, 1_i64);
-            Ok((key, out))
-        })
-        .collect()
-}

@@ -74,7 +74,7 @@ impl Lease {
 /// assert_eq!(r.fence(), 3);
 /// assert_eq!(r.holder_at(StoreTime::from_millis(5)).unwrap().owner, "me");
 /// assert!(r.holder_at(StoreTime::from_millis(10)).is_none());
-/// assert_eq!(r.data().get_str("color").unwrap(), "red");
+/// assert_eq!(r.get_str("color"), Some("red"));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
@@ -195,6 +195,49 @@ impl Record {
         self.last_op.as_deref().and_then(|s| s.rsplit_once('/')).map(|(nonce, _attempt)| nonce)
     }
 
+    /// A user field's value as stored; `None` when the document has no such
+    /// field. Reserved fields are not among the user's fields: read them
+    /// through [`Record::lease`], [`Record::fence`], [`Record::rev`].
+    pub fn get(&self, field: &str) -> Option<&Bson> {
+        self.data.get(field)
+    }
+
+    /// A user field as an integer: an `Int32`, an `Int64`, or a `Double` that
+    /// holds a whole number (MongoDB compares numbers by value across these
+    /// types, and other programs write any of them). `None` when the field is
+    /// missing, null, or holds anything else.
+    ///
+    /// ```
+    /// # use store_trait::Record;
+    /// let r = Record::from_document("c", bson::doc! { "_id": "a", "n": 3_i32, "x": 2.5, "s": "7" }).unwrap();
+    /// assert_eq!((r.get_i64("n"), r.get_i64("x"), r.get_i64("s"), r.get_i64("none")), (Some(3), None, None, None));
+    /// ```
+    pub fn get_i64(&self, field: &str) -> Option<i64> {
+        match self.data.get(field)? {
+            Bson::Int32(i) => Some(i64::from(*i)),
+            Bson::Int64(i) => Some(*i),
+            // Below 2^63, so the conversion is exact for every whole number here.
+            Bson::Double(f) if f.fract() == 0.0 && f.abs() < 9.2e18 => Some(*f as i64),
+            _ => None,
+        }
+    }
+
+    /// A user field as a string; `None` when missing or not a string.
+    pub fn get_str(&self, field: &str) -> Option<&str> {
+        self.data.get(field).and_then(Bson::as_str)
+    }
+
+    /// A user field as a boolean; `None` when missing or not a boolean.
+    pub fn get_bool(&self, field: &str) -> Option<bool> {
+        self.data.get(field).and_then(Bson::as_bool)
+    }
+
+    /// A user field holding a BSON date (as [`Mutation::set_time_after`](crate::Mutation::set_time_after)
+    /// writes them), as store time; `None` when missing or not a date.
+    pub fn get_time(&self, field: &str) -> Option<StoreTime> {
+        self.data.get(field).and_then(Bson::as_datetime).map(|d| StoreTime::from_millis(d.timestamp_millis()))
+    }
+
     /// The user's fields (everything but the reserved ones).
     pub fn data(&self) -> &Document {
         &self.data
@@ -277,6 +320,24 @@ mod tests {
         }
         let e = Record::from_document("c", doc! { "_id": "t", "fence": "7" }).unwrap_err();
         assert!(e.to_string().contains("document t in c"), "{e}");
+    }
+
+    #[test]
+    fn typed_getters() {
+        let r = Record::from_document(
+            "c",
+            doc! { "_id": "a", "fence": 2_i64, "i": 1_i32, "l": 2_i64, "d": 3.0, "f": 3.5, "big": 1e19, "s": "x",
+            "b": true, "t": bson::DateTime::from_millis(42), "nul": null },
+        )
+        .unwrap();
+        assert_eq!([r.get_i64("i"), r.get_i64("l"), r.get_i64("d")], [Some(1), Some(2), Some(3)]);
+        for not_int in ["f", "big", "s", "b", "t", "nul", "missing", "fence"] {
+            assert_eq!(r.get_i64(not_int), None, "{not_int}");
+        }
+        assert_eq!((r.get_str("s"), r.get_str("i")), (Some("x"), None));
+        assert_eq!((r.get_bool("b"), r.get_bool("s")), (Some(true), None));
+        assert_eq!((r.get_time("t"), r.get_time("l")), (Some(StoreTime::from_millis(42)), None));
+        assert_eq!((r.get("nul"), r.get("fence")), (Some(&Bson::Null), None));
     }
 
     #[test]

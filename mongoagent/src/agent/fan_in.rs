@@ -49,7 +49,7 @@ impl<S: Store + Clone> Agent<S> {
             }
         };
         tracing::info!(agent = %self.inner.name, task = %key, token, outcome = ?result, "task finished; activating its follow-ups");
-        self.end_with_follow_ups(guard, &key, record.data(), token, finish).await?;
+        self.end_with_follow_ups(guard, &key, record, token, finish).await?;
         Ok(result)
     }
 
@@ -63,11 +63,11 @@ impl<S: Store + Clone> Agent<S> {
         &self,
         guard: LockGuard<S>,
         key: &Key,
-        data: &Document,
+        record: &Record,
         fence: u64,
         finish: Finish,
     ) -> Result<(), AgentError> {
-        let round = task_round(data);
+        let round = task_round(record);
         self.activate(key, fence).await?;
         let end = Mutation::new().unset(pending::PARENT_FENCE).unset(pending::PARENT_FINISH);
         let ended = match finish {
@@ -88,23 +88,23 @@ impl<S: Store + Clone> Agent<S> {
                     self.wake_if_done(then.as_bson(), 0).await?;
                 }
                 let changes = self.finished(end, fence).set(fields::ERROR_ENCOUNTERED, false);
-                if data.contains_key(fields::JOIN) {
+                if record.get(fields::JOIN).is_some() {
                     match guard.write(changes).await {
                         Ok(_) => {}
                         Err(LockError::Lost { .. }) => return Ok(()),
                         Err(e) => return Err(e.into()),
                     }
-                    self.notify_waiter(data).await?;
-                    guard.release_with(self.close(Mutation::new(), data)).await.map(drop)
+                    self.notify_waiter(record).await?;
+                    guard.release_with(self.close(Mutation::new(), record.data())).await.map(drop)
                 } else {
-                    guard.release_with(self.close(changes, data)).await.map(drop)
+                    guard.release_with(self.close(changes, record.data())).await.map(drop)
                 }
             }
         };
         if ended.is_ok() && finish != Finish::Wait {
             // It ended for good: the follow-ups it waited for in earlier rounds
             // may be collected now.
-            self.collect_children(key, data).await;
+            self.collect_children(key, record).await;
         }
         match ended {
             Ok(()) | Err(LockError::Lost { .. }) => Ok(()),
@@ -154,9 +154,9 @@ impl<S: Store + Clone> Agent<S> {
     /// After a follow-up ended: if every follow-up of its waiter's round has
     /// ended, makes the waiter ready. Idempotent; several last follow-ups ending
     /// at once make it ready once (the write is conditional on the round).
-    pub(super) async fn notify_waiter(&self, data: &Document) -> Result<(), AgentError> {
-        let Some(waiter) = data.get(fields::JOIN) else { return Ok(()) };
-        let round = data.get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
+    pub(super) async fn notify_waiter(&self, record: &Record) -> Result<(), AgentError> {
+        let Some(waiter) = record.get(fields::JOIN) else { return Ok(()) };
+        let round = record.get_i64(fields::JOIN_ROUND).unwrap_or(0);
         self.wake_if_done(waiter, round).await
     }
 
@@ -179,9 +179,9 @@ impl<S: Store + Clone> Agent<S> {
     /// round) for garbage collection, which they were not given when they ended,
     /// because it still had to read them. Best effort: a failure is logged, and
     /// leaves them kept, never lost.
-    pub(super) async fn collect_children(&self, key: &Key, data: &Document) {
+    pub(super) async fn collect_children(&self, key: &Key, record: &Record) {
         let Some(ttl) = self.inner.retain else { return };
-        if task_round(data) == 0 {
+        if task_round(record) == 0 {
             return;
         }
         let (store, coll) = (&self.inner.store, &self.inner.queue.coll);
@@ -233,10 +233,7 @@ impl<S: Store + Clone> Agent<S> {
         waiter.fan_in = true;
         // A wait on this task extends to the fan-in task: it is enqueued before
         // this task ends, so the waiter always sees one of them open.
-        waiter.join = record.data().get(fields::JOIN).map(|w| {
-            let r = record.data().get(fields::JOIN_ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0);
-            (w.clone(), r)
-        });
+        waiter.join = record.get(fields::JOIN).map(|w| (w.clone(), record.get_i64(fields::JOIN_ROUND).unwrap_or(0)));
         self.inner.queue.enqueue_pending(std::slice::from_ref(&waiter), fence).await
     }
 
@@ -301,8 +298,8 @@ impl Finish {
 }
 
 /// How many times the task's follow-ups all ended and it was made ready again.
-pub(super) fn task_round(data: &Document) -> i64 {
-    data.get(fields::ROUND).and_then(store_trait::semantics::as_i64).unwrap_or(0).max(0)
+pub(super) fn task_round(record: &Record) -> i64 {
+    record.get_i64(fields::ROUND).unwrap_or(0).max(0)
 }
 
 /// Follow-up ids: `parent/i` on a first run, `parent@round/i` after `round` joins.

@@ -22,7 +22,7 @@ impl<S: Store + Clone> Agent<S> {
         let inner = &self.inner;
         let key = record.key().clone();
         let token = guard.token();
-        let round = task_round(record.data());
+        let round = task_round(record);
         let outcome = match outcome {
             Outcome::Complete { merge, follow_ups, then } => match check_merge(&merge) {
                 Err(e) => Outcome::failed_permanently(e),
@@ -52,11 +52,7 @@ impl<S: Store + Clone> Agent<S> {
             },
             fail => fail,
         };
-        let limit = record
-            .data()
-            .get(fields::MAX_ATTEMPTS)
-            .and_then(store_trait::semantics::as_i64)
-            .map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
+        let limit = record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
         let (changes, result) = match outcome {
             Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } => (
                 self.finished(Mutation::new().set_all(merge), token).set(fields::ERROR_ENCOUNTERED, false),
@@ -113,14 +109,14 @@ impl<S: Store + Clone> Agent<S> {
                 });
                 tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
                 if let Some(guard) = kept {
-                    self.notify_waiter(record.data()).await?;
+                    self.notify_waiter(record).await?;
                     match guard.release_with(self.close(Mutation::new(), record.data())).await {
                         Ok(_) | Err(LockError::Lost { .. }) => {}
                         Err(e) => return Err(e.into()),
                     }
                 }
                 if ended {
-                    self.collect_children(&key, record.data()).await;
+                    self.collect_children(&key, record).await;
                 }
                 Ok(result)
             }

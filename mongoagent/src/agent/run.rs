@@ -43,23 +43,23 @@ impl<S: Store + Clone> Agent<S> {
         let Claimed { guard, record } = c;
         let key = record.key().clone();
         let data = record.data();
-        if let Some(fence) = data.get(pending::PARENT_FENCE).and_then(store_trait::semantics::as_i64) {
+        if let Some(fence) = record.get_i64(pending::PARENT_FENCE) {
             // The outcome was written; its follow-ups may still be pending.
             let fence = u64::try_from(fence).unwrap_or(0);
-            self.end_with_follow_ups(guard, &key, data, fence, Finish::of(data)).await?;
+            self.end_with_follow_ups(guard, &key, &record, fence, Finish::of(data)).await?;
             return self.recovered(Ok(record.clone()), key);
         }
         if data.get_bool(fields::COMPLETE).ok() == Some(true) {
-            self.notify_waiter(data).await?;
+            self.notify_waiter(&record).await?;
             let released = guard.release_with(self.close(Mutation::new(), data)).await;
-            self.collect_children(&key, data).await;
+            self.collect_children(&key, &record).await;
             return self.recovered(released, key);
         }
-        if let Some(round) = data.get(fields::WAITING).and_then(store_trait::semantics::as_i64) {
+        if let Some(round) = record.get_i64(fields::WAITING) {
             let released = self.settle_wait(guard, &key, round).await;
             return self.recovered(released, key);
         }
-        let round = task_round(data);
+        let round = task_round(&record);
         let children = match round.checked_sub(1) {
             Some(r) => self.children(&key, r).await?,
             None => Vec::new(),

@@ -37,10 +37,14 @@ impl<S: Store + Clone> Agent<S> {
         let inner = &self.inner;
         inner.queue.ensure_indexes().await?;
         // Re-subscribes by itself after the stream ends (a server restart).
-        let mut events =
-            store_trait::Watcher::open(inner.store.clone(), inner.queue.coll.clone(), None, inner.sleep_between)
-                .await
-                .ignore_renewals();
+        let mut events = store_trait::helpers::Watcher::open(
+            inner.store.clone(),
+            inner.queue.coll.clone(),
+            None,
+            inner.sleep_between,
+        )
+        .await
+        .ignore_renewals();
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(50), inner.sleep_between);
         let mut idle_until: Option<Instant> = None;

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use bson::Bson;
-use store_trait::{Condition, InsertOutcome, Mutation, Query, Store, StoreTime, Watcher, Write};
+use store_trait::helpers::Watcher;
+use store_trait::{Condition, InsertOutcome, Mutation, Query, Store, StoreTime, Write};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

@@ -155,12 +155,12 @@ async fn ttl_prune_deletes_only_expired() {
     assert!(s.get(&c, &Key::new("long").unwrap()).await.unwrap().record.is_some());
 }
 
-/// `store_trait::Watcher` subscribes again after its stream ends (as a server
+/// `store_trait::helpers::Watcher` subscribes again after its stream ends (as a server
 /// restart ends it), reports a resync then, and stays silent on a store without
 /// notifications.
 #[tokio::test(start_paused = true)]
 async fn watcher_comes_back_after_its_stream_ends() {
-    use store_trait::{ChangeKind, Watcher};
+    use store_trait::{helpers::Watcher, ChangeKind};
     let store = MemoryStore::new();
     let coll = Collection::new("watched").unwrap();
     let put = |k: &str| {

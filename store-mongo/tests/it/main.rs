@@ -5,6 +5,7 @@
 
 mod pool;
 mod round_trips;
+mod versions;
 
 use store_mongo::testing::MongoHarness;
 

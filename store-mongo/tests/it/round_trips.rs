@@ -13,10 +13,10 @@ use store_mongo::testing::{db_name, server_uri, skip};
 use store_mongo::MongoStore;
 use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
 
-type Seen = Arc<Mutex<Vec<String>>>;
-type Concerns = Arc<Mutex<Vec<bson::Document>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<String>>>;
+pub(crate) type Concerns = Arc<Mutex<Vec<bson::Document>>>;
 
-async fn monitored(test: &str) -> Option<(MongoStore, Seen, Concerns)> {
+pub(crate) async fn monitored(test: &str) -> Option<(MongoStore, Seen, Concerns)> {
     let uri = match server_uri() {
         Ok(u) => u,
         Err(why) => {
@@ -44,7 +44,7 @@ async fn monitored(test: &str) -> Option<(MongoStore, Seen, Concerns)> {
     Some((MongoStore::new(db), seen, write_concerns))
 }
 
-fn take(seen: &Mutex<Vec<String>>) -> Vec<String> {
+pub(crate) fn take(seen: &Mutex<Vec<String>>) -> Vec<String> {
     std::mem::take(&mut *seen.lock().unwrap())
 }
 

@@ -1,7 +1,7 @@
 //! The vocabulary of store operations: conditions, mutations, claims, queries.
 //!
 //! Every type here is plain data. The reference meaning of each one is the Rust
-//! evaluator in [`crate::semantics`]; the MongoDB backend compiles the same data
+//! evaluator in [`crate::backend::semantics`]; the MongoDB backend compiles the same data
 //! into one aggregation-pipeline update evaluated on the server clock.
 
 mod change;

@@ -79,7 +79,7 @@ impl Write {
     pub fn validate(&self) -> StoreResult<()> {
         self.condition.validate()?;
         self.mutation.validate()?;
-        if self.upsert && !crate::semantics::eval(&self.condition, None, crate::StoreTime::from_millis(0)) {
+        if self.upsert && !crate::backend::semantics::eval(&self.condition, None, crate::StoreTime::from_millis(0)) {
             return Err(StoreError::invalid(
                 "write",
                 "upsert with a condition that can never hold for an absent document",

@@ -15,7 +15,7 @@ use crate::{ChangeEvent, ChangeKind, ChangeStream, Collection, Key, Store, Store
 ///
 /// ```
 /// use std::time::Duration;
-/// use store_trait::{Collection, Store, Watcher};
+/// use store_trait::{helpers::Watcher, Collection, Store};
 ///
 /// async fn wait_for_work<S: Store>(store: S) {
 ///     let tasks = Collection::new("tasks").unwrap();
@@ -51,7 +51,13 @@ impl<S> std::fmt::Debug for Watcher<S> {
 
 impl<S: Store> Watcher<S> {
     /// Subscribes now (so no change after this returns is missed, when the
-    /// store has notifications).
+    /// store has notifications). A failed subscription is tried again by
+    /// [`Watcher::changed`] after `retry`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future drops the subscription being made, and
+    /// nothing else was changed.
     pub async fn open(store: S, coll: Collection, key: Option<Key>, retry: Duration) -> Self {
         let mut w =
             Watcher { store, coll, key, stream: None, retry, retry_at: None, unsupported: false, skip_renewals: false };
@@ -91,6 +97,13 @@ impl<S: Store> Watcher<S> {
 
     /// The next change. Pending while there is no subscription, until one can
     /// be made again (then a `Resync`); forever on a store without them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, so it can be a `tokio::select!` branch: a notification is
+    /// taken from the stream only when it is returned. Dropped while
+    /// subscribing again, the subscription being made is dropped and the next
+    /// call makes it at once (and reports the `Resync`).
     pub async fn changed(&mut self) -> ChangeEvent {
         loop {
             if let Some(s) = self.stream.as_mut() {
