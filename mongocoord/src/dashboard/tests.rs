@@ -230,23 +230,29 @@ async fn read_only<S: Store + Clone + 'static>(store: S) {
     assert_eq!(send(&r, get("/login")).await.status, StatusCode::NOT_FOUND);
 }
 
-/// Opens `n` `/events` streams and waits (on whatever clock the runtime has)
-/// until each announces `section`.
-async fn tabs_see<S: Store + Clone + 'static>(store: S, paused: bool) {
+/// Opens six `/events` streams and waits (on whatever clock the runtime has)
+/// until each announces the change of a lock. `ops` reads the store's
+/// operation count where the backend has one.
+async fn tabs_see<S: Store + Clone + 'static>(store: S, paused: bool, ops: impl Fn() -> Option<u64>) {
     let a = app(store.clone(), true);
     let r = router(a.clone());
+    // Let the pumps subscribe (simulated time when paused).
+    let settle = Duration::from_millis(if paused { 100 } else { 500 });
+    tokio::time::sleep(settle).await;
+    let before = ops();
     let mut tabs = Vec::new();
     for _ in 0..6 {
         let res = r.clone().oneshot(get("/events")).await.unwrap();
         assert_eq!(res.headers()[header::CONTENT_TYPE], "text/event-stream");
         tabs.push(res.into_body().into_data_stream());
     }
-    // Let the pumps subscribe before the change (simulated time when paused).
-    tokio::time::sleep(Duration::from_millis(if paused { 100 } else { 500 })).await;
+    tokio::time::sleep(settle).await;
     // Six tabs, one watcher per watched collection (locks, elections, status,
-    // the queue and its schedules), not one per tab.
+    // the queue and its schedules), not one per tab; tabs cost the store
+    // nothing (not one operation, a subscription included).
     assert_eq!(a.live.counters.watchers.load(Ordering::Relaxed), 5);
     assert_eq!(a.live.counters.clients.load(Ordering::Relaxed), 6);
+    assert_eq!(ops(), before, "opening tabs touched the store");
     let lock = mongolock::Lock::builder(store.clone(), "seen-live").build().unwrap();
     let _guard = lock.try_acquire().await.unwrap().unwrap();
     for tab in &mut tabs {
@@ -280,12 +286,14 @@ mod memory {
 
     #[tokio::test(start_paused = true)]
     async fn tabs_share_one_watcher_per_collection() {
-        super::tabs_see(MemoryStore::new(), true).await;
+        let s = MemoryStore::new();
+        super::tabs_see(s.clone(), true, || Some(s.operation_count())).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn without_change_streams_sections_are_polled() {
-        super::tabs_see(MemoryStore::builder().change_streams(false).build(), true).await;
+        let s = MemoryStore::builder().change_streams(false).build();
+        super::tabs_see(s.clone(), true, || Some(s.operation_count())).await;
     }
 }
 
@@ -311,6 +319,6 @@ mod mongo {
     #[tokio::test]
     async fn tabs_share_one_watcher_per_collection() {
         let Some(s) = store_mongo::testing::test_store("dash_tabs").await else { return };
-        super::tabs_see(s, false).await;
+        super::tabs_see(s, false, || None).await;
     }
 }
