@@ -128,6 +128,8 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
         r#"mongocoord_lock_held{collection="mongolocker",key="nightly-report",holder="#,
         r#"mongocoord_lock_remaining_seconds{collection="mongolocker",key="nightly-report"}"#,
         "mongocoord_dashboard_watchers 5",
+        "mongocoord_dashboard_resyncs_total 0",
+        "mongocoord_dashboard_live_clients 0",
         "# EOF",
     ] {
         assert!(m.body.contains(line), "{line} in\n{}", m.body);

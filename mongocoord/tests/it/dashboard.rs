@@ -1,5 +1,5 @@
 //! `mongocoord dashboard` in a real browser: headless Chromium from Debian's
-//! packages (`chromium`, `chromium-driver`; `.ci/run` installs them), driven
+//! packages (`chromium`, `chromium-driver`; `cargo xtask ci` installs them), driven
 //! over WebDriver by `fantoccini`, against the binary and the real server.
 //! Without the browser the test skips with a message, and fails under `CI`.
 
@@ -77,7 +77,7 @@ fn the_dashboard_in_a_browser() {
     let Some(driver) = chromedriver() else {
         assert!(
             std::env::var_os("CI").is_none(),
-            "chromedriver is missing; .ci/run installs the Debian packages chromium and chromium-driver"
+            "chromedriver is missing; `cargo xtask ci` installs the Debian packages chromium and chromium-driver"
         );
         eprintln!("SKIPPED the_dashboard_in_a_browser: no chromedriver (apt-get install chromium chromium-driver)");
         return;
@@ -128,6 +128,9 @@ fn the_dashboard_in_a_browser() {
             e.json(&["locks"]).as_array().unwrap().iter().any(|l| l["key"] == "browser-lock" && l["held"] == true)
         });
         let took = wait_text(&c, "#live", "browser-lock", Duration::from_secs(10)).await;
+        // The page never shows where or how the dashboard connects.
+        let source = c.source().await.unwrap();
+        assert!(!source.contains(&e.uri) && !source.contains(&e.db), "the connection leaked into the page");
         eprintln!("the lock appeared on the page {} ms after the store had it", took.as_millis());
 
         // Requeue the failed task from its page, after logging in.
