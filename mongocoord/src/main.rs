@@ -287,6 +287,15 @@ enum Cmd {
         /// A queue collection to show (repeatable).
         #[arg(long)]
         queue: Vec<String>,
+        /// The lock collection.
+        #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
+        lock_collection: String,
+        /// The election lease collection.
+        #[arg(long, default_value = mongoelector::DEFAULT_COLLECTION)]
+        election_collection: String,
+        /// The node status collection.
+        #[arg(long, default_value = mongoelector::DEFAULT_STATUS_COLLECTION)]
+        status_collection: String,
     },
 }
 
@@ -370,8 +379,17 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Watch { queue, interval, count } => {
             views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await
         }
-        Cmd::Dashboard { bind, read_only, token_file, queue } => {
-            let opts = dashboard::Opts { bind, read_only, token_file, queues: queue };
+        Cmd::Dashboard {
+            bind,
+            read_only,
+            token_file,
+            queue,
+            lock_collection,
+            election_collection,
+            status_collection,
+        } => {
+            let collections = [lock_collection, election_collection, status_collection];
+            let opts = dashboard::Opts { bind, read_only, token_file, queues: queue, collections };
             dashboard::run(connect(uri, db).await?, opts).await
         }
     }

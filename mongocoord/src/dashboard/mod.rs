@@ -104,6 +104,8 @@ pub(crate) struct Opts {
     pub(crate) read_only: bool,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) queues: Vec<String>,
+    /// The lock, election lease and node status collections.
+    pub(crate) collections: [String; 3],
 }
 
 /// `mongocoord dashboard`: serves until SIGINT or SIGTERM.
@@ -118,6 +120,7 @@ pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut cfg = Config::new(o.queues, addr);
     cfg.read_only = o.read_only;
+    [cfg.locks, cfg.elections, cfg.status] = o.collections;
     let app = App::new(store, cfg, token.clone())?;
     eprintln!("mongocoord dashboard on http://{addr}/");
     match (&token, &o.token_file) {

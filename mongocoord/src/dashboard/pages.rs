@@ -109,7 +109,8 @@ pub(crate) fn overview(o: &Overview) -> String {
                     esc(&n.host),
                     n.pid,
                     esc(&n.version),
-                    n.last_seen_ms_ago as f64 / 1000.0
+                    // A report stamped after the read of the clock is seen now.
+                    n.last_seen_ms_ago.max(0) as f64 / 1000.0
                 )
             })
             .collect();

@@ -266,6 +266,11 @@ async fn tabs_see<S: Store + Clone + 'static>(store: S, paused: bool, ops: impl 
     }
     drop(tabs);
     assert_eq!(a.live.counters.clients.load(Ordering::Relaxed), 0);
+    // Shutting down ends the open streams, which would otherwise hold the
+    // graceful shutdown open.
+    let mut tab = r.clone().oneshot(get("/events")).await.unwrap().into_body().into_data_stream();
+    a.shutdown.cancel();
+    assert!(tokio::time::timeout(Duration::from_secs(20), tab.next()).await.unwrap().is_none());
 }
 
 mod memory {
