@@ -241,6 +241,31 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
     Ok(QueueCounts { agents, skipped })
 }
 
+/// A task's state in words, from its fields: the one reading of them the
+/// views share (`completed`, `failed`, `held` by the overlap policy,
+/// `waiting` for follow-ups, `running` (claimed; the lease may have lapsed),
+/// `ready`, or `pending`: a follow-up not yet active).
+pub(crate) fn task_state(d: &Document) -> &'static str {
+    let flag = |k: &str| d.get_bool(k).ok() == Some(true);
+    if flag(fields::COMPLETE) {
+        if flag(fields::ERROR_ENCOUNTERED) {
+            "failed"
+        } else {
+            "completed"
+        }
+    } else if flag(fields::OVERLAP_HELD) {
+        "held"
+    } else if d.contains_key(fields::WAITING) {
+        "waiting"
+    } else if flag(fields::CLAIMED) {
+        "running"
+    } else if flag(fields::READY) {
+        "ready"
+    } else {
+        "pending"
+    }
+}
+
 /// A task as JSON: `_id`, `token` (its fence), then its fields (relaxed
 /// extended JSON, so dates and ids stay readable).
 pub(crate) fn task_json(r: &Record) -> Value {

@@ -210,23 +210,11 @@ fn schedule_table(h: &mut String, q: &str, rows: &[Value]) {
     h.push_str("</table></section>");
 }
 
-/// A task's state in words, from its fields.
+/// A task's state in words (`data::task_state`, on the task as shown).
 pub(crate) fn state(t: &Value) -> &'static str {
-    let flag = |k: &str| t[k].as_bool() == Some(true);
-    if flag("complete") {
-        if flag("error_encountered") {
-            "failed"
-        } else {
-            "completed"
-        }
-    } else if !t["waiting"].is_null() {
-        "waiting"
-    } else if flag("claimed") {
-        "claimed"
-    } else if flag("ready") {
-        "ready"
-    } else {
-        "pending"
+    match bson::Bson::try_from(t.clone()) {
+        Ok(bson::Bson::Document(d)) => crate::data::task_state(&d),
+        _ => "unknown",
     }
 }
 
@@ -249,7 +237,7 @@ fn requeue_button(q: &str, id: &str) -> String {
 
 /// Whether the page offers requeue for a task in `state`.
 fn requeuable(state: &str) -> bool {
-    matches!(state, "failed" | "claimed")
+    matches!(state, "failed" | "running")
 }
 
 /// The task list: one row per task, links to the detail, and paging.
@@ -294,7 +282,7 @@ pub(crate) fn task_filters(queues: &[String], q: &str, agent: &str, st: &str) ->
         let _ = write!(h, r#"<option value="{0}"{sel}>{0}</option>"#, esc(name));
     }
     let _ = write!(h, r#"</select> agent <input name="agent" value="{}"> state <select name="state">"#, esc(agent));
-    for s in ["", "ready", "claimed", "completed", "failed"] {
+    for s in ["", "ready", "running", "completed", "failed"] {
         let sel = if s == st { " selected" } else { "" };
         let _ = write!(h, r#"<option value="{s}"{sel}>{}</option>"#, if s.is_empty() { "any" } else { s });
     }
