@@ -76,6 +76,8 @@ pub(crate) struct App<S> {
     /// Cancelled at shutdown: ends the live streams, which would otherwise
     /// hold the graceful shutdown open.
     pub(crate) shutdown: CancellationToken,
+    /// The last read of the overview and when it was made (`routes::gather`).
+    pub(crate) overview: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<pages::Overview>)>>,
 }
 
 impl<S: Store + Clone + 'static> App<S> {
@@ -93,7 +95,7 @@ impl<S: Store + Clone + 'static> App<S> {
         }
         let live = live::Live::start(&store, watched, cfg.poll);
         let token = if cfg.read_only { None } else { token };
-        Ok(Arc::new(App { store, cfg, token, live, shutdown: CancellationToken::new() }))
+        Ok(Arc::new(App { store, cfg, token, live, shutdown: CancellationToken::new(), overview: Default::default() }))
     }
 }
 

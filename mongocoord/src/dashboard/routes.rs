@@ -97,7 +97,27 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
 }
 
-async fn gather<S: Store + Clone>(app: &App<S>) -> Result<Overview, Fail> {
+/// The overview, read at most once per [`FRESH`] for every tab and scrape
+/// together: a change announced to many tabs makes them all re-fetch at once,
+/// and they share one read of the store.
+async fn gather<S: Store + Clone>(app: &App<S>) -> Result<Arc<Overview>, Fail> {
+    // Held across the read, so concurrent requests wait for it instead of
+    // reading again (a tokio mutex: holding it across an await is its purpose).
+    let mut cached = app.overview.lock().await;
+    if let Some((at, o)) = cached.as_ref() {
+        if at.elapsed() < FRESH {
+            return Ok(o.clone());
+        }
+    }
+    let o = Arc::new(read_overview(app).await?);
+    *cached = Some((tokio::time::Instant::now(), o.clone()));
+    Ok(o)
+}
+
+/// How long a read of the overview is served again.
+const FRESH: std::time::Duration = std::time::Duration::from_millis(250);
+
+async fn read_overview<S: Store + Clone>(app: &App<S>) -> Result<Overview, Fail> {
     let s = &app.store;
     let elections = data::elections(s, &app.cfg.elections, &app.cfg.status).await.map_err(Fail::Store)?;
     let locks = data::locks(s, &app.cfg.locks).await.map_err(Fail::Store)?;

@@ -273,6 +273,28 @@ async fn tabs_see<S: Store + Clone + 'static>(store: S, paused: bool, ops: impl 
     assert!(tokio::time::timeout(Duration::from_secs(20), tab.next()).await.unwrap().is_none());
 }
 
+/// Tabs that re-fetch together share one read of the store.
+#[tokio::test(start_paused = true)]
+async fn tabs_refreshing_together_share_one_read() {
+    let store = MemoryStore::new();
+    let _seeded = seed(&store).await;
+    let r = router(app(store.clone(), true));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fragment =
+        || Request::get("/").header(header::HOST, HOST).header("x-fragment", "1").body(Body::empty()).unwrap();
+    let before = store.operation_count();
+    assert!(send(&r, fragment()).await.body.contains("nightly-report"));
+    let one = store.operation_count() - before;
+    assert!(one > 0);
+    let all = futures::future::join_all((0..8).map(|_| send(&r, fragment()))).await;
+    assert!(all.iter().all(|p| p.body.contains("nightly-report")));
+    send(&r, get("/metrics")).await;
+    assert_eq!(store.operation_count() - before, one, "eight tabs and a scrape read once");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    send(&r, fragment()).await;
+    assert_eq!(store.operation_count() - before, 2 * one, "a later change is read again");
+}
+
 mod memory {
     use super::*;
 
