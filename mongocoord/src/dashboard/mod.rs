@@ -1,7 +1,8 @@
 //! `mongocoord dashboard`: a live web view of elections, locks, queues and
 //! schedules, with requeue and enqueue actions and Prometheus metrics.
 //!
-//! - `routes.rs`: the router and its handlers (pages, JSON, actions).
+//! - `routes.rs`: the router and the read-only handlers (pages, JSON).
+//! - `actions.rs`: requeue, enqueue, a schedule's pause and resume, login.
 //! - `pages.rs`: the HTML, every value escaped.
 //! - `live.rs`: one watcher per collection, fanned out to tabs over SSE.
 //! - `auth.rs`: the Host check, the Origin check and the token.
@@ -9,6 +10,7 @@
 //!
 //! The data comes from `crate::data`, the same functions the CLI views print.
 
+mod actions;
 mod auth;
 mod live;
 mod metrics;
@@ -96,6 +98,14 @@ impl<S: Store + Clone + 'static> App<S> {
         let live = live::Live::start(&store, watched, cfg.poll);
         let token = if cfg.read_only { None } else { token };
         Ok(Arc::new(App { store, cfg, token, live, shutdown: CancellationToken::new(), overview: Default::default() }))
+    }
+}
+
+impl<S> App<S> {
+    /// Forgets the cached overview: an action changed the store, and the page
+    /// it redirects to must show it.
+    pub(crate) async fn changed(&self) {
+        *self.overview.lock().await = None;
     }
 }
 

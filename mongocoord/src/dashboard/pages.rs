@@ -92,8 +92,9 @@ pub(crate) struct Overview {
     pub(crate) queues: Vec<(String, QueueCounts, Vec<Value>)>,
 }
 
-/// Elections, locks, queues and schedules.
-pub(crate) fn overview(o: &Overview) -> String {
+/// Elections, locks, queues and schedules (with `actions`, a schedule's
+/// pause or resume button).
+pub(crate) fn overview(o: &Overview, actions: bool) -> String {
     let mut h = String::from(
         r#"<section id="elections"><h2>Elections</h2><table><tr><th>election</th><th>leader</th><th>term</th><th>expires in</th><th>nodes</th></tr>"#,
     );
@@ -144,7 +145,7 @@ pub(crate) fn overview(o: &Overview) -> String {
     h.push_str("</section>");
     for (q, counts, schedules) in &o.queues {
         queue(&mut h, q, counts);
-        schedule_table(&mut h, q, schedules);
+        schedule_table(&mut h, q, schedules, actions);
     }
     h
 }
@@ -190,7 +191,7 @@ fn cell(v: &Value) -> String {
     }
 }
 
-fn schedule_table(h: &mut String, q: &str, rows: &[Value]) {
+fn schedule_table(h: &mut String, q: &str, rows: &[Value], actions: bool) {
     if rows.is_empty() {
         return;
     }
@@ -204,6 +205,16 @@ fn schedule_table(h: &mut String, q: &str, rows: &[Value]) {
         h.push_str("<tr>");
         for c in cols {
             let _ = write!(h, "<td>{}</td>", cell(&r[c]));
+        }
+        if actions {
+            let name = r["name"].as_str().unwrap_or_default();
+            let action = if r["paused"] == true { "resume" } else { "pause" };
+            let _ = write!(
+                h,
+                r#"<td><form method="post" action="/schedule/preview" class="inline"><input type="hidden" name="queue" value="{}"><input type="hidden" name="name" value="{}"><input type="hidden" name="action" value="{action}"><button class="schedule">{action}…</button></form></td>"#,
+                esc(q),
+                esc(name)
+            );
         }
         h.push_str("</tr>");
     }
@@ -341,6 +352,25 @@ pub(crate) fn confirm_requeue(q: &str, filter: &str, id: &str, ids: &[String]) -
         esc(filter),
         esc(id),
         ids.len()
+    );
+    h
+}
+
+/// The confirmation step of a schedule's pause or resume: the schedule as it
+/// is now.
+pub(crate) fn confirm_schedule(q: &str, name: &str, action: &str, row: &Value) -> String {
+    let mut h = format!("<p>This will {} schedule {} of {}:</p><dl>", esc(action), esc(name), esc(q));
+    for c in ["spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"] {
+        let _ = write!(h, "<dt>{}</dt><dd>{}</dd>", c.replace('_', " "), cell(&row[c]));
+    }
+    let _ = write!(
+        h,
+        r#"</dl><form method="post" action="/schedule"><input type="hidden" name="queue" value="{}"><input type="hidden" name="name" value="{}"><input type="hidden" name="action" value="{}"><button id="confirm">{} {}</button> <a href="/">cancel</a></form>"#,
+        esc(q),
+        esc(name),
+        esc(action),
+        esc(action),
+        esc(name)
     );
     h
 }

@@ -7,19 +7,19 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Form, Json, Router};
+use axum::{Json, Router};
 use bson::{doc, Document};
-use mongoagent::{fields, NewTask, Queue};
+use mongoagent::fields;
 use serde::Deserialize;
 use store_trait::Store;
 
 use super::pages::{self, Overview, Page};
-use super::{auth, metrics, App, BODY_LIMIT};
+use super::{actions, auth, metrics, App, BODY_LIMIT};
 use crate::data;
 
-type AppState<S> = State<Arc<App<S>>>;
+pub(super) type AppState<S> = State<Arc<App<S>>>;
 
 /// An error page with its status.
 #[derive(Debug)]
@@ -43,11 +43,11 @@ impl IntoResponse for Fail {
     }
 }
 
-fn html(body: String) -> Response {
+pub(super) fn html(body: String) -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
-fn page<S>(app: &App<S>, headers: &HeaderMap, p: Page) -> Response {
+pub(super) fn page<S>(app: &App<S>, headers: &HeaderMap, p: Page) -> Response {
     html(p.render(headers.contains_key("x-fragment"), app.cfg.read_only))
 }
 
@@ -65,11 +65,13 @@ pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
         .route("/assets/app.css", get(|| async { asset("text/css", include_str!("assets/app.css")) }));
     if let Some(token) = app.token.clone() {
         let actions = Router::new()
-            .route("/requeue/preview", post(requeue_preview::<S>))
-            .route("/requeue", post(requeue::<S>))
-            .route("/enqueue", post(enqueue::<S>))
+            .route("/requeue/preview", post(actions::requeue_preview::<S>))
+            .route("/requeue", post(actions::requeue::<S>))
+            .route("/enqueue", post(actions::enqueue::<S>))
+            .route("/schedule/preview", post(actions::schedule_preview::<S>))
+            .route("/schedule", post(actions::schedule::<S>))
             .route_layer(from_fn_with_state(token, auth::require_token));
-        r = r.merge(actions).route("/login", get(login_form::<S>).post(login::<S>));
+        r = r.merge(actions).route("/login", get(actions::login_form::<S>).post(actions::login::<S>));
     }
     let hosts = Arc::new(auth::allowed_hosts(app.cfg.addr));
     r.with_state(app)
@@ -135,7 +137,11 @@ async fn overview<S: Store + Clone>(State(app): AppState<S>, headers: HeaderMap)
     let mut sections = vec!["locks".to_owned(), "elections".to_owned()];
     sections.extend(app.cfg.queues.iter().map(|q| format!("queue:{q}")));
     let extra = if app.cfg.read_only { String::new() } else { pages::action_forms(&app.cfg.queues) };
-    Ok(page(&app, &headers, Page { title: "Overview".into(), sections, live: pages::overview(&o), extra }))
+    Ok(page(
+        &app,
+        &headers,
+        Page { title: "Overview".into(), sections, live: pages::overview(&o, !app.cfg.read_only), extra },
+    ))
 }
 
 async fn api_overview<S: Store + Clone>(State(app): AppState<S>) -> Result<Response, Fail> {
@@ -161,7 +167,7 @@ struct TaskQuery {
 const PAGE_SIZE: u32 = 50;
 
 /// The queue named by a request: one the dashboard was started with.
-fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a str, Fail> {
+pub(super) fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a str, Fail> {
     match q {
         None | Some("") => app
             .cfg
@@ -264,108 +270,4 @@ async fn metrics_text<S: Store + Clone>(State(app): AppState<S>) -> Result<Respo
     let o = gather(&app).await?;
     let text = metrics::render(&o, &app.cfg.locks, &app.live.counters).map_err(Fail::Store)?;
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
-}
-
-/// The form of both requeue steps: a task id, or a JSON equality filter.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct RequeueForm {
-    queue: String,
-    filter: String,
-    id: String,
-}
-
-impl RequeueForm {
-    fn filter(&self) -> Result<Document, Fail> {
-        if !self.id.is_empty() {
-            return Ok(doc! { "_id": data::task_id(&self.id) });
-        }
-        let text = if self.filter.trim().is_empty() { "{}" } else { &self.filter };
-        data::parse_object("filter", text).map_err(Fail::Bad)
-    }
-}
-
-fn queue_of<S: Store + Clone>(app: &App<S>, name: &str) -> Result<Queue<S>, Fail> {
-    let q = known_queue(app, Some(name))?;
-    Queue::new(app.store.clone(), q).map_err(|e| Fail::Bad(e.to_string()))
-}
-
-async fn requeue_preview<S: Store + Clone>(
-    State(app): AppState<S>,
-    headers: HeaderMap,
-    Form(f): Form<RequeueForm>,
-) -> Result<Response, Fail> {
-    let q = queue_of(&app, &f.queue)?;
-    let ids = q.requeue(f.filter()?, true).await.map_err(|e| Fail::Store(e.to_string()))?;
-    let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
-    let live = pages::confirm_requeue(&f.queue, &f.filter, &f.id, &ids);
-    Ok(page(&app, &headers, Page { title: "Requeue?".into(), live, ..Page::default() }))
-}
-
-async fn requeue<S: Store + Clone>(State(app): AppState<S>, Form(f): Form<RequeueForm>) -> Result<Response, Fail> {
-    let q = queue_of(&app, &f.queue)?;
-    let done = q.requeue(f.filter()?, false).await.map_err(|e| Fail::Store(e.to_string()))?;
-    tracing::info!(queue = %f.queue, count = done.len(), "dashboard requeued tasks");
-    if !f.id.is_empty() {
-        return Ok(
-            Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&f.id), pages::url(&f.queue))).into_response()
-        );
-    }
-    let text = format!("Requeued {} task(s).", done.len());
-    Ok(html(pages::message("Requeued", &text, "/").render(false, app.cfg.read_only)))
-}
-
-/// The enqueue form: the task's fields as a JSON object.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct EnqueueForm {
-    queue: String,
-    agent: String,
-    data: String,
-    priority: String,
-}
-
-async fn enqueue<S: Store + Clone>(State(app): AppState<S>, Form(f): Form<EnqueueForm>) -> Result<Response, Fail> {
-    let q = queue_of(&app, &f.queue)?;
-    if f.agent.trim().is_empty() {
-        return Err(Fail::Bad("the task needs an agent".into()));
-    }
-    let data = data::parse_object("task", &f.data).map_err(Fail::Bad)?;
-    let priority: i64 = match f.priority.trim() {
-        "" => 0,
-        p => p.parse().map_err(|_| Fail::Bad(format!("the priority must be an integer, not {p:?}")))?,
-    };
-    let task = NewTask::new(f.agent.trim(), data).priority(priority);
-    let (id, inserted) = q.enqueue(task).await.map_err(|e| Fail::Bad(e.to_string()))?;
-    tracing::info!(queue = %f.queue, %id, inserted, "dashboard enqueued a task");
-    Ok(Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&id.to_string()), pages::url(&f.queue))).into_response())
-}
-
-async fn login_form<S>(State(app): AppState<S>, headers: HeaderMap) -> Response {
-    page(&app, &headers, Page { title: "Log in".into(), live: pages::login(), ..Page::default() })
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct LoginForm {
-    token: String,
-}
-
-async fn login<S>(State(app): AppState<S>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
-    let Some(token) = app.token.as_ref() else { return StatusCode::NOT_FOUND.into_response() };
-    if !auth::same_origin(&headers) {
-        return (StatusCode::FORBIDDEN, "forbidden: cross-origin request\n").into_response();
-    }
-    if !token.matches(f.token.trim()) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            html(pages::message("Log in", "That is not the token.", "/login").render(false, false)),
-        )
-            .into_response();
-    }
-    let mut res = Redirect::to("/").into_response();
-    if let Ok(v) = HeaderValue::from_str(&auth::cookie(token)) {
-        res.headers_mut().insert(header::SET_COOKIE, v);
-    }
-    res
 }

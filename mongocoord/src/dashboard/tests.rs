@@ -76,6 +76,8 @@ async fn seed<S: Store + Clone>(store: &S) -> (mongolock::LockGuard<S>, String, 
         Mutation::new().set("complete", true).set("error_encountered", true).set("ready", false),
     );
     assert!(store.write(q.collection(), &failed, &w).await.unwrap().is_applied());
+    let every = mongoagent::Schedule::every("sweep", Duration::from_secs(60), NewTask::new("resize", doc! {})).unwrap();
+    mongoagent::Schedules::new(store.clone(), "jobs").unwrap().upsert(&every).await.unwrap();
     (guard, evil.to_string(), failed.to_string())
 }
 
@@ -214,6 +216,32 @@ async fn actions<S: Store + Clone + 'static>(store: S) {
     assert_eq!(state(store.clone()).await, "ready");
     let none = send(&r, post("/requeue/preview", &format!("queue=jobs&id={failed}"), Some(TOKEN))).await;
     assert!(none.body.contains("Nothing to requeue"));
+
+    // A schedule's pause: the preview shows it, then it is paused.
+    assert!(send(&r, get("/")).await.body.contains(r#"name="action" value="pause""#));
+    let paused = || async { crate::schedules::rows(&store, "jobs", None).await.unwrap()[0]["paused"].clone() };
+    let preview = send(&r, post("/schedule/preview", "queue=jobs&name=sweep&action=pause", Some(TOKEN))).await;
+    assert!(preview.status == StatusCode::OK && preview.body.contains("every 60s"), "{}", preview.body);
+    assert_eq!(paused().await, false);
+    assert_eq!(
+        send(&r, post("/schedule", "queue=jobs&name=sweep&action=pause", None)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&r, post("/schedule", "queue=jobs&name=sweep&action=pause", Some(TOKEN))).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(paused().await, true);
+    assert!(send(&r, get("/")).await.body.contains(r#"name="action" value="resume""#));
+    let bad = send(&r, post("/schedule", "queue=jobs&name=sweep&action=drop", Some(TOKEN))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let none = send(&r, post("/schedule/preview", "queue=jobs&name=nope&action=pause", Some(TOKEN))).await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        send(&r, post("/schedule", "queue=jobs&name=sweep&action=resume", Some(TOKEN))).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(paused().await, false);
 }
 
 async fn read_only<S: Store + Clone + 'static>(store: S) {
@@ -225,7 +253,7 @@ async fn read_only<S: Store + Clone + 'static>(store: S) {
         assert!(!p.body.contains(r#"method="post""#) && !p.body.contains("/login"), "{path}: {}", p.body);
         assert!(p.body.contains("read-only"));
     }
-    for path in ["/requeue", "/requeue/preview", "/enqueue", "/login"] {
+    for path in ["/requeue", "/requeue/preview", "/enqueue", "/schedule", "/schedule/preview", "/login"] {
         let s = send(&r, post(path, &format!("queue=jobs&id={failed}"), Some(TOKEN))).await.status;
         assert!(s == StatusCode::NOT_FOUND || s == StatusCode::METHOD_NOT_ALLOWED, "{path}: {s}");
     }
