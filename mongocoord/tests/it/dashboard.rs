@@ -172,6 +172,15 @@ fn the_dashboard_in_a_browser() {
             std::fs::write(docs.join("dashboard.png"), &shot).unwrap();
         }
 
+        // Markup in a task's data is shown, never run.
+        let evil = r#"{"html": "<script>window.__xss = 1</script>", "attr": "\"><img src=x onerror=\"window.__xss = 2\">"}"#;
+        let evil = e.json(&["enqueue", "--queue", "jobs", "--agent", "resize", evil])["id"].as_str().unwrap().to_owned();
+        c.goto(&format!("{base}/tasks/{evil}?queue=jobs")).await.unwrap();
+        let shown = find(&c, "pre").await.text().await.unwrap();
+        assert!(shown.contains("<script>window.__xss = 1</script>") && shown.contains("onerror"), "{shown}");
+        let ran = c.execute("return window.__xss === undefined;", vec![]).await.unwrap();
+        assert_eq!(ran, serde_json::Value::Bool(true), "a task's markup ran in the page");
+
         // A read-only dashboard offers no action.
         c.goto(&format!("http://127.0.0.1:{ro_port}/tasks?queue=jobs")).await.unwrap();
         assert!(c.find(Locator::Css(".ro")).await.is_ok());
