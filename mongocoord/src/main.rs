@@ -1,13 +1,15 @@
 //! The `mongocoord` command-line tool: a demo of the whole toolkit, Unix-style
 //! runners (`lock`, `elect`, `agent`) for shell scripts and other languages, and
 //! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `watch`,
-//! `schedules`, `schedule`).
+//! `schedules`, `schedule`, `dashboard`).
 //!
 //! Connection: `--uri`, else `MONGODB_URI`, else `MONGO_HOST` (+ `MONGO_DB`), as
 //! the original `mongo_agent` read it. Passwords are never printed.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod args;
+mod dashboard;
+mod data;
 mod demo;
 mod runners;
 mod schedules;
@@ -269,6 +271,32 @@ enum Cmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// A live web view of elections, locks, queues and schedules, with
+    /// requeue and enqueue (behind a token) and Prometheus metrics at /metrics.
+    Dashboard {
+        /// The address to serve on (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: String,
+        /// No actions: only views and metrics.
+        #[arg(long)]
+        read_only: bool,
+        /// A file holding the token that actions need (default: a random
+        /// one, printed at start).
+        #[arg(long)]
+        token_file: Option<std::path::PathBuf>,
+        /// A queue collection to show (repeatable).
+        #[arg(long)]
+        queue: Vec<String>,
+        /// The lock collection.
+        #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
+        lock_collection: String,
+        /// The election lease collection.
+        #[arg(long, default_value = mongoelector::DEFAULT_COLLECTION)]
+        election_collection: String,
+        /// The node status collection.
+        #[arg(long, default_value = mongoelector::DEFAULT_STATUS_COLLECTION)]
+        status_collection: String,
+    },
 }
 
 /// Where to connect: the flags, else the environment (`MONGODB_URI`, else
@@ -350,6 +378,19 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Cmd::Watch { queue, interval, count } => {
             views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await
+        }
+        Cmd::Dashboard {
+            bind,
+            read_only,
+            token_file,
+            queue,
+            lock_collection,
+            election_collection,
+            status_collection,
+        } => {
+            let collections = [lock_collection, election_collection, status_collection];
+            let opts = dashboard::Opts { bind, read_only, token_file, queues: queue, collections };
+            dashboard::run(connect(uri, db).await?, opts).await
         }
     }
 }

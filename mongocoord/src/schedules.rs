@@ -34,31 +34,15 @@ fn spec(info: &ScheduleInfo) -> (String, Option<String>) {
     }
 }
 
-/// How the task of the last tick went: completed, failed, running, ready,
-/// held (waiting for the previous tick's task), or gone.
+/// How the task of the last tick went (`data::task_state`: completed,
+/// failed, running, ready, held waiting for the previous tick's task, …), or
+/// gone.
 async fn outcome<S: Store>(store: &S, queue: &Collection, task: &str) -> Result<String, String> {
     let key = Key::new(task).map_err(|e| e.to_string())?;
     let Some(r) = store.get(queue, &key).await.map_err(|e| e.to_string())?.record else {
         return Ok("gone".into());
     };
-    let d = r.data();
-    let flag = |k: &str| d.get_bool(k).ok() == Some(true);
-    Ok(if flag("complete") {
-        if flag("error_encountered") {
-            "failed"
-        } else {
-            "completed"
-        }
-    } else if flag("overlap_held") {
-        "held"
-    } else if flag("claimed") {
-        "running"
-    } else if flag("ready") {
-        "ready"
-    } else {
-        "waiting"
-    }
-    .into())
+    Ok(crate::data::task_state(r.data()).into())
 }
 
 fn time(t: Option<StoreTime>) -> Value {

@@ -2,31 +2,17 @@
 //! which queue; and repairs (enqueue, requeue). Tables for people, `--json` for
 //! scripts.
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
 use mongoagent::{NewTask, Queue};
 use serde_json::{json, Value};
 use store_mongo::MongoStore;
-use store_trait::{Collection, Query, Record, Store, StoreError, StoreResult, StoreTime};
+use store_trait::Store;
 
-fn coll(name: &str) -> Result<Collection, String> {
-    Collection::new(name).map_err(|e| e.to_string())
-}
+use crate::data::{self, parse_object, StatsRow};
 
-/// A JSON object from the command line; `what` names it in errors ("filter",
-/// "task").
-fn parse_object(what: &str, text: &str) -> Result<Document, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("the {what} is not valid JSON: {e}"))?;
-    match Bson::try_from(v).map_err(|e| format!("the {what} cannot be stored: {e}"))? {
-        Bson::Document(d) => Ok(d),
-        _ => Err(format!("the {what} must be a JSON object")),
-    }
-}
-
-fn parse_filter(text: &str) -> Result<Document, String> {
+fn parse_filter(text: &str) -> Result<bson::Document, String> {
     parse_object("filter", text)
 }
 
@@ -50,25 +36,6 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// Splits a per-document read into the records and what was skipped: documents
-/// the store cannot read (another program's, with a UUID `_id` or a string
-/// `fence`), each as `{"skipped": true, "key": <raw id>, "error": …}`. A view
-/// lists the records and reports the rest instead of failing on the first.
-fn readable(found: Vec<StoreResult<Record>>) -> (Vec<Record>, Vec<Value>) {
-    let mut records = Vec::with_capacity(found.len());
-    let mut skipped = Vec::new();
-    for r in found {
-        match r {
-            Ok(r) => records.push(r),
-            Err(StoreError::Malformed { key, reason, .. }) => {
-                skipped.push(json!({ "skipped": true, "key": key, "error": reason }))
-            }
-            Err(e) => skipped.push(json!({ "skipped": true, "key": Value::Null, "error": e.to_string() })),
-        }
-    }
-    (records, skipped)
-}
-
 /// Tells the operator, on stderr, which documents a view skipped.
 fn report_skipped(what: &str, skipped: &[Value]) {
     if skipped.is_empty() {
@@ -80,42 +47,28 @@ fn report_skipped(what: &str, skipped: &[Value]) {
     }
 }
 
-fn lock_json(r: &Record, now: StoreTime) -> Value {
-    let info = mongolock::LockInfo::from_record(r, Some(now));
-    json!({
-        "key": r.key().to_string(),
-        "held": info.is_some(),
-        "holder": info.as_ref().map(|i| i.owner.clone()),
-        "host": info.as_ref().and_then(|i| i.host.clone()),
-        "pid": info.as_ref().and_then(|i| i.pid),
-        "token": r.fence(),
-        "since_ms": info.as_ref().map(|i| i.since.as_millis()),
-        "expires_in_ms": info.as_ref().map(|i| now.until(i.expires).as_millis() as u64),
-    })
+/// Serialized as the views have always printed it (object keys sorted).
+fn to_json(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 /// `mongocoord locks`.
 pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> Result<u8, String> {
-    let c = coll(collection)?;
-    let now = store.now().await.map_err(|e| e.to_string())?;
-    let found =
-        store.find_each(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
-    let (records, skipped) = readable(found);
+    let data::Locks { rows, skipped } = data::locks(store, collection).await?;
     report_skipped("lock", &skipped);
-    let rows: Vec<Value> = records.iter().map(|r| lock_json(r, now)).collect();
     if json {
         // Skipped documents follow the locks, marked `"skipped": true`.
-        println!("{}", Value::Array(rows.into_iter().chain(skipped).collect()));
+        println!("{}", Value::Array(rows.iter().map(to_json).chain(skipped).collect()));
         return Ok(0);
     }
     let table: Vec<Vec<String>> = rows
         .iter()
-        .map(|v| {
+        .map(|l| {
             vec![
-                v["key"].as_str().unwrap_or_default().to_owned(),
-                v["holder"].as_str().unwrap_or("-").to_owned(),
-                v["token"].to_string(),
-                v["expires_in_ms"].as_u64().map_or("-".into(), |m| ms(Duration::from_millis(m))),
+                l.key.clone(),
+                l.holder.clone().unwrap_or_else(|| "-".into()),
+                l.token.to_string(),
+                l.expires_in_ms.map_or("-".into(), |m| ms(Duration::from_millis(m))),
             ]
         })
         .collect();
@@ -127,71 +80,28 @@ pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> R
 /// documents are read with the library's schema (`mongoelector::status`); those
 /// it cannot read are listed on stderr and under `skipped` in `--json`.
 pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, json: bool) -> Result<u8, String> {
-    let (c, s) = (coll(collection)?, coll(status)?);
-    let now = store.now().await.map_err(|e| e.to_string())?;
-    let elections =
-        store.find(&c, &Query::all().sort("_id", store_trait::Order::Asc)).await.map_err(|e| e.to_string())?;
-    let reports = mongoelector::status::read_reports(store, &s, None).await.map_err(|e| e.to_string())?;
-    for bad in &reports.skipped {
-        eprintln!("mongocoord: skipped {bad}");
-    }
-    let mut out = Vec::new();
-    for e in &elections {
-        let key = e.key().to_string();
-        let master = mongolock::LockInfo::from_record(e, Some(now));
-        let nodes: Vec<Value> = reports
-            .nodes
-            .iter()
-            .filter(|n| n.election == key)
-            .map(|n| {
-                json!({
-                    "node": n.node,
-                    "host": n.host,
-                    "pid": n.pid,
-                    "version": n.version,
-                    "is_master": n.is_leader,
-                    "last_seen_ms_ago": now.as_millis().saturating_sub(n.last_poll.as_millis()),
-                })
-            })
-            .collect();
-        out.push(json!({
-            "election": key,
-            "master": master.as_ref().map(|m| m.owner.clone()),
-            "token": master.as_ref().map(|m| m.token),
-            "since_ms": master.as_ref().map(|m| m.since.as_millis()),
-            "expires_in_ms": master.as_ref().map(|m| now.until(m.expires).as_millis() as u64),
-            "nodes": nodes,
-        }));
+    let out = data::elections(store, collection, status).await?;
+    for bad in &out.skipped {
+        eprintln!("mongocoord: skipped {}", bad["error"].as_str().unwrap_or_default());
     }
     if json {
-        let skipped: Vec<Value> = reports.skipped.iter().map(|b| json!({"id": b.id, "error": b.to_string()})).collect();
-        println!("{}", json!({ "elections": out, "skipped": skipped }));
+        println!("{}", to_json(&out));
         return Ok(0);
     }
-    let mut rows = Vec::new();
-    for e in &out {
-        let nodes = e["nodes"].as_array().map(|n| n.len()).unwrap_or(0);
-        rows.push(vec![
-            e["election"].as_str().unwrap_or_default().to_owned(),
-            e["master"].as_str().unwrap_or("(none)").to_owned(),
-            e["token"].to_string(),
-            nodes.to_string(),
-        ]);
-    }
+    let rows: Vec<Vec<String>> = out
+        .elections
+        .iter()
+        .map(|e| {
+            vec![
+                e.election.clone(),
+                e.master.clone().unwrap_or_else(|| "(none)".into()),
+                e.token.map_or("null".into(), |t| t.to_string()),
+                e.nodes.len().to_string(),
+            ]
+        })
+        .collect();
     print_table(&["ELECTION", "MASTER", "TERM", "NODES"], &rows);
     Ok(0)
-}
-
-/// The agent names in a queue, and the documents skipped on the way.
-async fn agent_names(store: &MongoStore, c: &Collection) -> Result<(Vec<String>, Vec<Value>), String> {
-    // A scan of names only; queues with millions of tasks should pass --agent.
-    let found = store.find_each(c, &Query::all().limit(100_000)).await.map_err(|e| e.to_string())?;
-    let (all, skipped) = readable(found);
-    let mut names: Vec<String> =
-        all.iter().filter_map(|r| r.data().get_str("agent_name").ok().map(str::to_owned)).collect();
-    names.sort();
-    names.dedup();
-    Ok((names, skipped))
 }
 
 /// `mongocoord tasks`.
@@ -204,24 +114,15 @@ pub(crate) async fn tasks(
     limit: u32,
     json: bool,
 ) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
     if list {
         let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
         if let Some(a) = agent {
-            f.insert("agent_name", a);
+            f.insert(mongoagent::fields::AGENT_NAME, a);
         }
-        let (tasks, skipped) = readable(q.tasks_each(f, Some(limit)).await.map_err(|e| e.to_string())?);
+        let data::TaskList { tasks, skipped } = data::task_list(store, queue, f, 0, limit).await?;
         report_skipped("task", &skipped);
-        let docs: Vec<Value> = tasks
-            .iter()
-            .map(|r| {
-                let mut d = doc! { "_id": r.key().as_bson().clone(), "token": r.fence() as i64 };
-                d.extend(r.data().clone());
-                Bson::Document(d).into_relaxed_extjson()
-            })
-            // Skipped documents follow the tasks, marked `"skipped": true`.
-            .chain(skipped)
-            .collect();
+        // Skipped documents follow the tasks, marked `"skipped": true`.
+        let docs: Vec<Value> = tasks.into_iter().chain(skipped).collect();
         if json {
             println!("{}", Value::Array(docs));
         } else {
@@ -231,25 +132,10 @@ pub(crate) async fn tasks(
         }
         return Ok(0);
     }
-    let (names, skipped) = match agent {
-        Some(a) => (vec![a.to_owned()], Vec::new()),
-        None => agent_names(store, q.collection()).await?,
-    };
+    let data::QueueCounts { agents, skipped } = data::queue_counts(store, queue, agent).await?;
     report_skipped("task", &skipped);
-    let mut out = BTreeMap::new();
-    for n in &names {
-        let s = q.stats(n).await.map_err(|e| e.to_string())?;
-        out.insert(
-            n.clone(),
-            json!({
-                "ready": s.ready, "delayed": s.delayed, "running": s.running, "stuck": s.stuck,
-                "waiting": s.waiting, "completed": s.completed, "failed": s.failed,
-                "oldest_ready_age_ms": s.oldest_ready_age.map(|d| d.as_millis() as u64),
-            }),
-        );
-    }
     if json {
-        let mut v = json!(out);
+        let mut v = to_json(&agents);
         // Counts read no document, so they include unreadable ones; the agents
         // those belong to are unknown. The list goes under `$skipped`, and only
         // when something was skipped, so the per-agent shape stays as it was.
@@ -259,14 +145,12 @@ pub(crate) async fn tasks(
         println!("{v}");
         return Ok(0);
     }
-    let rows: Vec<Vec<String>> = out
+    let rows: Vec<Vec<String>> = agents
         .iter()
-        .map(|(n, v)| {
+        .map(|(n, s): (&String, &StatsRow)| {
             let mut r = vec![n.clone()];
-            for k in ["ready", "delayed", "running", "stuck", "waiting", "completed", "failed"] {
-                r.push(v[k].to_string());
-            }
-            r.push(v["oldest_ready_age_ms"].as_u64().map_or("-".into(), |m| ms(Duration::from_millis(m))));
+            r.extend(s.counts().iter().map(ToString::to_string));
+            r.push(s.oldest_ready_age_ms.map_or("-".into(), |m| ms(Duration::from_millis(m))));
             r
         })
         .collect();

@@ -22,6 +22,8 @@ pub(crate) fn ci() -> Result<(), String> {
     no_default.extend(["--", "-D", "warnings"]);
     cargo(&no_default, &deny)?;
     cargo(&["doc", "--workspace", "--no-deps", "--all-features"], &deny)?;
+    // The dashboard's browser test fails under CI without the browser.
+    crate::browser::ensure()?;
     test(&[])?;
     // A short chaos run: real processes, SIGKILL, SIGSTOP, server restarts.
     crate::chaos::run(&["--minutes".into(), "0.75".into()])?;

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! cargo xtask ci      fmt, clippy, docs, no-default-features builds, the whole test
-//!                     suite against a real server, a short chaos run (the README's
-//!                     test command; .ci/run calls it)
+//!                     suite against a real server (and headless Chromium, installed
+//!                     from Debian's packages when absent), a short chaos run (the
+//!                     README's test command; .ci/run calls it)
 //! cargo xtask test [ARGS]
 //!                     the test suite only (CI semantics: a Mongo test never skips)
 //! cargo xtask demo [ARGS]
@@ -27,6 +28,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 mod bench;
+mod browser;
 mod chaos;
 mod ci;
 mod server;

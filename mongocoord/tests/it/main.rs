@@ -1,7 +1,7 @@
 //! The `mongocoord` binary as real processes against a real server: mutual
 //! exclusion of concurrent `lock` runs, `elect` takeover after SIGTERM and
 //! SIGKILL, an `agent` completing and failing tasks through a shell command, the
-//! operator views' JSON, and the demo.
+//! operator views' JSON, the demo, and the dashboard in a real browser.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod dashboard;
 mod schedules;
 mod supervise;
 

@@ -1,0 +1,159 @@
+//! `mongocoord dashboard`: a live web view of elections, locks, queues and
+//! schedules, with requeue and enqueue actions and Prometheus metrics.
+//!
+//! - `routes.rs`: the router and the read-only handlers (pages, JSON).
+//! - `actions.rs`: requeue, enqueue, a schedule's pause and resume, login.
+//! - `pages.rs`: the HTML, every value escaped.
+//! - `live.rs`: one watcher per collection, fanned out to tabs over SSE.
+//! - `auth.rs`: the Host check, the Origin check and the token.
+//! - `metrics.rs`: `/metrics` through `prometheus-client`.
+//!
+//! The data comes from `crate::data`, the same functions the CLI views print.
+
+mod actions;
+mod auth;
+mod live;
+mod metrics;
+mod pages;
+mod routes;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_trait::Store;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use routes::router;
+
+/// Largest request body an action accepts.
+pub(crate) const BODY_LIMIT: usize = 64 * 1024;
+
+/// What the dashboard shows and where: collections, mode, address.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// The queue collections shown (and the only ones actions may touch).
+    pub(crate) queues: Vec<String>,
+    /// The lock collection.
+    pub(crate) locks: String,
+    /// The election lease collection.
+    pub(crate) elections: String,
+    /// The node status collection.
+    pub(crate) status: String,
+    /// No actions: no login, no action routes, no buttons.
+    pub(crate) read_only: bool,
+    /// The address served (the Host check allows it).
+    pub(crate) addr: SocketAddr,
+    /// How often sections are re-announced when the store has no change
+    /// notifications.
+    pub(crate) poll: Duration,
+}
+
+impl Config {
+    /// Defaults for everything but the queues and the address.
+    pub(crate) fn new(queues: Vec<String>, addr: SocketAddr) -> Config {
+        Config {
+            queues,
+            locks: mongolock::DEFAULT_COLLECTION.into(),
+            elections: mongoelector::DEFAULT_COLLECTION.into(),
+            status: mongoelector::DEFAULT_STATUS_COLLECTION.into(),
+            read_only: false,
+            addr,
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The server's shared state.
+#[derive(Debug)]
+pub(crate) struct App<S> {
+    pub(crate) store: S,
+    pub(crate) cfg: Config,
+    /// `None` in read-only mode.
+    pub(crate) token: Option<auth::Token>,
+    pub(crate) live: live::Live,
+    /// Cancelled at shutdown: ends the live streams, which would otherwise
+    /// hold the graceful shutdown open.
+    pub(crate) shutdown: CancellationToken,
+    /// The last read of the overview and when it was made (`routes::gather`).
+    pub(crate) overview: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<pages::Overview>)>>,
+}
+
+impl<S: Store + Clone + 'static> App<S> {
+    /// The state, with the watchers started (one per watched collection).
+    pub(crate) fn new(store: S, cfg: Config, token: Option<auth::Token>) -> Result<Arc<App<S>>, String> {
+        let mut watched = vec![
+            (crate::data::coll(&cfg.locks)?, "locks".to_owned()),
+            (crate::data::coll(&cfg.elections)?, "elections".to_owned()),
+            (crate::data::coll(&cfg.status)?, "elections".to_owned()),
+        ];
+        for q in &cfg.queues {
+            watched.push((crate::data::coll(q)?, format!("queue:{q}")));
+            let schedules = mongoagent::Schedules::new(store.clone(), q).map_err(|e| e.to_string())?;
+            watched.push((schedules.collection().clone(), format!("queue:{q}")));
+        }
+        let live = live::Live::start(&store, watched, cfg.poll);
+        let token = if cfg.read_only { None } else { token };
+        Ok(Arc::new(App { store, cfg, token, live, shutdown: CancellationToken::new(), overview: Default::default() }))
+    }
+}
+
+impl<S> App<S> {
+    /// Forgets the cached overview: an action changed the store, and the page
+    /// it redirects to must show it.
+    pub(crate) async fn changed(&self) {
+        *self.overview.lock().await = None;
+    }
+}
+
+/// The command-line options of `mongocoord dashboard`.
+#[derive(Debug)]
+pub(crate) struct Opts {
+    pub(crate) bind: String,
+    pub(crate) read_only: bool,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) queues: Vec<String>,
+    /// The lock, election lease and node status collections.
+    pub(crate) collections: [String; 3],
+}
+
+/// `mongocoord dashboard`: serves until SIGINT or SIGTERM.
+pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result<u8, String> {
+    let token = match (&o.token_file, o.read_only) {
+        (_, true) => None,
+        (Some(f), false) => Some(auth::Token::from_file(f)?),
+        (None, false) => Some(auth::Token::random()?),
+    };
+    let listener =
+        tokio::net::TcpListener::bind(&o.bind).await.map_err(|e| format!("cannot listen on {}: {e}", o.bind))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut cfg = Config::new(o.queues, addr);
+    cfg.read_only = o.read_only;
+    [cfg.locks, cfg.elections, cfg.status] = o.collections;
+    let app = App::new(store, cfg, token.clone())?;
+    eprintln!("mongocoord dashboard on http://{addr}/");
+    match (&token, &o.token_file) {
+        (Some(t), None) => eprintln!("actions need this token (log in at http://{addr}/login): {}", t.reveal()),
+        (Some(_), Some(f)) => eprintln!("actions need the token in {}", f.display()),
+        (None, _) => eprintln!("read-only: no actions"),
+    }
+    tracing::info!(%addr, read_only = o.read_only, "dashboard started");
+    let shutdown = app.shutdown.clone();
+    let router = router(app);
+    let stop = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        shutdown.cancel();
+    };
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(|e| format!("the dashboard failed: {e}"))?;
+    Ok(0)
+}

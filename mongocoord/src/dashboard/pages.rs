@@ -1,0 +1,407 @@
+//! The HTML of the dashboard's pages, rendered on the server from the views'
+//! data (`crate::data`). Every value that comes from the store or the request
+//! goes through [`esc`]; the rest is literal markup.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::data::{Elections, Locks, QueueCounts, StatsRow, TaskDetail, TaskList};
+
+/// Text made safe for HTML element content and quoted attribute values.
+pub(crate) fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A query-string component.
+pub(crate) fn url(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(char::from(b)),
+            b => {
+                let _ = write!(out, "%{b:02X}");
+            }
+        }
+    }
+    out
+}
+
+fn secs(ms: Option<u64>) -> String {
+    ms.map_or("-".into(), |m| format!("{:.1}s", m as f64 / 1000.0))
+}
+
+/// A page: what live updates replace (`live`, re-rendered when one of
+/// `sections` changes) and what they leave alone (`extra`: forms).
+#[derive(Debug, Default)]
+pub(crate) struct Page {
+    pub(crate) title: String,
+    pub(crate) sections: Vec<String>,
+    pub(crate) live: String,
+    pub(crate) extra: String,
+}
+
+impl Page {
+    /// The whole document, or with `fragment` only the live part.
+    pub(crate) fn render(&self, fragment: bool, read_only: bool) -> String {
+        if fragment {
+            return self.live.clone();
+        }
+        let mode = if read_only { r#"<span class="ro">read-only</span>"# } else { r#"<a href="/login">log in</a>"# };
+        format!(
+            r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title} · mongocoord</title>
+<link rel="stylesheet" href="/assets/app.css"><script src="/assets/app.js" defer></script></head>
+<body><header><a href="/"><b>mongocoord</b></a> <a href="/">overview</a> <a href="/tasks">tasks</a> <a href="/metrics">metrics</a> {mode}
+<span id="status" title="live updates">●</span></header>
+<main><h1>{title}</h1><div id="live" data-sections="{sections}">{live}</div>{extra}</main></body></html>
+"#,
+            title = esc(&self.title),
+            sections = esc(&self.sections.join(" ")),
+            live = self.live,
+            extra = self.extra,
+        )
+    }
+}
+
+/// A short page with a message (an action's outcome, an error).
+pub(crate) fn message(title: &str, text: &str, back: &str) -> Page {
+    Page {
+        title: title.into(),
+        live: format!(r#"<p class="msg">{}</p><p><a href="{}">back</a></p>"#, esc(text), esc(back)),
+        ..Page::default()
+    }
+}
+
+/// The overview's data.
+#[derive(Debug)]
+pub(crate) struct Overview {
+    pub(crate) elections: Elections,
+    pub(crate) locks: Locks,
+    pub(crate) queues: Vec<(String, QueueCounts, Vec<Value>)>,
+}
+
+/// Elections, locks, queues and schedules (with `actions`, a schedule's
+/// pause or resume button).
+pub(crate) fn overview(o: &Overview, actions: bool) -> String {
+    let mut h = String::from(
+        r#"<section id="elections"><h2>Elections</h2><table><tr><th>election</th><th>leader</th><th>term</th><th>expires in</th><th>nodes</th></tr>"#,
+    );
+    for e in &o.elections.elections {
+        let nodes: Vec<String> = e
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "{}{} ({} pid {}, v{}, seen {:.1}s ago)",
+                    esc(&n.node),
+                    if n.is_master { " ★" } else { "" },
+                    esc(&n.host),
+                    n.pid,
+                    esc(&n.version),
+                    // A report stamped after the read of the clock is seen now.
+                    n.last_seen_ms_ago.max(0) as f64 / 1000.0
+                )
+            })
+            .collect();
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&e.election),
+            esc(e.master.as_deref().unwrap_or("(none)")),
+            e.token.map_or("-".into(), |t| t.to_string()),
+            secs(e.expires_in_ms),
+            nodes.join("<br>")
+        );
+    }
+    h.push_str("</table></section>");
+    h.push_str(r#"<section id="locks"><h2>Locks</h2><table><tr><th>key</th><th>holder</th><th>host</th><th>pid</th><th>fence</th><th>expires in</th></tr>"#);
+    for l in &o.locks.rows {
+        let _ = write!(
+            h,
+            r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            if l.held { "held" } else { "free" },
+            esc(&l.key),
+            esc(l.holder.as_deref().unwrap_or("-")),
+            esc(l.host.as_deref().unwrap_or("-")),
+            l.pid.map_or("-".into(), |p| p.to_string()),
+            l.token,
+            secs(l.expires_in_ms)
+        );
+    }
+    h.push_str("</table>");
+    skipped(&mut h, o.locks.skipped.len() + o.elections.skipped.len());
+    h.push_str("</section>");
+    for (q, counts, schedules) in &o.queues {
+        queue(&mut h, q, counts);
+        schedule_table(&mut h, q, schedules, actions);
+    }
+    h
+}
+
+fn skipped(h: &mut String, n: usize) {
+    if n > 0 {
+        let _ = write!(h, r#"<p class="warn">{n} document(s) could not be read and are not shown.</p>"#);
+    }
+}
+
+fn queue(h: &mut String, q: &str, counts: &QueueCounts) {
+    let _ = write!(h, r#"<section class="queue"><h2>Queue {}</h2><table><tr><th>agent</th>"#, esc(q));
+    for s in StatsRow::STATES {
+        let _ = write!(h, "<th>{s}</th>");
+    }
+    h.push_str("<th>oldest ready</th></tr>");
+    for (agent, s) in &counts.agents {
+        let _ = write!(h, "<tr><td>{}</td>", esc(agent));
+        for (state, n) in StatsRow::STATES.iter().zip(s.counts()) {
+            if *state == "waiting" {
+                let _ = write!(h, r#"<td class="n">{n}</td>"#);
+                continue;
+            }
+            let _ = write!(
+                h,
+                r#"<td class="n"><a href="/tasks?queue={}&amp;agent={}&amp;state={state}">{n}</a></td>"#,
+                url(q),
+                url(agent)
+            );
+        }
+        let _ = write!(h, "<td>{}</td></tr>", secs(s.oldest_ready_age_ms));
+    }
+    h.push_str("</table>");
+    skipped(h, counts.skipped.len());
+    h.push_str("</section>");
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => esc(s),
+        other => esc(&other.to_string()),
+    }
+}
+
+fn schedule_table(h: &mut String, q: &str, rows: &[Value], actions: bool) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = write!(h, r#"<section class="schedules"><h2>Schedules of {}</h2><table><tr>"#, esc(q));
+    let cols = ["name", "agent", "spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"];
+    for c in cols {
+        let _ = write!(h, "<th>{}</th>", c.replace('_', " "));
+    }
+    h.push_str("</tr>");
+    for r in rows {
+        h.push_str("<tr>");
+        for c in cols {
+            let _ = write!(h, "<td>{}</td>", cell(&r[c]));
+        }
+        if actions {
+            let name = r["name"].as_str().unwrap_or_default();
+            let action = if r["paused"] == true { "resume" } else { "pause" };
+            let _ = write!(
+                h,
+                r#"<td><form method="post" action="/schedule/preview" class="inline"><input type="hidden" name="queue" value="{}"><input type="hidden" name="name" value="{}"><input type="hidden" name="action" value="{action}"><button class="schedule">{action}…</button></form></td>"#,
+                esc(q),
+                esc(name)
+            );
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table></section>");
+}
+
+/// A task's state in words (`data::task_state`, on the task as shown).
+pub(crate) fn state(t: &Value) -> &'static str {
+    match bson::Bson::try_from(t.clone()) {
+        Ok(bson::Bson::Document(d)) => crate::data::task_state(&d),
+        _ => "unknown",
+    }
+}
+
+/// A task's id as text (an `ObjectId` as its hex).
+pub(crate) fn id_text(t: &Value) -> String {
+    match &t["_id"] {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => o.get("$oid").and_then(Value::as_str).map_or_else(|| t["_id"].to_string(), str::to_owned),
+        other => other.to_string(),
+    }
+}
+
+fn requeue_button(q: &str, id: &str) -> String {
+    format!(
+        r#"<form method="post" action="/requeue/preview" class="inline"><input type="hidden" name="queue" value="{}"><input type="hidden" name="id" value="{}"><button class="requeue">requeue…</button></form>"#,
+        esc(q),
+        esc(id)
+    )
+}
+
+/// Whether the page offers requeue for a task in `state`.
+fn requeuable(state: &str) -> bool {
+    matches!(state, "failed" | "running")
+}
+
+/// The task list: one row per task, links to the detail, and paging.
+pub(crate) fn task_list(q: &str, list: &TaskList, query: &str, page: u32, more: bool, actions: bool) -> String {
+    let mut h = String::from(
+        "<table><tr><th>id</th><th>agent</th><th>state</th><th>attempts</th><th>priority</th><th>last error</th><th></th></tr>",
+    );
+    for t in &list.tasks {
+        let (id, st) = (id_text(t), state(t));
+        let _ = write!(
+            h,
+            r#"<tr class="{st}"><td><a href="/tasks/{}?queue={}">{}</a></td><td>{}</td><td>{st}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            url(&id),
+            url(q),
+            esc(&id),
+            cell(&t["agent_name"]),
+            cell(&t["attempts"]),
+            cell(&t["priority"]),
+            cell(&t["last_error"]),
+            if actions && requeuable(st) { requeue_button(q, &id) } else { String::new() }
+        );
+    }
+    h.push_str("</table>");
+    skipped(&mut h, list.skipped.len());
+    h.push_str(r#"<p class="paging">"#);
+    if page > 0 {
+        let _ = write!(h, r#"<a href="/tasks?{}&amp;page={}">← previous</a> "#, esc(query), page - 1);
+    }
+    let _ = write!(h, "page {}", page + 1);
+    if more {
+        let _ = write!(h, r#" <a href="/tasks?{}&amp;page={}">next →</a>"#, esc(query), page + 1);
+    }
+    h.push_str("</p>");
+    h
+}
+
+/// The filters above the task list.
+pub(crate) fn task_filters(queues: &[String], q: &str, agent: &str, st: &str) -> String {
+    let mut h = String::from(r#"<form method="get" action="/tasks" class="filters">queue <select name="queue">"#);
+    for name in queues {
+        let sel = if name == q { " selected" } else { "" };
+        let _ = write!(h, r#"<option value="{0}"{sel}>{0}</option>"#, esc(name));
+    }
+    let _ = write!(h, r#"</select> agent <input name="agent" value="{}"> state <select name="state">"#, esc(agent));
+    for s in ["", "ready", "running", "completed", "failed"] {
+        let sel = if s == st { " selected" } else { "" };
+        let _ = write!(h, r#"<option value="{s}"{sel}>{}</option>"#, if s.is_empty() { "any" } else { s });
+    }
+    h.push_str(r#"</select> <button>filter</button></form>"#);
+    h
+}
+
+/// A task: its state, attempts, last error, parent and children, and every
+/// field.
+pub(crate) fn task_detail(q: &str, d: &TaskDetail, actions: bool) -> String {
+    let t = &d.task;
+    let st = state(t);
+    let mut h = format!(
+        r#"<dl><dt>queue</dt><dd>{}</dd><dt>state</dt><dd id="state" class="{st}">{st}</dd><dt>agent</dt><dd>{}</dd><dt>attempts</dt><dd>{}</dd><dt>last error</dt><dd>{}</dd><dt>fence</dt><dd>{}</dd>"#,
+        esc(q),
+        cell(&t["agent_name"]),
+        cell(&t["attempts"]),
+        cell(&t["last_error"]),
+        cell(&t["token"])
+    );
+    if let Some(p) = &d.parent {
+        let _ = write!(h, r#"<dt>parent</dt><dd><a href="/tasks/{}?queue={}">{}</a></dd>"#, url(p), url(q), esc(p));
+    }
+    h.push_str("</dl>");
+    if actions && requeuable(st) {
+        h.push_str(&requeue_button(q, &id_text(t)));
+    }
+    if !d.children.is_empty() {
+        h.push_str("<h2>Children</h2><ul>");
+        for c in &d.children {
+            let id = id_text(c);
+            let _ =
+                write!(h, r#"<li><a href="/tasks/{}?queue={}">{}</a> {}</li>"#, url(&id), url(q), esc(&id), state(c));
+        }
+        h.push_str("</ul>");
+    }
+    let pretty = serde_json::to_string_pretty(t).unwrap_or_default();
+    let _ = write!(h, "<h2>Document</h2><pre>{}</pre>", esc(&pretty));
+    h
+}
+
+/// The confirmation step of a requeue: what it will touch.
+pub(crate) fn confirm_requeue(q: &str, filter: &str, id: &str, ids: &[String]) -> String {
+    if ids.is_empty() {
+        return r#"<p class="msg">Nothing to requeue: no failed or stuck task matches.</p><p><a href="/">back</a></p>"#
+            .into();
+    }
+    let mut h = format!("<p>This requeues {} failed or stuck task(s) in {}:</p><ul>", ids.len(), esc(q));
+    for i in ids {
+        let _ = write!(h, r#"<li><a href="/tasks/{}?queue={}">{}</a></li>"#, url(i), url(q), esc(i));
+    }
+    let _ = write!(
+        h,
+        r#"</ul><form method="post" action="/requeue"><input type="hidden" name="queue" value="{}"><input type="hidden" name="filter" value="{}"><input type="hidden" name="id" value="{}"><button id="confirm">Requeue {} task(s)</button> <a href="/">cancel</a></form>"#,
+        esc(q),
+        esc(filter),
+        esc(id),
+        ids.len()
+    );
+    h
+}
+
+/// The confirmation step of a schedule's pause or resume: the schedule as it
+/// is now.
+pub(crate) fn confirm_schedule(q: &str, name: &str, action: &str, row: &Value) -> String {
+    let mut h = format!("<p>This will {} schedule {} of {}:</p><dl>", esc(action), esc(name), esc(q));
+    for c in ["spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"] {
+        let _ = write!(h, "<dt>{}</dt><dd>{}</dd>", c.replace('_', " "), cell(&row[c]));
+    }
+    let _ = write!(
+        h,
+        r#"</dl><form method="post" action="/schedule"><input type="hidden" name="queue" value="{}"><input type="hidden" name="name" value="{}"><input type="hidden" name="action" value="{}"><button id="confirm">{} {}</button> <a href="/">cancel</a></form>"#,
+        esc(q),
+        esc(name),
+        esc(action),
+        esc(action),
+        esc(name)
+    );
+    h
+}
+
+/// The forms of the write actions (absent in read-only mode).
+pub(crate) fn action_forms(queues: &[String]) -> String {
+    let mut opts = String::new();
+    for q in queues {
+        let _ = write!(opts, r#"<option value="{0}">{0}</option>"#, esc(q));
+    }
+    format!(
+        r#"<section id="actions"><h2>Enqueue a task</h2><form method="post" action="/enqueue">queue <select name="queue">{opts}</select> agent <input name="agent" required> priority <input name="priority" value="0" size="4"><br><textarea name="data" rows="3" cols="60">{{}}</textarea><br><button>enqueue</button></form>
+<h2>Requeue failed or stuck tasks</h2><form method="post" action="/requeue/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form></section>"#
+    )
+}
+
+/// The login form.
+pub(crate) fn login() -> String {
+    r#"<form method="post" action="/login">token <input type="password" name="token" id="token" autocomplete="off"> <button id="login">log in</button></form><p>The token is printed when the dashboard starts, or read from <code>--token-file</code>.</p>"#.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup_and_urls() {
+        assert_eq!(esc(r#"<script>"a"&'b'</script>"#), "&lt;script&gt;&quot;a&quot;&amp;&#39;b&#39;&lt;/script&gt;");
+        assert_eq!(url("a b/&?é"), "a%20b%2F%26%3F%C3%A9");
+        let p = Page { title: "<t>".into(), live: "L".into(), ..Page::default() };
+        assert_eq!(p.render(true, false), "L");
+        assert!(p.render(false, true).contains("&lt;t&gt;") && !p.render(false, true).contains("/login"));
+    }
+}

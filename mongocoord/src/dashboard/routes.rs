@@ -1,0 +1,273 @@
+//! The router: pages (a whole document, or with `X-Fragment` only the part
+//! live updates replace), JSON, `/events`, `/metrics`, and unless read-only
+//! the login and the write actions behind the token.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bson::{doc, Document};
+use mongoagent::fields;
+use serde::Deserialize;
+use store_trait::Store;
+
+use super::pages::{self, Overview, Page};
+use super::{actions, auth, metrics, App, BODY_LIMIT};
+use crate::data;
+
+pub(super) type AppState<S> = State<Arc<App<S>>>;
+
+/// An error page with its status.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// The request is wrong (bad JSON, an unknown queue, a bad number).
+    Bad(String),
+    /// No such task.
+    NotFound(String),
+    /// The store failed.
+    Store(String),
+}
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        let (status, title, text) = match self {
+            Fail::Bad(t) => (StatusCode::BAD_REQUEST, "Bad request", t),
+            Fail::NotFound(t) => (StatusCode::NOT_FOUND, "Not found", t),
+            Fail::Store(t) => (StatusCode::SERVICE_UNAVAILABLE, "The store failed", t),
+        };
+        (status, html(pages::message(title, &text, "/").render(false, true))).into_response()
+    }
+}
+
+pub(super) fn html(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+}
+
+pub(super) fn page<S>(app: &App<S>, headers: &HeaderMap, p: Page) -> Response {
+    html(p.render(headers.contains_key("x-fragment"), app.cfg.read_only))
+}
+
+/// The router of `app`'s dashboard.
+pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
+    let mut r = Router::new()
+        .route("/", get(overview::<S>))
+        .route("/tasks", get(task_list::<S>))
+        .route("/tasks/{id}", get(task_detail::<S>))
+        .route("/events", get(events::<S>))
+        .route("/metrics", get(metrics_text::<S>))
+        .route("/api/overview", get(api_overview::<S>))
+        .route("/api/tasks", get(api_tasks::<S>))
+        .route("/assets/app.js", get(|| async { asset("text/javascript", include_str!("assets/app.js")) }))
+        .route("/assets/app.css", get(|| async { asset("text/css", include_str!("assets/app.css")) }));
+    if let Some(token) = app.token.clone() {
+        let actions = Router::new()
+            .route("/requeue/preview", post(actions::requeue_preview::<S>))
+            .route("/requeue", post(actions::requeue::<S>))
+            .route("/enqueue", post(actions::enqueue::<S>))
+            .route("/schedule/preview", post(actions::schedule_preview::<S>))
+            .route("/schedule", post(actions::schedule::<S>))
+            .route_layer(from_fn_with_state(token, auth::require_token));
+        r = r.merge(actions).route("/login", get(actions::login_form::<S>).post(actions::login::<S>));
+    }
+    let hosts = Arc::new(auth::allowed_hosts(app.cfg.addr));
+    r.with_state(app)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(from_fn(security_headers))
+        .layer(from_fn_with_state(hosts, auth::check_host))
+}
+
+/// No script but the dashboard's own file runs, whatever a page contains.
+async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; frame-ancestors 'none'; form-action 'self'"),
+    );
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    // Not `no-referrer`: with it, browsers send `Origin: null` on the
+    // dashboard's own form posts, and the Origin check refuses them.
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    res
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+/// The overview, read at most once per [`FRESH`] for every tab and scrape
+/// together: a change announced to many tabs makes them all re-fetch at once,
+/// and they share one read of the store.
+async fn gather<S: Store + Clone>(app: &App<S>) -> Result<Arc<Overview>, Fail> {
+    // Held across the read, so concurrent requests wait for it instead of
+    // reading again (a tokio mutex: holding it across an await is its purpose).
+    let mut cached = app.overview.lock().await;
+    if let Some((at, o)) = cached.as_ref() {
+        if at.elapsed() < FRESH {
+            return Ok(o.clone());
+        }
+    }
+    let o = Arc::new(read_overview(app).await?);
+    *cached = Some((tokio::time::Instant::now(), o.clone()));
+    Ok(o)
+}
+
+/// How long a read of the overview is served again.
+const FRESH: std::time::Duration = std::time::Duration::from_millis(250);
+
+async fn read_overview<S: Store + Clone>(app: &App<S>) -> Result<Overview, Fail> {
+    let s = &app.store;
+    let elections = data::elections(s, &app.cfg.elections, &app.cfg.status).await.map_err(Fail::Store)?;
+    let locks = data::locks(s, &app.cfg.locks).await.map_err(Fail::Store)?;
+    let mut queues = Vec::new();
+    for q in &app.cfg.queues {
+        let counts = data::queue_counts(s, q, None).await.map_err(Fail::Store)?;
+        let schedules = crate::schedules::rows(s, q, None).await.map_err(Fail::Store)?;
+        queues.push((q.clone(), counts, schedules));
+    }
+    Ok(Overview { elections, locks, queues })
+}
+
+async fn overview<S: Store + Clone>(State(app): AppState<S>, headers: HeaderMap) -> Result<Response, Fail> {
+    let o = gather(&app).await?;
+    let mut sections = vec!["locks".to_owned(), "elections".to_owned()];
+    sections.extend(app.cfg.queues.iter().map(|q| format!("queue:{q}")));
+    let extra = if app.cfg.read_only { String::new() } else { pages::action_forms(&app.cfg.queues) };
+    Ok(page(
+        &app,
+        &headers,
+        Page { title: "Overview".into(), sections, live: pages::overview(&o, !app.cfg.read_only), extra },
+    ))
+}
+
+async fn api_overview<S: Store + Clone>(State(app): AppState<S>) -> Result<Response, Fail> {
+    let o = gather(&app).await?;
+    let queues: serde_json::Map<String, serde_json::Value> = o
+        .queues
+        .iter()
+        .map(|(q, c, s)| (q.clone(), serde_json::json!({ "agents": c.agents, "skipped": c.skipped, "schedules": s })))
+        .collect();
+    Ok(Json(serde_json::json!({ "elections": o.elections, "locks": o.locks, "queues": queues })).into_response())
+}
+
+/// The query of the task pages.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TaskQuery {
+    queue: Option<String>,
+    agent: Option<String>,
+    state: Option<String>,
+    page: Option<String>,
+}
+
+const PAGE_SIZE: u32 = 50;
+
+/// The queue named by a request: one the dashboard was started with.
+pub(super) fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a str, Fail> {
+    match q {
+        None | Some("") => app
+            .cfg
+            .queues
+            .first()
+            .map(String::as_str)
+            .ok_or_else(|| Fail::Bad("the dashboard shows no queue: start it with --queue NAME".into())),
+        Some(q) => app
+            .cfg
+            .queues
+            .iter()
+            .find(|k| *k == q)
+            .map(String::as_str)
+            .ok_or_else(|| Fail::Bad(format!("the dashboard does not show queue {q}"))),
+    }
+}
+
+/// The equality filter of a task-list state. States that need a time or
+/// lease condition list their nearest superset (delayed with ready, stuck
+/// with claimed); waiting needs an existence test and is not listed.
+fn state_filter(state: &str) -> Result<Document, Fail> {
+    Ok(match state {
+        "" => doc! {},
+        "ready" | "delayed" => doc! { fields::READY: true },
+        "running" | "stuck" | "claimed" => doc! { fields::CLAIMED: true },
+        "completed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false },
+        "failed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true },
+        other => return Err(Fail::Bad(format!("unknown state {other:?}"))),
+    })
+}
+
+async fn list<S: Store + Clone>(app: &App<S>, tq: &TaskQuery) -> Result<(String, data::TaskList, u32, bool), Fail> {
+    let q = known_queue(app, tq.queue.as_deref())?.to_owned();
+    let page: u32 = match tq.page.as_deref() {
+        None | Some("") => 0,
+        Some(p) => p.parse().map_err(|_| Fail::Bad(format!("the page must be a number, not {p:?}")))?,
+    };
+    let mut f = state_filter(tq.state.as_deref().unwrap_or(""))?;
+    if let Some(a) = tq.agent.as_deref().filter(|a| !a.is_empty()) {
+        f.insert(fields::AGENT_NAME, a);
+    }
+    let skip = page.checked_mul(PAGE_SIZE).ok_or_else(|| Fail::Bad("the page is out of range".into()))?;
+    // One more than a page tells whether there is a next one.
+    let mut l = data::task_list(&app.store, &q, f, skip, PAGE_SIZE + 1).await.map_err(Fail::Store)?;
+    let more = l.tasks.len() > PAGE_SIZE as usize;
+    l.tasks.truncate(PAGE_SIZE as usize);
+    Ok((q, l, page, more))
+}
+
+async fn task_list<S: Store + Clone>(
+    State(app): AppState<S>,
+    headers: HeaderMap,
+    Query(tq): Query<TaskQuery>,
+) -> Result<Response, Fail> {
+    let (q, l, page, more) = list(&app, &tq).await?;
+    let (agent, state) = (tq.agent.clone().unwrap_or_default(), tq.state.clone().unwrap_or_default());
+    let query = format!("queue={}&agent={}&state={}", pages::url(&q), pages::url(&agent), pages::url(&state));
+    let live = pages::task_list(&q, &l, &query, page, more, !app.cfg.read_only);
+    let extra = pages::task_filters(&app.cfg.queues, &q, &agent, &state);
+    let title = format!("Tasks in {q}");
+    Ok(page_with_filters(&app, &headers, Page { title, sections: vec![format!("queue:{q}")], live, extra }))
+}
+
+fn page_with_filters<S>(app: &App<S>, headers: &HeaderMap, mut p: Page) -> Response {
+    // The filters go above the list: put them first in the live part's page.
+    if !headers.contains_key("x-fragment") {
+        p.live = format!("{}{}", std::mem::take(&mut p.extra), p.live);
+        p.live = format!(r#"<div class="list">{}</div>"#, p.live);
+    }
+    page(app, headers, p)
+}
+
+async fn api_tasks<S: Store + Clone>(State(app): AppState<S>, Query(tq): Query<TaskQuery>) -> Result<Response, Fail> {
+    let (_, l, _, more) = list(&app, &tq).await?;
+    Ok(Json(serde_json::json!({ "tasks": l.tasks, "skipped": l.skipped, "more": more })).into_response())
+}
+
+async fn task_detail<S: Store + Clone>(
+    State(app): AppState<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(tq): Query<TaskQuery>,
+) -> Result<Response, Fail> {
+    let q = known_queue(&app, tq.queue.as_deref())?.to_owned();
+    let d = data::task_detail(&app.store, &q, &id).await.map_err(Fail::Store)?;
+    let d = d.ok_or_else(|| Fail::NotFound(format!("no task {id} in {q}")))?;
+    let live = pages::task_detail(&q, &d, !app.cfg.read_only);
+    Ok(page(
+        &app,
+        &headers,
+        Page { title: format!("Task {id}"), sections: vec![format!("queue:{q}")], live, extra: String::new() },
+    ))
+}
+
+async fn events<S: Store + Clone>(State(app): AppState<S>) -> Response {
+    app.live.events(app.shutdown.clone()).into_response()
+}
+
+async fn metrics_text<S: Store + Clone>(State(app): AppState<S>) -> Result<Response, Fail> {
+    let o = gather(&app).await?;
+    let text = metrics::render(&o, &app.cfg.locks, &app.live.counters).map_err(Fail::Store)?;
+    Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
+}

@@ -1,0 +1,381 @@
+//! Every route and action at the HTTP level (`oneshot` on the router),
+//! against the memory store and the real server.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use bson::doc;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use mongoagent::{NewTask, Queue};
+use store_memory::MemoryStore;
+use store_trait::{Condition, Mutation, Store, Write};
+use tower::ServiceExt;
+
+use super::{auth::Token, router, App, Config};
+
+const TOKEN: &str = "0123456789abcdef-test";
+const HOST: &str = "127.0.0.1:8080";
+
+fn app<S: Store + Clone + 'static>(store: S, read_only: bool) -> std::sync::Arc<App<S>> {
+    let mut cfg = Config::new(vec!["jobs".into()], HOST.parse().unwrap());
+    cfg.read_only = read_only;
+    App::new(store, cfg, Some(Token::new(TOKEN).unwrap())).unwrap()
+}
+
+struct Res {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn send(r: &Router, req: Request<Body>) -> Res {
+    let res = r.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let body = String::from_utf8_lossy(&body.collect().await.unwrap().to_bytes()).into_owned();
+    Res { status: parts.status, headers: parts.headers, body }
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).header(header::HOST, HOST).body(Body::empty()).unwrap()
+}
+
+/// A form post as the dashboard's own page sends it, with `auth` as the
+/// cookie (or none).
+fn post(path: &str, form: &str, auth: Option<&str>) -> Request<Body> {
+    let mut b = Request::post(path)
+        .header(header::HOST, HOST)
+        .header(header::ORIGIN, format!("http://{HOST}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(t) = auth {
+        b = b.header(header::COOKIE, format!("mongocoord_token={t}"));
+    }
+    b.body(Body::from(form.to_owned())).unwrap()
+}
+
+fn enc(s: &str) -> String {
+    super::pages::url(s)
+}
+
+const SCRIPT: &str = "<script>alert(1)</script>";
+const IMG: &str = r#""><img src=x onerror=alert(2)>"#;
+
+/// A lock held, a ready task whose data is markup, and a failed task.
+async fn seed<S: Store + Clone>(store: &S) -> (mongolock::LockGuard<S>, String, String) {
+    let lock = mongolock::Lock::builder(store.clone(), "nightly-report").build().unwrap();
+    let guard = lock.try_acquire().await.unwrap().unwrap();
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    let (evil, _) = q.enqueue(NewTask::new("resize", doc! { "html": SCRIPT, "attr": IMG }).id("evil")).await.unwrap();
+    let (failed, _) = q.enqueue(NewTask::new("resize", doc! { "n": 1 }).id("broken")).await.unwrap();
+    let w = Write::new(
+        Condition::Always,
+        Mutation::new().set("complete", true).set("error_encountered", true).set("ready", false),
+    );
+    assert!(store.write(q.collection(), &failed, &w).await.unwrap().is_applied());
+    let every = mongoagent::Schedule::every("sweep", Duration::from_secs(60), NewTask::new("resize", doc! {})).unwrap();
+    mongoagent::Schedules::new(store.clone(), "jobs").unwrap().upsert(&every).await.unwrap();
+    (guard, evil.to_string(), failed.to_string())
+}
+
+async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
+    let (_guard, evil, _) = seed(&store).await;
+    let r = router(app(store.clone(), false));
+    // The watchers open in the background.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let o = send(&r, get("/")).await;
+    assert_eq!(o.status, StatusCode::OK);
+    assert!(o.body.contains("nightly-report") && o.body.contains("resize"), "{}", o.body);
+    assert!(o.body.contains(r#"action="/enqueue""#), "actions are offered");
+    let csp = o.headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    let fragment =
+        send(&r, Request::get("/").header(header::HOST, HOST).header("x-fragment", "1").body(Body::empty()).unwrap())
+            .await;
+    assert!(fragment.body.contains("nightly-report") && !fragment.body.contains("<html"));
+
+    // Markup in a task is shown as text, never as markup.
+    for path in [format!("/tasks/{evil}?queue=jobs"), "/tasks?queue=jobs".into()] {
+        let t = send(&r, get(&path)).await;
+        assert_eq!(t.status, StatusCode::OK, "{path}");
+        assert!(!t.body.contains("<script>alert") && !t.body.contains("<img src=x"), "{path}: {}", t.body);
+    }
+    let detail = send(&r, get(&format!("/tasks/{evil}?queue=jobs"))).await.body;
+    assert!(detail.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{detail}");
+    assert!(detail.contains("&quot;&gt;&lt;img src=x onerror=alert(2)&gt;"), "{detail}");
+
+    let list = send(&r, get("/tasks?queue=jobs&state=failed")).await.body;
+    assert!(list.contains("broken") && !list.contains(">evil<"), "{list}");
+    assert!(list.contains("requeue…"), "a failed task offers requeue: {list}");
+
+    // JSON carries the data as it is, as JSON (never sniffed as HTML).
+    let api = send(&r, get("/api/tasks?queue=jobs")).await;
+    assert_eq!(api.headers[header::CONTENT_TYPE], "application/json");
+    assert_eq!(api.headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+    let api: serde_json::Value = serde_json::from_str(&api.body).unwrap();
+    assert_eq!(api["tasks"].as_array().unwrap().len(), 2);
+    let api: serde_json::Value = serde_json::from_str(&send(&r, get("/api/overview")).await.body).unwrap();
+    assert_eq!(api["locks"]["rows"][0]["key"], "nightly-report");
+    assert_eq!(api["queues"]["jobs"]["agents"]["resize"]["failed"], 1);
+
+    let m = send(&r, get("/metrics")).await;
+    assert!(m.headers[header::CONTENT_TYPE].to_str().unwrap().contains("openmetrics"));
+    for line in [
+        r#"mongocoord_queue_tasks{queue="jobs",agent="resize",state="ready"} 1"#,
+        r#"mongocoord_queue_tasks{queue="jobs",agent="resize",state="failed"} 1"#,
+        r#"mongocoord_lock_held{collection="mongolocker",key="nightly-report",holder="#,
+        r#"mongocoord_lock_remaining_seconds{collection="mongolocker",key="nightly-report"}"#,
+        "mongocoord_dashboard_watchers 5",
+        "mongocoord_dashboard_resyncs_total 0",
+        "mongocoord_dashboard_live_clients 0",
+        "# EOF",
+    ] {
+        assert!(m.body.contains(line), "{line} in\n{}", m.body);
+    }
+
+    assert!(send(&r, get("/assets/app.js")).await.body.contains("EventSource"));
+    assert!(send(&r, get("/assets/app.css")).await.status.is_success());
+    assert_eq!(send(&r, get("/tasks/nothing?queue=jobs")).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(send(&r, get("/tasks?queue=elsewhere")).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(send(&r, get("/tasks?queue=jobs&page=x")).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(send(&r, get("/tasks?queue=jobs&state=odd")).await.status, StatusCode::BAD_REQUEST);
+    // Another name for this server (DNS rebinding) is refused.
+    let rebound = Request::get("/").header(header::HOST, "evil.example:8080").body(Body::empty()).unwrap();
+    assert_eq!(send(&r, rebound).await.status, StatusCode::FORBIDDEN);
+}
+
+async fn actions<S: Store + Clone + 'static>(store: S) {
+    let (_guard, _, failed) = seed(&store).await;
+    let r = router(app(store.clone(), false));
+    let task = "queue=jobs&agent=resize&priority=3&data=".to_owned() + &enc(r#"{"size": 10}"#);
+
+    // Without the token, with a wrong one, or from another origin: refused.
+    assert_eq!(send(&r, post("/enqueue", &task, None)).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(send(&r, post("/enqueue", &task, Some("0123456789abcdef-tesT"))).await.status, StatusCode::UNAUTHORIZED);
+    let mut cross = post("/enqueue", &task, Some(TOKEN));
+    cross.headers_mut().insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+    assert_eq!(send(&r, cross).await.status, StatusCode::FORBIDDEN);
+
+    // Logging in sets a strict cookie.
+    let bad = send(&r, post("/login", "token=nope", None)).await;
+    assert_eq!(bad.status, StatusCode::UNAUTHORIZED);
+    let ok = send(&r, post("/login", &format!("token={}", enc(TOKEN)), None)).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    let cookie = ok.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains("SameSite=Strict") && cookie.contains("HttpOnly"), "{cookie}");
+    assert!(send(&r, get("/login")).await.body.contains(r#"name="token""#));
+
+    // Enqueue: bad JSON and bad numbers are a clear 400.
+    let bad = send(&r, post("/enqueue", "queue=jobs&agent=resize&data=%7Bnope", Some(TOKEN))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("not valid JSON"), "{}", bad.body);
+    let bad = send(&r, post("/enqueue", "queue=jobs&agent=resize&data=%5B1%5D", Some(TOKEN))).await;
+    assert!(bad.status == StatusCode::BAD_REQUEST && bad.body.contains("must be a JSON object"));
+    let bad = send(&r, post("/enqueue", "queue=jobs&agent=resize&data=%7B%7D&priority=high", Some(TOKEN))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let bad = send(&r, post("/enqueue", "queue=other&agent=resize&data=%7B%7D", Some(TOKEN))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "only the queues shown");
+    let huge = format!("queue=jobs&agent=resize&data={}", "x".repeat(super::BODY_LIMIT + 1));
+    assert_eq!(send(&r, post("/enqueue", &huge, Some(TOKEN))).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    let done = send(&r, post("/enqueue", &task, Some(TOKEN))).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    let to = done.headers[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(send(&r, get(&to)).await.body.contains("&quot;size&quot;: 10"));
+    // A script may send the token in a header instead of the cookie.
+    let mut scripted = post("/enqueue", &task, None);
+    scripted.headers_mut().insert(super::auth::TOKEN_HEADER, TOKEN.parse().unwrap());
+    assert_eq!(send(&r, scripted).await.status, StatusCode::SEE_OTHER);
+
+    // Requeue: the preview lists what it would touch and changes nothing.
+    let preview = send(&r, post("/requeue/preview", &format!("queue=jobs&id={failed}"), Some(TOKEN))).await;
+    assert_eq!(preview.status, StatusCode::OK);
+    assert!(preview.body.contains("Requeue 1 task(s)") && preview.body.contains("broken"), "{}", preview.body);
+    let state = |s: S| async move {
+        let d = crate::data::task_detail(&s, "jobs", "broken").await.unwrap().unwrap();
+        super::pages::state(&d.task)
+    };
+    assert_eq!(state(store.clone()).await, "failed");
+    let filter = format!("queue=jobs&filter={}", enc(r#"{"agent_name": "resize"}"#));
+    let by_filter = send(&r, post("/requeue/preview", &filter, Some(TOKEN))).await;
+    assert!(by_filter.body.contains("Requeue 1 task(s)"), "{}", by_filter.body);
+    let bad = send(&r, post("/requeue/preview", "queue=jobs&filter=%7Bx", Some(TOKEN))).await;
+    assert!(bad.status == StatusCode::BAD_REQUEST && bad.body.contains("not valid JSON"));
+    assert_eq!(
+        send(&r, post("/requeue", &format!("queue=jobs&id={failed}"), None)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(state(store.clone()).await, "failed");
+
+    let done = send(&r, post("/requeue", &format!("queue=jobs&id={failed}"), Some(TOKEN))).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    assert_eq!(state(store.clone()).await, "ready");
+    let none = send(&r, post("/requeue/preview", &format!("queue=jobs&id={failed}"), Some(TOKEN))).await;
+    assert!(none.body.contains("Nothing to requeue"));
+
+    // A schedule's pause: the preview shows it, then it is paused.
+    assert!(send(&r, get("/")).await.body.contains(r#"name="action" value="pause""#));
+    let paused = || async { crate::schedules::rows(&store, "jobs", None).await.unwrap()[0]["paused"].clone() };
+    let preview = send(&r, post("/schedule/preview", "queue=jobs&name=sweep&action=pause", Some(TOKEN))).await;
+    assert!(preview.status == StatusCode::OK && preview.body.contains("every 60s"), "{}", preview.body);
+    assert_eq!(paused().await, false);
+    assert_eq!(
+        send(&r, post("/schedule", "queue=jobs&name=sweep&action=pause", None)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&r, post("/schedule", "queue=jobs&name=sweep&action=pause", Some(TOKEN))).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(paused().await, true);
+    assert!(send(&r, get("/")).await.body.contains(r#"name="action" value="resume""#));
+    let bad = send(&r, post("/schedule", "queue=jobs&name=sweep&action=drop", Some(TOKEN))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let none = send(&r, post("/schedule/preview", "queue=jobs&name=nope&action=pause", Some(TOKEN))).await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        send(&r, post("/schedule", "queue=jobs&name=sweep&action=resume", Some(TOKEN))).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(paused().await, false);
+}
+
+async fn read_only<S: Store + Clone + 'static>(store: S) {
+    let (_guard, _, failed) = seed(&store).await;
+    let r = router(app(store.clone(), true));
+    for path in ["/", "/tasks?queue=jobs", &format!("/tasks/{failed}?queue=jobs")] {
+        let p = send(&r, get(path)).await;
+        assert_eq!(p.status, StatusCode::OK);
+        assert!(!p.body.contains(r#"method="post""#) && !p.body.contains("/login"), "{path}: {}", p.body);
+        assert!(p.body.contains("read-only"));
+    }
+    for path in ["/requeue", "/requeue/preview", "/enqueue", "/schedule", "/schedule/preview", "/login"] {
+        let s = send(&r, post(path, &format!("queue=jobs&id={failed}"), Some(TOKEN))).await.status;
+        assert!(s == StatusCode::NOT_FOUND || s == StatusCode::METHOD_NOT_ALLOWED, "{path}: {s}");
+    }
+    assert_eq!(send(&r, get("/login")).await.status, StatusCode::NOT_FOUND);
+}
+
+/// Opens six `/events` streams and waits (on whatever clock the runtime has)
+/// until each announces the change of a lock. `ops` reads the store's
+/// operation count where the backend has one.
+async fn tabs_see<S: Store + Clone + 'static>(store: S, paused: bool, ops: impl Fn() -> Option<u64>) {
+    let a = app(store.clone(), true);
+    let r = router(a.clone());
+    // Let the pumps subscribe (simulated time when paused).
+    let settle = Duration::from_millis(if paused { 100 } else { 500 });
+    tokio::time::sleep(settle).await;
+    let before = ops();
+    let mut tabs = Vec::new();
+    for _ in 0..6 {
+        let res = r.clone().oneshot(get("/events")).await.unwrap();
+        assert_eq!(res.headers()[header::CONTENT_TYPE], "text/event-stream");
+        tabs.push(res.into_body().into_data_stream());
+    }
+    tokio::time::sleep(settle).await;
+    // Six tabs, one watcher per watched collection (locks, elections, status,
+    // the queue and its schedules), not one per tab; tabs cost the store
+    // nothing (not one operation, a subscription included).
+    assert_eq!(a.live.counters.watchers.load(Ordering::Relaxed), 5);
+    assert_eq!(a.live.counters.clients.load(Ordering::Relaxed), 6);
+    assert_eq!(ops(), before, "opening tabs touched the store");
+    let lock = mongolock::Lock::builder(store.clone(), "seen-live").build().unwrap();
+    let _guard = lock.try_acquire().await.unwrap().unwrap();
+    for tab in &mut tabs {
+        let mut seen = String::new();
+        while !seen.contains("data: locks") {
+            let chunk = tokio::time::timeout(Duration::from_secs(20), tab.next()).await.unwrap().unwrap().unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+    drop(tabs);
+    assert_eq!(a.live.counters.clients.load(Ordering::Relaxed), 0);
+    // Shutting down ends the open streams, which would otherwise hold the
+    // graceful shutdown open.
+    let mut tab = r.clone().oneshot(get("/events")).await.unwrap().into_body().into_data_stream();
+    a.shutdown.cancel();
+    assert!(tokio::time::timeout(Duration::from_secs(20), tab.next()).await.unwrap().is_none());
+}
+
+/// Tabs that re-fetch together share one read of the store.
+#[tokio::test(start_paused = true)]
+async fn tabs_refreshing_together_share_one_read() {
+    let store = MemoryStore::new();
+    let _seeded = seed(&store).await;
+    let r = router(app(store.clone(), true));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fragment =
+        || Request::get("/").header(header::HOST, HOST).header("x-fragment", "1").body(Body::empty()).unwrap();
+    let before = store.operation_count();
+    assert!(send(&r, fragment()).await.body.contains("nightly-report"));
+    let one = store.operation_count() - before;
+    assert!(one > 0);
+    let all = futures::future::join_all((0..8).map(|_| send(&r, fragment()))).await;
+    assert!(all.iter().all(|p| p.body.contains("nightly-report")));
+    send(&r, get("/metrics")).await;
+    assert_eq!(store.operation_count() - before, one, "eight tabs and a scrape read once");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    send(&r, fragment()).await;
+    assert_eq!(store.operation_count() - before, 2 * one, "a later change is read again");
+}
+
+mod memory {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pages_json_and_metrics() {
+        super::pages_json_and_metrics(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn actions() {
+        super::actions(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn read_only() {
+        super::read_only(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tabs_share_one_watcher_per_collection() {
+        let s = MemoryStore::new();
+        super::tabs_see(s.clone(), true, || Some(s.operation_count())).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_change_streams_sections_are_polled() {
+        let s = MemoryStore::builder().change_streams(false).build();
+        super::tabs_see(s.clone(), true, || Some(s.operation_count())).await;
+    }
+}
+
+mod mongo {
+    #[tokio::test]
+    async fn pages_json_and_metrics() {
+        let Some(s) = store_mongo::testing::test_store("dash_pages").await else { return };
+        super::pages_json_and_metrics(s).await;
+    }
+
+    #[tokio::test]
+    async fn actions() {
+        let Some(s) = store_mongo::testing::test_store("dash_actions").await else { return };
+        super::actions(s).await;
+    }
+
+    #[tokio::test]
+    async fn read_only() {
+        let Some(s) = store_mongo::testing::test_store("dash_read_only").await else { return };
+        super::read_only(s).await;
+    }
+
+    #[tokio::test]
+    async fn tabs_share_one_watcher_per_collection() {
+        let Some(s) = store_mongo::testing::test_store("dash_tabs").await else { return };
+        super::tabs_see(s, false, || None).await;
+    }
+}

@@ -1,0 +1,343 @@
+//! What the operator views show, read once: locks, elections, queue counts,
+//! tasks and schedules as serializable data, generic over the store. The CLI
+//! views (`views.rs`, `schedules.rs`) print it; the dashboard renders it and
+//! serves it as JSON. Each document schema has its one reader in the library
+//! (`LockInfo`, `mongoelector::status`, `Queue`, `Schedules`); this module only
+//! shapes what they return.
+
+use std::collections::BTreeMap;
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+use mongoagent::{fields, Queue};
+use serde::Serialize;
+use serde_json::{json, Value};
+use store_trait::{Collection, Order, Query, Record, Store, StoreError, StoreResult};
+
+/// A collection name from the user, checked.
+pub(crate) fn coll(name: &str) -> Result<Collection, String> {
+    Collection::new(name).map_err(|e| e.to_string())
+}
+
+/// A JSON object given by the user; `what` names it in errors ("filter",
+/// "task").
+pub(crate) fn parse_object(what: &str, text: &str) -> Result<Document, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("the {what} is not valid JSON: {e}"))?;
+    match Bson::try_from(v).map_err(|e| format!("the {what} cannot be stored: {e}"))? {
+        Bson::Document(d) => Ok(d),
+        _ => Err(format!("the {what} must be a JSON object")),
+    }
+}
+
+/// Splits a per-document read into the records and what was skipped: documents
+/// the store cannot read (another program's, with a UUID `_id` or a string
+/// `fence`), each as `{"skipped": true, "key": <raw id>, "error": …}`. A view
+/// lists the records and reports the rest instead of failing on the first.
+pub(crate) fn readable(found: Vec<StoreResult<Record>>) -> (Vec<Record>, Vec<Value>) {
+    let mut records = Vec::with_capacity(found.len());
+    let mut skipped = Vec::new();
+    for r in found {
+        match r {
+            Ok(r) => records.push(r),
+            Err(StoreError::Malformed { key, reason, .. }) => {
+                skipped.push(json!({ "skipped": true, "key": key, "error": reason }))
+            }
+            Err(e) => skipped.push(json!({ "skipped": true, "key": Value::Null, "error": e.to_string() })),
+        }
+    }
+    (records, skipped)
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One lock document as `mongocoord locks` shows it; expiry on the store clock.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LockRow {
+    pub(crate) key: String,
+    pub(crate) held: bool,
+    pub(crate) holder: Option<String>,
+    pub(crate) host: Option<String>,
+    pub(crate) pid: Option<u32>,
+    /// The fence (the CLI's JSON has always called it `token`).
+    pub(crate) token: u64,
+    pub(crate) since_ms: Option<i64>,
+    pub(crate) expires_in_ms: Option<u64>,
+}
+
+/// The lock collection: its readable documents and those skipped.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Locks {
+    pub(crate) rows: Vec<LockRow>,
+    pub(crate) skipped: Vec<Value>,
+}
+
+/// Reads every lock document, with expiry measured on the store's clock.
+pub(crate) async fn locks<S: Store>(store: &S, collection: &str) -> Result<Locks, String> {
+    let c = coll(collection)?;
+    let now = store.now().await.map_err(|e| e.to_string())?;
+    let found = store.find_each(&c, &Query::all().sort("_id", Order::Asc)).await.map_err(|e| e.to_string())?;
+    let (records, skipped) = readable(found);
+    let rows = records
+        .iter()
+        .map(|r| {
+            let info = mongolock::LockInfo::from_record(r, Some(now));
+            LockRow {
+                key: r.key().to_string(),
+                held: info.is_some(),
+                holder: info.as_ref().map(|i| i.owner.clone()),
+                host: info.as_ref().and_then(|i| i.host.clone()),
+                pid: info.as_ref().and_then(|i| i.pid),
+                token: r.fence(),
+                since_ms: info.as_ref().map(|i| i.since.as_millis()),
+                expires_in_ms: info.as_ref().map(|i| millis(now.until(i.expires))),
+            }
+        })
+        .collect();
+    Ok(Locks { rows, skipped })
+}
+
+/// A node that reported on an election.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct NodeRow {
+    pub(crate) node: String,
+    pub(crate) host: String,
+    pub(crate) pid: i64,
+    pub(crate) version: String,
+    pub(crate) is_master: bool,
+    pub(crate) last_seen_ms_ago: i64,
+}
+
+/// One election: its leader (`master`, the seed's name), term and nodes.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ElectionRow {
+    pub(crate) election: String,
+    pub(crate) master: Option<String>,
+    /// The term's fence.
+    pub(crate) token: Option<u64>,
+    pub(crate) since_ms: Option<i64>,
+    pub(crate) expires_in_ms: Option<u64>,
+    pub(crate) nodes: Vec<NodeRow>,
+}
+
+/// Every election, and status documents that could not be read.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Elections {
+    pub(crate) elections: Vec<ElectionRow>,
+    /// `{"id", "error"}` per status document skipped.
+    pub(crate) skipped: Vec<Value>,
+}
+
+/// The seed's `cluster_detail` for every election; status documents are read
+/// with the library's one reader (`mongoelector::status::read_reports`).
+pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &str) -> Result<Elections, String> {
+    let (c, s) = (coll(collection)?, coll(status)?);
+    let now = store.now().await.map_err(|e| e.to_string())?;
+    let leases = store.find(&c, &Query::all().sort("_id", Order::Asc)).await.map_err(|e| e.to_string())?;
+    let reports = mongoelector::status::read_reports(store, &s, None).await.map_err(|e| e.to_string())?;
+    let elections = leases
+        .iter()
+        .map(|e| {
+            let key = e.key().to_string();
+            let master = mongolock::LockInfo::from_record(e, Some(now));
+            let nodes = reports
+                .nodes
+                .iter()
+                .filter(|n| n.election == key)
+                .map(|n| NodeRow {
+                    node: n.node.clone(),
+                    host: n.host.clone(),
+                    pid: n.pid,
+                    version: n.version.clone(),
+                    is_master: n.is_leader,
+                    last_seen_ms_ago: now.as_millis().saturating_sub(n.last_poll.as_millis()),
+                })
+                .collect();
+            ElectionRow {
+                election: key,
+                master: master.as_ref().map(|m| m.owner.clone()),
+                token: master.as_ref().map(|m| m.token),
+                since_ms: master.as_ref().map(|m| m.since.as_millis()),
+                expires_in_ms: master.as_ref().map(|m| millis(now.until(m.expires))),
+                nodes,
+            }
+        })
+        .collect();
+    let skipped = reports.skipped.iter().map(|b| json!({"id": b.id, "error": b.to_string()})).collect();
+    Ok(Elections { elections, skipped })
+}
+
+/// One agent's task counts by state.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StatsRow {
+    pub(crate) ready: u64,
+    pub(crate) delayed: u64,
+    pub(crate) running: u64,
+    pub(crate) stuck: u64,
+    pub(crate) waiting: u64,
+    pub(crate) completed: u64,
+    pub(crate) failed: u64,
+    pub(crate) oldest_ready_age_ms: Option<u64>,
+}
+
+impl StatsRow {
+    /// The states, in the order the views show them.
+    pub(crate) const STATES: [&'static str; 7] =
+        ["ready", "delayed", "running", "stuck", "waiting", "completed", "failed"];
+
+    /// The counts in the order of [`StatsRow::STATES`].
+    pub(crate) fn counts(&self) -> [u64; 7] {
+        [self.ready, self.delayed, self.running, self.stuck, self.waiting, self.completed, self.failed]
+    }
+}
+
+/// A queue's counts per agent, and the documents skipped finding the agents.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct QueueCounts {
+    pub(crate) agents: BTreeMap<String, StatsRow>,
+    pub(crate) skipped: Vec<Value>,
+}
+
+/// The agent names in a queue, and the documents skipped on the way.
+async fn agent_names<S: Store>(store: &S, c: &Collection) -> Result<(Vec<String>, Vec<Value>), String> {
+    // A scan of names only; queues with millions of tasks should name the agent.
+    let found = store.find_each(c, &Query::all().limit(100_000)).await.map_err(|e| e.to_string())?;
+    let (all, skipped) = readable(found);
+    let mut names: Vec<String> =
+        all.iter().filter_map(|r| r.data().get_str(fields::AGENT_NAME).ok().map(str::to_owned)).collect();
+    names.sort();
+    names.dedup();
+    Ok((names, skipped))
+}
+
+/// Per-agent counts of a queue (`Queue::stats`), for one agent or all of them.
+pub(crate) async fn queue_counts<S: Store + Clone>(
+    store: &S,
+    queue: &str,
+    agent: Option<&str>,
+) -> Result<QueueCounts, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    let (names, skipped) = match agent {
+        Some(a) => (vec![a.to_owned()], Vec::new()),
+        None => agent_names(store, q.collection()).await?,
+    };
+    let mut agents = BTreeMap::new();
+    for n in &names {
+        let s = q.stats(n).await.map_err(|e| e.to_string())?;
+        agents.insert(
+            n.clone(),
+            StatsRow {
+                ready: s.ready,
+                delayed: s.delayed,
+                running: s.running,
+                stuck: s.stuck,
+                waiting: s.waiting,
+                completed: s.completed,
+                failed: s.failed,
+                oldest_ready_age_ms: s.oldest_ready_age.map(millis),
+            },
+        );
+    }
+    Ok(QueueCounts { agents, skipped })
+}
+
+/// A task's state in words, from its fields: the one reading of them the
+/// views share (`completed`, `failed`, `held` by the overlap policy,
+/// `waiting` for follow-ups, `running` (claimed; the lease may have lapsed),
+/// `ready`, or `pending`: a follow-up not yet active).
+pub(crate) fn task_state(d: &Document) -> &'static str {
+    let flag = |k: &str| d.get_bool(k).ok() == Some(true);
+    if flag(fields::COMPLETE) {
+        if flag(fields::ERROR_ENCOUNTERED) {
+            "failed"
+        } else {
+            "completed"
+        }
+    } else if flag(fields::OVERLAP_HELD) {
+        "held"
+    } else if d.contains_key(fields::WAITING) {
+        "waiting"
+    } else if flag(fields::CLAIMED) {
+        "running"
+    } else if flag(fields::READY) {
+        "ready"
+    } else {
+        "pending"
+    }
+}
+
+/// A task as JSON: `_id`, `token` (its fence), then its fields (relaxed
+/// extended JSON, so dates and ids stay readable).
+pub(crate) fn task_json(r: &Record) -> Value {
+    let mut d = doc! { "_id": r.key().as_bson().clone(), "token": i64::try_from(r.fence()).unwrap_or(i64::MAX) };
+    d.extend(r.data().clone());
+    Bson::Document(d).into_relaxed_extjson()
+}
+
+/// Tasks in claim order, as JSON.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TaskList {
+    pub(crate) tasks: Vec<Value>,
+    pub(crate) skipped: Vec<Value>,
+}
+
+/// Tasks matching an equality filter in claim order, `skip` of them passed
+/// over and at most `limit` listed (`Queue::tasks_each`).
+pub(crate) async fn task_list<S: Store + Clone>(
+    store: &S,
+    queue: &str,
+    filter: Document,
+    skip: u32,
+    limit: u32,
+) -> Result<TaskList, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    // The store has no offset; a page reads what precedes it too.
+    let upto = skip.checked_add(limit).ok_or("the page is out of range")?;
+    let found = q.tasks_each(filter, Some(upto)).await.map_err(|e| e.to_string())?;
+    let (records, skipped) = readable(found);
+    let tasks = records.iter().skip(skip as usize).map(task_json).collect();
+    Ok(TaskList { tasks, skipped })
+}
+
+/// One task with its parent and children.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TaskDetail {
+    pub(crate) task: Value,
+    pub(crate) parent: Option<String>,
+    pub(crate) children: Vec<Value>,
+}
+
+/// A task id as typed: a 24-digit hex string is an `ObjectId`, anything else a
+/// string id.
+pub(crate) fn task_id(id: &str) -> Bson {
+    match ObjectId::parse_str(id) {
+        Ok(oid) if id.len() == 24 => Bson::ObjectId(oid),
+        _ => Bson::String(id.to_owned()),
+    }
+}
+
+/// The task with id `id`, its parent's id and its children (at most 100).
+pub(crate) async fn task_detail<S: Store + Clone>(
+    store: &S,
+    queue: &str,
+    id: &str,
+) -> Result<Option<TaskDetail>, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    let id = task_id(id);
+    let found = q.tasks_each(doc! { "_id": id.clone() }, Some(1)).await.map_err(|e| e.to_string())?;
+    let (records, skipped) = readable(found);
+    let Some(r) = records.first() else {
+        return match skipped.first() {
+            Some(s) => Err(format!("the task cannot be read: {}", s["error"].as_str().unwrap_or_default())),
+            None => Ok(None),
+        };
+    };
+    let parent = r.data().get(fields::PARENT).map(|p| match p {
+        Bson::String(s) => s.clone(),
+        Bson::ObjectId(o) => o.to_hex(),
+        other => other.to_string(),
+    });
+    let found = q.tasks_each(doc! { fields::PARENT: id }, Some(100)).await.map_err(|e| e.to_string())?;
+    let children = readable(found).0.iter().map(task_json).collect();
+    Ok(Some(TaskDetail { task: task_json(r), parent, children }))
+}

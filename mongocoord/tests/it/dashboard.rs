@@ -1,0 +1,204 @@
+//! `mongocoord dashboard` in a real browser: headless Chromium from Debian's
+//! packages (`chromium`, `chromium-driver`; `cargo xtask ci` installs them), driven
+//! over WebDriver by `fantoccini`, against the binary and the real server.
+//! Without the browser the test skips with a message, and fails under `CI`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+
+use crate::{env, Env};
+
+/// Kills a child process when dropped (a failed assertion must not leave a
+/// dashboard or a driver running).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn chromedriver() -> Option<PathBuf> {
+    ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"].iter().map(PathBuf::from).find(|p| p.exists())
+}
+
+fn port() -> u16 {
+    store_mongo::testing::free_port().unwrap()
+}
+
+fn dashboard(e: &Env, port: u16, extra: &[&str]) -> Killed {
+    let bind = format!("127.0.0.1:{port}");
+    let mut args = vec!["dashboard", "--bind", &bind, "--queue", "jobs"];
+    args.extend(extra);
+    let child = e.cmd(&args).stdin(Stdio::null()).spawn().unwrap();
+    store_mongo::testing::wait_for_port(port, Duration::from_secs(30)).unwrap();
+    Killed(child)
+}
+
+/// Waits until the page's element `css` contains `text`; returns how long that
+/// took. The page is never reloaded here: a marker set on `window` before must
+/// still be there.
+async fn wait_text(c: &Client, css: &str, text: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let now = match c.find(Locator::Css(css)).await {
+            Ok(el) => el.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if now.contains(text) {
+            let marker = c.execute("return window.__noReload === true;", vec![]).await.unwrap();
+            assert_eq!(marker, serde_json::Value::Bool(true), "the page was reloaded waiting for {text:?}");
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < timeout, "{text:?} never appeared in {css}: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The element `css` once the page has it (a click's navigation may still be
+/// under way); the page's source if it never comes.
+async fn find(c: &Client, css: &str) -> fantoccini::elements::Element {
+    match c.wait().at_most(Duration::from_secs(10)).for_element(Locator::Css(css)).await {
+        Ok(el) => el,
+        Err(e) => panic!("{css}: {e}: {}", c.source().await.unwrap_or_default()),
+    }
+}
+
+async fn mark(c: &Client) {
+    c.execute("window.__noReload = true;", vec![]).await.unwrap();
+}
+
+#[test]
+fn the_dashboard_in_a_browser() {
+    let Some(driver) = chromedriver() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromedriver is missing; `cargo xtask ci` installs the Debian packages chromium and chromium-driver"
+        );
+        eprintln!("SKIPPED the_dashboard_in_a_browser: no chromedriver (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let Some(e) = env("dashboard_browser") else { return };
+    let token_file = e.file("token");
+    std::fs::write(&token_file, "browser-test-token-0123456789\n").unwrap();
+    // A failed task to requeue from the page.
+    let id = e.json(&["enqueue", "--queue", "jobs", "--agent", "resize", r#"{"file": "a.png"}"#])["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let failing =
+        ["agent", "resize", "--queue", "jobs", "--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", "exit 3"];
+    assert!(e.run(&failing).status.success());
+
+    let (web, ro_port, drv_port) = (port(), port(), port());
+    let _dash = dashboard(&e, web, &["--token-file", token_file.to_str().unwrap()]);
+    let _ro = dashboard(&e, ro_port, &["--read-only"]);
+    let _driver = Killed(
+        Command::new(driver)
+            .arg(format!("--port={drv_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    store_mongo::testing::wait_for_port(drv_port, Duration::from_secs(30)).unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({ "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"] }),
+        );
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let c = ClientBuilder::new(connector).capabilities(caps).connect(&format!("http://127.0.0.1:{drv_port}")).await.unwrap();
+        let base = format!("http://127.0.0.1:{web}");
+        // The session is closed whatever happens, or a failed assertion would
+        // leave the browser running after the driver is killed.
+        let run = std::panic::AssertUnwindSafe(async {
+            // The overview; a lock taken now appears without a reload.
+            c.goto(&format!("{base}/")).await.unwrap();
+            assert_eq!(c.find(Locator::Css("h1")).await.unwrap().text().await.unwrap(), "Overview");
+            mark(&c).await;
+            let mut holder = Killed(e.spawn(&["lock", "browser-lock", "--ttl", "30", "--", "sleep", "60"]));
+            let mut leader = Killed(e.spawn(&["elect", "scheduler", "--ttl", "15", "--", "sleep", "60"]));
+            crate::wait_until("the lock", Duration::from_secs(20), || {
+                e.json(&["locks"]).as_array().unwrap().iter().any(|l| l["key"] == "browser-lock" && l["held"] == true)
+            });
+            let took = wait_text(&c, "#live", "browser-lock", Duration::from_secs(10)).await;
+            // The page never shows where or how the dashboard connects.
+            let source = c.source().await.unwrap();
+            assert!(!source.contains(&e.uri) && !source.contains(&e.db), "the connection leaked into the page");
+            eprintln!("the lock appeared on the page {} ms after the store had it", took.as_millis());
+
+            // Requeue the failed task from its page, after logging in.
+            c.goto(&format!("{base}/login")).await.unwrap();
+            c.find(Locator::Css("#token")).await.unwrap().send_keys("browser-test-token-0123456789").await.unwrap();
+            c.find(Locator::Css("#login")).await.unwrap().click().await.unwrap();
+            find(&c, "h1").await;
+            c.goto(&format!("{base}/tasks/{id}?queue=jobs")).await.unwrap();
+            assert_eq!(c.find(Locator::Css("#state")).await.unwrap().text().await.unwrap(), "failed");
+            c.find(Locator::Css("button.requeue")).await.unwrap().click().await.unwrap();
+            let confirm = find(&c, "#confirm").await;
+            assert_eq!(confirm.text().await.unwrap(), "Requeue 1 task(s)");
+            assert!(c.source().await.unwrap().contains(&id), "the confirmation names the task");
+            confirm.click().await.unwrap();
+            // The action redirects to the task's page.
+            let start = Instant::now();
+            while c.current_url().await.unwrap().path() != format!("/tasks/{id}") {
+                assert!(start.elapsed() < Duration::from_secs(10), "no redirect to the task");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            mark(&c).await;
+            assert_eq!(find(&c, "#state").await.text().await.unwrap(), "ready");
+            // An agent runs it; the page shows it completed, without a reload.
+            let ok = ["agent", "resize", "--queue", "jobs", "--max-tasks", "1", "--", "sh", "-c", "cat >/dev/null"];
+            assert!(e.run(&ok).status.success());
+            wait_text(&c, "#state", "completed", Duration::from_secs(10)).await;
+
+            c.goto(&format!("{base}/")).await.unwrap();
+            mark(&c).await;
+            wait_text(&c, "#live", "browser-lock", Duration::from_secs(10)).await;
+            wait_text(&c, "#elections", "scheduler", Duration::from_secs(20)).await;
+            let shot = c.screenshot().await.unwrap();
+            std::fs::write(store_mongo::testing::target_dir().join("dashboard.png"), &shot).unwrap();
+            // The README's screenshot is refreshed on request only, so a test run
+            // leaves the checkout clean.
+            if std::env::var_os("UPDATE_SCREENSHOT").is_some() {
+                let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs");
+                std::fs::create_dir_all(&docs).unwrap();
+                std::fs::write(docs.join("dashboard.png"), &shot).unwrap();
+            }
+
+            // Markup in a task's data is shown, never run.
+            let evil = r#"{"html": "<script>window.__xss = 1</script>", "attr": "\"><img src=x onerror=\"window.__xss = 2\">"}"#;
+            let evil = e.json(&["enqueue", "--queue", "jobs", "--agent", "resize", evil])["id"].as_str().unwrap().to_owned();
+            c.goto(&format!("{base}/tasks/{evil}?queue=jobs")).await.unwrap();
+            let shown = find(&c, "pre").await.text().await.unwrap();
+            assert!(shown.contains("<script>window.__xss = 1</script>") && shown.contains("onerror"), "{shown}");
+            let ran = c.execute("return window.__xss === undefined;", vec![]).await.unwrap();
+            assert_eq!(ran, serde_json::Value::Bool(true), "a task's markup ran in the page");
+
+            // A read-only dashboard offers no action.
+            c.goto(&format!("http://127.0.0.1:{ro_port}/tasks?queue=jobs")).await.unwrap();
+            assert!(c.find(Locator::Css(".ro")).await.is_ok());
+            assert!(c.find_all(Locator::Css("form[method=post], button.requeue")).await.unwrap().is_empty());
+            c.goto(&format!("http://127.0.0.1:{ro_port}/")).await.unwrap();
+            assert!(c.find_all(Locator::Css("form[method=post]")).await.unwrap().is_empty());
+            assert!(c.find_all(Locator::LinkText("log in")).await.unwrap().is_empty());
+            for runner in [&mut holder, &mut leader] {
+                crate::signal(&runner.0, "-TERM");
+                let _ = runner.0.wait();
+            }
+        });
+        let outcome = futures::FutureExt::catch_unwind(run).await;
+        let _ = c.close().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    });
+}
