@@ -89,15 +89,16 @@ pub struct LockGuard<S: Store + Clone> {
 }
 
 impl<S: Store + Clone> LockGuard<S> {
-    /// The fencing token: strictly greater than every earlier token of this lock.
+    /// The fence: strictly greater than every earlier fence of this lock.
     /// Pass it to whatever the lock protects, which should reject smaller ones.
-    pub fn token(&self) -> u64 {
-        self.term.token
+    #[doc(alias = "token")]
+    pub fn fence(&self) -> u64 {
+        self.term.fence
     }
 
     /// The lock's key.
     pub fn key(&self) -> &Key {
-        &self.term.lock.key
+        &self.term.key
     }
 
     /// The owner string recorded in the store for this acquisition.
@@ -134,9 +135,9 @@ impl<S: Store + Clone> LockGuard<S> {
         self.term.lost.cancelled().await;
     }
 
-    /// A token that is cancelled when the lock is lost, for handing to other tasks.
-    /// Cancelling it yourself does not affect the lock.
-    pub fn lost_token(&self) -> CancellationToken {
+    /// A cancellation token that is cancelled when the lock is lost, for handing
+    /// to other tasks. Cancelling it yourself does not affect the lock.
+    pub fn cancellation(&self) -> CancellationToken {
         self.term.lost.child_token()
     }
 
@@ -154,19 +155,20 @@ impl<S: Store + Clone> LockGuard<S> {
 
     /// Releases the lock. `Err(Lost)` when it was no longer held by this
     /// acquisition (nothing was changed then). Either way the lost signal fires,
-    /// so work still running under [`LockGuard::lost_token`] stops.
+    /// so work still running under [`LockGuard::cancellation`] stops.
     pub async fn release(self) -> Result<(), LockError> {
         self.term.release(Mutation::new()).await.map(drop)
     }
 
     /// Releases the lock and applies `changes` to its document in the same
-    /// atomic write, fenced by this acquisition's token: either both happen or
+    /// atomic write, fenced by this acquisition's fence: either both happen or
     /// neither (`Err(Lost)`). The lease part of `changes` is replaced by the
     /// release. Returns the document after the write.
     ///
     /// `changes` may mark the document for garbage collection only on a lock
-    /// built with [`LockBuilder::allow_gc`](crate::LockBuilder::allow_gc) (a task
-    /// lease); on a lock it is [`LockError::GcOnLock`], nothing is written by
+    /// kept through [`Leases`](crate::Leases) built with
+    /// [`LeasesBuilder::allow_gc`](crate::LeasesBuilder::allow_gc) (task leases);
+    /// on a lock it is [`LockError::GcOnLock`], nothing is written by
     /// this call, and the guard is dropped (which releases in the background).
     pub async fn release_with(self, changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
@@ -176,24 +178,24 @@ impl<S: Store + Clone> LockGuard<S> {
     /// Lock documents never get a `gc_at`: a TTL index deleting one would reset
     /// its fence. Only task leases may be marked.
     fn check_gc(&self, changes: &Mutation) -> Result<(), LockError> {
-        if changes.gc.is_some() && !self.term.lock.allow_gc {
-            return Err(LockError::GcOnLock { key: self.term.lock.key_string() });
+        if changes.gc.is_some() && !self.term.leases.allow_gc {
+            return Err(LockError::GcOnLock { key: self.term.key.to_string() });
         }
         Ok(())
     }
 
     /// Applies `changes` to the lock's document while holding it, fenced by this
-    /// acquisition's token and a live lease; `Err(Lost)` when no longer held. The
+    /// acquisition's fence and a live lease; `Err(Lost)` when no longer held. The
     /// lease part of `changes` is ignored (the lease is kept as it is).
     /// A mark for garbage collection is [`LockError::GcOnLock`] as for
     /// [`LockGuard::release_with`].
     pub async fn write(&self, mut changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
         changes.lease = store_trait::LeaseOp::Keep;
-        let lock = &self.term.lock;
+        let leases = &self.term.leases;
         let w =
-            Write::new(Condition::HeldBy(self.term.owner.clone()).and(Condition::FenceIs(self.term.token)), changes);
-        match lock.store.write(&lock.coll, &lock.key, &w).await? {
+            Write::new(Condition::HeldBy(self.term.owner.clone()).and(Condition::FenceIs(self.term.fence)), changes);
+        match leases.store.write(&leases.coll, &self.term.key, &w).await? {
             WriteOutcome::Applied(r) => Ok(r),
             WriteOutcome::Rejected(current) => {
                 self.term.mark_lost("a fenced write was rejected");
@@ -206,14 +208,14 @@ impl<S: Store + Clone> LockGuard<S> {
 impl<S: Store + Clone> Drop for LockGuard<S> {
     fn drop(&mut self) {
         self.term.stop.cancel();
-        // Whatever still runs under this guard's lost token must stop: the lock is
+        // Whatever still runs under this guard's cancellation must stop: the lock is
         // being let go.
         self.term.lost.cancel();
         // A guard dropped after its loss was signalled does not release either:
         // the lease lapses by itself (see the keeper).
         let lost = self.term.lost_marked.load(Ordering::SeqCst);
         if !self.term.released.swap(true, Ordering::SeqCst) && !lost {
-            tracing::debug!(key = %self.term.lock.key, token = self.term.token, "lock guard dropped without release");
+            tracing::debug!(key = %self.term.key, fence = self.term.fence, "lock guard dropped without release");
             self.term.clear_current();
             self.term.release_in_background();
         }

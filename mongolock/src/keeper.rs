@@ -16,7 +16,7 @@ use crate::{Backoff, LockError};
 
 /// Renews until the guard goes away or the lease is lost.
 pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
-    let every = term.lock.renew_every;
+    let every = term.leases.renew_every;
     // Without auto-renew the keeper still wakes every interval, for the clock
     // check alone (no store operation).
     let mut next_renew = Instant::now() + every;
@@ -55,14 +55,14 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: boo
 }
 
 async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
-    let lock = &term.lock;
+    let lock = &term.leases;
     let mut backoff = Backoff::new((lock.renew_every / 20).max(Duration::from_millis(5)), lock.renew_every / 2);
     loop {
         match term.renew().await {
             Ok(_) | Err(LockError::Lost { .. }) => return,
             Err(e) => {
                 Metrics::bump(&lock.metrics.renew_failures);
-                tracing::warn!(key = %lock.key, token = term.token, error = %e, "lock renewal failed");
+                tracing::warn!(key = %term.key, fence = term.fence, error = %e, "lock renewal failed");
                 if !e.is_retryable() {
                     term.mark_lost("renewal failed permanently");
                     return;
