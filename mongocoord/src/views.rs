@@ -157,7 +157,7 @@ pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, 
         out.push(json!({
             "election": key,
             "master": master.as_ref().map(|m| m.owner.clone()),
-            "token": master.as_ref().map(|m| m.token),
+            "token": master.as_ref().map(|m| m.fence),
             "since_ms": master.as_ref().map(|m| m.since.as_millis()),
             "expires_in_ms": master.as_ref().map(|m| now.until(m.expires).as_millis() as u64),
             "nodes": nodes,
