@@ -120,7 +120,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
 /// let ttl = Duration::from_secs(30);
 /// let leases = Leases::builder(store.clone(), "jobs").ttl(ttl).allow_gc().build()?;
 /// let coll = Collection::new("jobs")?;
-/// store.insert(&coll, bson::doc! { "_id": "job-1", "ready": true }).await?;
+/// store.insert_many(&coll, vec![bson::doc! { "_id": "job-1", "ready": true }]).await?;
 /// // Any grant made with the same ttl: here one atomic claim.
 /// let claim = Claim {
 ///     query: Query::eq(bson::doc! { "ready": true }),
