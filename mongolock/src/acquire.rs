@@ -89,11 +89,21 @@ async fn within<T: Send + 'static>(
 
 impl<S: Store + Clone> Lock<S> {
     /// Blocks until acquired.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the attempt runs on its own task and builds its guard there;
+    /// a lease granted to an attempt whose caller stopped waiting is released
+    /// again (its orphaned guard is dropped).
     pub async fn acquire(&self) -> Result<LockGuard<S>, LockError> {
         self.acquire_with(Acquire::new()).await
     }
 
     /// Tries once: `Ok(None)` when someone else holds it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Lock::acquire`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard<S>>, LockError> {
         match self.acquire_with(Acquire::try_once()).await {
             Ok(g) => Ok(Some(g)),
@@ -103,6 +113,10 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     /// Blocks for at most `timeout`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Lock::acquire`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard<S>, LockError> {
         self.acquire_with(Acquire::new().timeout(timeout)).await
     }
@@ -117,6 +131,11 @@ impl<S: Store + Clone> Lock<S> {
     /// answer (a black-holed primary) ends the wait with [`LockError::Timeout`]
     /// on time. An attempt still in flight then may still be granted; its guard is
     /// dropped, which releases it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Lock::acquire`]: dropped at any point, it leaves no
+    /// lease without a guard.
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.inner.key))]
     pub async fn acquire_with(&self, opts: Acquire) -> Result<LockGuard<S>, LockError> {
         let start = Instant::now();

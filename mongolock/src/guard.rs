@@ -130,7 +130,11 @@ impl<S: Store + Clone> LockGuard<S> {
         Validity { lost: self.term.lost.clone(), state: self.term.state.clone() }
     }
 
-    /// Waits until the lock is lost. Cancel-safe; use it in `select!`.
+    /// Waits until the lock is lost; use it in `select!`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits for the signal.
     pub async fn lost(&self) {
         self.term.lost.cancelled().await;
     }
@@ -142,6 +146,13 @@ impl<S: Store + Clone> LockGuard<S> {
     }
 
     /// Renews the lease now (the Python `MongoLocker`'s `touch`); returns the new expiry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: the renewal runs on its own task, so dropping this
+    /// future never drops a store call half-way; the renewal may still be
+    /// applied, which extends the lease as a renewal should, and the keeper keeps
+    /// the lease either way.
     pub async fn touch(&self) -> Result<StoreTime, LockError> {
         let out = self.term.renew().await;
         self.term.wake.notify_one();
@@ -156,6 +167,13 @@ impl<S: Store + Clone> LockGuard<S> {
     /// Releases the lock. `Err(Lost)` when it was no longer held by this
     /// acquisition (nothing was changed then). Either way the lost signal fires,
     /// so work still running under [`LockGuard::cancellation`] stops.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: the guard is consumed, so dropped half-way the lock is
+    /// already let go (its lost signal fired) while the release write may or may
+    /// not have been applied; an unapplied one leaves the lease to lapse at its
+    /// expiry.
     pub async fn release(self) -> Result<(), LockError> {
         self.term.release(Mutation::new()).await.map(drop)
     }
@@ -170,6 +188,11 @@ impl<S: Store + Clone> LockGuard<S> {
     /// [`LeasesBuilder::allow_gc`](crate::LeasesBuilder::allow_gc) (task leases);
     /// on a lock it is [`LockError::GcOnLock`], nothing is written by
     /// this call, and the guard is dropped (which releases in the background).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe, as [`LockGuard::release`]: dropped half-way, `changes` may
+    /// or may not have been applied, together with the release or not at all.
     pub async fn release_with(self, changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
         self.term.release(changes).await
@@ -189,6 +212,12 @@ impl<S: Store + Clone> LockGuard<S> {
     /// lease part of `changes` is ignored (the lease is kept as it is).
     /// A mark for garbage collection is [`LockError::GcOnLock`] as for
     /// [`LockGuard::release_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in that it is one write: dropped before its reply, `changes`
+    /// may or may not have been applied (fenced either way). The guard keeps the
+    /// lease.
     pub async fn write(&self, mut changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
         changes.lease = store_trait::LeaseOp::Keep;

@@ -269,17 +269,29 @@ impl<S: Store + Clone> Lock<S> {
 
     /// Whether anyone holds the lock now (store clock). Look before you leap: this
     /// says nothing about whether a later acquire will succeed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn locked(&self) -> Result<bool, LockError> {
         Ok(self.get_current().await?.is_some())
     }
 
     /// Whether this instance holds the lock now (store clock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn owned(&self) -> Result<bool, LockError> {
         Ok(self.get_current().await?.is_some_and(|h| self.inner.config().identity.is_mine(&h.owner)))
     }
 
     /// The live holder, regardless of which instance it is.
     /// [`LockError::Foreign`] for another program's lock document.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn get_current(&self) -> Result<Option<LockInfo>, LockError> {
         let snap = self.inner.config().store.get(&self.inner.config().coll, &self.inner.key).await?;
         check_native(&self.inner.key, snap.record.as_ref())?;
@@ -287,6 +299,10 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     /// Renews this instance's current acquisition; returns the new expiry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`LockGuard::touch`](crate::LockGuard::touch).
     pub async fn touch(&self) -> Result<StoreTime, LockError> {
         match self.inner.current.get() {
             Some(term) => term.renew().await,
@@ -295,6 +311,10 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     /// A status report (one round trip).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn status(&self) -> Result<LockStatus, LockError> {
         let snap = self.inner.config().store.get(&self.inner.config().coll, &self.inner.key).await?;
         check_native(&self.inner.key, snap.record.as_ref())?;
@@ -311,6 +331,10 @@ impl<S: Store + Clone> Lock<S> {
 
     /// The client clock minus the store clock, in milliseconds: the Python `MongoLocker`'s
     /// `timeparanoid` check, for diagnostics only. Leases never depend on it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn clock_offset_ms(&self) -> Result<i64, LockError> {
         let before = self.inner.config().clock.now().as_millis();
         let server = self.inner.config().store.now().await?.as_millis();

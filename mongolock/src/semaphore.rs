@@ -83,11 +83,19 @@ impl<S: Store + Clone> Semaphore<S> {
     }
 
     /// Tries once for a free permit.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Semaphore::acquire_with`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard<S>>, LockError> {
         self.try_once(false).await
     }
 
     /// Blocks until a permit is free.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Semaphore::acquire_with`].
     pub async fn acquire(&self) -> Result<LockGuard<S>, LockError> {
         self.acquire_with(Acquire::new()).await
     }
@@ -109,8 +117,7 @@ impl<S: Store + Clone> Semaphore<S> {
         let start = Instant::now();
         let (first, step) = (self.config(), self.lock.inner.step);
         // Renewals of held permits free nothing: they wake no waiter.
-        let mut events =
-            Watcher::open(first.store.clone(), first.coll.clone(), None, step).await.ignore_renewals();
+        let mut events = Watcher::open(first.store.clone(), first.coll.clone(), None, step).await.ignore_renewals();
         loop {
             if let Some(g) = self.try_once(auto_renew).await? {
                 return Ok(g);

@@ -21,7 +21,6 @@ use crate::lease::{Current, LeaseConfig};
 use crate::lock::spawn_with_deadline;
 use crate::{LockError, LockInfo};
 
-
 #[derive(Debug)]
 pub(crate) struct TermState {
     /// The local instant by which the lease must be confirmed again: the send time
