@@ -159,6 +159,23 @@ impl<S: Store + Clone> LockGuard<S> {
         out
     }
 
+    /// Renews the lease now as the keeper does: transient store failures are
+    /// retried with the keeper's backoff until the renewal is confirmed, or until
+    /// the lease could lapse, which is a loss (`Err(Lost)`, the lost signal fires);
+    /// so is a permanent failure (that error, the lost signal fires). For a holder
+    /// that renews on its own schedule (a leadership term's rounds) instead of
+    /// [`Acquire::auto_renew`](crate::Acquire::auto_renew). Returns the new expiry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect, as [`LockGuard::touch`]: dropped between retries,
+    /// the lease is kept as it was (or as a renewal still in flight left it).
+    pub async fn renew(&self) -> Result<StoreTime, LockError> {
+        let out = crate::keeper::renew_with_retries(&self.term).await;
+        self.term.wake.notify_one();
+        out
+    }
+
     /// Asks the auto-renew task to renew at once instead of at its next interval.
     pub fn renew_now(&self) {
         self.term.wake.notify_one();

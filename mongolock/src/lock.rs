@@ -310,6 +310,20 @@ impl<S: Store + Clone> Lock<S> {
         }
     }
 
+    /// Renews this instance's current acquisition as the keeper does
+    /// ([`LockGuard::renew`](crate::LockGuard::renew): transient failures retried
+    /// until confirmed or lost); returns the new expiry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect, as [`LockGuard::renew`](crate::LockGuard::renew).
+    pub async fn renew(&self) -> Result<StoreTime, LockError> {
+        match self.inner.current.get() {
+            Some(term) => crate::keeper::renew_with_retries(&term).await,
+            None => Err(LockError::NotHeld { key: self.inner.key_string() }),
+        }
+    }
+
     /// A status report (one round trip).
     ///
     /// # Cancel safety
