@@ -126,3 +126,27 @@ async fn only_task_leases_may_be_collected() {
     let (guard, _) = Kind::Kept(tasks).take(&store, "task").await;
     guard.release_with(Mutation::new().gc_after(gc)).await.unwrap();
 }
+
+/// `renew` (the renewal an elector's rounds use) retries transient failures as
+/// the keeper does, until confirmed; cut off, it ends in a loss signalled while
+/// the lease is still live on the store.
+#[tokio::test(start_paused = true)]
+async fn renew_retries_until_confirmed_or_lost() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "term").ttl(TTL).build().unwrap();
+    let guard = lock.acquire().await.unwrap();
+    store.faults().fail_next(2);
+    let before = guard.expires();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let expires = lock.renew().await.unwrap();
+    assert!(expires > before, "confirmed after the failures");
+    assert_eq!(lock.metrics().renew_failures, 2);
+    assert!(!guard.is_lost());
+    store.faults().set_unreachable(true);
+    let start = tokio::time::Instant::now();
+    assert!(matches!(guard.renew().await, Err(LockError::Lost { .. })));
+    assert!(start.elapsed() < TTL, "given up before the lease could lapse");
+    assert!(guard.is_lost(), "the loss is signalled");
+    let snap = store.peek(&Collection::new("mongolocker").unwrap(), guard.key()).unwrap();
+    assert!(snap.record.unwrap().is_held_by_at(guard.owner(), snap.now), "and the lease has not lapsed yet");
+}
