@@ -208,8 +208,23 @@ impl<S: Store + Clone> Leases<S> {
     /// renews it in the background, signals its loss and fences writes exactly as
     /// a lock's acquisition does. `sent` is when the granting request was sent,
     /// on tokio's clock: the lease cannot lapse on the store before `sent` plus
-    /// the ttl. [`LockError::NotHeld`] when `record` carries no lease.
+    /// the ttl. [`LockError::NotHeld`] when `record` carries no lease;
+    /// [`LockError::Config`] when its lease is shorter than this ttl (a grant made
+    /// with a shorter ttl could lapse before the holder is told).
     pub fn keep(&self, record: &Record, sent: Instant) -> Result<LockGuard<S>, LockError> {
+        // A fresh grant lasts exactly its ttl on the store clock; one renewed for
+        // the same owner keeps its start and lasts longer. Shorter is a grant with
+        // a shorter ttl than this keeper's deadlines assume.
+        if let Some(lease) = record.lease() {
+            let granted = lease.until.as_millis().saturating_sub(lease.since.as_millis());
+            if granted < self.config.ttl.as_millis() {
+                return Err(LockError::Config(format!(
+                    "the lease of {} lasts {granted} ms, less than the ttl {:?} it would be kept with",
+                    record.key(),
+                    self.ttl()
+                )));
+            }
+        }
         self.start(record, sent, true, None)
     }
 

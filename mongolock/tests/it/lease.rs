@@ -150,3 +150,17 @@ async fn renew_retries_until_confirmed_or_lost() {
     let snap = store.peek(&Collection::new("mongolocker").unwrap(), guard.key()).unwrap();
     assert!(snap.record.unwrap().is_held_by_at(guard.owner(), snap.now), "and the lease has not lapsed yet");
 }
+
+/// A lease granted with a shorter ttl than the keeper's is refused: its
+/// deadlines would come after the lease lapsed.
+#[tokio::test(start_paused = true)]
+async fn a_grant_shorter_than_the_ttl_is_not_kept() {
+    let store = MemoryStore::new();
+    let leases = Leases::builder(store.clone(), "tasks").ttl(TTL).build().unwrap();
+    let short = Write::new(Condition::Free, Mutation::new().grant("w", Ttl::new(TTL / 2).unwrap()).bump_fence());
+    let sent = tokio::time::Instant::now();
+    let key = store_trait::Key::new("short").unwrap();
+    let out = store.write(leases.collection(), &key, &short.upsert()).await.unwrap();
+    assert!(matches!(leases.keep(out.record().unwrap(), sent), Err(LockError::Config(_))));
+    assert_eq!(leases.metrics().acquisitions, 0);
+}
