@@ -88,7 +88,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };
-                let token = guard.token();
+                let token = guard.fence();
                 log.line(format!("acq {token} {}", guard.since().as_millis()));
                 let hold_until = Instant::now() + Duration::from_millis(fastrand::u64(50..600));
                 while Instant::now() < hold_until && !guard.is_lost() {
@@ -134,7 +134,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                 if let Some(term) = elector.node_status().fence {
                     if term != last_term {
                         if let Ok(Some(info)) = probe.get_current().await {
-                            if info.token == term {
+                            if info.fence == term {
                                 log.line(format!("term {term} {}", info.since.as_millis()));
                             }
                         }

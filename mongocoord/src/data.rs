@@ -59,8 +59,8 @@ pub(crate) struct LockRow {
     pub(crate) holder: Option<String>,
     pub(crate) host: Option<String>,
     pub(crate) pid: Option<u32>,
-    /// The fence (the CLI's JSON has always called it `token`).
-    pub(crate) token: u64,
+    /// The fence.
+    pub(crate) fence: u64,
     pub(crate) since_ms: Option<i64>,
     pub(crate) expires_in_ms: Option<u64>,
 }
@@ -88,7 +88,7 @@ pub(crate) async fn locks<S: Store>(store: &S, collection: &str) -> Result<Locks
                 holder: info.as_ref().map(|i| i.owner.clone()),
                 host: info.as_ref().and_then(|i| i.host.clone()),
                 pid: info.as_ref().and_then(|i| i.pid),
-                token: r.fence(),
+                fence: r.fence(),
                 since_ms: info.as_ref().map(|i| i.since.as_millis()),
                 expires_in_ms: info.as_ref().map(|i| millis(now.until(i.expires))),
             }
@@ -104,17 +104,17 @@ pub(crate) struct NodeRow {
     pub(crate) host: String,
     pub(crate) pid: i64,
     pub(crate) version: String,
-    pub(crate) is_master: bool,
+    pub(crate) is_leader: bool,
     pub(crate) last_seen_ms_ago: i64,
 }
 
-/// One election: its leader (`master`, the seed's name), term and nodes.
+/// One election: its leader, the term's fence and the nodes.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ElectionRow {
     pub(crate) election: String,
-    pub(crate) master: Option<String>,
+    pub(crate) leader: Option<String>,
     /// The term's fence.
-    pub(crate) token: Option<u64>,
+    pub(crate) fence: Option<u64>,
     pub(crate) since_ms: Option<i64>,
     pub(crate) expires_in_ms: Option<u64>,
     pub(crate) nodes: Vec<NodeRow>,
@@ -139,7 +139,7 @@ pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &st
         .iter()
         .map(|e| {
             let key = e.key().to_string();
-            let master = mongolock::LockInfo::from_record(e, Some(now));
+            let leader = mongolock::LockInfo::from_record(e, Some(now));
             let nodes = reports
                 .nodes
                 .iter()
@@ -149,16 +149,16 @@ pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &st
                     host: n.host.clone(),
                     pid: n.pid,
                     version: n.version.clone(),
-                    is_master: n.is_leader,
+                    is_leader: n.is_leader,
                     last_seen_ms_ago: now.as_millis().saturating_sub(n.last_poll.as_millis()),
                 })
                 .collect();
             ElectionRow {
                 election: key,
-                master: master.as_ref().map(|m| m.owner.clone()),
-                token: master.as_ref().map(|m| m.token),
-                since_ms: master.as_ref().map(|m| m.since.as_millis()),
-                expires_in_ms: master.as_ref().map(|m| millis(now.until(m.expires))),
+                leader: leader.as_ref().map(|m| m.owner.clone()),
+                fence: leader.as_ref().map(|m| m.fence),
+                since_ms: leader.as_ref().map(|m| m.since.as_millis()),
+                expires_in_ms: leader.as_ref().map(|m| millis(now.until(m.expires))),
                 nodes,
             }
         })
@@ -266,10 +266,10 @@ pub(crate) fn task_state(d: &Document) -> &'static str {
     }
 }
 
-/// A task as JSON: `_id`, `token` (its fence), then its fields (relaxed
+/// A task as JSON: `_id`, `fence`, then its fields (relaxed
 /// extended JSON, so dates and ids stay readable).
 pub(crate) fn task_json(r: &Record) -> Value {
-    let mut d = doc! { "_id": r.key().as_bson().clone(), "token": i64::try_from(r.fence()).unwrap_or(i64::MAX) };
+    let mut d = doc! { "_id": r.key().as_bson().clone(), "fence": i64::try_from(r.fence()).unwrap_or(i64::MAX) };
     d.extend(r.data().clone());
     Bson::Document(d).into_relaxed_extjson()
 }

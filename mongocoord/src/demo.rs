@@ -271,7 +271,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
                     _ = stop.cancelled() => break,
                 };
                 let Ok(guard) = acquired else { continue };
-                shared.lock_tokens.lock().unwrap_or_else(|p| p.into_inner()).push(guard.token());
+                shared.lock_tokens.lock().unwrap_or_else(|p| p.into_inner()).push(guard.fence());
                 if shared.lock_holders.fetch_add(1, Ordering::SeqCst) > 0 {
                     shared.lock_overlaps.fetch_add(1, Ordering::SeqCst);
                 }
@@ -368,8 +368,8 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
             let line = format!(
                 "t={:>4.1}s  leader: {:<28}  lock: {:<22}  fetch {}  parse {}  batches {batch_done}/{batches}  kills {kills} stops {clean_stops} agent-kills {agent_kills}",
                 started.elapsed().as_secs_f64(),
-                leader.as_ref().map_or("(none)".to_owned(), |l| format!("{} (term {})", short(&l.owner), l.token)),
-                holder.as_ref().map_or("free".to_owned(), |h| format!("{} #{}", short(&h.owner), h.token)),
+                leader.as_ref().map_or("(none)".to_owned(), |l| format!("{} (term {})", short(&l.owner), l.fence)),
+                holder.as_ref().map_or("free".to_owned(), |h| format!("{} #{}", short(&h.owner), h.fence)),
                 bar(fetch_done, total),
                 bar(parse_done, fetch.completed.max(1)),
             );

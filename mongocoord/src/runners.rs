@@ -77,11 +77,11 @@ pub(crate) async fn lock(
         },
         _ = signal.cancelled() => return Ok(130),
     };
-    tracing::info!(key, token = guard.token(), "lock acquired; running the command");
+    tracing::info!(key, fence = guard.fence(), "lock acquired; running the command");
     let mut stops = Stops::new();
     stops.terminate_on(&signal, Why::Signal);
     stops.lease(guard.validity(), run.grace);
-    let env = vec![("MONGOCOORD_FENCE", guard.token().to_string()), ("MONGOCOORD_KEY", key.to_owned())];
+    let env = vec![("MONGOCOORD_FENCE", guard.fence().to_string()), ("MONGOCOORD_KEY", key.to_owned())];
     let done = supervise::run(&run.spec(env, None, false), &stops).await;
     drop(stops);
     // The command's whole tree is gone (or was never started): only now is the

@@ -67,12 +67,12 @@ pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> R
             vec![
                 l.key.clone(),
                 l.holder.clone().unwrap_or_else(|| "-".into()),
-                l.token.to_string(),
+                l.fence.to_string(),
                 l.expires_in_ms.map_or("-".into(), |m| ms(Duration::from_millis(m))),
             ]
         })
         .collect();
-    print_table(&["KEY", "HOLDER", "TOKEN", "EXPIRES IN"], &table);
+    print_table(&["KEY", "HOLDER", "FENCE", "EXPIRES IN"], &table);
     Ok(0)
 }
 
@@ -94,13 +94,13 @@ pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, 
         .map(|e| {
             vec![
                 e.election.clone(),
-                e.master.clone().unwrap_or_else(|| "(none)".into()),
-                e.token.map_or("null".into(), |t| t.to_string()),
+                e.leader.clone().unwrap_or_else(|| "(none)".into()),
+                e.fence.map_or("null".into(), |t| t.to_string()),
                 e.nodes.len().to_string(),
             ]
         })
         .collect();
-    print_table(&["ELECTION", "MASTER", "TERM", "NODES"], &rows);
+    print_table(&["ELECTION", "LEADER", "FENCE", "NODES"], &rows);
     Ok(0)
 }
 

@@ -45,7 +45,7 @@ impl<S: Store + Clone> Inner<S> {
         let mut new_leader = None;
         self.leadership.send_if_modified(|cur| {
             // Expiry moves with every renewal; publish changes of who and which term.
-            let term = |l: &Leadership| l.leader.as_ref().map(|l| (l.owner.clone(), l.token));
+            let term = |l: &Leadership| l.leader.as_ref().map(|l| (l.owner.clone(), l.fence));
             let same_term = term(cur) == term(&next);
             let same = same_term && cur.is_me == next.is_me;
             if !same_term {
@@ -55,7 +55,7 @@ impl<S: Store + Clone> Inner<S> {
             !same
         });
         if let Some(l) = new_leader {
-            tracing::debug!(key = %self.key, leader = %l.owner, fence = l.token, "new leader observed");
+            tracing::debug!(key = %self.key, leader = %l.owner, fence = l.fence, "new leader observed");
             self.callbacks.new_leader(l);
         }
     }

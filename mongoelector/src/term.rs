@@ -62,8 +62,8 @@ impl<S: Store + Clone> Inner<S> {
 
     /// Records a won election (the caller holds the term mutex).
     pub(crate) fn become_leader(&self, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
-        let cancel = guard.lost_token();
-        let fence = guard.token();
+        let cancel = guard.cancellation();
+        let fence = guard.fence();
         *lock_poisoned(&self.snapshot) =
             Some(TermSnapshot { cancel: cancel.clone(), fence, validity: guard.validity() });
         self.terms_won.fetch_add(1, Ordering::Relaxed);
@@ -84,7 +84,7 @@ impl<S: Store + Clone> Inner<S> {
         let Some(term) = self.term.lock().await.take() else { return false };
         term.cancel.cancel();
         *lock_poisoned(&self.snapshot) = None;
-        let fence = term.guard.token();
+        let fence = term.guard.fence();
         tracing::info!(key = %self.key, node = %self.identity, fence, why, "leadership ended");
         self.callbacks.loss();
         self.changed.notify_one();

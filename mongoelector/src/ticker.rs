@@ -1,5 +1,6 @@
 //! The rounds, as the Python `MongoElector`'s `poll()`: every renew interval, lease maintenance
-//! first (the leader renews), then `on_loop`, then the status report.
+//! first (the leader renews, through mongolock's one retrying renewal), then `on_loop`, then
+//! the status report.
 //!
 //! A follower's campaign does not wait for the rounds: it runs in the main loop
 //! and wakes on change notifications (`campaign.rs`). The status report runs on a
@@ -7,9 +8,7 @@
 //! renewal; `on_loop` only marks its lane due.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use mongolock::{Backoff, LockError};
 use store_trait::Store;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -45,41 +44,23 @@ pub(crate) async fn ticker<S: Store + Clone>(inner: Arc<Inner<S>>, stop: Cancell
 }
 
 impl<S: Store + Clone> Inner<S> {
-    /// Renews the lease if this node leads: retries transient failures while the
-    /// term is live. A renewal that cannot be confirmed before the lease could
-    /// lapse ends the term (the guard's keeper watches that deadline); one that
-    /// fails for good ends it here.
+    /// Renews the lease if this node leads, as mongolock's keeper renews
+    /// ([`mongolock::Lock::renew`]: transient failures retried with its backoff
+    /// while the lease cannot have lapsed). A renewal that is not confirmed in
+    /// time, or fails for good, is a loss: the term's token is cancelled and the
+    /// main loop steps down without releasing (a lost lease is never released
+    /// behind the leader's back; it lapses by itself).
     async fn maintain_lease(self: &Arc<Self>, stop: &CancellationToken) {
         let Some(term) = self.live_term() else { return };
-        let mut backoff = Backoff::new((self.renew_every / 20).max(Duration::from_millis(5)), self.renew_every / 2);
-        loop {
-            let e = match self.lock.touch().await {
-                Ok(expires) => {
-                    tracing::trace!(key = %self.key, %expires, "leadership renewed");
-                    return;
-                }
-                Err(e) => e,
-            };
-            match e {
-                // The term ended: the main loop steps down.
-                LockError::Lost { .. } | LockError::NotHeld { .. } => return,
-                e if e.is_retryable() => {
-                    tracing::warn!(key = %self.key, error = %e, "renewing leadership failed; retrying");
-                    if !term.is_live() {
-                        return;
-                    }
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = term.cancel().cancelled() => return,
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                    }
-                }
-                e => {
-                    tracing::warn!(key = %self.key, error = %e, "renewing leadership failed for good");
-                    self.step_down("renewal failed", true).await;
-                    return;
-                }
-            }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => {}
+            _ = term.cancel().cancelled() => {}
+            r = self.lock.renew() => match r {
+                Ok(expires) => tracing::trace!(key = %self.key, %expires, "leadership renewed"),
+                // The term ended (or was never this instance's): the main loop steps down.
+                Err(e) => tracing::debug!(key = %self.key, error = %e, "renewing leadership ended the term"),
+            },
         }
     }
 }

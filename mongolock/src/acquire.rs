@@ -1,7 +1,6 @@
 //! Acquiring: the options, the wait (woken by change notifications and by the
 //! observed expiry), and the one conditional write of each attempt.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use store_trait::helpers::Watcher;
@@ -11,7 +10,6 @@ use tokio::time::Instant;
 use crate::guard::LockGuard;
 use crate::info::{check_native, data, LockInfo, Metrics, FOREIGN_LOCK_FIELDS};
 use crate::lock::on_own_task;
-use crate::term::Term;
 use crate::{Backoff, Lock, LockError};
 
 /// How to acquire: blocking or not, with a timeout, by force, with auto-renew.
@@ -54,7 +52,7 @@ impl Acquire {
         self
     }
 
-    /// CAUTION: take the lock even if someone holds it. The previous holder's token
+    /// CAUTION: take the lock even if someone holds it. The previous holder's fence
     /// becomes stale; its renewals and fenced writes are rejected from now on.
     pub fn force(mut self) -> Self {
         self.force = true;
@@ -92,11 +90,21 @@ async fn within<T: Send + 'static>(
 
 impl<S: Store + Clone> Lock<S> {
     /// Blocks until acquired.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the attempt runs on its own task and builds its guard there;
+    /// a lease granted to an attempt whose caller stopped waiting is released
+    /// again (its orphaned guard is dropped).
     pub async fn acquire(&self) -> Result<LockGuard<S>, LockError> {
         self.acquire_with(Acquire::new()).await
     }
 
     /// Tries once: `Ok(None)` when someone else holds it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Lock::acquire`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard<S>>, LockError> {
         match self.acquire_with(Acquire::try_once()).await {
             Ok(g) => Ok(Some(g)),
@@ -106,6 +114,10 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     /// Blocks for at most `timeout`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Lock::acquire`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<LockGuard<S>, LockError> {
         self.acquire_with(Acquire::new().timeout(timeout)).await
     }
@@ -120,6 +132,11 @@ impl<S: Store + Clone> Lock<S> {
     /// answer (a black-holed primary) ends the wait with [`LockError::Timeout`]
     /// on time. An attempt still in flight then may still be granted; its guard is
     /// dropped, which releases it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Lock::acquire`]: dropped at any point, it leaves no
+    /// lease without a guard.
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.inner.key))]
     pub async fn acquire_with(&self, opts: Acquire) -> Result<LockGuard<S>, LockError> {
         let start = Instant::now();
@@ -127,6 +144,7 @@ impl<S: Store + Clone> Lock<S> {
         // A timeout too large for the clock is no timeout at all.
         let deadline = opts.timeout.and_then(|t| start.checked_add(t));
         let inner = &self.inner;
+        let cfg = inner.config();
         let timed_out = |holder: Option<Box<LockInfo>>| LockError::Timeout {
             key: inner.key_string(),
             waited: start.elapsed(),
@@ -135,7 +153,7 @@ impl<S: Store + Clone> Lock<S> {
         // Subscribed before the first try, so a release after it is not missed;
         // renewals of the holder's lease wake nobody.
         let mut events = if opts.blocking {
-            let open = Watcher::open(inner.store.clone(), inner.coll.clone(), Some(inner.key.clone()), inner.step);
+            let open = Watcher::open(cfg.store.clone(), cfg.coll.clone(), Some(inner.key.clone()), inner.step);
             let Some(w) = within(deadline, open).await else { return Err(timed_out(None)) };
             if !w.is_live() {
                 tracing::debug!("no change notifications; waiters poll every step");
@@ -158,7 +176,7 @@ impl<S: Store + Clone> Lock<S> {
             let err = match attempt {
                 Ok(guard) => {
                     if waited {
-                        Metrics::bump(&inner.metrics.contention_waits);
+                        Metrics::bump(&cfg.metrics.contention_waits);
                     }
                     return Ok(guard);
                 }
@@ -179,7 +197,7 @@ impl<S: Store + Clone> Lock<S> {
                 Some(h) => {
                     // Sleep until the observed lease expires on the store clock (a
                     // crashed holder), unless a change notification comes first.
-                    let store = inner.store.clone();
+                    let store = cfg.store.clone();
                     let remaining = match within(deadline, async move { store.now().await }).await {
                         Some(Ok(now)) => now.until(h.expires),
                         Some(Err(_)) | None => inner.step,
@@ -234,21 +252,22 @@ impl<S: Store + Clone> Lock<S> {
 
     async fn attempt(&self, opts: &Acquire) -> Result<LockGuard<S>, LockError> {
         let inner = &self.inner;
-        let owner = inner.identity.owner(inner.seq.fetch_add(1, Ordering::Relaxed));
+        let cfg = inner.config();
+        let owner = inner.next_owner();
         let condition = if opts.force { Condition::Always } else { Condition::Free };
         // Never over another program's lock document, not even by force: it has
         // no lease we can read, and that program may delete it (and our fence).
         let condition =
             FOREIGN_LOCK_FIELDS.iter().fold(condition, |c, f| c.and(Condition::Exists((*f).into()).negate()));
         let mutation = Mutation::new()
-            .grant(owner.clone(), inner.ttl)
+            .grant(owner.clone(), cfg.ttl)
             .bump_fence()
-            .set(data::HOST, inner.identity.host())
-            .set(data::PID, i64::from(inner.identity.pid()))
-            .set(data::INSTANCE, inner.identity.instance());
+            .set(data::HOST, cfg.identity.host())
+            .set(data::PID, i64::from(cfg.identity.pid()))
+            .set(data::INSTANCE, cfg.identity.instance());
         let write = Write::new(condition, mutation).upsert();
         let sent = Instant::now();
-        let record = match inner.store.write(&inner.coll, &inner.key, &write).await {
+        let record = match cfg.store.write(&cfg.coll, &inner.key, &write).await {
             Ok(WriteOutcome::Applied(r)) => r,
             Ok(WriteOutcome::Rejected(current)) => {
                 check_native(&inner.key, current.as_ref())?;
@@ -270,24 +289,25 @@ impl<S: Store + Clone> Lock<S> {
             Err(e) => return Err(e.into()),
         };
         if opts.force {
-            Metrics::bump(&inner.metrics.steals);
-            tracing::warn!(key = %inner.key, owner, token = record.fence(), "lock taken by force");
+            Metrics::bump(&cfg.metrics.steals);
+            tracing::warn!(key = %inner.key, owner, fence = record.fence(), "lock taken by force");
         }
-        Ok(Term::start(self.inner.clone(), owner, &record, sent, opts.auto_renew))
+        inner.leases.start(&record, sent, opts.auto_renew, Some(inner.current.clone()))
     }
 
     /// After an ambiguous failure, finds out whether attempt `owner` got the lock.
     /// If not, a late application of that attempt is released in the background.
     async fn read_back(&self, owner: &str) -> Option<Record> {
         let inner = &self.inner;
-        let snap = inner.store.get(&inner.coll, &inner.key).await.ok();
+        let cfg = inner.config();
+        let snap = cfg.store.get(&cfg.coll, &inner.key).await.ok();
         if let Some(r) = snap.and_then(|s| s.record) {
             if r.lease().is_some_and(|l| l.owner == owner) {
                 tracing::info!(key = %inner.key, owner, "acquire reported an error but was applied");
                 return Some(r);
             }
         }
-        let (store, coll, key) = (inner.store.clone(), inner.coll.clone(), inner.key.clone());
+        let (store, coll, key) = (cfg.store.clone(), cfg.coll.clone(), inner.key.clone());
         let release = Write::new(Condition::OwnedBy(owner.to_owned()), Mutation::new().release());
         tokio::spawn(async move { store.write(&coll, &key, &release).await });
         None

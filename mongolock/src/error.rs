@@ -11,11 +11,11 @@ use crate::LockInfo;
 #[non_exhaustive]
 pub enum LockError {
     /// A non-blocking acquire found the lock held by someone else.
-    #[error("lock {key} is held by {} until {} (token {})", holder.owner, holder.expires, holder.token)]
+    #[error("lock {key} is held by {} until {} (fence {})", holder.owner, holder.expires, holder.fence)]
     Held {
         /// The lock's key.
         key: String,
-        /// Who holds it, until when, with which token.
+        /// Who holds it, until when, with which fence.
         holder: Box<LockInfo>,
     },
     /// A blocking acquire gave up after its timeout.
@@ -30,12 +30,12 @@ pub enum LockError {
     },
     /// This acquisition no longer holds the lock: its lease lapsed, was taken by
     /// force, or was released. `current` is the lock as the store has it now.
-    #[error("lock {key} (token {token}) was lost{}", current.as_ref().map(|h| format!("; now held by {} (token {})", h.owner, h.token)).unwrap_or_default())]
+    #[error("lock {key} (fence {fence}) was lost{}", current.as_ref().map(|h| format!("; now held by {} (fence {})", h.owner, h.fence)).unwrap_or_default())]
     Lost {
         /// The lock's key.
         key: String,
-        /// The token of the acquisition that lost it.
-        token: u64,
+        /// The fence of the acquisition that lost it.
+        fence: u64,
         /// The current holder, if any.
         current: Option<Box<LockInfo>>,
     },
@@ -59,8 +59,8 @@ pub enum LockError {
     },
     /// A write through a lock's guard asked to mark the lock's document for
     /// garbage collection. Lock documents never get a `gc_at`, so no TTL index
-    /// can delete one and reset its fence (only guards of task leases, built with
-    /// [`LockBuilder::allow_gc`](crate::LockBuilder::allow_gc), may). Nothing was
+    /// can delete one and reset its fence (only guards of task leases, kept
+    /// through [`LeasesBuilder::allow_gc`](crate::LeasesBuilder::allow_gc), may). Nothing was
     /// written by this call.
     #[error("lock {key}: a lock document is never marked for garbage collection")]
     GcOnLock {

@@ -89,15 +89,16 @@ pub struct LockGuard<S: Store + Clone> {
 }
 
 impl<S: Store + Clone> LockGuard<S> {
-    /// The fencing token: strictly greater than every earlier token of this lock.
+    /// The fence: strictly greater than every earlier fence of this lock.
     /// Pass it to whatever the lock protects, which should reject smaller ones.
-    pub fn token(&self) -> u64 {
-        self.term.token
+    #[doc(alias = "token")]
+    pub fn fence(&self) -> u64 {
+        self.term.fence
     }
 
     /// The lock's key.
     pub fn key(&self) -> &Key {
-        &self.term.lock.key
+        &self.term.key
     }
 
     /// The owner string recorded in the store for this acquisition.
@@ -129,20 +130,48 @@ impl<S: Store + Clone> LockGuard<S> {
         Validity { lost: self.term.lost.clone(), state: self.term.state.clone() }
     }
 
-    /// Waits until the lock is lost. Cancel-safe; use it in `select!`.
+    /// Waits until the lock is lost; use it in `select!`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits for the signal.
     pub async fn lost(&self) {
         self.term.lost.cancelled().await;
     }
 
-    /// A token that is cancelled when the lock is lost, for handing to other tasks.
-    /// Cancelling it yourself does not affect the lock.
-    pub fn lost_token(&self) -> CancellationToken {
+    /// A cancellation token that is cancelled when the lock is lost, for handing
+    /// to other tasks. Cancelling it yourself does not affect the lock.
+    pub fn cancellation(&self) -> CancellationToken {
         self.term.lost.child_token()
     }
 
     /// Renews the lease now (the Python `MongoLocker`'s `touch`); returns the new expiry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: the renewal runs on its own task, so dropping this
+    /// future never drops a store call half-way; the renewal may still be
+    /// applied, which extends the lease as a renewal should, and the keeper keeps
+    /// the lease either way.
     pub async fn touch(&self) -> Result<StoreTime, LockError> {
         let out = self.term.renew().await;
+        self.term.wake.notify_one();
+        out
+    }
+
+    /// Renews the lease now as the keeper does: transient store failures are
+    /// retried with the keeper's backoff until the renewal is confirmed, or until
+    /// the lease could lapse, which is a loss (`Err(Lost)`, the lost signal fires);
+    /// so is a permanent failure (that error, the lost signal fires). For a holder
+    /// that renews on its own schedule (a leadership term's rounds) instead of
+    /// [`Acquire::auto_renew`](crate::Acquire::auto_renew). Returns the new expiry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect, as [`LockGuard::touch`]: dropped between retries,
+    /// the lease is kept as it was (or as a renewal still in flight left it).
+    pub async fn renew(&self) -> Result<StoreTime, LockError> {
+        let out = crate::keeper::renew_with_retries(&self.term).await;
         self.term.wake.notify_one();
         out
     }
@@ -154,20 +183,33 @@ impl<S: Store + Clone> LockGuard<S> {
 
     /// Releases the lock. `Err(Lost)` when it was no longer held by this
     /// acquisition (nothing was changed then). Either way the lost signal fires,
-    /// so work still running under [`LockGuard::lost_token`] stops.
+    /// so work still running under [`LockGuard::cancellation`] stops.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: the guard is consumed, so dropped half-way the lock is
+    /// already let go (its lost signal fired) while the release write may or may
+    /// not have been applied; an unapplied one leaves the lease to lapse at its
+    /// expiry.
     pub async fn release(self) -> Result<(), LockError> {
         self.term.release(Mutation::new()).await.map(drop)
     }
 
     /// Releases the lock and applies `changes` to its document in the same
-    /// atomic write, fenced by this acquisition's token: either both happen or
+    /// atomic write, fenced by this acquisition's fence: either both happen or
     /// neither (`Err(Lost)`). The lease part of `changes` is replaced by the
     /// release. Returns the document after the write.
     ///
     /// `changes` may mark the document for garbage collection only on a lock
-    /// built with [`LockBuilder::allow_gc`](crate::LockBuilder::allow_gc) (a task
-    /// lease); on a lock it is [`LockError::GcOnLock`], nothing is written by
+    /// kept through [`Leases`](crate::Leases) built with
+    /// [`LeasesBuilder::allow_gc`](crate::LeasesBuilder::allow_gc) (task leases);
+    /// on a lock it is [`LockError::GcOnLock`], nothing is written by
     /// this call, and the guard is dropped (which releases in the background).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe, as [`LockGuard::release`]: dropped half-way, `changes` may
+    /// or may not have been applied, together with the release or not at all.
     pub async fn release_with(self, changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
         self.term.release(changes).await
@@ -176,24 +218,30 @@ impl<S: Store + Clone> LockGuard<S> {
     /// Lock documents never get a `gc_at`: a TTL index deleting one would reset
     /// its fence. Only task leases may be marked.
     fn check_gc(&self, changes: &Mutation) -> Result<(), LockError> {
-        if changes.gc.is_some() && !self.term.lock.allow_gc {
-            return Err(LockError::GcOnLock { key: self.term.lock.key_string() });
+        if changes.gc.is_some() && !self.term.leases.allow_gc {
+            return Err(LockError::GcOnLock { key: self.term.key.to_string() });
         }
         Ok(())
     }
 
     /// Applies `changes` to the lock's document while holding it, fenced by this
-    /// acquisition's token and a live lease; `Err(Lost)` when no longer held. The
+    /// acquisition's fence and a live lease; `Err(Lost)` when no longer held. The
     /// lease part of `changes` is ignored (the lease is kept as it is).
     /// A mark for garbage collection is [`LockError::GcOnLock`] as for
     /// [`LockGuard::release_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in that it is one write: dropped before its reply, `changes`
+    /// may or may not have been applied (fenced either way). The guard keeps the
+    /// lease.
     pub async fn write(&self, mut changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
         changes.lease = store_trait::LeaseOp::Keep;
-        let lock = &self.term.lock;
+        let leases = &self.term.leases;
         let w =
-            Write::new(Condition::HeldBy(self.term.owner.clone()).and(Condition::FenceIs(self.term.token)), changes);
-        match lock.store.write(&lock.coll, &lock.key, &w).await? {
+            Write::new(Condition::HeldBy(self.term.owner.clone()).and(Condition::FenceIs(self.term.fence)), changes);
+        match leases.store.write(&leases.coll, &self.term.key, &w).await? {
             WriteOutcome::Applied(r) => Ok(r),
             WriteOutcome::Rejected(current) => {
                 self.term.mark_lost("a fenced write was rejected");
@@ -206,14 +254,14 @@ impl<S: Store + Clone> LockGuard<S> {
 impl<S: Store + Clone> Drop for LockGuard<S> {
     fn drop(&mut self) {
         self.term.stop.cancel();
-        // Whatever still runs under this guard's lost token must stop: the lock is
+        // Whatever still runs under this guard's cancellation must stop: the lock is
         // being let go.
         self.term.lost.cancel();
         // A guard dropped after its loss was signalled does not release either:
         // the lease lapses by itself (see the keeper).
         let lost = self.term.lost_marked.load(Ordering::SeqCst);
         if !self.term.released.swap(true, Ordering::SeqCst) && !lost {
-            tracing::debug!(key = %self.term.lock.key, token = self.term.token, "lock guard dropped without release");
+            tracing::debug!(key = %self.term.key, fence = self.term.fence, "lock guard dropped without release");
             self.term.clear_current();
             self.term.release_in_background();
         }

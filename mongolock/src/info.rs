@@ -33,7 +33,7 @@ pub(crate) fn check_native(key: &Key, record: Option<&Record>) -> Result<(), Loc
     }
 }
 
-/// Who holds a lock, since and until when (store clock), with which token.
+/// Who holds a lock, since and until when (store clock), with which fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
     /// The holder's owner string (`host/pid/instance/seq`).
@@ -46,8 +46,9 @@ pub struct LockInfo {
     pub since: StoreTime,
     /// When the lease lapses unless renewed.
     pub expires: StoreTime,
-    /// The fencing token of this acquisition.
-    pub token: u64,
+    /// The fence of this acquisition.
+    #[doc(alias = "token")]
+    pub fence: u64,
 }
 
 impl LockInfo {
@@ -64,7 +65,7 @@ impl LockInfo {
             pid: record.get_i64(data::PID).and_then(|p| u32::try_from(p).ok()),
             since: lease.since,
             expires: lease.until,
-            token: record.fence(),
+            fence: record.fence(),
         })
     }
 }
@@ -120,8 +121,9 @@ pub struct LockStatus {
     pub holder: Option<LockInfo>,
     /// Whether this instance holds it.
     pub owned: bool,
-    /// The largest token granted so far.
-    pub last_token: u64,
+    /// The largest fence granted so far.
+    #[doc(alias = "last_token")]
+    pub last_fence: u64,
     /// Counters.
     pub metrics: LockMetrics,
 }

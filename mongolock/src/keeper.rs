@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_trait::Store;
+use store_trait::{Store, StoreTime};
 use tokio::time::Instant;
 
 use crate::info::Metrics;
@@ -16,7 +16,7 @@ use crate::{Backoff, LockError};
 
 /// Renews until the guard goes away or the lease is lost.
 pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
-    let every = term.lock.renew_every;
+    let every = term.leases.renew_every;
     // Without auto-renew the keeper still wakes every interval, for the clock
     // check alone (no store operation).
     let mut next_renew = Instant::now() + every;
@@ -43,7 +43,8 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: boo
             break;
         }
         if renew_due {
-            renew_with_retries(&term).await;
+            // Whatever the outcome, a loss has been marked on the term.
+            let _ = renew_with_retries(&term).await;
             next_renew = Instant::now() + every;
         }
     }
@@ -54,30 +55,36 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: boo
     // it sooner, once its work has stopped (`LockGuard::release`).
 }
 
-async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) {
-    let lock = &term.lock;
+/// Renews once, retrying transient store failures with the one [`Backoff`]
+/// until the renewal is confirmed, the lease is lost, or it could lapse (then it
+/// is lost). A permanent failure is reported as a loss too. The keeper's rounds
+/// and [`LockGuard::renew`](crate::LockGuard::renew) (a leadership term's rounds)
+/// both renew through it.
+pub(crate) async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) -> Result<StoreTime, LockError> {
+    let lock = &term.leases;
     let mut backoff = Backoff::new((lock.renew_every / 20).max(Duration::from_millis(5)), lock.renew_every / 2);
     loop {
         match term.renew().await {
-            Ok(_) | Err(LockError::Lost { .. }) => return,
+            Ok(t) => return Ok(t),
+            Err(e @ LockError::Lost { .. }) => return Err(e),
             Err(e) => {
                 Metrics::bump(&lock.metrics.renew_failures);
-                tracing::warn!(key = %lock.key, token = term.token, error = %e, "lock renewal failed");
+                tracing::warn!(key = %term.key, fence = term.fence, error = %e, "lock renewal failed");
                 if !e.is_retryable() {
                     term.mark_lost("renewal failed permanently");
-                    return;
+                    return Err(e);
                 }
                 let now = Instant::now();
                 let deadline = term.deadline();
                 if now >= deadline {
                     term.mark_lost("lease not renewed before it could lapse");
-                    return;
+                    return Err(term.lost_error(None));
                 }
                 let base = backoff.next_delay();
                 let jitter = Duration::from_millis(fastrand::u64(0..=base.as_millis().min(50) as u64));
                 let pause = (base + jitter).min(deadline - now);
                 tokio::select! {
-                    _ = term.stop.cancelled() => return,
+                    _ = term.stop.cancelled() => return Err(term.lost_error(None)),
                     _ = tokio::time::sleep(pause) => {}
                 }
             }

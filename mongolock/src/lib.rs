@@ -3,7 +3,7 @@
 //!
 //! - **Leases on the store clock**: expiry is the server's `$$NOW` + ttl; a client
 //!   whose clock is off by an hour behaves like the rest.
-//! - **Fencing tokens**: every acquisition gets a token greater than every earlier
+//! - **Fences**: every acquisition gets a fence (a fencing token) greater than every earlier
 //!   one for the key, across release, expiry, force and server restarts.
 //! - **One round trip** per acquire, renew and release.
 //! - **A lost-lock signal** that fires *before* the lease can lapse on the server
@@ -23,7 +23,7 @@
 //! let guard = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(30)).auto_renew()).await?;
 //! tokio::select! {
 //!     _ = guard.lost() => eprintln!("lost the lock; stop writing"),
-//!     _ = async { /* write the report, passing guard.token() as a fencing token */ } => {}
+//!     _ = async { /* write the report, passing guard.fence() along as a fencing token */ } => {}
 //! }
 //! guard.release().await?;
 //! assert!(!lock.locked().await?);
@@ -34,7 +34,7 @@
 //! |---|---|
 //! | `MongoLocker(key, dbconn, dbname, dbcollection, ttl)` | [`Lock::builder`]`(store, key).collection(..).ttl(..)` |
 //! | `acquire(blocking, timeout, step, force)` | [`Lock::acquire`], [`Lock::try_acquire`], [`Lock::acquire_timeout`], [`Lock::acquire_with`]`(`[`Acquire`]`)`; `step` is [`LockBuilder::step`] |
-//! | `release(force)` | [`LockGuard::release`], [`Lock::release`]`(force)` |
+//! | `release(force)` | [`LockGuard::release`], [`Lock::release`], [`Lock::release_by_force`] |
 //! | `locked()`, `owned()`, `get_current()` | [`Lock::locked`], [`Lock::owned`], [`Lock::get_current`] |
 //! | `touch()` | [`LockGuard::touch`], [`Lock::touch`] |
 //! | `status` | [`Lock::status`] |
@@ -62,7 +62,7 @@
 //! hour holds and loses leases exactly like the rest.
 //!
 //! **Outside those assumptions**, the holder may believe it holds a lease that has
-//! lapsed; the lock detects it as early as it can, and fencing tokens (rejected
+//! lapsed; the lock detects it as early as it can, and fences (rejected
 //! once stale) cover the window:
 //! - *Store clock jumped ahead* (an NTP step on the server, a failover to a member
 //!   whose clock is ahead, a clock running fast). Every confirmed grant returns the
@@ -109,6 +109,7 @@ mod guard;
 mod identity;
 mod info;
 mod keeper;
+mod lease;
 mod lock;
 mod semaphore;
 mod term;
@@ -120,6 +121,7 @@ pub use error::LockError;
 pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use info::{LockInfo, LockMetrics, LockStatus, FOREIGN_LOCK_FIELDS};
+pub use lease::{Leases, LeasesBuilder};
 pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_STEP, DEFAULT_TTL};
 pub use semaphore::Semaphore;
 pub use store_trait;

@@ -1,12 +1,10 @@
 //! A counting semaphore: up to N holders of one key, each with its own lease and
-//! fencing token, with the lock's guarantees per permit.
+//! fence, with the lock's guarantees per permit.
 //!
 //! The N permits are N slot documents (`key#0` … `key#N-1`) in the lock
 //! collection; acquiring a permit is one `claim` (find a free slot and lease it,
 //! atomically), so N holders can never become N+1.
 
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bson::doc;
@@ -15,10 +13,10 @@ use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError};
 use tokio::time::Instant;
 
 use crate::info::data;
-use crate::lock::{Lock, LockBuilder, LockInner};
-use crate::term::Term;
+use crate::lease::LeaseConfig;
+use crate::lock::{Lock, LockBuilder};
 use crate::Acquire;
-use crate::{LockError, LockGuard};
+use crate::{LockError, LockGuard, LockMetrics};
 
 /// Fields of a slot document.
 mod slot {
@@ -43,7 +41,9 @@ mod slot {
 pub struct Semaphore<S> {
     key: String,
     permits: u32,
-    slots: Vec<Arc<LockInner<S>>>,
+    /// The semaphore as one lock configuration: its leases keep every permit
+    /// (one counter set, one renewal configuration), its step paces waiters.
+    lock: Lock<S>,
 }
 
 impl<S: Store + Clone> Semaphore<S> {
@@ -53,29 +53,11 @@ impl<S: Store + Clone> Semaphore<S> {
         if permits == 0 {
             return Err(LockError::Config("a semaphore needs at least one permit".into()));
         }
-        let base: Lock<S> = config.build()?;
-        let key = base.key().to_string();
-        let inner = &base.inner;
-        let slots = (0..permits)
-            .map(|i| {
-                Ok(Arc::new(LockInner {
-                    store: inner.store.clone(),
-                    coll: inner.coll.clone(),
-                    key: store_trait::Key::new(format!("{key}#{i}")).map_err(|e| LockError::Config(e.to_string()))?,
-                    ttl: inner.ttl,
-                    step: inner.step,
-                    renew_every: inner.renew_every,
-                    margin: inner.margin,
-                    identity: inner.identity.clone(),
-                    clock: inner.clock.clone(),
-                    allow_gc: inner.allow_gc,
-                    seq: std::sync::atomic::AtomicU64::new(1),
-                    current: std::sync::Mutex::new(None),
-                    metrics: Default::default(),
-                }))
-            })
-            .collect::<Result<Vec<_>, LockError>>()?;
-        Ok(Semaphore { key, permits, slots })
+        let lock: Lock<S> = config.build()?;
+        let key = lock.key().to_string();
+        // Every slot key must be a valid key: rejected here, not at the first claim.
+        store_trait::Key::new(format!("{key}#{}", permits - 1)).map_err(|e| LockError::Config(e.to_string()))?;
+        Ok(Semaphore { key, permits, lock })
     }
 
     /// The number of permits.
@@ -83,8 +65,13 @@ impl<S: Store + Clone> Semaphore<S> {
         self.permits
     }
 
-    fn first(&self) -> &Arc<LockInner<S>> {
-        &self.slots[0]
+    /// The counters of every permit acquired through this semaphore.
+    pub fn metrics(&self) -> LockMetrics {
+        self.lock.metrics()
+    }
+
+    fn config(&self) -> &LeaseConfig<S> {
+        self.lock.inner.config()
     }
 
     async fn ensure_slots(&self) -> Result<(), StoreError> {
@@ -93,15 +80,23 @@ impl<S: Store + Clone> Semaphore<S> {
                 doc! { "_id": format!("{}#{i}", self.key), slot::SEMAPHORE: &self.key, slot::SLOT: i64::from(i), slot::PERMITS: i64::from(self.permits) }
             })
             .collect();
-        self.first().store.insert_many(&self.first().coll, docs).await.map(drop)
+        self.config().store.insert_many(&self.config().coll, docs).await.map(drop)
     }
 
     /// Tries once for a free permit.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Semaphore::acquire_with`].
     pub async fn try_acquire(&self) -> Result<Option<LockGuard<S>>, LockError> {
         self.try_once(false).await
     }
 
     /// Blocks until a permit is free.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`Semaphore::acquire_with`].
     pub async fn acquire(&self) -> Result<LockGuard<S>, LockError> {
         self.acquire_with(Acquire::new()).await
     }
@@ -121,22 +116,21 @@ impl<S: Store + Clone> Semaphore<S> {
         }
         let (timeout, auto_renew) = (if opts.blocking { opts.timeout } else { Some(Duration::ZERO) }, opts.auto_renew);
         let start = Instant::now();
-        let first = self.first();
+        let (first, step) = (self.config(), self.lock.inner.step);
         // Renewals of held permits free nothing: they wake no waiter.
-        let mut events =
-            Watcher::open(first.store.clone(), first.coll.clone(), None, first.step).await.ignore_renewals();
+        let mut events = Watcher::open(first.store.clone(), first.coll.clone(), None, step).await.ignore_renewals();
         loop {
             if let Some(g) = self.try_once(auto_renew).await? {
                 return Ok(g);
             }
-            let mut wait = first.step;
+            let mut wait = step;
             if events.is_live() {
                 // Until the earliest lease of a slot lapses, unless a change comes first.
                 let now = first.store.now().await?;
                 let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
                 let soonest =
                     first.store.find(&first.coll, &q).await?.iter().filter_map(|r| r.lease().map(|l| l.until)).min();
-                wait = soonest.map_or(first.step, |t| now.until(t)) + Duration::from_millis(fastrand::u64(0..=5));
+                wait = soonest.map_or(step, |t| now.until(t)) + Duration::from_millis(fastrand::u64(0..=5));
             }
             let mut until = Instant::now() + wait;
             if let Some(t) = timeout {
@@ -155,14 +149,14 @@ impl<S: Store + Clone> Semaphore<S> {
     }
 
     async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
-        let first = self.first();
-        let owner = first.identity.owner(first.seq.fetch_add(1, Ordering::Relaxed));
+        let first = self.config();
+        let owner = self.lock.inner.next_owner();
         let claim = Claim {
             query: Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) })
                 .when(Condition::Free)
                 .sort(slot::SLOT, Order::Asc),
             mutation: Mutation::new()
-                .grant(owner.clone(), first.ttl)
+                .grant(owner, first.ttl)
                 .bump_fence()
                 .set(data::HOST, first.identity.host())
                 .set(data::PID, i64::from(first.identity.pid()))
@@ -175,15 +169,14 @@ impl<S: Store + Clone> Semaphore<S> {
             record = first.store.claim(&first.coll, &claim).await?;
         }
         let Some(record) = record else { return Ok(None) };
-        let slot = record.get_i64(slot::SLOT).unwrap_or(-1);
-        let inner = usize::try_from(slot).ok().and_then(|i| self.slots.get(i)).ok_or_else(|| {
-            LockError::Store(StoreError::malformed(first.coll.as_str(), record.key(), "semaphore slot out of range"))
-        })?;
-        Ok(Some(Term::start(inner.clone(), owner, &record, sent, auto_renew)))
+        // A permit is kept like a lock's acquisition, by the one keeper: renewed,
+        // its loss signalled, its writes fenced. It is no lock instance's
+        // current acquisition.
+        self.lock.inner.leases.start(&record, sent, auto_renew, None).map(Some)
     }
 
     async fn missing_slots(&self) -> Result<bool, StoreError> {
-        let first = self.first();
+        let first = self.config();
         let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
         Ok(first.store.count(&first.coll, &q).await? < u64::from(self.permits))
     }

@@ -11,17 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use store_trait::{Clock, Condition, Mutation, Nonce, Record, Store, StoreTime, Write, WriteOutcome};
+use store_trait::{Clock, Condition, Key, Mutation, Nonce, Record, Store, StoreTime, Write, WriteOutcome};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::info::Metrics;
-use crate::lock::{spawn_with_deadline, LockInner};
+use crate::lease::{Current, LeaseConfig};
+use crate::lock::spawn_with_deadline;
 use crate::{LockError, LockInfo};
-
-use crate::guard::LockGuard;
-use crate::keeper::keeper;
 
 #[derive(Debug)]
 pub(crate) struct TermState {
@@ -75,12 +73,18 @@ pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// One acquisition of a lock.
+/// One kept lease: a lock's acquisition, a semaphore's permit, a task claim.
 #[derive(Debug)]
 pub(crate) struct Term<S> {
-    pub(crate) lock: Arc<LockInner<S>>,
+    /// The configuration shared by every lease of its [`Leases`](crate::Leases).
+    pub(crate) leases: Arc<LeaseConfig<S>>,
+    /// The leased document.
+    pub(crate) key: Key,
+    /// The lock instance whose live acquisition this is, if any.
+    pub(crate) current: Option<Arc<Current<S>>>,
     pub(crate) owner: String,
-    pub(crate) token: u64,
+    /// The fence of this acquisition.
+    pub(crate) fence: u64,
     pub(crate) since: StoreTime,
     pub(crate) state: Arc<Mutex<TermState>>,
     pub(crate) lost: CancellationToken,
@@ -92,52 +96,6 @@ pub(crate) struct Term<S> {
 }
 
 impl<S: Store + Clone> Term<S> {
-    /// Starts the keeper for a fresh acquisition (`record` as granted, the request
-    /// sent at `sent`) and returns its guard.
-    pub(crate) fn start(
-        lock: Arc<LockInner<S>>,
-        owner: String,
-        record: &Record,
-        sent: Instant,
-        auto_renew: bool,
-    ) -> LockGuard<S> {
-        let lease = record.lease();
-        let expires = lease.map_or_else(StoreTime::default, |l| l.until);
-        // The reply is in hand now; the wall clock pair is read now too (a
-        // suspend during the acquire's round trip shows at the first renewal, as
-        // a store clock that advanced more than ours).
-        let confirmed = Confirmed {
-            sent,
-            replied: Instant::now(),
-            stamp: expires.as_millis().saturating_sub(lock.ttl.as_millis()),
-            wall: lock.clock.now(),
-            wall_mono: lock.clock.monotonic(),
-        };
-        let term = Arc::new(Term {
-            owner,
-            token: record.fence(),
-            since: lease.map_or_else(StoreTime::default, |l| l.since),
-            state: Arc::new(Mutex::new(TermState {
-                deadline: sent + lock.ttl.as_duration() - lock.margin,
-                expires,
-                confirmed,
-                clock: lock.clock.clone(),
-                gap_limit: lock.margin / 2,
-            })),
-            lost: CancellationToken::new(),
-            stop: CancellationToken::new(),
-            wake: Notify::new(),
-            released: AtomicBool::new(false),
-            lost_marked: AtomicBool::new(false),
-            lock,
-        });
-        Metrics::bump(&term.lock.metrics.acquisitions);
-        tracing::info!(key = %term.lock.key, owner = %term.owner, token = term.token, auto_renew, "lock acquired");
-        term.lock.set_current(Some(&term));
-        tokio::spawn(keeper(term.clone(), auto_renew));
-        LockGuard { term }
-    }
-
     pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, TermState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -148,14 +106,14 @@ impl<S: Store + Clone> Term<S> {
 
     pub(crate) fn lost_error(&self, current: Option<&Record>) -> LockError {
         LockError::Lost {
-            key: self.lock.key_string(),
-            token: self.token,
+            key: self.key.to_string(),
+            fence: self.fence,
             current: current.and_then(|r| LockInfo::from_record(r, None)).map(Box::new),
         }
     }
 
     pub(crate) fn fenced(&self) -> Condition {
-        Condition::OwnedBy(self.owner.clone()).and(Condition::FenceIs(self.token))
+        Condition::OwnedBy(self.owner.clone()).and(Condition::FenceIs(self.fence))
     }
 
     /// Marks the acquisition lost (once): fires the signal, counts, logs.
@@ -166,8 +124,8 @@ impl<S: Store + Clone> Term<S> {
             return;
         }
         if !self.released.load(Ordering::SeqCst) {
-            Metrics::bump(&self.lock.metrics.losses);
-            tracing::warn!(key = %self.lock.key, owner = %self.owner, token = self.token, why, "lock lost");
+            Metrics::bump(&self.leases.metrics.losses);
+            tracing::warn!(key = %self.key, owner = %self.owner, fence = self.fence, why, "lock lost");
         }
         self.lost.cancel();
         self.clear_current();
@@ -185,10 +143,10 @@ impl<S: Store + Clone> Term<S> {
             return false;
         }
         if !self.lost.is_cancelled() && !self.released.load(Ordering::SeqCst) {
-            Metrics::bump(&self.lock.metrics.local_clock_gaps);
+            Metrics::bump(&self.leases.metrics.local_clock_gaps);
             tracing::warn!(
-                key = %self.lock.key,
-                token = self.token,
+                key = %self.key,
+                fence = self.fence,
                 unseen_ms = millis(unseen),
                 limit_ms = millis(limit),
                 "the wall clock advanced beyond the monotonic clock: time passed unseen (host suspended, or the wall clock was stepped)"
@@ -204,7 +162,7 @@ impl<S: Store + Clone> Term<S> {
     /// early; a step never gets past half the margin), plus 1 ms per second for
     /// the rates of two NTP-disciplined clocks and 2 ms for millisecond stamps.
     pub(crate) fn store_clock_tolerance(&self, interval: Duration) -> Duration {
-        let (margin, ttl) = (self.lock.margin, self.lock.ttl.as_duration());
+        let (margin, ttl) = (self.leases.margin, self.leases.ttl.as_duration());
         let share = margin.as_nanos().saturating_mul(interval.as_nanos()) / ttl.as_nanos().max(1);
         let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX));
         Duration::from_millis(2) + interval / 1000 + share.min(margin / 2)
@@ -223,10 +181,10 @@ impl<S: Store + Clone> Term<S> {
         let ahead = store.saturating_sub(millis(widest));
         if ahead > millis(tolerance) {
             if !self.lost.is_cancelled() && !self.released.load(Ordering::SeqCst) {
-                Metrics::bump(&self.lock.metrics.store_clock_jumps);
+                Metrics::bump(&self.leases.metrics.store_clock_jumps);
                 tracing::warn!(
-                    key = %self.lock.key,
-                    token = self.token,
+                    key = %self.key,
+                    fence = self.fence,
                     ahead_ms = ahead,
                     local_ms = millis(widest),
                     tolerance_ms = millis(tolerance),
@@ -238,14 +196,14 @@ impl<S: Store + Clone> Term<S> {
         let behind = millis(narrowest).saturating_sub(store);
         if behind > millis(tolerance) {
             // Harmless for this holder: leases last longer than it assumes.
-            tracing::info!(key = %self.lock.key, token = self.token, behind_ms = behind, "the store clock stepped back");
+            tracing::info!(key = %self.key, fence = self.fence, behind_ms = behind, "the store clock stepped back");
         }
         false
     }
 
     pub(crate) fn clear_current(&self) {
-        if self.lock.current_term().is_some_and(|t| std::ptr::eq(Arc::as_ptr(&t), self)) {
-            self.lock.set_current(None);
+        if let Some(c) = &self.current {
+            c.clear(self);
         }
     }
 
@@ -255,14 +213,14 @@ impl<S: Store + Clone> Term<S> {
         if self.lost.is_cancelled() || self.released.load(Ordering::SeqCst) || self.time_passed_unseen() {
             return Err(self.lost_error(None));
         }
-        let lock = &self.lock;
+        let lock = &self.leases;
         let write = Write::new(
-            Condition::HeldBy(self.owner.clone()).and(Condition::FenceIs(self.token)),
+            Condition::HeldBy(self.owner.clone()).and(Condition::FenceIs(self.fence)),
             Mutation::new().grant(self.owner.clone(), lock.ttl),
         );
         let sent = Instant::now();
         let (wall, wall_mono) = (lock.clock.now(), lock.clock.monotonic());
-        let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), lock.key.clone());
+        let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), self.key.clone());
         let result = spawn_with_deadline(self.deadline(), async move { store.write(&coll, &key, &write).await });
         match result.await {
             None => {
@@ -289,7 +247,7 @@ impl<S: Store + Clone> Term<S> {
                     self.mark_lost("the store clock jumped ahead: the lease may have ended early");
                     return Err(self.lost_error(None));
                 }
-                tracing::debug!(key = %lock.key, token = self.token, expires = %until, "lock renewed");
+                tracing::debug!(key = %self.key, fence = self.fence, expires = %until, "lock renewed");
                 Ok(until)
             }
             Some(Ok(WriteOutcome::Rejected(current))) => {
@@ -304,13 +262,13 @@ impl<S: Store + Clone> Term<S> {
     /// Releases the lease, applying `changes` in the same fenced write.
     pub(crate) async fn release(&self, changes: Mutation) -> Result<Record, LockError> {
         if self.released.swap(true, Ordering::SeqCst) {
-            return Err(LockError::NotHeld { key: self.lock.key_string() });
+            return Err(LockError::NotHeld { key: self.key.to_string() });
         }
         self.stop.cancel();
         // Work done under the lock stops: it is no longer held.
         self.lost.cancel();
         self.clear_current();
-        let lock = &self.lock;
+        let lock = &self.leases;
         // One nonce for every attempt: a retry recognises an earlier attempt that
         // was applied although it reported an error. "No lease and the same
         // fence" is no proof of that: a requeue or a forced release in between
@@ -320,14 +278,14 @@ impl<S: Store + Clone> Term<S> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match lock.store.write(&lock.coll, &lock.key, &write).await {
+            match lock.store.write(&lock.coll, &self.key, &write).await {
                 Ok(WriteOutcome::Applied(r)) => {
-                    tracing::info!(key = %lock.key, owner = %self.owner, token = self.token, "lock released");
+                    tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence, "lock released");
                     return Ok(r);
                 }
                 // An earlier attempt that reported an error was applied after all.
                 Ok(WriteOutcome::Rejected(Some(r))) if attempt > 1 && r.last_nonce() == Some(nonce.as_str()) => {
-                    tracing::info!(key = %lock.key, owner = %self.owner, token = self.token, "lock released by an earlier attempt");
+                    tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence, "lock released by an earlier attempt");
                     return Ok(r);
                 }
                 Ok(WriteOutcome::Rejected(current)) => {
@@ -345,16 +303,16 @@ impl<S: Store + Clone> Term<S> {
     /// Best-effort release in the background (drop, or after a loss).
     pub(crate) fn release_in_background(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        let lock = &self.lock;
-        let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), lock.key.clone());
+        let lock = &self.leases;
+        let (store, coll, key) = (lock.store.clone(), lock.coll.clone(), self.key.clone());
         let write = Write::new(self.fenced(), Mutation::new().release());
-        let (owner, token) = (self.owner.clone(), self.token);
+        let (owner, fence) = (self.owner.clone(), self.fence);
         rt.spawn(async move {
             match store.write(&coll, &key, &write).await {
-                Ok(o) if o.is_applied() => tracing::info!(%key, owner, token, "lock released in the background"),
+                Ok(o) if o.is_applied() => tracing::info!(%key, owner, fence, "lock released in the background"),
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(%key, owner, token, error = %e, "background release failed; the lease will lapse")
+                    tracing::warn!(%key, owner, fence, error = %e, "background release failed; the lease will lapse")
                 }
             }
         });

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mongolock::{check_interval, Identity, LeaseTiming};
+use mongolock::{check_interval, Identity, LeaseTiming, Leases};
 use store_trait::{Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
@@ -164,6 +164,15 @@ impl<S: Store + Clone> AgentBuilder<S> {
         let lease = LeaseTiming::new(self.lease, None, None).map_err(config)?.ttl();
         let retain = self.retain_finished.map(Ttl::new).transpose().map_err(|e| AgentError::Config(e.to_string()))?;
         let queue = self.queue?;
+        let identity = self.identity.unwrap_or_else(Identity::current);
+        // Every claim's lease is kept through these, like a lock's acquisition.
+        let leases = Leases::builder(self.store.clone(), queue.coll.as_str())
+            .ttl(lease.as_duration())
+            .identity(identity.clone())
+            // Task leases: a task's document is marked for collection when it ends.
+            .allow_gc()
+            .build()
+            .map_err(config)?;
         Ok(Agent {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -171,12 +180,13 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 queue,
                 sleep_between: self.sleep_between,
                 lease,
+                leases,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
                 concurrency: self.concurrency,
                 drain: self.drain,
                 retain,
-                identity: self.identity.unwrap_or_else(Identity::current),
+                identity,
                 process_while: self.process_while,
                 log: Mutex::new(AgentLog::default()),
                 seq: AtomicU64::new(1),

@@ -1,10 +1,10 @@
 //! Claiming: which tasks are claimable, in which order, and the claim itself
-//! (one `Store::claim`, whose lease the agent then keeps as a lock guard).
+//! (one `Store::claim`, whose lease the agent's `Leases` then keeps as a lock guard).
 
 use std::sync::atomic::Ordering;
 
 use bson::doc;
-use mongolock::{Lock, LockGuard};
+use mongolock::LockGuard;
 use store_trait::{fields as reserved, Claim, Condition, Mutation, Order, Query, Record, Store};
 use tokio::time::Instant;
 
@@ -83,15 +83,9 @@ impl<S: Store + Clone> Agent<S> {
         };
         let sent = Instant::now();
         let Some(record) = inner.store.claim(&inner.queue.coll, &claim).await? else { return Ok(None) };
-        let lock = Lock::builder_with_key(inner.store.clone(), record.key().clone())
-            .collection(inner.queue.coll.as_str())
-            .ttl(inner.lease.as_duration())
-            .identity(inner.identity.clone())
-            // A task lease: its document is marked for collection when the task ends.
-            .allow_gc()
-            .build()?;
-        let guard = lock.adopt(&record, sent, true)?;
-        tracing::debug!(agent = %inner.name, task = %record.key(), token = record.fence(), "task claimed");
+        // Kept like a lock's acquisition, by the agent's one `Leases`.
+        let guard = inner.leases.keep(&record, sent)?;
+        tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
         Ok(Some(Claimed { guard, record }))
     }
 }

@@ -28,7 +28,7 @@ impl<S: Store + Clone> Agent<S> {
         finish: Finish,
     ) -> Result<Processed, AgentError> {
         let key = record.key().clone();
-        let token = guard.token();
+        let token = guard.fence();
         let changes = Mutation::new()
             .set_all(merge)
             .set(pending::PARENT_FENCE, i64::try_from(token).unwrap_or(i64::MAX))

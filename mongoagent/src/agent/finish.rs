@@ -21,7 +21,7 @@ impl<S: Store + Clone> Agent<S> {
     ) -> Result<Processed, AgentError> {
         let inner = &self.inner;
         let key = record.key().clone();
-        let token = guard.token();
+        let token = guard.fence();
         let round = task_round(record);
         let outcome = match outcome {
             Outcome::Complete { merge, follow_ups, then } => match check_merge(&merge) {

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Document};
-use mongolock::Identity;
+use mongolock::{Identity, Leases};
 use store_trait::{Key, Record, Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
@@ -81,6 +81,8 @@ struct Inner<S> {
     queue: Queue<S>,
     sleep_between: Duration,
     lease: Ttl,
+    /// Keeps every claim's lease: built once per agent, used by every claim.
+    leases: Leases<S>,
     max_attempts: u32,
     backoff: (Duration, Duration),
     concurrency: usize,

@@ -68,7 +68,7 @@ impl<S: Store + Clone> Agent<S> {
             key: key.clone(),
             data: data.clone(),
             token: record.fence(),
-            cancel: guard.lost_token(),
+            cancel: guard.cancellation(),
             validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
             children,

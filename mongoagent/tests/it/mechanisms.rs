@@ -248,3 +248,47 @@ impl Store for ClaimsInFlight {
         self.inner.ensure_indexes(c, i).await
     }
 }
+
+/// A claim is kept through mongolock's one lease seam (`Leases`), like a lock's
+/// acquisition: renewed while the handler runs longer than the lease; cut off, the
+/// handler's cancellation fires while the claim is still live on the store; and
+/// the claim is not released behind the handler's back.
+#[tokio::test(start_paused = true)]
+async fn a_claim_is_kept_like_a_lock() {
+    let store = MemoryStore::new();
+    let (id, _) = Queue::new(store.clone(), "tasks").unwrap().enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let lease = Duration::from_secs(3);
+    let agent = Agent::builder(store.clone(), "w", "tasks").lease(lease).build().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let (store, id, seen) = (store.clone(), id.clone(), seen.clone());
+        move |t: Task| {
+            let (store, id, seen) = (store.clone(), id.clone(), seen.clone());
+            async move {
+                let holder = |what: &str| {
+                    let snap = store.peek(&coll(), &id).unwrap();
+                    let live = snap.record.unwrap().holder_at(snap.now).map(|l| l.owner.clone());
+                    seen.lock().unwrap().push((what.to_owned(), live));
+                };
+                tokio::time::sleep(lease * 2).await;
+                assert!(!t.cancelled().is_cancelled(), "the claim is renewed while the handler runs");
+                holder("renewed");
+                store.faults().set_unreachable(true);
+                tokio::time::timeout(lease, t.cancelled().cancelled()).await.expect("the claim's loss is signalled");
+                holder("signalled");
+                store.faults().set_unreachable(false);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                holder("after");
+                Outcome::done_with(doc! {"late": true})
+            }
+        }
+    };
+    // The outcome's write is fenced, not refused for the signal: the claim was
+    // still this agent's, so it applies.
+    let out = agent.process(handler).await.unwrap();
+    assert_eq!(out, Some(Processed::Completed(id.clone())));
+    let seen = seen.lock().unwrap().clone();
+    let owners: Vec<_> = seen.iter().map(|(_, o)| o.clone()).collect();
+    assert!(owners.iter().all(Option::is_some), "held at every step: {seen:?}");
+    assert!(owners.windows(2).all(|w| w[0] == w[1]), "by the same claim: {seen:?}");
+}

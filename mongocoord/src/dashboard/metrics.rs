@@ -58,7 +58,7 @@ pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<S
             .set(i64::from(l.held));
         let key = labels(&[("collection", locks), ("key", &l.key)]);
         remaining.get_or_create(&key).set(l.expires_in_ms.map_or(0.0, |m| m as f64 / 1000.0));
-        fence.get_or_create(&key).set(int(l.token));
+        fence.get_or_create(&key).set(int(l.fence));
     }
     reg.register("lock_held", "1 while the lock is held, with its holder", held);
     reg.register("lock_remaining_seconds", "Lease left on the store clock (0 when free)", remaining);
@@ -71,10 +71,10 @@ pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<S
         let key = labels(&[("election", &e.election)]);
         // Absent between terms; `changes(mongocoord_election_term[5m])` counts
         // term changes.
-        if let Some(t) = e.token {
+        if let Some(t) = e.fence {
             term.get_or_create(&key).set(int(t));
         }
-        leader.get_or_create(&key).set(i64::from(e.master.is_some()));
+        leader.get_or_create(&key).set(i64::from(e.leader.is_some()));
         nodes.get_or_create(&key).set(int(e.nodes.len() as u64));
     }
     reg.register("election_term", "The current term's fence", term);

@@ -106,7 +106,7 @@ pub(crate) fn overview(o: &Overview, actions: bool) -> String {
                 format!(
                     "{}{} ({} pid {}, v{}, seen {:.1}s ago)",
                     esc(&n.node),
-                    if n.is_master { " ★" } else { "" },
+                    if n.is_leader { " ★" } else { "" },
                     esc(&n.host),
                     n.pid,
                     esc(&n.version),
@@ -119,8 +119,8 @@ pub(crate) fn overview(o: &Overview, actions: bool) -> String {
             h,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&e.election),
-            esc(e.master.as_deref().unwrap_or("(none)")),
-            e.token.map_or("-".into(), |t| t.to_string()),
+            esc(e.leader.as_deref().unwrap_or("(none)")),
+            e.fence.map_or("-".into(), |t| t.to_string()),
             secs(e.expires_in_ms),
             nodes.join("<br>")
         );
@@ -136,7 +136,7 @@ pub(crate) fn overview(o: &Overview, actions: bool) -> String {
             esc(l.holder.as_deref().unwrap_or("-")),
             esc(l.host.as_deref().unwrap_or("-")),
             l.pid.map_or("-".into(), |p| p.to_string()),
-            l.token,
+            l.fence,
             secs(l.expires_in_ms)
         );
     }
@@ -312,7 +312,7 @@ pub(crate) fn task_detail(q: &str, d: &TaskDetail, actions: bool) -> String {
         cell(&t["agent_name"]),
         cell(&t["attempts"]),
         cell(&t["last_error"]),
-        cell(&t["token"])
+        cell(&t["fence"])
     );
     if let Some(p) = &d.parent {
         let _ = write!(h, r#"<dt>parent</dt><dd><a href="/tasks/{}?queue={}">{}</a></dd>"#, url(p), url(q), esc(p));

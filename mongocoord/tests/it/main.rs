@@ -149,7 +149,7 @@ fn elect_hands_over_on_sigterm_and_after_sigkill() {
     e.json(&["enqueue", "--queue", mongoelector::DEFAULT_STATUS_COLLECTION, "--agent", "intruder", "{}"]);
     let leaders = e.json(&["leaders"]);
     let s = leaders["elections"].as_array().unwrap().iter().find(|l| l["election"] == "scheduler").unwrap();
-    assert_eq!(s["token"].as_u64(), Some(terms[2]));
+    assert_eq!(s["fence"].as_u64(), Some(terms[2]));
     let nodes = s["nodes"].as_array().unwrap();
     assert!(!nodes.is_empty() && nodes.iter().all(|n| !n["version"].as_str().unwrap().is_empty()), "{nodes:?}");
     let skipped = leaders["skipped"].as_array().unwrap();

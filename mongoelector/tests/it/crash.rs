@@ -75,7 +75,7 @@ async fn mongo_failover_after_abort() {
     wait_leader(std::slice::from_ref(&follower)).await;
     let next = lock.get_current().await.unwrap().unwrap();
     assert_taken_over_after(&dead, &next);
-    assert!(next.token > dead.token);
+    assert!(next.fence > dead.fence);
     follower.stop().await;
 }
 

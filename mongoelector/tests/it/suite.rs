@@ -86,7 +86,7 @@ pub(crate) async fn one_leader_among_three<H: Harness>(h: &H) {
             .unwrap()
             .clone();
         let l = seen.leader.unwrap();
-        assert_eq!(l.token, electors[leader].node_status().fence.unwrap(), "every node observes the same term");
+        assert_eq!(l.fence, electors[leader].node_status().fence.unwrap(), "every node observes the same term");
     }
     tokio::time::sleep(long * 2).await;
     assert!(electors[leader].is_leader(), "the leader keeps renewing");
@@ -240,7 +240,7 @@ pub(crate) async fn cluster_detail_lists_nodes<H: Harness>(h: &H) {
     let detail = electors[0].cluster_detail().await.unwrap();
     assert_eq!(detail.nodes.len(), 3);
     let master = detail.leader.unwrap();
-    assert_eq!(Some(master.token), electors[leader].node_status().fence);
+    assert_eq!(Some(master.fence), electors[leader].node_status().fence);
     let reported_masters: Vec<_> = detail.nodes.iter().filter(|n| n.is_leader).collect();
     assert_eq!(reported_masters.len(), 1);
     assert_eq!(reported_masters[0].node, electors[leader].identity().to_string());

@@ -26,7 +26,7 @@ fn lock<S: Store + Clone>(store: S) -> Lock<S> {
 /// The lease as the store has it now: whether `g` holds it, and the store's time.
 fn held_by<S: Store + Clone>(store: &MemoryStore, g: &LockGuard<S>) -> (bool, StoreTime) {
     let snap = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap();
-    let held = snap.record.is_some_and(|r| r.is_held_by_at(g.owner(), snap.now) && r.fence() == g.token());
+    let held = snap.record.is_some_and(|r| r.is_held_by_at(g.owner(), snap.now) && r.fence() == g.fence());
     (held, snap.now)
 }
 
@@ -56,10 +56,10 @@ async fn a_store_clock_step_beyond_the_margin_is_reported_at_the_next_renewal() 
     // Not released behind the holder's back; once it lets go, the other client
     // gets the lock at once.
     assert!(b.try_acquire().await.unwrap().is_none());
-    let old = g.token();
+    let old = g.fence();
     let _ = g.release().await;
     let g2 = b.acquire_timeout(Duration::from_millis(100)).await.unwrap();
-    assert!(g2.token() > old);
+    assert!(g2.fence() > old);
 }
 
 #[tokio::test(start_paused = true)]
@@ -101,7 +101,7 @@ async fn a_fast_store_clock_is_caught_before_a_partition_lets_a_second_holder_in
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let g2 = second.expect("the lease lapses on the fast store clock");
-    assert!(g.is_lost(), "two holders: {} still believes it holds while {} was granted", g.token(), g2.token());
+    assert!(g.is_lost(), "two holders: {} still believes it holds while {} was granted", g.fence(), g2.fence());
     assert_eq!(a.metrics().store_clock_jumps, 1);
 }
 

@@ -16,13 +16,13 @@ async fn ambiguous_acquire_is_resolved_by_reading_back() {
     let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
     store.faults().fail_next_after_apply(1);
     let g = lock.try_acquire().await.unwrap().expect("applied although the reply was lost");
-    assert_eq!(g.token(), 1);
+    assert_eq!(g.fence(), 1);
     assert!(lock.owned().await.unwrap());
     g.release().await.unwrap();
     // Failed before apply: the blocking acquire retries.
     store.faults().fail_next(2);
     let g = lock.acquire_timeout(Duration::from_secs(5)).await.unwrap();
-    assert_eq!(g.token(), 2);
+    assert_eq!(g.fence(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -52,7 +52,7 @@ async fn unreachable_store_signals_loss_before_expiry() {
     // The lost holder frees the lock in the background once it can; the other
     // client gets it, never before the first lease lapsed or was released.
     let g2 = other.acquire_timeout(Duration::from_secs(10)).await.unwrap();
-    assert!(g2.token() > g.token());
+    assert!(g2.fence() > g.fence());
     assert!(matches!(g.release().await, Err(LockError::Lost { .. })));
 }
 
@@ -77,13 +77,13 @@ async fn release_retry_is_not_fooled_by_a_forced_release() {
     let store = MemoryStore::new();
     let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
     let g = lock.acquire().await.unwrap();
-    let token = g.token();
+    let token = g.fence();
     store.faults().fail_next(1);
     let release = tokio::spawn(g.release_with(store_trait::Mutation::new().set("outcome", "done")));
     // The release failed once and backs off; an operator forces the lock free.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let other = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
-    assert!(other.release(true).await.unwrap());
+    assert!(other.release_by_force().await.unwrap());
     let out = release.await.unwrap();
     assert!(matches!(out, Err(LockError::Lost { .. })), "the outcome was never written: {out:?}");
     let r = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap().record.unwrap();
@@ -136,7 +136,7 @@ async fn fenced_writes_of_a_lapsed_holder_are_rejected() {
     let g2 = b.try_acquire().await.unwrap().expect("the lease lapsed");
     assert!(matches!(g.write(store_trait::Mutation::new().set("by", "a-stale")).await, Err(LockError::Lost { .. })));
     let rec = store.peek(&coll, &key).unwrap().record.unwrap();
-    assert_eq!((rec.data().get_str("by").unwrap(), rec.fence()), ("a", g2.token()));
+    assert_eq!((rec.data().get_str("by").unwrap(), rec.fence()), ("a", g2.fence()));
 }
 
 async fn fail_point(admin: &store_mongo::mongodb::Client, data: bson::Document) {
@@ -199,10 +199,10 @@ async fn mongo_failpoints() {
     let b = make();
     let g2 = b.acquire_with(Acquire::new().timeout(Duration::from_secs(15)).auto_renew()).await.unwrap();
     assert!(g.is_lost(), "the first holder was told before the second got the lock");
-    assert!(g2.token() > g.token());
+    assert!(g2.fence() > g.fence());
     tokio::time::sleep(Duration::from_millis(4_500)).await;
     let cur = b.get_current().await.unwrap().expect("still held");
-    assert_eq!((cur.owner.as_str(), cur.token), (g2.owner(), g2.token()), "the late renewal was rejected");
+    assert_eq!((cur.owner.as_str(), cur.fence), (g2.owner(), g2.fence()), "the late renewal was rejected");
     assert!(!g2.is_lost());
     clear_fail_point(&admin).await;
     g2.release().await.unwrap();

@@ -6,6 +6,7 @@
 mod clocks;
 mod faults;
 mod input;
+mod lease;
 mod model;
 mod suite;
 

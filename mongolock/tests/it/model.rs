@@ -152,8 +152,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if c.guard.is_none() {
                     let opts = if auto_renew { Acquire::try_once().auto_renew() } else { Acquire::try_once() };
                     if let Ok(g) = c.lock.acquire_with(opts).await {
-                        prop_assert!(g.token() > max_token, "step {step}: token {} after {max_token}", g.token());
-                        max_token = g.token();
+                        prop_assert!(g.fence() > max_token, "step {step}: token {} after {max_token}", g.fence());
+                        max_token = g.fence();
                         c.hold(g);
                     }
                 }
@@ -184,8 +184,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                     }
                     if let Ok(g) = got {
-                        prop_assert!(g.token() > max_token);
-                        max_token = g.token();
+                        prop_assert!(g.fence() > max_token);
+                        max_token = g.fence();
                         clients[client].hold(g);
                     }
                 }
@@ -230,8 +230,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if c.guard.is_none() {
                     let opts = Acquire::new().timeout(Duration::from_millis(ms)).auto_renew();
                     if let Ok(g) = c.lock.acquire_with(opts).await {
-                        prop_assert!(g.token() > max_token, "step {step}: token {} after {max_token}", g.token());
-                        max_token = g.token();
+                        prop_assert!(g.fence() > max_token, "step {step}: token {} after {max_token}", g.fence());
+                        max_token = g.fence();
                         c.hold(g);
                     }
                 }
@@ -264,7 +264,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 continue;
             }
             let rec = snap.record.as_ref();
-            let mine = rec.filter(|r| r.fence() == g.token()).and_then(|r| r.lease()).filter(|l| l.owner == g.owner());
+            let mine = rec.filter(|r| r.fence() == g.fence()).and_then(|r| r.lease()).filter(|l| l.owner == g.owner());
             if let Some(l) = mine {
                 if l.until.as_millis() != c.grant_until {
                     c.grant_until = l.until.as_millis();
@@ -272,7 +272,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     c.since_grant_peak = 0;
                 }
             }
-            let holds = rec.is_some_and(|r| r.is_held_by_at(g.owner(), snap.now) && r.fence() == g.token());
+            let holds = rec.is_some_and(|r| r.is_held_by_at(g.owner(), snap.now) && r.fence() == g.fence());
             // The window the bound leaves open (see the module docs): a forward
             // step beyond the margin since the last confirmation, or since the
             // latest grant (a renewal applied after a backward step, whose reply
@@ -282,7 +282,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             prop_assert!(
                 holds || unconfirmed_jump,
                 "step {step}: client {i} believes it holds token {} but the store has {:?} at {}",
-                g.token(),
+                g.fence(),
                 rec,
                 snap.now
             );

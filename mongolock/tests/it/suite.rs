@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use mongolock::{Acquire, Lock, LockError, Semaphore};
+use mongolock::{Acquire, Leases, Lock, LockError, Semaphore};
 use store_trait::testing::Harness;
 use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TestClock, Ttl, Write};
 
@@ -57,7 +57,7 @@ pub(crate) async fn parity_basics<H: Harness>(h: &H) {
     assert!(a.owned().await.unwrap());
     assert!(!b.owned().await.unwrap(), "owned() is per instance");
     let cur = b.get_current().await.unwrap().unwrap();
-    assert_eq!((cur.owner.as_str(), cur.token), (g.owner(), g.token()));
+    assert_eq!((cur.owner.as_str(), cur.fence), (g.owner(), g.fence()));
     assert_eq!(cur.pid, Some(std::process::id()));
     assert_eq!(cur.host.as_deref(), Some(a.identity().host()));
     assert!(cur.expires > cur.since);
@@ -66,16 +66,16 @@ pub(crate) async fn parity_basics<H: Harness>(h: &H) {
         other => panic!("a held lock: {other:?}"),
     }
     assert!(b.try_acquire().await.unwrap().is_none());
-    assert!(matches!(b.release(false).await, Err(LockError::NotHeld { .. })));
+    assert!(matches!(b.release().await, Err(LockError::NotHeld { .. })));
     let status = a.status().await.unwrap();
     assert!(status.owned && status.holder.is_some());
-    assert_eq!(status.last_token, g.token());
+    assert_eq!(status.last_fence, g.fence());
     let before = g.expires();
     let after = a.touch().await.unwrap();
     assert!(after >= before, "touch returns the new expiry");
-    assert!(a.release(false).await.unwrap(), "the seed's release() releases this instance's lock");
+    a.release().await.unwrap(); // the seed's release() releases this instance's lock
     assert!(!a.locked().await.unwrap());
-    assert!(matches!(a.release(false).await, Err(LockError::NotHeld { .. })));
+    assert!(matches!(a.release().await, Err(LockError::NotHeld { .. })));
     assert!(matches!(g.release().await, Err(LockError::NotHeld { .. })), "released once only");
     let m = a.metrics();
     assert_eq!((m.acquisitions, m.losses), (1, 0));
@@ -86,23 +86,23 @@ pub(crate) async fn tokens_increase_across_release_expiry_and_force<H: Harness>(
     let (a, b) = (make(), make());
     let mut tokens = Vec::new();
     let g = a.acquire().await.unwrap();
-    tokens.push(g.token());
+    tokens.push(g.fence());
     g.release().await.unwrap();
     let g = b.acquire().await.unwrap();
-    tokens.push(g.token());
+    tokens.push(g.fence());
     // Let it lapse: no renewal.
     lost_within_lease(&g, ttl(h)).await;
     tokio::time::sleep(ttl(h) / 4).await;
     let g2 = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
-    tokens.push(g2.token());
+    tokens.push(g2.fence());
     drop(g);
     let forced = b.acquire_with(Acquire::new().force().auto_renew()).await.unwrap();
-    tokens.push(forced.token());
+    tokens.push(forced.fence());
     assert_eq!(b.metrics().steals, 1);
     tokio::time::timeout(Duration::from_secs(10), g2.lost()).await.expect("the forced-out holder learns it lost");
-    assert!(b.release(true).await.unwrap());
+    assert!(b.release_by_force().await.unwrap());
     let g = a.acquire().await.unwrap();
-    tokens.push(g.token());
+    tokens.push(g.fence());
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens strictly increase: {tokens:?}");
     assert!(matches!(forced.release().await, Err(LockError::Lost { .. })), "the force-released guard cannot release");
     g.release().await.unwrap();
@@ -155,7 +155,7 @@ pub(crate) async fn auto_renew_keeps_the_lock<H: Harness>(h: &H) {
     assert!(g.expires() > first_expiry, "renewed");
     assert!(b.try_acquire().await.unwrap().is_none());
     let cur = b.get_current().await.unwrap().unwrap();
-    assert_eq!(cur.token, g.token(), "renewal keeps the token");
+    assert_eq!(cur.fence, g.fence(), "renewal keeps the token");
     g.renew_now();
     g.release().await.unwrap();
     assert!(b.try_acquire().await.unwrap().is_some());
@@ -169,10 +169,10 @@ pub(crate) async fn waiter_wakes_on_release<H: Harness>(h: &H) {
     let make = || Lock::builder(store.clone(), "job").ttl(Duration::from_secs(3600)).step(step).build().unwrap();
     let (a, b) = (make(), make());
     let g = a.acquire().await.unwrap();
-    let waiter = tokio::spawn(async move { b.acquire_timeout(Duration::from_secs(30)).await.map(|g| g.token()) });
+    let waiter = tokio::spawn(async move { b.acquire_timeout(Duration::from_secs(30)).await.map(|g| g.fence()) });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished());
-    let held = g.token();
+    let held = g.fence();
     g.release().await.unwrap();
     let got = waiter.await.unwrap().expect("the waiter gets the lock after release");
     assert!(got > held);
@@ -190,7 +190,7 @@ pub(crate) async fn waiter_wakes_at_expiry_of_a_crashed_holder<H: Harness>(h: &H
     let b = Lock::builder(store.clone(), "job").ttl(ttl(h)).step(Duration::from_secs(3600)).build().unwrap();
     let g = b.acquire_timeout(Duration::from_secs(30)).await.expect("taken over at expiry, not after a step");
     assert!(g.since() >= dead_until, "never before the dead holder's lease lapsed: {} < {dead_until}", g.since());
-    assert_eq!(g.token(), 2);
+    assert_eq!(g.fence(), 2);
     assert_eq!(b.metrics().contention_waits, 1);
 }
 
@@ -231,7 +231,7 @@ pub(crate) async fn bad_input_is_rejected<H: Harness>(h: &H) {
     assert!(matches!(Semaphore::new(Lock::builder(store.clone(), "k"), 0), Err(LockError::Config(_))));
     let l = Lock::builder(store.clone(), "k").build().unwrap();
     assert!(matches!(l.touch().await, Err(LockError::NotHeld { .. })));
-    assert!(!l.release(true).await.unwrap(), "force-releasing a free lock releases nothing");
+    assert!(!l.release_by_force().await.unwrap(), "force-releasing a free lock releases nothing");
     assert_eq!(
         store.count(&Collection::new("mongolocker").unwrap(), &store_trait::Query::all()).await.unwrap(),
         0,
@@ -250,7 +250,7 @@ pub(crate) async fn dropped_guard_releases<H: Harness>(h: &H) {
         .acquire_timeout(Duration::from_secs(20))
         .await
         .expect("a dropped guard frees the lock long before its 1 h lease");
-    assert_eq!(g.token(), 2);
+    assert_eq!(g.fence(), 2);
     assert_eq!(a.metrics().losses, 0, "a drop is not a loss");
 }
 
@@ -261,7 +261,7 @@ pub(crate) async fn racers_32_one_holder<H: Harness>(h: &H) {
     let results = join_all(locks.iter().map(|l| l.try_acquire())).await;
     let winners: Vec<_> = results.into_iter().filter_map(Result::unwrap).collect();
     assert_eq!(winners.len(), 1);
-    assert_eq!(winners[0].token(), 1);
+    assert_eq!(winners[0].fence(), 1);
 }
 
 pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
@@ -276,11 +276,11 @@ pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
     keys.sort();
     assert_eq!(keys, ["exports#0", "exports#1", "exports#2"]);
     let freed = held.pop().unwrap();
-    let (freed_key, freed_token) = (freed.key().clone(), freed.token());
+    let (freed_key, freed_token) = (freed.key().clone(), freed.fence());
     freed.release().await.unwrap();
     let next = sems[5].acquire_with(mongolock::Acquire::new().timeout(Duration::from_secs(10))).await.unwrap();
     assert_eq!(next.key(), &freed_key);
-    assert!(next.token() > freed_token, "each permit's token grows");
+    assert!(next.fence() > freed_token, "each permit's token grows");
     assert!(sems[6].try_acquire().await.unwrap().is_none());
 }
 
@@ -318,7 +318,7 @@ pub(crate) async fn client_clock_skew_leaves_leases_alone<H: Harness>(h: &H) {
     // The client an hour ahead takes over and keeps the lock renewed, its
     // clock notwithstanding.
     let g2 = ahead.acquire_with(Acquire::new().auto_renew().timeout(ttl(h) * 2)).await.unwrap();
-    assert!(g2.token() > g.token());
+    assert!(g2.fence() > g.fence());
     tokio::time::sleep(ttl(h) * 2).await;
     assert!(!g2.is_lost());
     assert!(behind.try_acquire().await.unwrap().is_none());
@@ -333,7 +333,7 @@ pub(crate) async fn forced_release_signals_the_holder<H: Harness>(h: &H) {
     let (_, make) = lock(h, "lock_forced_release").await;
     let (a, b) = (make(), make());
     let g = Arc::new(a.acquire_with(Acquire::new().auto_renew()).await.unwrap());
-    assert!(b.release(true).await.unwrap());
+    assert!(b.release_by_force().await.unwrap());
     tokio::time::timeout(Duration::from_secs(10), g.lost()).await.expect("the holder learns at its next renewal");
     assert_eq!(a.metrics().losses, 1);
 }
@@ -395,7 +395,11 @@ pub(crate) async fn lock_documents_never_get_gc_at<H: Harness>(h: &H) {
     tokio::time::sleep(Duration::from_millis(20)).await;
     h.prune_ttl(&store).await;
     assert!(store.get(&c, &Key::new("job").unwrap()).await.unwrap().record.is_some());
-    let task = Lock::builder(store.clone(), "task").ttl(ttl(h)).allow_gc().build().unwrap();
-    let g = task.acquire().await.unwrap();
+    // A task lease, kept through leases that allow it, may be marked.
+    let tasks = Leases::builder(store.clone(), "tasks").ttl(ttl(h)).allow_gc().build().unwrap();
+    let grant = Write::new(Condition::Free, Mutation::new().grant("worker", Ttl::new(ttl(h)).unwrap()).bump_fence());
+    let sent = tokio::time::Instant::now();
+    let granted = store.write(tasks.collection(), &Key::new("task").unwrap(), &grant.upsert()).await.unwrap();
+    let g = tasks.keep(granted.record().unwrap(), sent).unwrap();
     assert!(g.release_with(Mutation::new().gc_after(gc)).await.is_ok(), "a task lease may be marked");
 }
