@@ -194,11 +194,21 @@ async fn agent_names(store: &MongoStore, c: &Collection) -> Result<(Vec<String>,
     Ok((names, skipped))
 }
 
-/// `mongocoord tasks`.
+/// Which tasks `mongocoord tasks` shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Only<'a> {
+    /// Only this agent's.
+    pub(crate) agent: Option<&'a str>,
+    /// Only the ticks of this schedule (with `--list`).
+    pub(crate) schedule: Option<&'a str>,
+}
+
+/// `mongocoord tasks`. Listed tasks show the schedule and tick they came from
+/// (`schedule`, `scheduled_for`), when a schedule enqueued them.
 pub(crate) async fn tasks(
     store: &MongoStore,
     queue: &str,
-    agent: Option<&str>,
+    only: Only<'_>,
     list: bool,
     filter: Option<&str>,
     limit: u32,
@@ -207,8 +217,11 @@ pub(crate) async fn tasks(
     let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
     if list {
         let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
-        if let Some(a) = agent {
-            f.insert("agent_name", a);
+        if let Some(a) = only.agent {
+            f.insert(mongoagent::fields::AGENT_NAME, a);
+        }
+        if let Some(s) = only.schedule {
+            f.insert(mongoagent::fields::SCHEDULE, s);
         }
         let (tasks, skipped) = readable(q.tasks_each(f, Some(limit)).await.map_err(|e| e.to_string())?);
         report_skipped("task", &skipped);
@@ -231,7 +244,7 @@ pub(crate) async fn tasks(
         }
         return Ok(0);
     }
-    let (names, skipped) = match agent {
+    let (names, skipped) = match only.agent {
         Some(a) => (vec![a.to_owned()], Vec::new()),
         None => agent_names(store, q.collection()).await?,
     };
@@ -373,7 +386,7 @@ pub(crate) async fn watch(
         leaders(store, mongoelector::DEFAULT_COLLECTION, mongoelector::DEFAULT_STATUS_COLLECTION, false).await?;
         if let Some(q) = queue {
             println!("\nTASKS in {q}");
-            tasks(store, q, None, false, None, 0, false).await?;
+            tasks(store, q, Only::default(), false, None, 0, false).await?;
         }
         n += 1;
         if count.is_some_and(|c| n >= c) {
