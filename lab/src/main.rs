@@ -6,6 +6,7 @@
 mod bench;
 mod chaos;
 mod cron;
+mod tick_lag;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,7 +38,8 @@ enum Cmd {
         /// Where to write the JSON summary.
         #[arg(long, default_value = "target/bench/summary.json")]
         out: PathBuf,
-        /// The `mongocoord` binary, whose `elect` runner the election figures measure.
+        /// The `mongocoord` binary, whose `elect` and `cron` runners the election
+        /// and schedule figures measure.
         #[arg(long)]
         mongocoord: PathBuf,
         /// A Python with `mongoelector` installed, to measure the Python implementation.
