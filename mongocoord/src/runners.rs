@@ -25,7 +25,7 @@ fn secs(what: &str, s: f64) -> Result<Duration, String> {
 /// the command. Checked before connecting, so bad options fail fast (status 2).
 #[derive(Debug)]
 pub(crate) struct Run<'a> {
-    pub(crate) ttl: Duration,
+    ttl: Duration,
     grace: Duration,
     pass_env: bool,
     cmd: &'a [String],
