@@ -94,7 +94,7 @@ impl Crons {
             let p = c.spawn()?;
             c.procs.push(p);
         }
-        let coll = Collection::new(&format!("{QUEUE}_schedules")).map_err(|e| e.to_string())?;
+        let coll = Collection::new(format!("{QUEUE}_schedules")).map_err(|e| e.to_string())?;
         let key = Key::new(NAME).map_err(|e| e.to_string())?;
         let until = Instant::now() + Duration::from_secs(120);
         let since = loop {

@@ -171,11 +171,8 @@ fn tick_env(task: &Task) -> Vec<(&'static str, String)> {
 pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, run: &Run<'_>) -> Result<u8, String> {
     let name = schedule.name().to_owned();
     let schedules = Schedules::new(store.clone(), &a.queue).map_err(config)?;
-    match schedules.upsert(&schedule).await.map_err(|e| e.to_string())? {
-        Upserted::Changed(v) => {
-            eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})")
-        }
-        _ => {}
+    if let Upserted::Changed(v) = schedules.upsert(&schedule).await.map_err(|e| e.to_string())? {
+        eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})");
     }
     let opts = AgentOpts { concurrency: a.concurrency, max_attempts: a.max_attempts, max_tasks: None };
     let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(config)?;
