@@ -221,6 +221,14 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     f.put("pickup_ms_p50", pct(&pk, 0.5));
     f.put("pickup_ms_p99", pct(&pk, 0.99));
 
+    if !skip.contains("schedule") {
+        let ticks = if o.quick { 10 } else { 30 };
+        eprintln!("schedule tick lag: 3 mongocoord cron processes, a tick a second, {ticks} ticks…");
+        let lag = sorted(crate::tick_lag::measure(&o.mongocoord, uri, db, &store, &o.out, ticks).await?);
+        f.put("schedule_tick_lag_ms_p50", pct(&lag, 0.5));
+        f.put("schedule_tick_lag_ms_p99", pct(&lag, 0.99));
+    }
+
     eprintln!("memory-store simulation…");
     f.put("sim_steps_per_s", simulate(if o.quick { 10 } else { 60 }).await?);
 

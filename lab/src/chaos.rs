@@ -287,9 +287,41 @@ pub(crate) struct ChaosOpts {
     pub(crate) mongocoord: Option<PathBuf>,
     /// How many forking runners.
     pub(crate) fork_workers: usize,
+    /// Run only this scenario.
+    pub(crate) only: Option<Scenario>,
 }
 
-fn signal(pid: u32, sig: &str) {
+/// A scenario `lab chaos --only` runs on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Scenario {
+    /// Three `mongocoord cron` processes on one schedule, SIGKILLed and
+    /// restarted between ticks: exactly one run per tick (needs --mongocoord).
+    Cron,
+}
+
+/// The server time, once the server answers.
+async fn now_retrying(store: &MongoStore) -> i64 {
+    loop {
+        match store.now().await {
+            Ok(t) => return t.as_millis(),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// `--only cron`: the schedule scenario alone (see [`crate::cron::only`]).
+async fn run_cron_only(store: &MongoStore, uri: &str, db: &str, o: &ChaosOpts) -> Result<serde_json::Value, String> {
+    let bin = o.mongocoord.as_ref().ok_or("--only cron needs --mongocoord")?;
+    let mut crons = crate::cron::Crons::start(bin, uri, db, &o.dir, store).await?;
+    let report = crate::cron::only(store, &mut crons, o.duration).await?;
+    Ok(json!({
+        "seed": o.seed, "minutes": o.duration.as_secs_f64() / 60.0, "only": "cron",
+        "cron_processes": 3, "cron_kills": crons.kills, "cron_ticks": report.ticks, "cron_reruns": report.reruns,
+        "violations": report.violations, "ok": report.violations.is_empty(),
+    }))
+}
+
+pub(crate) fn signal(pid: u32, sig: &str) {
     // The process may be gone already (killed while paused): that is fine.
     let _ = std::process::Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
 }
@@ -314,6 +346,16 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         (None, None) => return Err("chaos needs --server-bin (to own a restartable server) or --uri".into()),
     };
     let store = connect_retrying(&uri, db).await;
+    if o.only == Some(Scenario::Cron) {
+        let summary = run_cron_only(&store, &uri, db, &o).await;
+        if let Some(mut s) = server {
+            s.kill().await;
+        }
+        let summary = summary?;
+        std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
+        println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+        return Ok(if summary["ok"] == true { 0 } else { 1 });
+    }
     let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
     let seeded: Vec<NewTask> = (0..SEEDED)
         .map(|i| NewTask::new("chaos", doc! {"stage": 0, "i": i64::from(i)}).id(format!("seed-{i}")))
@@ -368,6 +410,11 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             next_log += 1;
         }
     }
+    // The schedule: three `mongocoord cron` processes (see `crate::cron`).
+    let mut crons = match &o.mongocoord {
+        Some(bin) => Some(crate::cron::Crons::start(bin, &uri, db, &o.dir, &store).await?),
+        None => None,
+    };
     let mut rng = fastrand::Rng::with_seed(o.seed);
     let (mut kills, mut pauses, mut restarts, mut runner_kills, mut runner_pauses) = (0, 0, 0, 0, 0);
     let end = Instant::now() + o.duration;
@@ -435,6 +482,9 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
                 _ => {}
             }
         }
+        if let Some(c) = crons.as_mut() {
+            c.chaos_step(&mut rng).await?;
+        }
         if let Some(s) = server.as_mut() {
             if Instant::now() >= next_server_kill {
                 s.kill().await;
@@ -446,6 +496,8 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             }
         }
     }
+    // Every tick up to here must be accounted for.
+    let cron_window_end = now_retrying(&store).await;
     // Let paused workers resume and the queue drain.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
@@ -462,9 +514,15 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    if let Some(c) = &crons {
+        c.settle(&store, cron_window_end).await?;
+    }
     for w in workers.iter_mut().chain(forks.iter_mut()) {
         let _ = w.start_kill();
         let _ = w.wait().await;
+    }
+    if let Some(c) = crons.as_mut() {
+        c.stop(true).await;
     }
     // Every runner is gone: so must every ledger writer be, within the time the
     // runners' supervisors take to notice. Any line a writer logs after that is
@@ -477,6 +535,14 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             "a ledger writer was still running at {late}, after every runner had been killed (by {runners_gone})"
         ));
     }
+    let cron = match &crons {
+        Some(c) => {
+            let r = c.check(&store, cron_window_end, false).await?;
+            report.violations.extend(r.violations.iter().cloned());
+            json!({ "processes": 3, "kills": c.kills, "pauses": c.pauses, "ticks": r.ticks, "reruns": r.reruns })
+        }
+        None => serde_json::Value::Null,
+    };
     if let Some(mut s) = server {
         s.kill().await;
     }
@@ -487,6 +553,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,
         "tasks": report.tasks, "stale_outcomes_rejected": report.stale, "fan_in_runs": report.joins,
+        "cron": cron,
         "violations": report.violations,
         "ok": report.violations.is_empty(),
     });

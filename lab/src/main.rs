@@ -5,6 +5,8 @@
 
 mod bench;
 mod chaos;
+mod cron;
+mod tick_lag;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,7 +38,8 @@ enum Cmd {
         /// Where to write the JSON summary.
         #[arg(long, default_value = "target/bench/summary.json")]
         out: PathBuf,
-        /// The `mongocoord` binary, whose `elect` runner the election figures measure.
+        /// The `mongocoord` binary, whose `elect` and `cron` runners the election
+        /// and schedule figures measure.
         #[arg(long)]
         mongocoord: PathBuf,
         /// A Python with `mongoelector` installed, to measure the Python implementation.
@@ -58,7 +61,8 @@ enum Cmd {
         #[arg(long)]
         coll: String,
     },
-    /// Chaos run: worker processes lock, lead and process tasks while they are
+    /// Chaos run: worker processes lock, lead and process tasks, and (with
+    /// --mongocoord) `mongocoord cron` processes keep a schedule, while they are
     /// killed, paused and restarted, and the server is restarted; then checks the
     /// recorded history. Writes `DIR/summary.json`; exit status 1 on a violation.
     Chaos {
@@ -86,6 +90,10 @@ enum Cmd {
         /// Forking runners (with --mongocoord).
         #[arg(long, default_value_t = 2)]
         fork_workers: usize,
+        /// Run only this scenario (`cron`: three `mongocoord cron` processes,
+        /// exactly one run per tick across SIGKILLs; needs --mongocoord).
+        #[arg(long, value_enum)]
+        only: Option<chaos::Scenario>,
     },
     /// A ledger writer, the grandchild of a forking runner (started by `lab chaos`).
     #[command(hide = true)]
@@ -152,7 +160,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let c = connection(uri, db)?;
             bench::bench_agent(c.uri(), c.database(), &coll).await
         }
-        Cmd::Chaos { minutes, seed, workers, dir, server_bin, mongocoord, fork_workers } => {
+        Cmd::Chaos { minutes, seed, workers, dir, server_bin, mongocoord, fork_workers, only } => {
             if !minutes.is_finite() || minutes <= 0.0 || minutes > 7.0 * 24.0 * 60.0 {
                 return Err(format!("--minutes must be a positive number of minutes up to a week, not {minutes}"));
             }
@@ -160,8 +168,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
                 Duration::try_from_secs_f64(minutes * 60.0).map_err(|e| format!("--minutes {minutes}: {e}"))?;
             let u = connection(uri, db).ok().map(|c| c.uri().to_owned());
             let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
-            chaos::run(u, &d, chaos::ChaosOpts { duration, seed, dir, server_bin, workers, mongocoord, fork_workers })
-                .await
+            let o = chaos::ChaosOpts { duration, seed, dir, server_bin, workers, mongocoord, fork_workers, only };
+            chaos::run(u, &d, o).await
         }
         Cmd::LedgerWriter { log, fence } => {
             let c = connection(uri, db)?;

@@ -8,6 +8,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod args;
+mod cron;
 mod dashboard;
 mod data;
 mod demo;
@@ -145,6 +146,13 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
+    /// A distributed cron: runs CMD once per tick of schedule NAME across every
+    /// machine that runs the same line, with no leader (the task as JSON on
+    /// stdin; $MONGOCOORD_TICK is the tick's instant in epoch ms, server clock).
+    /// The schedule is upserted by name (a changed line makes a new version).
+    /// CMD runs as `agent` runs it: its process tree is stopped before the
+    /// claim can lapse, and on SIGTERM/SIGINT.
+    Cron(cron::CronArgs),
     /// Lock holders, tokens and expiry on the server clock.
     Locks {
         /// The lock collection.
@@ -171,6 +179,9 @@ enum Cmd {
         /// List tasks (matching --filter) instead of counting.
         #[arg(long)]
         list: bool,
+        /// With --list: only the tasks of this schedule's ticks.
+        #[arg(long, requires = "list")]
+        schedule: Option<String>,
         /// Equality filter as a JSON object.
         #[arg(long)]
         filter: Option<String>,
@@ -240,7 +251,7 @@ enum Cmd {
         #[arg(long)]
         collection: Option<String>,
     },
-    /// The supervisor of a lock/elect/agent command (started by those runners):
+    /// The supervisor of a lock/elect/agent/cron command (started by those runners):
     /// runs CMD in its own process group and kills its whole tree when the
     /// runner dies.
     #[command(hide = true)]
@@ -353,6 +364,10 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }
+        Cmd::Cron(args) => {
+            let (run, schedule) = (args.run()?, args.schedule()?);
+            cron::cron(connect(uri, db).await?, &args, schedule, &run).await
+        }
         Cmd::Supervise { parent, grace_ms, deadline_fd, cmd } => {
             supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), deadline_fd, &cmd).await
         }
@@ -360,8 +375,9 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Leaders { collection, status_collection } => {
             views::leaders(&connect(uri, db).await?, &collection, &status_collection, json).await
         }
-        Cmd::Tasks { queue, agent, list, filter, limit } => {
-            views::tasks(&connect(uri, db).await?, &queue, agent.as_deref(), list, filter.as_deref(), limit, json).await
+        Cmd::Tasks { queue, agent, list, schedule, filter, limit } => {
+            let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref() };
+            views::tasks(&connect(uri, db).await?, &queue, only, list, filter.as_deref(), limit, json).await
         }
         Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id } => {
             let opts = views::EnqueueOpts { priority, delay, dedupe_key, id };

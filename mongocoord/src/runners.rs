@@ -8,10 +8,11 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use mongoagent::{Agent, NewTask, Outcome, Task};
+use mongoagent::{Agent, AgentBuilder, AgentLog, NewTask, Outcome, Task};
 use mongoelector::Elector;
 use mongolock::{Acquire, Lock, LockError};
 use store_mongo::MongoStore;
+use tokio_util::sync::CancellationToken;
 
 use crate::supervise::{self, exit_code, Spec, Stops, Why};
 use crate::{EXIT_LOST, EXIT_TIMEOUT};
@@ -221,6 +222,25 @@ pub(crate) async fn agent(
     o: AgentOpts,
     run: &Run<'_>,
 ) -> Result<u8, String> {
+    let agent = agent_builder(store, name, queue, o, run).build().map_err(|e| e.to_string())?;
+    let signal = supervise::on_signal();
+    let log = work_tasks(&agent, run, &signal, |_| Vec::new()).await?;
+    eprintln!(
+        "mongocoord: agent {name}: {} processed, {} completed, {} failed for good, {} retried",
+        log.tasks_processed, log.completed, log.failed_permanently, log.retried
+    );
+    Ok(0)
+}
+
+/// The agent of the `agent` and `cron` runners: the claim lease is the
+/// runner's lease, and the drain on shutdown outlasts stopping a command.
+pub(crate) fn agent_builder(
+    store: MongoStore,
+    name: &str,
+    queue: &str,
+    o: AgentOpts,
+    run: &Run<'_>,
+) -> AgentBuilder<MongoStore> {
     let mut b = Agent::builder(store, name, queue)
         .concurrency(o.concurrency)
         .max_attempts(o.max_attempts)
@@ -232,8 +252,22 @@ pub(crate) async fn agent(
     if let Some(n) = o.max_tasks {
         b = b.process_while(move |log| log.tasks_processed < n);
     }
-    let agent = b.build().map_err(|e| e.to_string())?;
-    let signal = supervise::on_signal();
+    b
+}
+
+/// Extra environment for a task's command, from the task.
+pub(crate) type TaskEnv = fn(&Task) -> Vec<(&'static str, String)>;
+
+/// Runs CMD for each task `agent` claims, under the supervision every runner
+/// uses (its claim is its lease), until `signal` fires or the agent stops; the
+/// one way a task's command is run (`agent`, `cron`). `env` adds variables to
+/// `MONGOCOORD_TASK_ID` and `MONGOCOORD_FENCE`.
+pub(crate) async fn work_tasks(
+    agent: &Agent<MongoStore>,
+    run: &Run<'_>,
+    signal: &CancellationToken,
+    env: TaskEnv,
+) -> Result<AgentLog, String> {
     {
         let (a, s) = (agent.clone(), signal.clone());
         tokio::spawn(async move {
@@ -243,12 +277,14 @@ pub(crate) async fn agent(
     }
     let (argv0, grace, pass_env) = (run.cmd[0].clone(), run.grace, run.pass_env);
     let argv = run.cmd.to_vec();
+    let signal = signal.clone();
     let handler = move |task: Task| {
         let (argv, argv0, signal) = (argv.clone(), argv0.clone(), signal.clone());
         async move {
-            let env =
+            let mut vars =
                 vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.token().to_string())];
-            let spec = Spec { argv: &argv, env, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
+            vars.extend(env(&task));
+            let spec = Spec { argv: &argv, env: vars, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
             let mut stops = Stops::new();
             stops.terminate_on(&signal, Why::Signal);
             // SIGTERM when the claim is at risk, SIGKILL when it counts as lost (or
@@ -260,12 +296,7 @@ pub(crate) async fn agent(
             task_outcome(&argv0, done)
         }
     };
-    let log = agent.work(handler).await.map_err(|e| e.to_string())?;
-    eprintln!(
-        "mongocoord: agent {name}: {} processed, {} completed, {} failed for good, {} retried",
-        log.tasks_processed, log.completed, log.failed_permanently, log.retried
-    );
-    Ok(0)
+    agent.work(handler).await.map_err(|e| e.to_string())
 }
 
 /// The outcome of a task whose command's tree is gone.

@@ -104,11 +104,21 @@ pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, 
     Ok(0)
 }
 
-/// `mongocoord tasks`.
+/// Which tasks `mongocoord tasks` shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Only<'a> {
+    /// Only this agent's.
+    pub(crate) agent: Option<&'a str>,
+    /// Only the ticks of this schedule (with `--list`).
+    pub(crate) schedule: Option<&'a str>,
+}
+
+/// `mongocoord tasks`. Listed tasks show the schedule and tick they came from
+/// (`schedule`, `scheduled_for`), when a schedule enqueued them.
 pub(crate) async fn tasks(
     store: &MongoStore,
     queue: &str,
-    agent: Option<&str>,
+    only: Only<'_>,
     list: bool,
     filter: Option<&str>,
     limit: u32,
@@ -116,8 +126,11 @@ pub(crate) async fn tasks(
 ) -> Result<u8, String> {
     if list {
         let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
-        if let Some(a) = agent {
+        if let Some(a) = only.agent {
             f.insert(mongoagent::fields::AGENT_NAME, a);
+        }
+        if let Some(s) = only.schedule {
+            f.insert(mongoagent::fields::SCHEDULE, s);
         }
         let data::TaskList { tasks, skipped } = data::task_list(store, queue, f, 0, limit).await?;
         report_skipped("task", &skipped);
@@ -132,7 +145,7 @@ pub(crate) async fn tasks(
         }
         return Ok(0);
     }
-    let data::QueueCounts { agents, skipped } = data::queue_counts(store, queue, agent).await?;
+    let data::QueueCounts { agents, skipped } = data::queue_counts(store, queue, only.agent).await?;
     report_skipped("task", &skipped);
     if json {
         let mut v = to_json(&agents);
@@ -257,7 +270,7 @@ pub(crate) async fn watch(
         leaders(store, mongoelector::DEFAULT_COLLECTION, mongoelector::DEFAULT_STATUS_COLLECTION, false).await?;
         if let Some(q) = queue {
             println!("\nTASKS in {q}");
-            tasks(store, q, None, false, None, 0, false).await?;
+            tasks(store, q, Only::default(), false, None, 0, false).await?;
         }
         n += 1;
         if count.is_some_and(|c| n >= c) {

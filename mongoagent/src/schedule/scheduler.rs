@@ -26,6 +26,7 @@ pub struct Scheduler<S> {
     schedules: Schedules<S>,
     poll: Duration,
     retry_max: Duration,
+    only: Option<String>,
 }
 
 /// A running scheduler. Dropping it stops the scheduler (at its next await
@@ -90,7 +91,17 @@ impl Default for Pass {
 impl<S: Store + Clone> Scheduler<S> {
     /// A scheduler for `schedules`.
     pub fn new(schedules: Schedules<S>) -> Self {
-        Scheduler { schedules, poll: Duration::from_secs(5), retry_max: Duration::from_secs(5) }
+        Scheduler { schedules, poll: Duration::from_secs(5), retry_max: Duration::from_secs(5), only: None }
+    }
+
+    /// Handles only the schedule named `name` (default: every schedule in the
+    /// collection). A process that runs one schedule's tasks (as `mongocoord
+    /// cron` does) enqueues only that schedule's ticks: the ticks of a schedule
+    /// whose processes are all down are then not enqueued meanwhile, and its
+    /// missed-tick policy decides what runs when they come back.
+    pub fn only(mut self, name: impl Into<String>) -> Self {
+        self.only = Some(name.into());
+        self
     }
 
     /// On a store without change notifications, how often to look for changed
@@ -208,7 +219,11 @@ impl<S: Store + Clone> Scheduler<S> {
     /// See [`Scheduler::run`].
     pub async fn pass(&self) -> Result<Pass, AgentError> {
         let s = &self.schedules;
-        let records = s.store.find(&s.coll, &Query::all()).await?;
+        let which = match &self.only {
+            Some(name) => Query::eq(bson::doc! { "_id": name.as_str() }),
+            None => Query::all(),
+        };
+        let records = s.store.find(&s.coll, &which).await?;
         let read_now = s.store.now().await?;
         let mut out = Pass { read_now, read_at: Instant::now(), ..Pass::default() };
         let now = read_now.as_millis();

@@ -575,3 +575,21 @@ async fn run_at_is_absolute() {
     assert_eq!(run_at(&b).await, t0 + MIN);
     assert_eq!(run_at(&c).await, t0 + 6 * HOUR);
 }
+
+/// A scheduler limited to one schedule (`Scheduler::only`, as each
+/// `mongocoord cron` process runs) enqueues that schedule's ticks and none of
+/// another's in the same collection, whose processes may all be down.
+#[tokio::test(start_paused = true)]
+async fn a_scheduler_for_one_schedule_leaves_the_others_alone() {
+    let (store, _clock) = memory_at("2026-05-04T00:00:00Z");
+    let s = Schedules::new(store.clone(), "jobs").unwrap();
+    for name in ["mine", "theirs"] {
+        let sched = Schedule::every(name, Duration::from_secs(60), NewTask::new(name, doc! {})).unwrap();
+        s.upsert(&sched.overlap(Overlap::Allow)).await.unwrap();
+    }
+    let h = s.scheduler().only("mine").spawn();
+    pass_time(Duration::from_secs(600)).await;
+    h.stop().await.unwrap();
+    assert_eq!(ticks_of(&s, "mine").await.len(), 10);
+    assert_eq!(ticks_of(&s, "theirs").await, Vec::<i64>::new());
+}

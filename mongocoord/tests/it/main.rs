@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod cron;
 mod dashboard;
 mod schedules;
 mod supervise;

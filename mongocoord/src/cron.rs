@@ -1,0 +1,268 @@
+//! `mongocoord cron NAME 'SPEC' -- CMD`: a distributed cron. Every machine that
+//! runs the same line runs CMD once per tick between them, with no leader.
+//!
+//! Each process upserts the schedule (idempotent by name; a changed definition
+//! gets a new version), runs a scheduler for this one schedule
+//! ([`mongoagent::Scheduler::only`]) and an agent whose tasks are its ticks.
+//! Each tick is one task whose id is derived from the name and the tick's
+//! instant, so the processes' schedulers enqueue it once between them, and one
+//! agent claims it. Its command runs exactly as `mongocoord agent` runs one
+//! ([`crate::runners::work_tasks`]): under a supervisor, stopped before the
+//! claim can lapse, with the same exit statuses.
+
+use std::time::Duration;
+
+use bson::doc;
+use mongoagent::{AgentError, Missed, NewTask, Overlap, Schedule, Schedules, Task, Upserted, When};
+use store_mongo::MongoStore;
+use tokio_util::sync::CancellationToken;
+
+use crate::runners::{self, AgentOpts, Run};
+use crate::supervise;
+
+/// The queue collection `cron` uses by default (schedules in `cron_schedules`).
+pub(crate) const DEFAULT_QUEUE: &str = "cron";
+
+/// `--overlap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum OverlapArg {
+    /// A tick is skipped while the previous tick's command runs.
+    Skip,
+    /// Ticks wait for the previous one and run one at a time, in order.
+    Queue,
+    /// Ticks run whether or not the previous one has ended.
+    Allow,
+}
+
+/// `--missed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum MissedArg {
+    /// Ticks missed while no process ran are not run.
+    Skip,
+    /// The most recent missed tick runs once.
+    Once,
+    /// Missed ticks run, each once, up to --max-missed of the most recent.
+    All,
+}
+
+/// The options of `mongocoord cron`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CronArgs {
+    /// The schedule's name: every process that runs it shares it.
+    name: String,
+    /// A cron expression: 5 fields, or 6 with seconds first (e.g. '*/2 * * * * *',
+    /// every two seconds). Or give --every.
+    spec: Option<String>,
+    /// The IANA time zone the cron expression is read in (default UTC).
+    #[arg(long)]
+    tz: Option<String>,
+    /// A fixed interval in seconds instead of a cron expression (ticks at whole
+    /// multiples since the Unix epoch).
+    #[arg(long, conflicts_with_all = ["spec", "tz"])]
+    every: Option<f64>,
+    /// Whether a tick may start while the previous tick's command still runs.
+    #[arg(long, value_enum, default_value_t = OverlapArg::Skip)]
+    overlap: OverlapArg,
+    /// Ticks missed while no process ran (or noticed later than
+    /// --starting-deadline): not run, the latest once, or all.
+    #[arg(long, value_enum, default_value_t = MissedArg::Skip)]
+    missed: MissedArg,
+    /// With --missed all: at most this many of the most recent missed ticks run.
+    #[arg(long, default_value_t = 100)]
+    max_missed: u32,
+    /// A tick noticed more than this many seconds late counts as missed.
+    #[arg(long, default_value_t = 60.0)]
+    starting_deadline: f64,
+    /// Each tick's command starts up to this many seconds after the tick (the
+    /// same amount on every machine).
+    #[arg(long)]
+    jitter: Option<f64>,
+    /// The queue collection the ticks' tasks go to (the schedule is kept in
+    /// `<queue>_schedules`).
+    #[arg(long, default_value = DEFAULT_QUEUE)]
+    queue: String,
+    /// Tick commands this process runs at once (with --overlap allow).
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Runs of a tick whose command fails (exit status not 0) before it fails
+    /// for good; by default 1: the next tick is the next try.
+    #[arg(long, default_value_t = 1)]
+    max_attempts: u32,
+    /// Claim lease of a tick's task in seconds (renewed while CMD runs).
+    #[arg(long, default_value_t = 60.0)]
+    lease: f64,
+    /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+    /// quarter of the lease, at most 10); it must fit between two renewals.
+    #[arg(long)]
+    grace: Option<f64>,
+    /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+    #[arg(long)]
+    pass_env: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+fn config(e: AgentError) -> String {
+    match e {
+        AgentError::Config(m) => m,
+        other => other.to_string(),
+    }
+}
+
+impl CronArgs {
+    /// The runner's lease, grace and command, checked.
+    pub(crate) fn run(&self) -> Result<Run<'_>, String> {
+        Run::new("lease", self.lease, self.grace, self.pass_env, &self.cmd)
+    }
+
+    /// The schedule this line defines, checked before connecting: a bad
+    /// expression, zone or number is a usage error (status 2).
+    pub(crate) fn schedule(&self) -> Result<Schedule, String> {
+        if self.name.is_empty() {
+            return Err("the schedule needs a name".into());
+        }
+        let when = match (&self.spec, self.every) {
+            (Some(expr), None) => {
+                When::Cron { expr: expr.clone(), zone: self.tz.clone().unwrap_or_else(|| "UTC".into()) }
+            }
+            (None, Some(every)) => {
+                When::Every { every: crate::args::seconds("every", every, false)?, offset: Duration::ZERO }
+            }
+            _ => return Err("give a cron expression or --every SECONDS".into()),
+        };
+        let task = NewTask::new(self.name.clone(), doc! {});
+        let mut s = Schedule::new(self.name.clone(), when, task).map_err(config)?;
+        s = s
+            .overlap(match self.overlap {
+                OverlapArg::Skip => Overlap::Skip,
+                OverlapArg::Queue => Overlap::Queue,
+                OverlapArg::Allow => Overlap::Allow,
+            })
+            .missed(match self.missed {
+                MissedArg::Skip => Missed::Skip,
+                MissedArg::Once => Missed::Once,
+                MissedArg::All => Missed::All(self.max_missed),
+            })
+            .starting_deadline(crate::args::seconds("starting-deadline", self.starting_deadline, false)?);
+        if let Some(j) = self.jitter {
+            s = s.jitter(crate::args::seconds("jitter", j, true)?);
+        }
+        Ok(s)
+    }
+}
+
+/// `MONGOCOORD_SCHEDULE` and `MONGOCOORD_TICK` (the tick's instant on the
+/// server clock, epoch milliseconds) for a tick's command.
+fn tick_env(task: &Task) -> Vec<(&'static str, String)> {
+    let d = task.data();
+    let mut env = Vec::new();
+    if let Ok(name) = d.get_str(mongoagent::fields::SCHEDULE) {
+        env.push(("MONGOCOORD_SCHEDULE", name.to_owned()));
+    }
+    if let Ok(tick) = d.get_datetime(mongoagent::fields::SCHEDULED_FOR) {
+        env.push(("MONGOCOORD_TICK", tick.timestamp_millis().to_string()));
+    }
+    env
+}
+
+/// `mongocoord cron NAME SPEC -- CMD`: runs until SIGTERM/SIGINT (status 0), or
+/// until the scheduler or the agent fails for good (status 2).
+pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, run: &Run<'_>) -> Result<u8, String> {
+    let name = schedule.name().to_owned();
+    let schedules = Schedules::new(store.clone(), &a.queue).map_err(config)?;
+    if let Upserted::Changed(v) = schedules.upsert(&schedule).await.map_err(|e| e.to_string())? {
+        eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})");
+    }
+    let opts = AgentOpts { concurrency: a.concurrency, max_attempts: a.max_attempts, max_tasks: None };
+    let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(config)?;
+    let signal = supervise::on_signal();
+    let stop_scheduler = CancellationToken::new();
+    let _stop_on_exit = stop_scheduler.clone().drop_guard();
+    let scheduler = schedules.scheduler().only(name.clone());
+    let mut scheduling = tokio::spawn({
+        let stop = stop_scheduler.clone();
+        async move { scheduler.run(stop).await }
+    });
+    tracing::info!(schedule = %name, queue = %a.queue, "cron running");
+    let work = runners::work_tasks(&agent, run, &signal, tick_env);
+    tokio::pin!(work);
+    let (log, scheduled) = tokio::select! {
+        log = &mut work => {
+            stop_scheduler.cancel();
+            (log, (&mut scheduling).await)
+        }
+        // The scheduler ends by itself only when it failed for good: the
+        // commands running are let finish, and the runner stops.
+        scheduled = &mut scheduling => {
+            agent.shutdown();
+            (work.await, scheduled)
+        }
+    };
+    let log = log?;
+    eprintln!(
+        "mongocoord: cron {name}: {} ticks run, {} completed, {} failed for good, {} retried",
+        log.tasks_processed, log.completed, log.failed_permanently, log.retried
+    );
+    match scheduled {
+        Ok(Ok(())) => Ok(0),
+        Ok(Err(e)) => Err(format!("the scheduler of {name} stopped: {e}")),
+        Err(e) => Err(format!("the scheduler of {name} stopped: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: CronArgs,
+    }
+
+    fn parse(line: &[&str]) -> Result<CronArgs, String> {
+        Line::try_parse_from([&["cron"], line].concat()).map(|l| l.args).map_err(|e| e.to_string())
+    }
+
+    fn schedule(line: &[&str]) -> Result<Schedule, String> {
+        parse(line)?.schedule()
+    }
+
+    #[test]
+    fn a_line_defines_a_schedule() {
+        let s = schedule(&["backup", "0 30 2 * * *", "--tz", "Europe/Berlin", "--", "true"]).unwrap();
+        assert_eq!(s.when(), &When::Cron { expr: "0 30 2 * * *".into(), zone: "Europe/Berlin".into() });
+        assert_eq!((s.overlap_policy(), s.missed_policy(), s.agent_name()), (Overlap::Skip, Missed::Skip, "backup"));
+        let s =
+            schedule(&["t", "--every", "2", "--overlap", "allow", "--missed", "all", "--max-missed", "3", "--", "x"]);
+        let s = s.unwrap();
+        assert_eq!(s.when(), &When::Every { every: Duration::from_secs(2), offset: Duration::ZERO });
+        assert_eq!((s.overlap_policy(), s.missed_policy()), (Overlap::Allow, Missed::All(3)));
+        assert_eq!(
+            schedule(&["t", "* * * * *", "--", "x"]).unwrap().when(),
+            &When::Cron { expr: "* * * * *".into(), zone: "UTC".into() }
+        );
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let err = |line: &[&str]| schedule(line).unwrap_err();
+        assert!(err(&["t", "61 * * * *", "--", "x"]).contains("cron expression \"61 * * * *\""));
+        assert!(err(&["t", "* * * * *", "--tz", "Mars/Olympus", "--", "x"]).contains("time zone \"Mars/Olympus\""));
+        assert!(err(&["t", "--", "x"]).contains("a cron expression or --every"));
+        assert!(err(&["t", "--every", "0", "--", "x"]).contains("--every must be"));
+        assert!(err(&["t", "--every", "1e20", "--", "x"]).contains("--every must be"));
+        assert!(err(&["t", "* * * * *", "--starting-deadline", "0", "--", "x"]).contains("--starting-deadline"));
+        assert!(err(&["t", "* * * * *", "--jitter", "NaN", "--", "x"]).contains("--jitter"));
+        assert!(err(&["", "* * * * *", "--", "x"]).contains("needs a name"));
+        // Policies and conflicting options are refused by the parser (status 2).
+        assert!(parse(&["t", "* * * * *", "--overlap", "sometimes", "--", "x"]).is_err());
+        assert!(parse(&["t", "* * * * *", "--missed", "most", "--", "x"]).is_err());
+        assert!(parse(&["t", "* * * * *", "--every", "2", "--", "x"]).is_err());
+        assert!(parse(&["t", "* * * * *"]).is_err(), "a command is required");
+        let grace = parse(&["t", "* * * * *", "--lease", "2", "--grace", "5", "--", "x"]).unwrap();
+        assert!(grace.run().unwrap_err().contains("does not fit"));
+    }
+}

@@ -1,0 +1,116 @@
+//! `mongocoord cron`: three processes on one schedule ticking every two
+//! seconds, one SIGKILLed and restarted midway, run the command exactly once
+//! per tick (a short version of the one-minute check, which the chaos
+//! run makes: `lab chaos --only cron`); bad input is a usage error.
+
+use std::collections::BTreeMap;
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::{env, lines, signal, wait_until, Env, BIN};
+
+const NAME: &str = "every2";
+
+fn spawn_cron(e: &Env, ledger: &std::path::Path) -> Child {
+    let script = format!("echo \"$MONGOCOORD_TICK $MONGOCOORD_FENCE $MONGOCOORD_SCHEDULE\" >> '{}'", ledger.display());
+    e.spawn(&["cron", NAME, "*/2 * * * * *", "--overlap", "allow", "--lease", "5", "--", "sh", "-c", &script])
+}
+
+/// The ledger's lines by tick: (tick, fences that ran it).
+fn runs(ledger: &std::path::Path) -> BTreeMap<i64, Vec<u64>> {
+    let mut out: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    for l in lines(ledger) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f.len(), 3, "a line per run: {l:?}");
+        assert_eq!(f[2], NAME);
+        out.entry(f[0].parse().unwrap()).or_default().push(f[1].parse().unwrap());
+    }
+    out
+}
+
+fn wall_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// Waits for the quiet half of an interval (a second after a tick), with no
+/// tick's task ready or running: a SIGKILL then interrupts no command.
+fn wait_for_a_quiet_moment(e: &Env) {
+    wait_until("a quiet moment", Duration::from_secs(30), || {
+        let phase = wall_ms() % 2_000;
+        if !(700..1_100).contains(&phase) {
+            return false;
+        }
+        let counts = e.json(&["tasks", "--queue", "cron", "--agent", NAME]);
+        counts[NAME]["running"] == 0 && counts[NAME]["ready"] == 0 && (700..1_300).contains(&(wall_ms() % 2_000))
+    });
+}
+
+#[test]
+fn three_cron_processes_run_each_tick_once_across_a_kill() {
+    let Some(e) = env("cron_three") else { return };
+    let ledger = e.file("ledger");
+    let mut procs: Vec<Child> = (0..3).map(|_| spawn_cron(&e, &ledger)).collect();
+    wait_until("the first tick", Duration::from_secs(60), || !lines(&ledger).is_empty());
+    let first = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    wait_for_a_quiet_moment(&e);
+    signal(&procs[0], "-KILL");
+    let _ = procs[0].wait();
+    std::thread::sleep(Duration::from_millis(300));
+    procs[0] = spawn_cron(&e, &ledger);
+    while first.elapsed() < Duration::from_secs(14) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for_a_quiet_moment(&e);
+    for p in &procs {
+        signal(p, "-TERM");
+    }
+    for mut p in procs {
+        assert!(p.wait().unwrap().success(), "SIGTERM stops a cron runner with status 0");
+    }
+
+    let runs = runs(&ledger);
+    let ticks: Vec<i64> = runs.keys().copied().collect();
+    assert!(ticks.len() >= 7, "{runs:?}");
+    assert!(ticks.windows(2).all(|w| w[1] - w[0] == 2_000), "no tick missing: {ticks:?}");
+    assert!(runs.values().all(|f| f == &[1]), "each tick ran once, on its first claim: {runs:?}");
+
+    // One task per tick, each showing the schedule it came from.
+    let tasks = e.json(&["tasks", "--queue", "cron", "--list", "--schedule", NAME, "--limit", "1000"]);
+    let tasks = tasks.as_array().unwrap();
+    assert_eq!(tasks.len(), ticks.len(), "{tasks:?}");
+    for t in tasks {
+        assert_eq!((t["schedule"].as_str(), t["complete"].as_bool()), (Some(NAME), Some(true)), "{t}");
+        assert_eq!(t["error_encountered"], false, "{t}");
+        let tick = t["_id"].as_str().unwrap().rsplit('/').next().unwrap().parse::<i64>().unwrap();
+        assert!(runs.contains_key(&tick) && t["scheduled_for"].is_object(), "{t}");
+    }
+    let listed = e.json(&["schedules", "--queue", "cron"]);
+    assert_eq!((listed[0]["name"].as_str(), listed[0]["spec"].as_str()), (Some(NAME), Some("*/2 * * * * *")));
+    assert_eq!(listed[0]["version"], 1, "the same line again changes nothing");
+}
+
+#[test]
+fn bad_schedules_are_usage_errors() {
+    // Checked before connecting: no server is needed.
+    let port = store_mongo::testing::free_port().unwrap();
+    let uri = format!("mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=300");
+    for (args, says) in [
+        (&["61 * * * *"][..], "cron expression \"61 * * * *\""),
+        (&["* * * * *", "--tz", "Mars/Olympus"][..], "time zone \"Mars/Olympus\""),
+        (&["--every", "0"][..], "--every must be"),
+        (&[][..], "a cron expression or --every"),
+        (&["* * * * *", "--overlap", "sometimes"][..], "invalid value 'sometimes'"),
+        (&["* * * * *", "--missed", "most"][..], "invalid value 'most'"),
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args(["--uri", &uri, "cron", "job"])
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
