@@ -47,16 +47,16 @@ const SEEDED: u32 = 150;
 /// A line-oriented, append-only log; each line flushed at once, so a SIGKILL
 /// loses at most the line being written.
 #[derive(Clone)]
-struct Log(std::sync::Arc<std::sync::Mutex<std::fs::File>>);
+struct Log(std::sync::Arc<parking_lot::Mutex<std::fs::File>>);
 
 impl Log {
     fn open(path: &Path) -> std::io::Result<Log> {
         let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(Log(std::sync::Arc::new(std::sync::Mutex::new(f))))
+        Ok(Log(std::sync::Arc::new(parking_lot::Mutex::new(f))))
     }
 
     fn line(&self, s: String) {
-        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.0.lock();
         let _ = writeln!(f, "{s}");
     }
 }

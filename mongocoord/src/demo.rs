@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write as _};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::doc;
@@ -118,7 +120,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(c) = self.shared.running.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&self.id) {
+        if let Some(c) = self.shared.running.lock().get_mut(&self.id) {
             *c -= 1;
         }
     }
@@ -135,7 +137,7 @@ fn handler(
         Box::pin(async move {
             let id = task.id().to_string();
             {
-                let mut r = shared.running.lock().unwrap_or_else(|p| p.into_inner());
+                let mut r = shared.running.lock();
                 let c = r.entry(id.clone()).or_default();
                 *c += 1;
                 if *c > 1 {
@@ -271,7 +273,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
                     _ = stop.cancelled() => break,
                 };
                 let Ok(guard) = acquired else { continue };
-                shared.lock_tokens.lock().unwrap_or_else(|p| p.into_inner()).push(guard.fence());
+                shared.lock_tokens.lock().push(guard.fence());
                 if shared.lock_holders.fetch_add(1, Ordering::SeqCst) > 0 {
                     shared.lock_overlaps.fetch_add(1, Ordering::SeqCst);
                 }
@@ -417,7 +419,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         )
         .await
         .map_err(|e| e.to_string())?;
-    let tokens = shared.lock_tokens.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let tokens = shared.lock_tokens.lock().clone();
     let increasing = tokens.windows(2).all(|w| w[0] < w[1]);
     let checks = [
         ("at most one leader at a time", shared.two_leaders.load(Ordering::Relaxed) == 0),

@@ -1,7 +1,9 @@
 //! Configuration of an elector.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use mongolock::{Identity, Lock, LockInfo};

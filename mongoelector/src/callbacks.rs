@@ -16,7 +16,9 @@
 //! running `on_leader` (which gets the term's cancellation token to return in
 //! time). Panics are logged, never fatal.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use mongolock::LockInfo;
 use tokio::sync::{oneshot, Notify};
@@ -127,8 +129,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    fn pending(&self) -> parking_lot::MutexGuard<'_, Pending> {
+        self.pending.lock()
     }
 }
 

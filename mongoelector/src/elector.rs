@@ -2,7 +2,9 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use mongolock::{Identity, Lock, LockError};
@@ -52,10 +54,6 @@ pub(crate) struct Inner<S: Store + Clone> {
     pub(crate) last_poll: Mutex<Option<StoreTime>>,
 }
 
-pub(crate) fn lock_poisoned<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// A leader-election participant. Cheap to clone; when the last clone is dropped
 /// the background loop stops and leadership is released.
 #[derive(Clone)]
@@ -97,7 +95,7 @@ impl<S: Store + Clone> Elector<S> {
     /// Starts the background loop (campaign as follower, renew as leader) and
     /// returns. Idempotent. Must be called inside a tokio runtime.
     pub fn start(&self) -> Result<(), ElectorError> {
-        let mut run = lock_poisoned(&self.inner.run);
+        let mut run = self.inner.run.lock();
         if run.is_some() {
             return Ok(());
         }
@@ -120,7 +118,7 @@ impl<S: Store + Clone> Elector<S> {
     /// running until [`Elector::stop`] or the last handle is dropped.
     pub async fn run(&self) -> Result<(), ElectorError> {
         self.start()?;
-        let stop = lock_poisoned(&self.inner.run).as_ref().map(|r| r.stop.clone());
+        let stop = self.inner.run.lock().as_ref().map(|r| r.stop.clone());
         if let Some(stop) = stop {
             stop.cancelled().await;
         }
@@ -142,7 +140,7 @@ impl<S: Store + Clone> Elector<S> {
     pub async fn stop(&self) {
         let inner = &self.inner;
         let deadline = tokio::time::Instant::now() + inner.stop_timeout;
-        let run = lock_poisoned(&inner.run).take();
+        let run = inner.run.lock().take();
         inner.running.store(false, Ordering::SeqCst);
         if let Some(run) = run {
             run.stop.cancel();
@@ -306,7 +304,7 @@ impl<S: Store + Clone> Elector<S> {
             fence,
             leader: inner.leadership.borrow().leader.clone(),
             terms_won: inner.terms_won.load(Ordering::Relaxed),
-            last_poll: *lock_poisoned(&inner.last_poll),
+            last_poll: *inner.last_poll.lock(),
         }
     }
 

@@ -15,7 +15,7 @@ use mongolock::{Identity, LockInfo};
 use store_trait::{Collection, Condition, IndexSpec, Key, Mutation, Order, Query, Record, Store, StoreError};
 use store_trait::{StoreTime, Ttl, Write, WriteOutcome};
 
-use crate::elector::{lock_poisoned, Inner};
+use crate::elector::Inner;
 use crate::{ElectorError, MalformedReport};
 
 /// The status document's field names.
@@ -192,7 +192,7 @@ impl<S: Store + Clone> Inner<S> {
         let out = self.store.write(&self.status_coll, &id, &Write::new(Condition::Always, m).upsert()).await?;
         if let WriteOutcome::Applied(r) = out {
             if let Ok(report) = NodeReport::from_record(&r) {
-                *lock_poisoned(&self.last_poll) = Some(report.last_poll);
+                *self.last_poll.lock() = Some(report.last_poll);
             }
         }
         Ok(())

@@ -8,7 +8,7 @@ use mongolock::{LockGuard, Validity};
 use store_trait::Store;
 use tokio_util::sync::CancellationToken;
 
-use crate::elector::{lock_poisoned, Inner};
+use crate::elector::Inner;
 
 /// A term held by this node: the lease's guard and the term's cancellation token
 /// (a child of the guard's lost signal, cancelled when the term ends).
@@ -52,7 +52,7 @@ impl TermSnapshot {
 impl<S: Store + Clone> Inner<S> {
     /// The current term, if live.
     pub(crate) fn live_term(&self) -> Option<TermSnapshot> {
-        lock_poisoned(&self.snapshot).as_ref().filter(|t| t.is_live()).cloned()
+        self.snapshot.lock().as_ref().filter(|t| t.is_live()).cloned()
     }
 
     /// Whether this node leads now (a live term).
@@ -64,8 +64,7 @@ impl<S: Store + Clone> Inner<S> {
     pub(crate) fn become_leader(&self, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
         let cancel = guard.cancellation();
         let fence = guard.fence();
-        *lock_poisoned(&self.snapshot) =
-            Some(TermSnapshot { cancel: cancel.clone(), fence, validity: guard.validity() });
+        *self.snapshot.lock() = Some(TermSnapshot { cancel: cancel.clone(), fence, validity: guard.validity() });
         self.terms_won.fetch_add(1, Ordering::Relaxed);
         tracing::info!(key = %self.key, node = %self.identity, fence, "elected leader");
         // The callback gets a child: cancelling it does not end the term.
@@ -83,7 +82,7 @@ impl<S: Store + Clone> Inner<S> {
     pub(crate) async fn step_down(self: &Arc<Self>, why: &str, release: bool) -> bool {
         let Some(term) = self.term.lock().await.take() else { return false };
         term.cancel.cancel();
-        *lock_poisoned(&self.snapshot) = None;
+        *self.snapshot.lock() = None;
         let fence = term.guard.fence();
         tracing::info!(key = %self.key, node = %self.identity, fence, why, "leadership ended");
         self.callbacks.loss();

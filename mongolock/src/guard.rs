@@ -2,7 +2,9 @@
 //! readable without the guard.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use store_trait::{Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
@@ -24,11 +26,11 @@ impl Validity {
     /// once the client's wall clock shows that time passed which the monotonic
     /// clock did not see (a host suspend).
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || self.state.lock().unwrap_or_else(|p| p.into_inner()).lapsed_locally(Instant::now())
+        self.lost.is_cancelled() || self.state.lock().lapsed_locally(Instant::now())
     }
 
     fn deadline(&self) -> Instant {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).deadline
+        self.state.lock().deadline
     }
 
     /// The confirmed time left on the lease: until its local deadline (the send

@@ -7,7 +7,9 @@
 //! form, so each is renewed, signals its loss and fences its writes the same way.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use store_trait::{Clock, Collection, Record, Store, SystemClock, Ttl};
@@ -172,16 +174,16 @@ impl<S> Default for Current<S> {
 
 impl<S> Current<S> {
     pub(crate) fn get(&self) -> Option<Arc<Term<S>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(Weak::upgrade)
+        self.0.lock().as_ref().and_then(Weak::upgrade)
     }
 
     fn set(&self, term: Option<&Arc<Term<S>>>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = term.map(Arc::downgrade);
+        *self.0.lock() = term.map(Arc::downgrade);
     }
 
     /// Forgets `term` if it is the current one.
     pub(crate) fn clear(&self, term: &Term<S>) {
-        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.0.lock();
         if slot.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), term)) {
             *slot = None;
         }

@@ -8,7 +8,9 @@
 //! Either, beyond its tolerance, is treated as a loss.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use store_trait::{Clock, Condition, Key, Mutation, Nonce, Record, Store, StoreTime, Write, WriteOutcome};
@@ -96,8 +98,8 @@ pub(crate) struct Term<S> {
 }
 
 impl<S: Store + Clone> Term<S> {
-    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, TermState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn state(&self) -> parking_lot::MutexGuard<'_, TermState> {
+        self.state.lock()
     }
 
     pub(crate) fn deadline(&self) -> Instant {

@@ -32,7 +32,9 @@
 //! on the server after the caller stopped waiting.
 
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -211,7 +213,7 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied write: every
         // operation computes its result before mutating. So a poisoned lock is safe
         // to keep using.
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.state.lock()
     }
 
     fn next_nonce(&self) -> String {

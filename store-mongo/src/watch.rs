@@ -15,7 +15,9 @@
 //! [`ChangeKind::Resync`]. The pump ends when its last watcher is gone.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::Document;
@@ -46,7 +48,7 @@ pub(crate) struct Hub {
 
 impl std::fmt::Debug for Hub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let open: Vec<String> = self.pumps.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let open: Vec<String> = self.pumps.lock().keys().cloned().collect();
         f.debug_struct("Hub").field("open", &open).finish_non_exhaustive()
     }
 }
@@ -82,7 +84,7 @@ impl Hub {
     }
 
     fn existing(&self, name: &str) -> Option<broadcast::Receiver<ChangeEvent>> {
-        let pumps = self.pumps.lock().unwrap_or_else(|p| p.into_inner());
+        let pumps = self.pumps.lock();
         pumps.get(name).and_then(broadcast::WeakSender::upgrade).map(|tx| tx.subscribe())
     }
 
@@ -99,7 +101,7 @@ impl Hub {
             Err(e) => return Err(map_err(e)),
         };
         let (tx, rx) = broadcast::channel(BUFFER);
-        self.pumps.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), tx.downgrade());
+        self.pumps.lock().insert(name.clone(), tx.downgrade());
         tracing::debug!(collection = %name, "change stream opened");
         let pump = pump(self.clone(), name, stream, tx);
         match &self.runtime {
@@ -112,7 +114,7 @@ impl Hub {
     /// Forgets the pump `tx` if nobody watches through it; true if so. Under the
     /// registry's lock, so no watcher can join it after this says yes.
     fn retire_if_unwatched(&self, name: &str, tx: &broadcast::Sender<ChangeEvent>) -> bool {
-        let mut pumps = self.pumps.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pumps = self.pumps.lock();
         if tx.receiver_count() > 0 {
             return false;
         }
@@ -121,7 +123,7 @@ impl Hub {
     }
 
     fn retire(&self, name: &str, tx: &broadcast::Sender<ChangeEvent>) {
-        Self::forget(&mut self.pumps.lock().unwrap_or_else(|p| p.into_inner()), name, tx);
+        Self::forget(&mut self.pumps.lock(), name, tx);
     }
 
     fn forget(

@@ -235,7 +235,7 @@ impl Clock for TokioClock {
 /// ```
 #[derive(Debug, Clone)]
 pub struct TestClock {
-    state: std::sync::Arc<std::sync::Mutex<TestClockState>>,
+    state: std::sync::Arc<parking_lot::Mutex<TestClockState>>,
 }
 
 #[derive(Debug)]
@@ -271,7 +271,7 @@ impl TestClock {
     pub fn starting_at(start: StoreTime) -> Self {
         let state =
             TestClockState { anchor: tokio::time::Instant::now(), anchor_ms: start.as_millis(), rate_ppm: 1_000_000 };
-        TestClock { state: std::sync::Arc::new(std::sync::Mutex::new(state)) }
+        TestClock { state: std::sync::Arc::new(parking_lot::Mutex::new(state)) }
     }
 
     /// A clock reading the system time now (plus `offset_ms`, which may be
@@ -280,10 +280,10 @@ impl TestClock {
         Self::starting_at(StoreTime(SystemClock.now().0.saturating_add(offset_ms)))
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, TestClockState> {
+    fn state(&self) -> parking_lot::MutexGuard<'_, TestClockState> {
         // The state is two numbers updated together under the lock: a panic
         // elsewhere cannot leave it half-written.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// Steps the clock by `ms` milliseconds at once: forward when positive, back

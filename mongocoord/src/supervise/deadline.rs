@@ -12,7 +12,9 @@
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
@@ -116,7 +118,7 @@ impl Feed {
     /// Whether the supervisor's own deadline came (it sent SIGTERM): the
     /// runner's last word, once the supervisor exited.
     pub(crate) fn supervisor_acted(&self) -> bool {
-        let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sent = self.sent.lock();
         sent.check(monotonic_now(), self.grace);
         sent.supervisor_acted
     }
@@ -134,7 +136,7 @@ pub(crate) fn spawn_with(
     cmd: &mut tokio::process::Command,
     fd: Option<OwnedFd>,
 ) -> std::io::Result<tokio::process::Child> {
-    let _one_at_a_time = SPAWN.lock().unwrap_or_else(|p| p.into_inner());
+    let _one_at_a_time = SPAWN.lock();
     if let Some(fd) = &fd {
         fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
     }
@@ -145,7 +147,7 @@ pub(crate) fn spawn_with(
 
 /// Passes the lease's deadline on if it moved (a renewal was confirmed).
 fn send(write: &mut std::fs::File, validity: &mongolock::Validity, sent: &Mutex<Sent>, grace: Duration) {
-    let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+    let mut sent = sent.lock();
     let now = monotonic_now();
     sent.check(now, grace);
     let deadline = now + validity.remaining();

@@ -19,7 +19,9 @@ mod timing;
 mod tree;
 
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -88,7 +90,7 @@ impl Stops {
     }
 
     fn note(why: &Mutex<Option<Why>>, reason: Why) {
-        why.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reason);
+        why.lock().get_or_insert(reason);
     }
 
     fn watch(&mut self, fire: impl std::future::Future<Output = Why> + Send + 'static, hard: bool) {
@@ -159,7 +161,7 @@ impl Stops {
     }
 
     fn why(&self) -> Option<Why> {
-        *self.why.lock().unwrap_or_else(|p| p.into_inner())
+        *self.why.lock()
     }
 }
 
