@@ -54,14 +54,16 @@ impl<S: Store + Clone> Agent<S> {
                 }
                 continue;
             }
-            match self.claim().await {
-                Ok(Some(c)) => {
+            match self.claim(inner.concurrency - running.len()).await {
+                Ok(claimed) if !claimed.is_empty() => {
                     backoff.reset();
                     events = None;
-                    let (this, h) = (self.clone(), handler.clone());
-                    running.spawn(async move { this.run(c, h).await });
+                    for c in claimed {
+                        let (this, h) = (self.clone(), handler.clone());
+                        running.spawn(async move { this.run(c, h).await });
+                    }
                 }
-                Ok(None) => {
+                Ok(_) => {
                     let Some(watcher) = events.as_mut() else {
                         let watcher = store_trait::Watcher::open(
                             inner.store.clone(),
