@@ -37,6 +37,7 @@ use store_trait::{
 };
 use tokio::sync::broadcast;
 
+mod batch;
 mod client;
 mod faults;
 #[cfg(feature = "testing")]
@@ -427,29 +428,8 @@ impl Store for MemoryStore {
         .await
     }
 
-    /// One atomic operation here: the batch cannot be torn. A fault injected
-    /// after apply stands for a batch whose caller never learned what it got.
     async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
-        claim.validate_batch()?;
-        let nonce = self.next_nonce();
-        self.op(|state, now| {
-            let c = state.coll(coll);
-            let q = Query { limit: None, ..claim.query.clone() };
-            let found: Vec<Entry> =
-                c.select(&q, now).into_iter().filter(|e| semantics::readable(&e.doc)).take(limit).cloned().collect();
-            let mut out = Vec::with_capacity(found.len());
-            for entry in found {
-                let key = to_record(coll.as_str(), &entry.doc)?.key().clone();
-                let doc = semantics::apply(Some(&entry.doc), &key, &claim.mutation, now, &nonce)?;
-                let mk = map_key(&key);
-                c.check_unique(coll.as_str(), &mk, &doc)?;
-                out.push(to_record(coll.as_str(), &doc)?);
-                c.docs.insert(mk, Entry { seq: entry.seq, doc });
-                c.notify(&key, ChangeKind::Update);
-            }
-            Ok(out)
-        })
-        .await
+        self.claim_many_op(coll, claim, limit).await
     }
 
     async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {

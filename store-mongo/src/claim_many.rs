@@ -61,6 +61,6 @@ impl MongoStore {
             read = read.sort(s);
         }
         let docs: Vec<Document> = read.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
-        docs.into_iter().map(|d| Ok(Record::from_document(coll.as_str(), d)?)).collect()
+        docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect()
     }
 }
