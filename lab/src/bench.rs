@@ -179,6 +179,14 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
     shapes.push(("processes", queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
 
+    // Printed now: a run that fails later (Agenda, the seed) still shows them.
+    for (shape, r) in &shapes {
+        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
+        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
+        put_breakdown(&mut f, &format!("queue_{shape}"), &r.counts, tasks);
+        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
+    }
+
     let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };
     eprintln!("idle pickup latency ({picks} trials)…");
@@ -281,10 +289,6 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     }
     let agenda = f.get("agenda_tasks_per_s");
     for (shape, r) in &shapes {
-        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
-        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
-        put_breakdown(&mut f, &format!("queue_{shape}"), &r.counts, tasks);
-        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
         if let Some(a) = agenda {
             f.put(format!("queue_{shape}_vs_agenda"), r.rate / a);
         }
