@@ -16,13 +16,11 @@ use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
 use mongolock::{Acquire, Lock};
 use serde_json::{json, Value};
 use store_memory::MemoryStore;
-use store_mongo::mongodb::event::command::CommandEvent;
-use store_mongo::mongodb::event::EventHandler;
-use store_mongo::mongodb::options::{
-    Acknowledgment, ClientOptions, CollectionOptions, ReadConcern, ReturnDocument, WriteConcern,
-};
-use store_mongo::mongodb::Client;
+use store_mongo::mongodb::options::{Acknowledgment, CollectionOptions, ReadConcern, ReturnDocument, WriteConcern};
 use store_mongo::MongoStore;
+
+mod counted;
+use counted::{counted_store, Counts};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -172,6 +170,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     let raw_queue = raw_queue_run(uri, db, &store, tasks, "bench_raw_queue").await?;
     f.put("raw_queue_per_s", raw_queue.rate);
     f.put("raw_queue_commands_per_task", raw_queue.commands_per_task);
+    put_breakdown(&mut f, "raw_queue", &raw_queue.counts, tasks);
     let mut shapes: Vec<(&str, QueueRun)> = Vec::new();
     eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (Agent::builder)…");
     shapes.push(("per_agent", queue_run(uri, db, &store, tasks, "bench_queue", false).await?));
@@ -179,6 +178,14 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     shapes.push(("shared", queue_run(uri, db, &store, tasks, "bench_queue_shared", true).await?));
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
     shapes.push(("processes", queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
+
+    // Printed now: a run that fails later (Agenda, the seed) still shows them.
+    for (shape, r) in &shapes {
+        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
+        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
+        put_breakdown(&mut f, &format!("queue_{shape}"), &r.counts, tasks);
+        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
+    }
 
     let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };
@@ -290,9 +297,6 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     }
     let agenda = f.get("agenda_tasks_per_s");
     for (shape, r) in &shapes {
-        f.put(format!("queue_{shape}_tasks_per_s"), r.rate);
-        f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
-        f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
         if let Some(a) = agenda {
             f.put(format!("queue_{shape}_vs_agenda"), r.rate / a);
         }
@@ -322,6 +326,13 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     println!("| `server` | {server} {version} |");
     eprintln!("wrote {}", o.out.display());
     Ok(0)
+}
+
+/// Commands per task by kind (`PREFIX_cmd_KIND`): where a shape's commands go.
+fn put_breakdown(f: &mut Figures, prefix: &str, counts: &Counts, tasks: u32) {
+    for (kind, per_task) in counts.per_task(tasks) {
+        f.put(format!("{prefix}_cmd_{kind}"), per_task);
+    }
 }
 
 async fn election_trials(
@@ -449,26 +460,12 @@ async fn simulate(minutes: u64) -> Result<f64, String> {
     .map_err(|e| e.to_string())?
 }
 
-/// A store on a client of its own whose command monitoring counts every command
-/// it sends (claims, completions, renewals, change-stream `getMore`s, index
-/// builds: everything), and the counter.
-async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Arc<AtomicU64>), String> {
-    let mut opts = ClientOptions::parse(uri).await.map_err(|e| e.to_string())?;
-    let commands = Arc::new(AtomicU64::new(0));
-    let counter = commands.clone();
-    opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
-        if matches!(ev, CommandEvent::Started(_)) {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-    }));
-    let client = Client::with_options(opts).map_err(|e| e.to_string())?;
-    Ok((MongoStore::new(client.database(db)), commands))
-}
-
 /// Throughput and commands per completed task of one queue run.
 struct QueueRun {
     rate: f64,
     commands_per_task: f64,
+    /// The commands by kind over the run.
+    counts: Counts,
 }
 
 /// Preloads `tasks` trivial tasks for agent `bench` into `coll` (with the
@@ -514,7 +511,7 @@ async fn raw_queue_run(uri: &str, db: &str, store: &MongoStore, tasks: u32, coll
         "ready": false,
         "claimed": true,
     }}];
-    let c0 = commands.load(Ordering::Relaxed);
+    let c0 = commands.snapshot();
     let start = Instant::now();
     let mut completed = 0_u32;
     while let Some(task) = c
@@ -545,11 +542,11 @@ async fn raw_queue_run(uri: &str, db: &str, store: &MongoStore, tasks: u32, coll
         completed += 1;
     }
     let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
-    let used = commands.load(Ordering::Relaxed) - c0;
+    let counts = commands.snapshot().since(&c0);
     if completed != tasks {
         return Err(format!("raw queue: {completed} completions for {tasks} tasks"));
     }
-    Ok(QueueRun { rate, commands_per_task: used as f64 / f64::from(tasks) })
+    Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })
 }
 
 /// A minimal DistributedLock.MongoDB-style acquire: one `findAndModify` upsert
@@ -610,7 +607,7 @@ async fn queue_run(
     let (counted, commands) = counted_store(uri, db).await?;
     let queue = Queue::new(counted.clone(), coll).map_err(|e| e.to_string())?;
     let done = Arc::new(AtomicU64::new(0));
-    let c0 = commands.load(Ordering::Relaxed);
+    let c0 = commands.snapshot();
     let start = Instant::now();
     let agents: Vec<Agent<MongoStore>> = (0..4)
         .map(|_| {
@@ -649,11 +646,11 @@ async fn queue_run(
     for w in workers {
         completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
     }
-    let used = commands.load(Ordering::Relaxed) - c0;
+    let counts = commands.snapshot().since(&c0);
     if completed != u64::from(tasks) || done.load(Ordering::Relaxed) != u64::from(tasks) {
         return Err(format!("queue benchmark: {completed} completions for {tasks} tasks"));
     }
-    Ok(QueueRun { rate, commands_per_task: used as f64 / f64::from(tasks) })
+    Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })
 }
 
 /// 4 agent processes (`lab bench-agent`, one agent each, concurrency 4) process
@@ -709,7 +706,7 @@ async fn queue_processes_run(
         }
     }
     let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
-    let (mut used, mut completed) = (0_u64, 0_u64);
+    let (mut counts, mut completed) = (Counts::default(), 0_u64);
     for (_, stdin, _) in &mut procs {
         drop(stdin.take());
     }
@@ -722,7 +719,11 @@ async fn queue_processes_run(
         let mut words = line.split_whitespace();
         match (words.next(), words.next(), words.next(), words.next()) {
             (Some("commands"), Some(c), Some("completed"), Some(d)) => {
-                used += c.parse::<u64>().map_err(|e| e.to_string())?;
+                let by_kind = Counts::parse_words(words)?;
+                if by_kind.total != c.parse::<u64>().map_err(|e| e.to_string())? {
+                    return Err(format!("bench agent reported {line:?}: the breakdown does not add up"));
+                }
+                counts.add(&by_kind);
                 completed += d.parse::<u64>().map_err(|e| e.to_string())?;
             }
             _ => return Err(format!("bench agent reported {line:?}")),
@@ -732,7 +733,7 @@ async fn queue_processes_run(
     if completed != u64::from(tasks) {
         return Err(format!("queue processes: {completed} completions for {tasks} tasks"));
     }
-    Ok(QueueRun { rate, commands_per_task: used as f64 / f64::from(tasks) })
+    Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })
 }
 
 /// `lab bench-agent`: one agent (concurrency 4, a trivial handler) on `coll`
@@ -753,7 +754,7 @@ pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, S
         Some(l) if l.trim() == "go" => {}
         other => return Err(format!("bench-agent: expected go, got {other:?}")),
     }
-    let c0 = commands.load(Ordering::Relaxed);
+    let c0 = commands.snapshot();
     let worker = tokio::spawn({
         let agent = agent.clone();
         async move { agent.work(|_t: Task| async { Outcome::done() }).await }
@@ -761,7 +762,8 @@ pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, S
     while lines.next_line().await.map_err(|e| e.to_string())?.is_some() {}
     agent.shutdown();
     let log = worker.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    println!("commands {} completed {}", commands.load(Ordering::Relaxed) - c0, log.completed);
+    let used = commands.snapshot().since(&c0);
+    println!("commands {} completed {} {}", used.total, log.completed, used.words());
     Ok(0)
 }
 

@@ -87,6 +87,10 @@ impl Store for Client {
         self.check()?;
         self.store.claim(c, claim).await
     }
+    async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        self.check()?;
+        self.store.claim_many(c, claim, limit).await
+    }
     async fn insert_many(&self, c: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
         self.check()?;
         self.store.insert_many(c, docs).await

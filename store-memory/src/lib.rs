@@ -47,6 +47,7 @@ use store_trait::{
     Write, WriteOutcome,
 };
 
+mod batch;
 mod client;
 mod faults;
 mod state;
@@ -334,6 +335,10 @@ impl Store for MemoryStore {
             Ok(Some(record))
         })
         .await
+    }
+
+    async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        self.claim_many_op(coll, claim, limit).await
     }
 
     async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {

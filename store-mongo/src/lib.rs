@@ -75,6 +75,7 @@
 //! ones leave the outcome ambiguous, and the crates above read back before they
 //! assume either way.
 
+mod claim_many;
 mod compile;
 mod connect;
 mod errors;
@@ -447,6 +448,11 @@ impl Store for MongoStore {
     async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
         let (this, coll, claim) = (self.clone(), coll.clone(), claim.clone());
         self.bounded("claim", async move { this.claim_op(&coll, &claim).await }).await
+    }
+
+    async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        let (this, coll, claim) = (self.clone(), coll.clone(), claim.clone());
+        self.bounded("claim_many", async move { this.claim_many_op(&coll, &claim, limit).await }).await
     }
 
     async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {

@@ -146,6 +146,34 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// a crashed claimer's.
     async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>>;
 
+    /// Claims up to `limit` documents matching `claim.query`, in its order: each
+    /// gets `claim.mutation` (its own fence bumped, if the mutation bumps it),
+    /// the condition evaluated on each document as it is changed, so no document
+    /// is claimed by two calls at once. Returns the records this call changed,
+    /// in the query's order. Unreadable documents never match, as for
+    /// [`Store::claim`].
+    ///
+    /// A batch, not one atomic operation: on MongoDB it is three commands, a
+    /// `find` of candidates, one conditional `update` of those still matching,
+    /// and a read back of those this call changed (by its nonce), whatever
+    /// `limit` is. If the call fails after the update (a lost reply, a crash),
+    /// the documents it changed stay leased to the mutation's owner, whom no one
+    /// holds: they lapse at the lease's end and are claimed again with a higher
+    /// fence. So the mutation must grant a lease and bump the fence
+    /// ([`StoreError::InvalidInput`] otherwise). The default claims one at a
+    /// time with [`Store::claim`].
+    async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        claim.validate_batch()?;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            match self.claim(coll, claim).await? {
+                Some(r) => out.push(r),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
     /// Inserts documents (each gets rev 1 and fence 0; a missing `_id` gets a fresh
     /// `ObjectId`). Duplicates are reported per document; the others are inserted.
     /// Documents must not carry reserved fields other than `_id`.
@@ -222,6 +250,9 @@ macro_rules! forward_store {
             }
             async fn claim(&self, coll: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
                 (**self).claim(coll, claim).await
+            }
+            async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+                (**self).claim_many(coll, claim, limit).await
             }
             async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
                 (**self).insert_many(coll, docs).await

@@ -44,11 +44,18 @@ pub(super) struct Claimed<S: Store + Clone> {
     pub(super) record: Record,
 }
 
+/// The least free capacity claimed with one batch ([`Store::claim_many`]):
+/// a batch costs three commands on MongoDB (candidates, one conditional
+/// update, the read back) whatever its size, a single claim one.
+pub(super) const BATCH_FROM: usize = 4;
+
 impl<S: Store + Clone> Agent<S> {
-    /// Claims the next task: one round trip for a ready task. Tasks whose claim
-    /// lapsed (a crashed agent's) are looked for when no task is ready, and first
-    /// on every sixteenth claim, so recovery never starves under load.
-    pub(super) async fn claim(&self) -> Result<Option<Claimed<S>>, AgentError> {
+    /// Claims up to `capacity` tasks: ready tasks first; tasks whose claim lapsed
+    /// (a crashed agent's) when no task is ready, and first on every sixteenth
+    /// claim, so recovery never starves under load. One round trip for one
+    /// task; a batch ([`BATCH_FROM`] or more free slots) in three, each task's
+    /// claim fenced and leased on its own.
+    pub(super) async fn claim(&self, capacity: usize) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
         // Claims race for the same head-of-queue document; agents sharing a
         // `Queue` take turns instead of making the server resolve their write
@@ -59,15 +66,22 @@ impl<S: Store + Clone> Agent<S> {
         let (ready, lapsed) = (ready_tasks(&inner.name), lapsed_tasks(&inner.name));
         let order = if seq % 16 == 0 { [&lapsed, &ready] } else { [&ready, &lapsed] };
         for query in order {
-            if let Some(c) = self.claim_from(query, seq).await? {
-                return Ok(Some(c));
+            let got = self.claim_from(query, seq, capacity).await?;
+            if !got.is_empty() {
+                return Ok(got);
             }
         }
-        Ok(None)
+        Ok(Vec::new())
     }
 
-    pub(super) async fn claim_from(&self, query: &Query, seq: u64) -> Result<Option<Claimed<S>>, AgentError> {
+    pub(super) async fn claim_from(
+        &self,
+        query: &Query,
+        seq: u64,
+        capacity: usize,
+    ) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
+        // One owner per call: a batch's tasks share it, each with its own fence.
         let owner = format!("{}/{}/{}", inner.identity, inner.name, seq);
         let claim = Claim {
             query: query.clone(),
@@ -82,10 +96,18 @@ impl<S: Store + Clone> Agent<S> {
                 .clear_gc(),
         };
         let sent = Instant::now();
-        let Some(record) = inner.store.claim(&inner.queue.coll, &claim).await? else { return Ok(None) };
-        // Kept like a lock's acquisition, by the agent's one `Leases`.
-        let guard = inner.leases.keep(&record, sent)?;
-        tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
-        Ok(Some(Claimed { guard, record }))
+        let records = if capacity >= BATCH_FROM {
+            inner.store.claim_many(&inner.queue.coll, &claim, capacity).await?
+        } else {
+            inner.store.claim(&inner.queue.coll, &claim).await?.into_iter().collect()
+        };
+        let mut claimed = Vec::with_capacity(records.len());
+        for record in records {
+            // Kept like a lock's acquisition, by the agent's one `Leases`.
+            let guard = inner.leases.keep(&record, sent)?;
+            tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
+            claimed.push(Claimed { guard, record });
+        }
+        Ok(claimed)
     }
 }

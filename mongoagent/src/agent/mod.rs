@@ -177,7 +177,7 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        match self.claim().await? {
+        match self.claim(1).await?.pop() {
             Some(c) => Ok(Some(self.run(c, handler).await?)),
             None => Ok(None),
         }

@@ -292,3 +292,54 @@ async fn a_claim_is_kept_like_a_lock() {
     assert!(owners.iter().all(Option::is_some), "held at every step: {seen:?}");
     assert!(owners.windows(2).all(|w| w[0] == w[1]), "by the same claim: {seen:?}");
 }
+
+/// Batch claims: an agent with four free slots claims four tasks in one batch,
+/// each under its own bumped fence; tasks a lost batch stamped (its caller
+/// never learned them) lapse and are run under the next fence.
+#[tokio::test(start_paused = true)]
+async fn batch_claims_fence_each_task_and_lost_batches_lapse() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let tasks: Vec<_> = (0..8_i64).map(|i| NewTask::new("w", doc! {"i": i})).collect();
+    queue.enqueue_all(&tasks).await.unwrap();
+    // A batch whose caller died before it read back what it claimed: four tasks.
+    let lease = store_trait::Ttl::new(Duration::from_secs(3)).unwrap();
+    let lost = Claim {
+        query: Query::eq(doc! {"agent_name": "w", "ready": true}).sort("i", store_trait::Order::Asc),
+        mutation: store_trait::Mutation::new()
+            .grant("lost", lease)
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    assert_eq!(store.claim_many(&coll(), &lost, 4).await.unwrap().len(), 4);
+    let agent = Agent::builder(store.clone(), "w", "tasks").concurrency(4).build().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let worker = tokio::spawn({
+        let (agent, seen) = (agent.clone(), seen.clone());
+        async move {
+            agent
+                .work(move |t: Task| {
+                    let seen = seen.clone();
+                    async move {
+                        seen.lock().unwrap().push((t.data().get_i64("i").unwrap(), t.token()));
+                        true
+                    }
+                })
+                .await
+                .unwrap()
+        }
+    });
+    for _ in 0..600 {
+        if seen.lock().unwrap().len() >= 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.shutdown();
+    assert_eq!(worker.await.unwrap().completed, 8);
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    let want: Vec<(i64, u64)> = (0..8).map(|i| (i, if i < 4 { 2 } else { 1 })).collect();
+    assert_eq!(seen, want, "each task ran once, under its own next fence");
+}

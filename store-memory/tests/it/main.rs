@@ -211,3 +211,35 @@ async fn watcher_comes_back_after_its_stream_ends() {
     assert!(!silent.is_live());
     assert!(tokio::time::timeout(Duration::from_secs(3600), silent.changed()).await.is_err());
 }
+
+/// A batch claim applied whose reply was lost (a crash between the update and
+/// the read back): the caller never learns the tasks, which stay stamped for
+/// the batch's owner until the lease lapses; then they are claimed again, each
+/// at its next fence.
+#[tokio::test(start_paused = true)]
+async fn a_lost_batch_claim_lapses_and_is_claimed_again() {
+    let store = MemoryStore::new();
+    let coll = Collection::new("tasks").unwrap();
+    store.insert_many(&coll, (0..3).map(|i| doc! {"_id": format!("t{i}"), "ready": true}).collect()).await.unwrap();
+    let ttl = Ttl::new(TTL).unwrap();
+    let claim = |owner: &str| store_trait::Claim {
+        query: store_trait::Query::all().when(
+            Condition::FieldEq("ready".into(), true.into())
+                .or(Condition::Exists("claimed".into()).and(Condition::Free)),
+        ),
+        mutation: Mutation::new().grant(owner, ttl).bump_fence().set("ready", false).set("claimed", true),
+    };
+    store.faults().fail_next_after_apply(1);
+    assert!(store.claim_many(&coll, &claim("lost"), 3).await.is_err(), "the reply is lost");
+    for i in 0..3 {
+        let r = store.get(&coll, &Key::new(format!("t{i}")).unwrap()).await.unwrap().record.unwrap();
+        assert_eq!((r.fence(), r.lease().map(|l| l.owner.as_str())), (1, Some("lost")), "applied, unknown to anyone");
+    }
+    assert!(store.claim_many(&coll, &claim("early"), 3).await.unwrap().is_empty(), "still leased");
+    tokio::time::sleep(TTL + Duration::from_millis(1)).await;
+    let again = store.claim_many(&coll, &claim("next"), 3).await.unwrap();
+    assert_eq!(
+        again.iter().map(|r| (r.key().to_string(), r.fence())).collect::<Vec<_>>(),
+        [("t0".to_owned(), 2), ("t1".to_owned(), 2), ("t2".to_owned(), 2)]
+    );
+}

@@ -112,6 +112,18 @@ impl Claim {
         self.query.validate()?;
         self.mutation.validate()
     }
+
+    /// Checks a claim for [`Store::claim_many`](crate::Store::claim_many): as
+    /// [`Claim::validate`], and the mutation grants a lease and bumps the fence,
+    /// so that documents a lost batch changed lapse and are claimed again under
+    /// a higher fence.
+    pub fn validate_batch(&self) -> StoreResult<()> {
+        self.validate()?;
+        if !matches!(self.mutation.lease, crate::LeaseOp::Grant { .. }) || !self.mutation.bump_fence {
+            return Err(crate::StoreError::invalid("claim", "a batch claim must grant a lease and bump the fence"));
+        }
+        Ok(())
+    }
 }
 
 /// Per-document result of [`Store::insert_many`](crate::Store::insert_many).

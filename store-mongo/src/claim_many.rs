@@ -1,0 +1,66 @@
+//! A batch claim in a constant number of commands: one `find` of candidate
+//! ids (the claim's filter, sort and limit, served by the claim's index), one
+//! conditional `update` of all of them (the claim's filter again, so a
+//! candidate another caller took in between is passed over; each document's
+//! own fence bumped by the pipeline; the call's nonce stamped into `last_op`),
+//! and one `find` of the documents carrying that nonce: those, and only those,
+//! this call claimed.
+
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+use store_trait::{fields, Claim, Collection, Record, StoreResult};
+
+use crate::{compile, in_coll, map_err, MongoStore};
+
+impl MongoStore {
+    pub(crate) async fn claim_many_op(
+        &self,
+        coll: &Collection,
+        claim: &Claim,
+        limit: usize,
+    ) -> StoreResult<Vec<Record>> {
+        claim.validate_batch()?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let collection = self.coll(coll);
+        let filter = compile::claim_filter(&claim.query);
+        let sort = compile::sort(&claim.query);
+        let mut find = collection
+            .find(filter.clone())
+            .projection(doc! { fields::ID: 1 })
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .max_time(self.op_timeout);
+        if let Some(s) = &sort {
+            find = find.sort(s.clone());
+        }
+        let ids: Vec<Bson> = find
+            .await
+            .map_err(map_err)?
+            .try_collect::<Vec<Document>>()
+            .await
+            .map_err(map_err)?
+            .into_iter()
+            .filter_map(|mut d| d.remove(fields::ID))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // From here on a failure may leave documents stamped for a caller who
+        // never learns it: they lapse at the lease's end (see `Store::claim_many`).
+        let nonce = self.next_nonce();
+        let candidates = doc! { "$and": [ { fields::ID: { "$in": ids.clone() } }, filter ] };
+        let update = compile::update(None, &claim.mutation, &nonce);
+        let changed = collection.update_many(candidates, update).await.map_err(map_err).map_err(in_coll(coll))?;
+        if changed.modified_count == 0 {
+            return Ok(Vec::new());
+        }
+        let mut read =
+            collection.find(doc! { fields::ID: { "$in": ids }, fields::LAST_OP: &nonce }).max_time(self.op_timeout);
+        if let Some(s) = sort {
+            read = read.sort(s);
+        }
+        let docs: Vec<Document> = read.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
+        docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect()
+    }
+}
