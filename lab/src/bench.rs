@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bson::doc;
@@ -192,7 +194,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     eprintln!("idle pickup latency ({picks} trials)…");
     let picked = Arc::new(Mutex::new(Vec::new()));
     let agent = Agent::builder(store.clone(), "pickup", "bench_queue")
-        .sleep_between(Duration::from_secs(5))
+        .poll_interval(Duration::from_secs(5))
         .build()
         .map_err(|e| e.to_string())?;
     let p2 = picked.clone();
@@ -206,7 +208,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
                     async move {
                         let sent = t.data().get_i64("sent_us").unwrap_or_default();
                         let now = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
-                        p2.lock().unwrap_or_else(|p| p.into_inner()).push((now - sent) as f64 / 1e3);
+                        p2.lock().push((now - sent) as f64 / 1e3);
                         Outcome::done()
                     }
                 })
@@ -219,12 +221,12 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         queue.enqueue(NewTask::new("pickup", doc! {"sent_us": sent})).await.map_err(|e| e.to_string())?;
     }
     let until = Instant::now() + Duration::from_secs(30);
-    while picked.lock().unwrap_or_else(|p| p.into_inner()).len() < picks && Instant::now() < until {
+    while picked.lock().len() < picks && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     agent.shutdown();
     let _ = worker.await;
-    let pk = sorted(picked.lock().unwrap_or_else(|p| p.into_inner()).clone());
+    let pk = sorted(picked.lock().clone());
     f.put("pickup_ms_p50", pct(&pk, 0.5));
     f.put("pickup_ms_p99", pct(&pk, 0.99));
 
@@ -613,7 +615,7 @@ async fn queue_run(
         .map(|_| {
             let b =
                 if shared { Agent::on_queue(&queue, "bench") } else { Agent::builder(counted.clone(), "bench", coll) };
-            b.concurrency(4).sleep_between(Duration::from_millis(200)).build()
+            b.concurrency(4).poll_interval(Duration::from_millis(200)).build()
         })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
@@ -745,7 +747,7 @@ pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, S
     let (store, commands) = counted_store(uri, db).await?;
     let agent = Agent::builder(store, "bench", coll)
         .concurrency(4)
-        .sleep_between(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
         .build()
         .map_err(|e| e.to_string())?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();

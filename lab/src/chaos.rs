@@ -161,7 +161,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                 .concurrency(2)
                 .max_attempts(20)
                 .backoff(Duration::from_millis(100), Duration::from_secs(1))
-                .sleep_between(Duration::from_secs(1))
+                .poll_interval(Duration::from_secs(1))
                 .build()
                 .map_err(|e| e.to_string())?;
             let joins = log.clone();

@@ -49,7 +49,7 @@
 //! let parse = Agent::builder(store, "parse", "pipeline").build()?;
 //! let done = parse.process(|_task: Task| async { true }).await?;
 //! assert!(matches!(done, Some(mongoagent::Processed::Completed(_))));
-//! assert_eq!(parse.log().tasks_processed, 1);
+//! assert_eq!(parse.counters().tasks_processed, 1);
 //! # Ok(()) }
 //! ```
 
@@ -59,7 +59,7 @@ mod queue;
 pub mod schedule;
 mod task;
 
-pub use agent::{Agent, AgentBuilder, AgentLog, Handler, Processed};
+pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
 pub use error::AgentError;
 pub use queue::{Queue, QueueStats};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
@@ -67,7 +67,7 @@ pub use task::{fields, Child, NewTask, Outcome, Retry, Task};
 
 pub use mongolock;
 pub use store_trait;
-/// The token [`Task::cancelled`] returns and [`AgentBuilder::shutdown_on`] takes.
+/// The cancellation token [`Task::cancellation`] returns and [`AgentBuilder::shutdown_on`] takes.
 pub use tokio_util::sync::CancellationToken;
 
 /// The MongoDB backend, re-exported for convenience.

@@ -308,7 +308,7 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Makes tasks matching `filter` that failed for good, or are stuck with a
-    /// lapsed claim, ready again (attempt counts are kept; the fence grows, so the
+    /// lapsed claim, ready again (their attempts start over; the fence grows, so the
     /// lapsed claim's holder can write nothing more). Returns their ids; with
     /// `dry_run`, only lists them.
     ///
@@ -341,11 +341,14 @@ impl<S: Store + Clone> Queue<S> {
             // Conditional on the same state, so a task that an agent picked up in
             // the meantime is left alone. The fence grows, so a late outcome of
             // the agent whose claim lapsed is rejected by its fence check.
+            // Attempts start over: they count from the fence this write gives.
+            let fresh = i64::try_from(r.fence().saturating_add(1)).unwrap_or(i64::MAX);
             let w = Write::new(
-                which.clone(),
+                which.clone().and(Condition::FenceIs(r.fence())),
                 Mutation::new()
                     .release()
                     .bump_fence()
+                    .set(fields::ROUND_FENCE, fresh)
                     .set(fields::READY, true)
                     .set(fields::COMPLETE, false)
                     .set(fields::ERROR_ENCOUNTERED, false)

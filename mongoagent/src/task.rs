@@ -58,9 +58,13 @@ pub mod fields {
     /// On a task of a schedule with [`crate::Overlap::Queue`]: held back (not
     /// ready) until the schedule's previous task ends.
     pub const OVERLAP_HELD: &str = "overlap_held";
+    /// The fence from which attempts count (missing means 0): that of the run
+    /// whose handler waited for follow-ups (a new round starts with a full set of
+    /// attempts), or the one a requeue gave the task (so do requeued tasks).
+    pub const ROUND_FENCE: &str = "round_fence";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
-    pub const CONTROL: [&str; 15] = [
+    pub const CONTROL: [&str; 16] = [
         AGENT_NAME,
         READY,
         STARTED_AT,
@@ -76,6 +80,7 @@ pub mod fields {
         JOIN_ROUND,
         WAITING,
         ROUND,
+        ROUND_FENCE,
     ];
 }
 
@@ -227,12 +232,20 @@ impl NewTask {
     }
 }
 
+/// The attempt a claim of `record` is: its fence counted from the fence the
+/// current round (or the last requeue) started at.
+pub(crate) fn attempt(record: &store_trait::Record) -> u64 {
+    let from = record.get_i64(fields::ROUND_FENCE).and_then(|f| u64::try_from(f).ok()).unwrap_or(0);
+    record.fence().saturating_sub(from).max(1)
+}
+
 /// A claimed task, as the handler sees it.
 #[derive(Debug, Clone)]
 pub struct Task {
     pub(crate) key: Key,
     pub(crate) data: Document,
-    pub(crate) token: u64,
+    pub(crate) fence: u64,
+    pub(crate) attempt: u64,
     pub(crate) cancel: CancellationToken,
     pub(crate) validity: mongolock::Validity,
     pub(crate) round: u64,
@@ -257,26 +270,32 @@ impl Task {
             .map_err(|e| AgentError::InvalidTask(format!("task {} cannot be read: {e}", self.key)))
     }
 
-    /// Which attempt this is (1 for the first).
+    /// Which attempt of this round this is (1 for the first): every claim of the
+    /// task counts, including one whose agent died (a task that crashes its
+    /// agents must end), but a new round after follow-ups, and a requeue, start
+    /// over. `max_attempts` bounds it.
     pub fn attempt(&self) -> u64 {
-        self.token
+        self.attempt
     }
 
-    /// The claim token fencing this attempt: a stale attempt's completion is rejected.
-    pub fn token(&self) -> u64 {
-        self.token
+    /// The fence of this claim: every claim of the task has a larger one, and a
+    /// stale claim's outcome is rejected by it.
+    #[doc(alias = "token")]
+    pub fn fence(&self) -> u64 {
+        self.fence
     }
 
     /// Cancelled when the claim is lost (before its lease can lapse) or the agent
     /// stops waiting for the handler; long handlers should select on it.
-    pub fn cancelled(&self) -> &CancellationToken {
+    #[doc(alias = "cancelled")]
+    pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel
     }
 
     /// The claim's lease, readable from anywhere: how much confirmed time is left
     /// ([`mongolock::Validity::remaining`]), and a wait until less than a grace
     /// period is ([`mongolock::Validity::expiring`]), so a long handler can stop
-    /// gracefully before [`Task::cancelled`] fires.
+    /// gracefully before [`Task::cancellation`] fires.
     pub fn validity(&self) -> &mongolock::Validity {
         &self.validity
     }

@@ -151,7 +151,7 @@ fn handler(
             let mut rng = fastrand::Rng::with_seed(n);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(rng.u64(20..120))) => {}
-                _ = task.cancelled().cancelled() => {}
+                _ = task.cancellation().cancelled() => {}
             }
             let stage = task.data().get_str("stage").unwrap_or("fetch").to_owned();
             if rng.u32(..100) < 8 {
@@ -195,7 +195,7 @@ fn start_agent<S: Store + Clone>(store: &S, stage: &'static str, shared: &Arc<Sh
             .lease(Duration::from_secs(4))
             .max_attempts(10)
             .backoff(Duration::from_millis(50), Duration::from_millis(500))
-            .sleep_between(Duration::from_millis(500))
+            .poll_interval(Duration::from_millis(500))
             .build()
         else {
             return;

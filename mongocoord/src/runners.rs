@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use mongoagent::{Agent, AgentBuilder, AgentLog, NewTask, Outcome, Task};
+use mongoagent::{Agent, AgentBuilder, AgentCounters, NewTask, Outcome, Task};
 use mongoelector::Elector;
 use mongolock::{Acquire, Lock, LockError};
 use store_mongo::MongoStore;
@@ -245,7 +245,7 @@ pub(crate) fn agent_builder(
         .concurrency(o.concurrency)
         .max_attempts(o.max_attempts)
         .lease(run.ttl)
-        .sleep_between(Duration::from_secs(5))
+        .poll_interval(Duration::from_secs(5))
         // On shutdown the handlers stop their commands (SIGTERM, SIGKILL after
         // the grace period) and record the outcome: the drain outlasts that.
         .drain_timeout(run.grace * 2 + Duration::from_secs(5));
@@ -267,7 +267,7 @@ pub(crate) async fn work_tasks(
     run: &Run<'_>,
     signal: &CancellationToken,
     env: TaskEnv,
-) -> Result<AgentLog, String> {
+) -> Result<AgentCounters, String> {
     {
         let (a, s) = (agent.clone(), signal.clone());
         tokio::spawn(async move {
@@ -282,7 +282,7 @@ pub(crate) async fn work_tasks(
         let (argv, argv0, signal) = (argv.clone(), argv0.clone(), signal.clone());
         async move {
             let mut vars =
-                vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.token().to_string())];
+                vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.fence().to_string())];
             vars.extend(env(&task));
             let spec = Spec { argv: &argv, env: vars, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
             let mut stops = Stops::new();
@@ -290,7 +290,7 @@ pub(crate) async fn work_tasks(
             // SIGTERM when the claim is at risk, SIGKILL when it counts as lost (or
             // the agent stops waiting for the handler).
             stops.lease(task.validity().clone(), grace);
-            stops.kill_on(task.cancelled(), Why::LeaseLost);
+            stops.kill_on(task.cancellation(), Why::LeaseLost);
             let done = supervise::run(&spec, &stops).await;
             drop(stops);
             task_outcome(&argv0, done)

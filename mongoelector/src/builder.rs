@@ -83,7 +83,8 @@ impl<S: Store + Clone> ElectorBuilder<S> {
 
     /// A follower's poll interval where the store has no change notifications
     /// (default: the renew interval).
-    pub fn step(mut self, step: Duration) -> Self {
+    #[doc(alias = "step")]
+    pub fn poll_interval(mut self, step: Duration) -> Self {
         self.step = Some(step);
         self
     }
@@ -177,7 +178,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             .collection(self.collection)
             .ttl(self.ttl)
             .renew_every(renew_every)
-            .step(self.step.unwrap_or(renew_every).max(Duration::from_millis(1)))
+            .poll_interval(self.step.unwrap_or(renew_every).max(Duration::from_millis(1)))
             .identity(identity.clone())
             .build()
             .map_err(|e| ElectorError::Config(e.to_string()))?;

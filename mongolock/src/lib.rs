@@ -122,7 +122,7 @@ pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use info::{LockInfo, LockMetrics, LockStatus, FOREIGN_LOCK_FIELDS};
 pub use lease::{Leases, LeasesBuilder};
-pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_STEP, DEFAULT_TTL};
+pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_POLL_INTERVAL, DEFAULT_TTL};
 pub use semaphore::Semaphore;
 pub use store_trait;
 pub use timing::{check_interval, LeaseTiming, MAX_INTERVAL};

@@ -17,7 +17,7 @@ pub const DEFAULT_COLLECTION: &str = "mongolocker";
 /// The lease length unless configured otherwise (as in `MongoLocker`).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 /// The poll interval of a waiter when change notifications are unavailable.
-pub const DEFAULT_STEP: Duration = Duration::from_millis(250);
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Configures a [`Lock`].
 #[derive(Debug)]
@@ -54,8 +54,9 @@ impl<S: Store + Clone> LockBuilder<S> {
     }
 
     /// How often a waiter re-checks when change notifications are unavailable
-    /// (default [`DEFAULT_STEP`]).
-    pub fn step(mut self, step: Duration) -> Self {
+    /// (default [`DEFAULT_POLL_INTERVAL`]).
+    #[doc(alias = "step")]
+    pub fn poll_interval(mut self, step: Duration) -> Self {
         self.step = step;
         self
     }
@@ -195,7 +196,7 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     fn builder_for(store: S, key: Result<Key, StoreError>) -> LockBuilder<S> {
-        LockBuilder { leases: Leases::builder(store, DEFAULT_COLLECTION), key, step: DEFAULT_STEP }
+        LockBuilder { leases: Leases::builder(store, DEFAULT_COLLECTION), key, step: DEFAULT_POLL_INTERVAL }
     }
 
     /// The key.

@@ -84,6 +84,62 @@ mod tests {
         }
     }
 
+    /// The library crates and the binary: what users run.
+    const SHIPPED: [&str; 7] =
+        ["store-trait", "store-memory", "store-mongo", "mongolock", "mongoelector", "mongoagent", "mongocoord"];
+
+    fn shipped_sources() -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for c in SHIPPED {
+            rust_files(&root().join(c).join("src"), &mut files);
+        }
+        files
+    }
+
+    /// One mutex, which cannot be poisoned: no `std::sync::Mutex` and no
+    /// hand-written recovery from poisoning in what ships.
+    #[test]
+    fn one_mutex_without_poisoning() {
+        let files = shipped_sources();
+        assert!(files.len() > 10, "found the sources");
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for b in [concat!("std::sync::", "Mutex"), concat!("p.into_", "inner())"), concat!("sync::{Arc, ", "Mutex")]
+            {
+                assert!(!text.contains(b), "{} uses `{b}`: use parking_lot::Mutex", f.display());
+            }
+        }
+    }
+
+    /// Every async public fn of what ships says what happens when its future is
+    /// dropped, as tokio's do.
+    #[test]
+    fn every_async_public_fn_documents_cancel_safety() {
+        let mut missing = Vec::new();
+        // The conformance suites (`testing.rs`) are test code: their module says it once.
+        for f in shipped_sources().into_iter().filter(|f| !f.ends_with("testing.rs")) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if !line.trim_start().starts_with(concat!("pub async ", "fn")) {
+                    continue;
+                }
+                let documented = lines[..i]
+                    .iter()
+                    .rev()
+                    .take_while(|l| {
+                        let t = l.trim_start();
+                        t.starts_with("///") || t.starts_with("#[")
+                    })
+                    .any(|l| l.contains("# Cancel safety"));
+                if !documented {
+                    missing.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no `# Cancel safety` section:\n{}", missing.join("\n"));
+    }
+
     #[test]
     fn readme_gives_the_two_commands_and_ci_calls_the_test_command() {
         let readme = std::fs::read_to_string(root().join("README.md")).unwrap();

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use store_mongo::mongodb::event::command::CommandEvent;
 use store_mongo::mongodb::event::EventHandler;
@@ -30,15 +32,12 @@ pub(crate) struct Counts {
 impl Commands {
     fn record(&self, kind: String) {
         self.total.fetch_add(1, Ordering::Relaxed);
-        *self.by_kind.lock().unwrap_or_else(|p| p.into_inner()).entry(kind).or_default() += 1;
+        *self.by_kind.lock().entry(kind).or_default() += 1;
     }
 
     /// The counts so far.
     pub(crate) fn snapshot(&self) -> Counts {
-        Counts {
-            total: self.total.load(Ordering::Relaxed),
-            by_kind: self.by_kind.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-        }
+        Counts { total: self.total.load(Ordering::Relaxed), by_kind: self.by_kind.lock().clone() }
     }
 }
 

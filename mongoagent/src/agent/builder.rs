@@ -1,24 +1,26 @@
 //! Configuring an agent.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use mongolock::{check_interval, Identity, LeaseTiming, Leases};
 use store_trait::{Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
-use super::{Agent, AgentLog, Inner};
+use super::{Agent, AgentCounters, Inner};
 use crate::{AgentError, Queue};
 
-pub(super) type ProcessWhile = Arc<dyn Fn(&AgentLog) -> bool + Send + Sync>;
+pub(super) type ProcessWhile = Arc<dyn Fn(&AgentCounters) -> bool + Send + Sync>;
 
 /// Configures an [`Agent`].
 pub struct AgentBuilder<S> {
     store: S,
     name: String,
     queue: Result<Queue<S>, AgentError>,
-    sleep_between: Duration,
+    poll_interval: Duration,
     lease: Duration,
     max_attempts: u32,
     backoff: (Duration, Duration),
@@ -43,7 +45,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             store,
             name,
             queue,
-            sleep_between: Duration::from_secs(5),
+            poll_interval: Duration::from_secs(5),
             lease: Duration::from_secs(60),
             max_attempts: 5,
             backoff: (Duration::from_secs(1), Duration::from_secs(600)),
@@ -59,8 +61,9 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// How long an idle agent waits between polls when the store has no change
     /// notifications (default 5 s, as in the Ruby `mongo_agent`). With notifications, an idle
     /// agent is woken when a task arrives.
-    pub fn sleep_between(mut self, d: Duration) -> Self {
-        self.sleep_between = d;
+    #[doc(alias = "sleep_between")]
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
         self
     }
 
@@ -131,7 +134,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
 
     /// [`Agent::work`] continues while this returns true for the log (default:
     /// forever).
-    pub fn process_while(mut self, f: impl Fn(&AgentLog) -> bool + Send + Sync + 'static) -> Self {
+    pub fn process_while(mut self, f: impl Fn(&AgentCounters) -> bool + Send + Sync + 'static) -> Self {
         self.process_while = Some(Arc::new(f));
         self
     }
@@ -149,7 +152,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             return bad("max_attempts must be at least 1".into());
         }
         let config = |e: mongolock::LockError| AgentError::Config(e.to_string());
-        check_interval("sleep_between", self.sleep_between).map_err(config)?;
+        check_interval("poll_interval", self.poll_interval).map_err(config)?;
         if !self.drain.is_zero() {
             check_interval("drain_timeout", self.drain).map_err(config)?;
         }
@@ -178,7 +181,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 store: self.store,
                 name: self.name,
                 queue,
-                sleep_between: self.sleep_between,
+                poll_interval: self.poll_interval,
                 lease,
                 leases,
                 max_attempts: self.max_attempts,
@@ -188,7 +191,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 retain,
                 identity,
                 process_while: self.process_while,
-                log: Mutex::new(AgentLog::default()),
+                log: Mutex::new(AgentCounters::default()),
                 seq: AtomicU64::new(1),
                 shutdown: self.shutdown.unwrap_or_default(),
             }),

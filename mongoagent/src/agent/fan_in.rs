@@ -29,10 +29,14 @@ impl<S: Store + Clone> Agent<S> {
     ) -> Result<Processed, AgentError> {
         let key = record.key().clone();
         let token = guard.fence();
-        let changes = Mutation::new()
+        let mut changes = Mutation::new()
             .set_all(merge)
             .set(pending::PARENT_FENCE, i64::try_from(token).unwrap_or(i64::MAX))
             .set(pending::PARENT_FINISH, finish.as_str());
+        if matches!(finish, Finish::Wait) {
+            // The next round's attempts count from here: waiting is no failure.
+            changes = changes.set(fields::ROUND_FENCE, i64::try_from(token).unwrap_or(i64::MAX));
+        }
         match guard.write(changes).await {
             Ok(_) => {}
             Err(LockError::Lost { current, .. }) => return Ok(self.stale(&key, token, current)),
@@ -87,7 +91,7 @@ impl<S: Store + Clone> Agent<S> {
                     let then = Key::new(format!("{}/then", child_prefix(key, round)))?;
                     self.wake_if_done(then.as_bson(), 0).await?;
                 }
-                let changes = self.finished(end, fence).set(fields::ERROR_ENCOUNTERED, false);
+                let changes = self.finished(end, crate::task::attempt(record)).set(fields::ERROR_ENCOUNTERED, false);
                 if record.get(fields::JOIN).is_some() {
                     match guard.write(changes).await {
                         Ok(_) => {}

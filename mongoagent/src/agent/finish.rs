@@ -53,22 +53,23 @@ impl<S: Store + Clone> Agent<S> {
             fail => fail,
         };
         let limit = record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
+        let attempt = crate::task::attempt(record);
         let (changes, result) = match outcome {
             Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } => (
-                self.finished(Mutation::new().set_all(merge), token).set(fields::ERROR_ENCOUNTERED, false),
+                self.finished(Mutation::new().set_all(merge), attempt).set(fields::ERROR_ENCOUNTERED, false),
                 Processed::Completed(key.clone()),
             ),
             Outcome::Fail { error, merge, retry } => {
                 let merge = if check_merge(&merge).is_ok() { merge } else { Document::new() };
                 let delay = match retry {
                     Retry::Never => None,
-                    _ if token >= limit => None,
+                    _ if attempt >= limit => None,
                     Retry::After(d) => Some(d),
-                    _ => Some(self.backoff(token)),
+                    _ => Some(self.backoff(attempt)),
                 };
                 match delay {
                     None => (
-                        self.finished(Mutation::new().set_all(merge), token)
+                        self.finished(Mutation::new().set_all(merge), attempt)
                             .set(fields::ERROR_ENCOUNTERED, true)
                             .set(fields::LAST_ERROR, error),
                         Processed::Failed(key.clone()),
@@ -78,7 +79,7 @@ impl<S: Store + Clone> Agent<S> {
                             .set_all(merge)
                             .set(fields::READY, true)
                             .set(fields::CLAIMED, false)
-                            .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
+                            .set(fields::ATTEMPTS, i64::try_from(attempt).unwrap_or(i64::MAX))
                             .set(fields::LAST_ERROR, error)
                             .set_time_after(fields::RUN_AT, d)
                             .clear_gc(),
@@ -133,10 +134,10 @@ impl<S: Store + Clone> Agent<S> {
 
     /// The changes that end a task (completed or failed for good); the claim is
     /// let go by [`Agent::close`].
-    pub(super) fn finished(&self, m: Mutation, token: u64) -> Mutation {
+    pub(super) fn finished(&self, m: Mutation, attempt: u64) -> Mutation {
         m.set(fields::COMPLETE, true)
             .set(fields::READY, false)
-            .set(fields::ATTEMPTS, i64::try_from(token).unwrap_or(i64::MAX))
+            .set(fields::ATTEMPTS, i64::try_from(attempt).unwrap_or(i64::MAX))
             .set_now(fields::COMPLETED_AT)
     }
 

@@ -17,7 +17,9 @@ mod run;
 mod work;
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::{doc, Document};
@@ -32,15 +34,15 @@ use crate::task::fields;
 use crate::{AgentError, Queue};
 use builder::ProcessWhile;
 
-/// The agent's log: the Ruby `mongo_agent`'s counters and more.
+/// The agent's counters: the Ruby `mongo_agent`'s log (`tasks_processed`,
+/// `failed_tasks`; its example's `errors_encountered` is `failed_tasks`) and more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct AgentLog {
+pub struct AgentCounters {
     /// Handler calls.
     pub tasks_processed: u64,
     /// Handler calls that failed (including panics).
+    #[doc(alias = "errors_encountered")]
     pub failed_tasks: u64,
-    /// The same as `failed_tasks`, under the name the Ruby `mongo_agent`'s example uses.
-    pub errors_encountered: u64,
     /// Tasks completed.
     pub completed: u64,
     /// Failures scheduled for another attempt.
@@ -79,7 +81,7 @@ struct Inner<S> {
     store: S,
     name: String,
     queue: Queue<S>,
-    sleep_between: Duration,
+    poll_interval: Duration,
     lease: Ttl,
     /// Keeps every claim's lease: built once per agent, used by every claim.
     leases: Leases<S>,
@@ -90,7 +92,7 @@ struct Inner<S> {
     retain: Option<Ttl>,
     identity: Identity,
     process_while: Option<ProcessWhile>,
-    log: Mutex<AgentLog>,
+    log: Mutex<AgentCounters>,
     seq: AtomicU64,
     shutdown: CancellationToken,
 }
@@ -144,9 +146,10 @@ impl<S: Store + Clone> Agent<S> {
         &self.inner.queue
     }
 
-    /// The log so far.
-    pub fn log(&self) -> AgentLog {
-        *self.inner.log.lock().unwrap_or_else(|p| p.into_inner())
+    /// The counters so far (the Ruby `mongo_agent`'s log).
+    #[doc(alias = "log")]
+    pub fn counters(&self) -> AgentCounters {
+        *self.inner.log.lock()
     }
 
     /// Stops [`Agent::work`]: no new claims; in-flight tasks get the drain timeout.
@@ -183,7 +186,7 @@ impl<S: Store + Clone> Agent<S> {
         }
     }
 
-    fn bump(&self, f: impl FnOnce(&mut AgentLog)) {
-        f(&mut self.inner.log.lock().unwrap_or_else(|p| p.into_inner()));
+    fn bump(&self, f: impl FnOnce(&mut AgentCounters)) {
+        f(&mut self.inner.log.lock());
     }
 }

@@ -67,7 +67,8 @@ impl<S: Store + Clone> Agent<S> {
         let task = Task {
             key: key.clone(),
             data: data.clone(),
-            token: record.fence(),
+            fence: record.fence(),
+            attempt: crate::task::attempt(&record),
             cancel: guard.cancellation(),
             validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
@@ -82,10 +83,7 @@ impl<S: Store + Clone> Agent<S> {
         };
         self.bump(|l| l.tasks_processed += 1);
         if matches!(outcome, Outcome::Fail { .. }) {
-            self.bump(|l| {
-                l.failed_tasks += 1;
-                l.errors_encountered += 1;
-            });
+            self.bump(|l| l.failed_tasks += 1);
         }
         self.finish(guard, &record, outcome).await
     }

@@ -10,7 +10,7 @@ use store_trait::{fields as reserved, Condition, Query, Store};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Agent, AgentLog, Handler, Processed};
+use super::{Agent, AgentCounters, Handler, Processed};
 use mongolock::Backoff;
 
 use crate::queue::not_complete;
@@ -21,7 +21,7 @@ impl<S: Store + Clone> Agent<S> {
     /// Processes tasks until `process_while(log)` says stop or [`Agent::shutdown`]
     /// is called, up to `concurrency` at once. An idle agent wakes when a task
     /// arrives (change notification), when a delayed task or a lapsed claim
-    /// becomes due, or after `sleep_between`. On shutdown it stops claiming, lets
+    /// becomes due, or after `poll_interval`. On shutdown it stops claiming, lets
     /// in-flight tasks finish within the drain timeout, then gives the rest back.
     ///
     /// # Cancel safety
@@ -32,7 +32,7 @@ impl<S: Store + Clone> Agent<S> {
     /// tasks are claimed again with a higher fence, so nothing is lost and a late
     /// write of the dropped run is rejected. Use [`Agent::shutdown`] to stop with a
     /// drain.
-    pub async fn work(&self, handler: impl Handler) -> Result<AgentLog, AgentError> {
+    pub async fn work(&self, handler: impl Handler) -> Result<AgentCounters, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
         let inner = &self.inner;
         inner.queue.ensure_indexes().await?;
@@ -46,7 +46,7 @@ impl<S: Store + Clone> Agent<S> {
         // It re-subscribes by itself after the stream ends (a server restart).
         let mut events: Option<store_trait::helpers::Watcher<S>> = None;
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
-        let mut backoff = Backoff::new(Duration::from_millis(50), inner.sleep_between);
+        let mut backoff = Backoff::new(Duration::from_millis(50), inner.poll_interval);
         let mut idle_until: Option<Instant> = None;
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
         loop {
@@ -78,7 +78,7 @@ impl<S: Store + Clone> Agent<S> {
                             inner.store.clone(),
                             inner.queue.coll.clone(),
                             None,
-                            inner.sleep_between,
+                            inner.poll_interval,
                         )
                         .await
                         .ignore_renewals();
@@ -96,7 +96,7 @@ impl<S: Store + Clone> Agent<S> {
                             // Claim once more before sleeping: a task that became due
                             // (or whose claim lapsed) between the claim and the due-time
                             // queries is in neither's view, and would wait a full
-                            // `sleep_between`.
+                            // `poll_interval`.
                             continue;
                         }
                     };
@@ -125,11 +125,11 @@ impl<S: Store + Clone> Agent<S> {
             }
         }
         self.drain(running).await;
-        Ok(self.log())
+        Ok(self.counters())
     }
 
     pub(super) fn keep_going(&self) -> bool {
-        let log = self.log();
+        let log = self.counters();
         self.inner.process_while.as_ref().is_none_or(|f| f(&log))
     }
 
@@ -167,7 +167,7 @@ impl<S: Store + Clone> Agent<S> {
     }
 
     /// How long an idle agent may sleep: until the next delayed task or lapsed
-    /// claim becomes due, at most `sleep_between`.
+    /// claim becomes due, at most `poll_interval`.
     pub(super) async fn idle_wait(&self) -> Duration {
         let inner = &self.inner;
         let mine = |extra: Document| {
@@ -195,6 +195,6 @@ impl<S: Store + Clone> Agent<S> {
             let lapse_at = lapse.first().and_then(|r| r.lease().map(|l| l.until));
             [run_at, lapse_at].into_iter().flatten().min().map(|t| now.until(t) + Duration::from_millis(1))
         };
-        soonest.await.map_or(inner.sleep_between, |d| d.min(inner.sleep_between))
+        soonest.await.map_or(inner.poll_interval, |d| d.min(inner.poll_interval))
     }
 }

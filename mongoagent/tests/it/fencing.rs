@@ -46,7 +46,7 @@ async fn a_requeue_between_retries_is_not_taken_for_done() {
     let token = record(&store, "t").fence() + 1;
     let out = a.process(handler).await.unwrap();
     assert_eq!(out, Some(Processed::Stale(Key::new("t").unwrap())), "the outcome was never written");
-    assert_eq!(a.log().completed, 0);
+    assert_eq!(a.counters().completed, 0);
     let r = record(&store, "t");
     assert_eq!((r.data().get_bool("ready").unwrap(), r.data().get_bool("complete").unwrap()), (true, false));
     assert!(r.data().get("result").is_none());
@@ -93,7 +93,7 @@ async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Pro
     let builder = |c: &store_memory::Client| {
         Agent::builder(c.clone(), "split", "tasks")
             .lease(Duration::from_secs(2))
-            .sleep_between(Duration::from_secs(3600))
+            .poll_interval(Duration::from_secs(3600))
     };
     let (a, b) = (builder(&client_a).build().unwrap(), builder(&client_b).build().unwrap());
     let (handler_a, mut gate_a) = gated(outcome, "stale");

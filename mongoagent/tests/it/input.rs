@@ -27,7 +27,7 @@ proptest! {
     ) {
         let b = Agent::builder(MemoryStore::new(), "a", "q")
             .lease(lease)
-            .sleep_between(poll)
+            .poll_interval(poll)
             .drain_timeout(drain)
             .backoff(base, max);
         if let Err(e) = b.build() {

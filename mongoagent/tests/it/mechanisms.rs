@@ -45,7 +45,7 @@ async fn a_late_outcome_of_a_lapsed_claim_is_rejected() {
                         Outcome::done_with(doc! {"by": "old"})
                     }
                 };
-                old.process(handler).await.map(|p| (p, old.log()))
+                old.process(handler).await.map(|p| (p, old.counters()))
             }
         });
         started.notified().await;
@@ -127,7 +127,7 @@ async fn a_late_wake_up_for_an_earlier_round_wakes_nobody() {
     assert!(store.claim(&coll(), &dead).await.unwrap().is_some());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let recover = Agent::builder(store.client(), "count", "tasks")
-        .sleep_between(Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(3600))
         .process_while(|l| l.recovered < 1)
         .build()
         .unwrap();
@@ -193,7 +193,7 @@ async fn agents_on_one_queue_claim_in_turn() {
         completed += w.await.unwrap().completed;
     }
     assert_eq!(completed, 24);
-    assert!(agents.iter().filter(|a| a.log().completed > 0).count() > 1, "the agents shared the work");
+    assert!(agents.iter().filter(|a| a.counters().completed > 0).count() > 1, "the agents shared the work");
     assert_eq!(counted.max.load(Ordering::SeqCst), 1, "one claim in flight at a time");
 }
 
@@ -271,10 +271,10 @@ async fn a_claim_is_kept_like_a_lock() {
                     seen.lock().unwrap().push((what.to_owned(), live));
                 };
                 tokio::time::sleep(lease * 2).await;
-                assert!(!t.cancelled().is_cancelled(), "the claim is renewed while the handler runs");
+                assert!(!t.cancellation().is_cancelled(), "the claim is renewed while the handler runs");
                 holder("renewed");
                 store.faults().set_unreachable(true);
-                tokio::time::timeout(lease, t.cancelled().cancelled()).await.expect("the claim's loss is signalled");
+                tokio::time::timeout(lease, t.cancellation().cancelled()).await.expect("the claim's loss is signalled");
                 holder("signalled");
                 store.faults().set_unreachable(false);
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -322,7 +322,7 @@ async fn batch_claims_fence_each_task_and_lost_batches_lapse() {
                 .work(move |t: Task| {
                     let seen = seen.clone();
                     async move {
-                        seen.lock().unwrap().push((t.data().get_i64("i").unwrap(), t.token()));
+                        seen.lock().unwrap().push((t.data().get_i64("i").unwrap(), t.fence()));
                         true
                     }
                 })
@@ -342,4 +342,39 @@ async fn batch_claims_fence_each_task_and_lost_batches_lapse() {
     seen.sort();
     let want: Vec<(i64, u64)> = (0..8).map(|i| (i, if i < 4 { 2 } else { 1 })).collect();
     assert_eq!(seen, want, "each task ran once, under its own next fence");
+}
+
+/// Attempts count the claims of a round: waiting for follow-ups is no failure,
+/// so a new round has its full `max_attempts`; a requeued task starts over too.
+#[tokio::test(start_paused = true)]
+async fn attempts_count_per_round_and_start_over_on_requeue() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("job", doc! {}).id("j")).await.unwrap();
+    let job = Agent::builder(store.clone(), "job", "tasks").max_attempts(2).build().unwrap();
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let seen = seen.clone();
+        move |t: Task| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((t.round(), t.attempt()));
+                if t.round() == 0 {
+                    Outcome::done().follow_up(NewTask::new("part", doc! {})).wait_for_follow_ups()
+                } else {
+                    Outcome::failed("once more")
+                }
+            }
+        }
+    };
+    assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Waiting(_))));
+    assert!(matches!(part.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+    // The first claim of round 1 is its attempt 1 of 2: retried, not failed for good.
+    assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Retried(_))));
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Failed(_))));
+    assert_eq!(q.requeue(doc! {"agent_name": "job"}, false).await.unwrap().len(), 1);
+    assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Retried(_))));
+    assert_eq!(*seen.lock().unwrap(), [(0, 1), (1, 1), (1, 2), (1, 1)]);
 }

@@ -434,7 +434,7 @@ pub(crate) async fn held_ticks_run_one_at_a_time<H: Harness>(h: &H) {
     // Without notifications, an agent finds a task made ready by polling.
     let agent = Agent::builder(store.clone(), "q", "jobs")
         .concurrency(3)
-        .sleep_between(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
         .build()
         .unwrap();
     let handler = {

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Agent, AgentLog, NewTask, Outcome, Queue, Task};
+use mongoagent::{Agent, AgentCounters, NewTask, Outcome, Queue, Task};
 use store_memory::testing::FaultSchedule;
 use store_memory::{Client, MemoryStore};
 use store_trait::{Collection, Query, Store};
@@ -93,19 +93,19 @@ fn handler(
                 if !others.iter().all(CancellationToken::is_cancelled) {
                     Checks::violation(
                         &checks.overlaps,
-                        format!("task {id} runs twice at once (token {})", task.token()),
+                        format!("task {id} runs twice at once (token {})", task.fence()),
                     );
                 }
-                others.push(task.cancelled().clone());
+                others.push(task.cancellation().clone());
                 let mut last = checks.last_run.lock().unwrap();
                 let last = last.entry(id.clone()).or_default();
-                if task.token() > last.0 {
-                    *last = (task.token(), false);
+                if task.fence() > last.0 {
+                    *last = (task.fence(), false);
                 }
             }
             let id_hash =
                 id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-            let mut rng = fastrand::Rng::with_seed(seed ^ (task.token() * 7919) ^ id_hash);
+            let mut rng = fastrand::Rng::with_seed(seed ^ (task.fence() * 7919) ^ id_hash);
             // Some handlers outlast a partition longer than the lease (they do not
             // watch their cancellation): their late outcome must be rejected.
             let work = if rng.u32(..4) == 0 { rng.u64(8_000..30_000) } else { rng.u64(10..3_000) };
@@ -129,7 +129,7 @@ fn handler(
             let outcome = match rng.u32(..100) {
                 0..=7 => Outcome::failed("flaky"),
                 8..=9 => {
-                    checks.last_run.lock().unwrap().entry(id).and_modify(|r| r.1 |= r.0 == task.token());
+                    checks.last_run.lock().unwrap().entry(id).and_modify(|r| r.1 |= r.0 == task.fence());
                     panic!("handler bug")
                 }
                 10 => Outcome::failed_permanently("bad input"),
@@ -139,14 +139,14 @@ fn handler(
                 _ => Outcome::done(),
             };
             // Every outcome says which claim wrote it.
-            outcome.merge(doc! {"outcome_token": i64::try_from(task.token()).unwrap()})
+            outcome.merge(doc! {"outcome_token": i64::try_from(task.fence()).unwrap()})
         })
     }
 }
 
 struct Worker {
     client: Client,
-    task: tokio::task::JoinHandle<AgentLog>,
+    task: tokio::task::JoinHandle<AgentCounters>,
     agent: Agent<Client>,
 }
 
@@ -157,7 +157,7 @@ fn spawn(store: &MemoryStore, checks: &Arc<Checks>, seed: u64) -> Worker {
         .concurrency(3)
         .max_attempts(4)
         .backoff(Duration::from_millis(200), Duration::from_secs(2))
-        .sleep_between(Duration::from_secs(2))
+        .poll_interval(Duration::from_secs(2))
         .drain_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -176,7 +176,7 @@ async fn agents_under_crashes_partitions_and_faults() {
     queue.enqueue_all(&seeded).await.unwrap();
     let checks = Arc::new(Checks::default());
     let mut workers: Vec<Worker> = (0..4).map(|i| spawn(&store, &checks, i)).collect();
-    let mut logs: Vec<AgentLog> = Vec::new();
+    let mut logs: Vec<AgentCounters> = Vec::new();
     let (mut crashes, mut partitions) = (0, 0);
     let mut injected = FaultSchedule::default();
     for step in 0..400_u64 {
@@ -189,7 +189,7 @@ async fn agents_under_crashes_partitions_and_faults() {
                 workers[i].task.abort();
                 let _ = (&mut workers[i].task).await;
                 // What the dead process had applied still counts.
-                logs.push(workers[i].agent.log());
+                logs.push(workers[i].agent.counters());
                 workers[i] = spawn(&store, &checks, 1000 + step);
                 crashes += 1;
             }

@@ -83,8 +83,8 @@ pub(crate) async fn seed_shaped_tasks_are_processed<H: Harness>(h: &H) {
     let d = get(&s, &Key::from_bson(Bson::ObjectId(bad)).unwrap()).await;
     assert_eq!((d.get_bool("complete").unwrap(), d.get_bool("error_encountered").unwrap()), (true, true));
     assert_eq!(d.get_str("last_error").unwrap(), "the handler reported failure");
-    let log = a.log();
-    assert_eq!((log.tasks_processed, log.failed_tasks, log.errors_encountered), (2, 1, 1));
+    let log = a.counters();
+    assert_eq!((log.tasks_processed, log.failed_tasks), (2, 1));
 }
 
 pub(crate) async fn claims_follow_priority_then_time<H: Harness>(h: &H) {
@@ -130,7 +130,7 @@ pub(crate) async fn retries_then_fails_for_good<H: Harness>(h: &H) {
     let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
     let a = agent(&s, "w")
         .max_attempts(3)
-        .sleep_between(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
         .process_while(|log| log.tasks_processed < 3)
         .build()
         .unwrap();
@@ -219,7 +219,7 @@ pub(crate) async fn delayed_tasks_wait<H: Harness>(h: &H) {
     let q = Queue::new(s.clone(), "tasks").unwrap();
     let (id, _) = q.enqueue(NewTask::new("w", doc! {}).delay(Duration::from_millis(1500))).await.unwrap();
     let a = agent(&s, "w")
-        .sleep_between(Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(3600))
         .process_while(|l| l.tasks_processed < 1)
         .build()
         .unwrap();
@@ -251,7 +251,7 @@ pub(crate) async fn crashed_claims_are_recovered_and_stale_outcomes_rejected<H: 
     };
     let claimed = s.claim(&coll(), &dead).await.unwrap().unwrap();
     let a = agent(&s, "w")
-        .sleep_between(Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(3600))
         .process_while(|l| l.tasks_processed < 1)
         .build()
         .unwrap();
@@ -279,7 +279,7 @@ pub(crate) async fn crashed_claims_are_recovered_and_stale_outcomes_rejected<H: 
 pub(crate) async fn idle_agent_is_woken_by_a_new_task<H: Harness>(h: &H) {
     let s = h.store("ag_push").await;
     let sleep = if h.change_streams_expected() { Duration::from_secs(3600) } else { Duration::from_millis(200) };
-    let a = agent(&s, "w").sleep_between(sleep).process_while(|l| l.tasks_processed < 1).build().unwrap();
+    let a = agent(&s, "w").poll_interval(sleep).process_while(|l| l.tasks_processed < 1).build().unwrap();
     let worker = tokio::spawn({
         let a = a.clone();
         async move { a.work(|_t: Task| async { true }).await }
@@ -298,7 +298,7 @@ pub(crate) async fn many_agents_process_each_task_once<H: Harness>(h: &H) {
     q.enqueue_all(&tasks).await.unwrap();
     let seen = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
     let agents: Vec<_> = (0..4)
-        .map(|_| agent(&s, "w").concurrency(3).sleep_between(Duration::from_millis(100)).build().unwrap())
+        .map(|_| agent(&s, "w").concurrency(3).poll_interval(Duration::from_millis(100)).build().unwrap())
         .collect();
     let workers: Vec<_> = agents
         .iter()
@@ -485,7 +485,7 @@ pub(crate) async fn fan_in_resumes_the_waiting_task<H: Harness>(h: &H) {
     assert_eq!((d.get_str("phase").unwrap(), d.get_bool("complete").ok()), ("split", None));
     assert!(d.get("lease_owner").is_none_or(|o| o == &Bson::Null), "the claim is let go while waiting: {d}");
     assert_eq!(q.stats("split").await.unwrap().waiting, 1);
-    assert_eq!(split.log().waiting, 1);
+    assert_eq!(split.counters().waiting, 1);
 
     assert!(matches!(count.process(count_part).await.unwrap(), Some(Processed::Completed(_))));
     assert!(matches!(count.process(count_part).await.unwrap(), Some(Processed::Failed(_))));
@@ -601,8 +601,8 @@ pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
     let s = h.store("ag_fan_in_crash").await;
     let q = Queue::new(s.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
-    let split = agent(&s, "split").sleep_between(Duration::from_secs(3600)).build().unwrap();
-    let count = agent(&s, "count").sleep_between(Duration::from_secs(3600)).build().unwrap();
+    let split = agent(&s, "split").poll_interval(Duration::from_secs(3600)).build().unwrap();
+    let count = agent(&s, "count").poll_interval(Duration::from_secs(3600)).build().unwrap();
     split.process(split_job).await.unwrap();
     count.process(count_part).await.unwrap();
     count.process(count_part).await.unwrap();
@@ -614,7 +614,7 @@ pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let st = q.stats("count").await.unwrap();
     assert_eq!((st.stuck, st.completed, st.failed), (1, 2, 1), "ended, and its claim lapsed: {st:?}");
-    let recover = agent(&s, "count").sleep_between(Duration::from_secs(3600)).process_while(|l| l.recovered < 1);
+    let recover = agent(&s, "count").poll_interval(Duration::from_secs(3600)).process_while(|l| l.recovered < 1);
     let log = tokio::time::timeout(WAIT, recover.build().unwrap().work(count_part)).await.expect("recovered").unwrap();
     assert_eq!((log.recovered, log.tasks_processed), (1, 0), "no handler ran again");
     let d = get(&s, &key("job")).await;
@@ -635,7 +635,7 @@ pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
     .await
     .unwrap();
     dead_claim(&s, "p2", Mutation::new().set("waiting", 0_i64)).await;
-    let merge = agent(&s, "merge").sleep_between(Duration::from_secs(3600));
+    let merge = agent(&s, "merge").poll_interval(Duration::from_secs(3600));
     let recover = merge.process_while(|l| l.recovered < 1).build().unwrap();
     let log = tokio::time::timeout(WAIT, recover.work(|_t: Task| async { true })).await.expect("recovered").unwrap();
     assert_eq!((log.recovered, log.tasks_processed), (1, 0));
@@ -724,13 +724,13 @@ pub(crate) async fn foreign_tasks_never_stop_an_agent<H: Harness>(h: &H) {
     h.insert_raw(&s, &coll(), doc! {"_id": uuid, "agent_name": "w", "ready": true, "priority": 9}).await;
     h.insert_raw(&s, &coll(), doc! {"_id": "bad-fence", "agent_name": "w", "ready": true, "priority": 9, "fence": "3"})
         .await;
-    let a = agent(&s, "w").sleep_between(Duration::from_millis(200)).build().unwrap();
+    let a = agent(&s, "w").poll_interval(Duration::from_millis(200)).build().unwrap();
     assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("ok"))));
     assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), None, "unreadable tasks are never claimed");
     // The work loop goes on past them too.
     q.enqueue(NewTask::new("w", doc! {}).id("later")).await.unwrap();
     let worker = agent(&s, "w")
-        .sleep_between(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(200))
         .process_while(|log| log.completed < 1)
         .build()
         .unwrap();

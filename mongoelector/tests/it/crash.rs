@@ -29,7 +29,7 @@ async fn memory_failover_after_partition() {
     leader.start().unwrap();
     wait_leader(std::slice::from_ref(&leader)).await;
     let follower =
-        Elector::builder(store.clone(), "scheduler").ttl(ttl).step(Duration::from_secs(3600)).build().unwrap();
+        Elector::builder(store.clone(), "scheduler").ttl(ttl).poll_interval(Duration::from_secs(3600)).build().unwrap();
     follower.start().unwrap();
     let lock = Lock::builder(store.clone(), "scheduler").collection(DEFAULT_COLLECTION).build().unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -70,7 +70,7 @@ async fn mongo_failover_after_abort() {
     let lock = Lock::builder(store.clone(), "scheduler").collection(DEFAULT_COLLECTION).build().unwrap();
     let dead = lock.get_current().await.unwrap().expect("the dead leader's lease is still there");
     let follower =
-        Elector::builder(store.clone(), "scheduler").ttl(ttl).step(Duration::from_secs(3600)).build().unwrap();
+        Elector::builder(store.clone(), "scheduler").ttl(ttl).poll_interval(Duration::from_secs(3600)).build().unwrap();
     follower.start().unwrap();
     wait_leader(std::slice::from_ref(&follower)).await;
     let next = lock.get_current().await.unwrap().unwrap();

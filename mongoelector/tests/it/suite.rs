@@ -64,7 +64,9 @@ async fn nodes<H: Harness>(h: &H, test: &str, n: usize) -> Vec<Elector<H::Store>
 
 async fn nodes_with<H: Harness>(h: &H, test: &str, n: usize, ttl: Duration) -> Vec<Elector<H::Store>> {
     let store = h.store(test).await;
-    (0..n).map(|_| Elector::builder(store.clone(), "scheduler").ttl(ttl).step(step(h)).build().unwrap()).collect()
+    (0..n)
+        .map(|_| Elector::builder(store.clone(), "scheduler").ttl(ttl).poll_interval(step(h)).build().unwrap())
+        .collect()
 }
 
 pub(crate) async fn one_leader_among_three<H: Harness>(h: &H) {
@@ -118,13 +120,13 @@ pub(crate) async fn release_hands_over_and_calls_back<H: Harness>(h: &H) {
     let store = h.store("el_release").await;
     let losses = Arc::new(AtomicUsize::new(0));
     let l2 = losses.clone();
-    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).on_leader_loss(move || {
+    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).poll_interval(step(h)).on_leader_loss(move || {
         l2.fetch_add(1, Ordering::SeqCst);
     });
     let a = a.build().unwrap();
     a.start().unwrap();
     wait_leader(std::slice::from_ref(&a)).await;
-    let b = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).build().unwrap();
+    let b = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).poll_interval(step(h)).build().unwrap();
     b.start().unwrap();
     assert!(a.release().await.unwrap());
     assert!(!a.is_leader());
@@ -149,7 +151,7 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
     let loops = l3.clone();
     let a = Elector::builder(store.clone(), "scheduler")
         .ttl(ttl(h))
-        .step(step(h))
+        .poll_interval(step(h))
         .on_leader(move || {
             l1.lock().unwrap().push("master");
             panic!("a buggy on_leader callback");
@@ -197,7 +199,7 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
 
 pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
     let store = h.store("el_leader_work").await;
-    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).step(step(h)).build().unwrap();
+    let a = Elector::builder(store.clone(), "scheduler").ttl(ttl(h)).poll_interval(step(h)).build().unwrap();
     a.start().unwrap();
     let started = Arc::new(AtomicUsize::new(0));
     let s2 = started.clone();

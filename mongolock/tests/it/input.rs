@@ -24,7 +24,7 @@ proptest! {
     /// `renew_every + margin < ttl`.
     #[test]
     fn builder_never_panics(ttl in duration(), renew in duration(), margin in duration(), step in duration()) {
-        let b = Lock::builder(MemoryStore::new(), "k").ttl(ttl).renew_every(renew).safety_margin(margin).step(step);
+        let b = Lock::builder(MemoryStore::new(), "k").ttl(ttl).renew_every(renew).safety_margin(margin).poll_interval(step);
         match b.build() {
             Ok(lock) => prop_assert!(lock.ttl() > renew + margin),
             Err(e) => prop_assert!(matches!(e, LockError::Config(_)), "{e}"),

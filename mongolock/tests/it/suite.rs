@@ -166,7 +166,8 @@ pub(crate) async fn waiter_wakes_on_release<H: Harness>(h: &H) {
     // A long lease and, with change notifications, a step so long that only a
     // notification can wake the waiter in time.
     let step = if h.change_streams_expected() { Duration::from_secs(3600) } else { Duration::from_millis(100) };
-    let make = || Lock::builder(store.clone(), "job").ttl(Duration::from_secs(3600)).step(step).build().unwrap();
+    let make =
+        || Lock::builder(store.clone(), "job").ttl(Duration::from_secs(3600)).poll_interval(step).build().unwrap();
     let (a, b) = (make(), make());
     let g = a.acquire().await.unwrap();
     let waiter = tokio::spawn(async move { b.acquire_timeout(Duration::from_secs(30)).await.map(|g| g.fence()) });
@@ -187,7 +188,7 @@ pub(crate) async fn waiter_wakes_at_expiry_of_a_crashed_holder<H: Harness>(h: &H
             .upsert();
     let rec = store.write(&coll, &key, &crashed).await.unwrap();
     let dead_until = rec.record().unwrap().lease().unwrap().until;
-    let b = Lock::builder(store.clone(), "job").ttl(ttl(h)).step(Duration::from_secs(3600)).build().unwrap();
+    let b = Lock::builder(store.clone(), "job").ttl(ttl(h)).poll_interval(Duration::from_secs(3600)).build().unwrap();
     let g = b.acquire_timeout(Duration::from_secs(30)).await.expect("taken over at expiry, not after a step");
     assert!(g.since() >= dead_until, "never before the dead holder's lease lapsed: {} < {dead_until}", g.since());
     assert_eq!(g.fence(), 2);
@@ -226,7 +227,7 @@ pub(crate) async fn bad_input_is_rejected<H: Harness>(h: &H) {
         Lock::builder(store.clone(), "k").ttl(Duration::from_secs(10)).renew_every(Duration::from_secs(10)).build(),
         "renew >= ttl",
     );
-    config(Lock::builder(store.clone(), "k").step(Duration::ZERO).build(), "zero step");
+    config(Lock::builder(store.clone(), "k").poll_interval(Duration::ZERO).build(), "zero step");
     config(Lock::builder(store.clone(), "k").collection("bad$name").build(), "bad collection");
     assert!(matches!(Semaphore::new(Lock::builder(store.clone(), "k"), 0), Err(LockError::Config(_))));
     let l = Lock::builder(store.clone(), "k").build().unwrap();
