@@ -3,7 +3,7 @@
 //!
 //! - **Handover in milliseconds**: `stop`, `release` and dropping the last handle
 //!   release the lease at once, and a waiting follower is woken by a change
-//!   notification (or polls every `step` where there are none).
+//!   notification (or polls every `poll_interval` where there are none).
 //! - **Failover at the lease limit**: after a leader crashes, a follower takes over
 //!   as soon as the lease expires on the store clock — it sleeps until the observed
 //!   expiry, not a fixed poll interval.

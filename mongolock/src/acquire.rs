@@ -125,7 +125,7 @@ impl<S: Store + Clone> Lock<S> {
     /// Acquires as `opts` says. A waiter subscribes to change notifications for
     /// the key first, then tries; it wakes when the holder releases (a change
     /// event) or when the observed lease expires on the store clock, and only polls
-    /// every `step` when the store has no change notifications.
+    /// every `poll_interval` when the store has no change notifications.
     ///
     /// With a timeout, no store call inside outlives it: each runs on its own task
     /// and is waited for until the deadline at most, so a store that does not

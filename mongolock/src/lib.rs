@@ -10,7 +10,7 @@
 //!   when renewal cannot be confirmed, and when a clock check finds the lease may
 //!   have ended early (see [Clocks](#clocks) for the bound).
 //! - **Waiters woken by change notifications** (release) and by the observed
-//!   expiry (crash), not by polling every `step`.
+//!   expiry (crash), not by polling every `poll_interval`.
 //!
 //! ```
 //! use mongolock::{Acquire, Lock};
@@ -33,7 +33,7 @@
 //! | `MongoLocker` | here |
 //! |---|---|
 //! | `MongoLocker(key, dbconn, dbname, dbcollection, ttl)` | [`Lock::builder`]`(store, key).collection(..).ttl(..)` |
-//! | `acquire(blocking, timeout, step, force)` | [`Lock::acquire`], [`Lock::try_acquire`], [`Lock::acquire_timeout`], [`Lock::acquire_with`]`(`[`Acquire`]`)`; `step` is [`LockBuilder::step`] |
+//! | `acquire(blocking, timeout, step, force)` | [`Lock::acquire`], [`Lock::try_acquire`], [`Lock::acquire_timeout`], [`Lock::acquire_with`]`(`[`Acquire`]`)`; `step` is [`LockBuilder::poll_interval`] |
 //! | `release(force)` | [`LockGuard::release`], [`Lock::release`], [`Lock::release_by_force`] |
 //! | `locked()`, `owned()`, `get_current()` | [`Lock::locked`], [`Lock::owned`], [`Lock::get_current`] |
 //! | `touch()` | [`LockGuard::touch`], [`Lock::touch`] |
