@@ -11,14 +11,14 @@ use store_trait::{Condition, Key, Mutation, Record, Store, StoreTime, Write, Wri
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::term::{Term, TermState};
+use crate::kept::{KeptLease, KeptState};
 use crate::LockError;
 
 /// Whether an acquisition still holds its lock, readable without the guard.
 #[derive(Debug, Clone)]
 pub struct Validity {
     lost: CancellationToken,
-    state: Arc<Mutex<TermState>>,
+    state: Arc<Mutex<KeptState>>,
 }
 
 impl Validity {
@@ -87,7 +87,7 @@ impl Validity {
 #[derive(Debug)]
 #[must_use = "dropping the guard releases the lock at once: hold it while the protected work runs"]
 pub struct LockGuard<S: Store + Clone> {
-    pub(crate) term: Arc<Term<S>>,
+    pub(crate) term: Arc<KeptLease<S>>,
 }
 
 impl<S: Store + Clone> LockGuard<S> {

@@ -11,11 +11,11 @@ use store_trait::{Store, StoreTime};
 use tokio::time::Instant;
 
 use crate::info::Metrics;
-use crate::term::Term;
+use crate::kept::KeptLease;
 use crate::{Backoff, LockError};
 
 /// Renews until the guard goes away or the lease is lost.
-pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: bool) {
+pub(crate) async fn keeper<S: Store + Clone>(term: Arc<KeptLease<S>>, auto_renew: bool) {
     let every = term.leases.renew_every;
     // Without auto-renew the keeper still wakes every interval, for the clock
     // check alone (no store operation).
@@ -60,7 +60,7 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<Term<S>>, auto_renew: boo
 /// is lost). A permanent failure is reported as a loss too. The keeper's rounds
 /// and [`LockGuard::renew`](crate::LockGuard::renew) (a leadership term's rounds)
 /// both renew through it.
-pub(crate) async fn renew_with_retries<S: Store + Clone>(term: &Term<S>) -> Result<StoreTime, LockError> {
+pub(crate) async fn renew_with_retries<S: Store + Clone>(term: &KeptLease<S>) -> Result<StoreTime, LockError> {
     let lock = &term.leases;
     let mut backoff = Backoff::new((lock.renew_every / 20).max(Duration::from_millis(5)), lock.renew_every / 2);
     loop {

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::guard::LockGuard;
 use crate::info::{LockMetrics, Metrics};
 use crate::keeper::keeper;
-use crate::term::{Confirmed, Term, TermState};
+use crate::kept::{Confirmed, KeptLease, KeptState};
 use crate::{Identity, LeaseTiming, LockError};
 
 /// Configures [`Leases`].
@@ -164,7 +164,7 @@ pub(crate) struct LeaseConfig<S> {
 /// The live acquisition of one lock instance, for `Lock::release`, `touch` and
 /// `owned`: a kept lease clears it when it ends.
 #[derive(Debug)]
-pub(crate) struct Current<S>(Mutex<Option<Weak<Term<S>>>>);
+pub(crate) struct Current<S>(Mutex<Option<Weak<KeptLease<S>>>>);
 
 impl<S> Default for Current<S> {
     fn default() -> Self {
@@ -173,16 +173,16 @@ impl<S> Default for Current<S> {
 }
 
 impl<S> Current<S> {
-    pub(crate) fn get(&self) -> Option<Arc<Term<S>>> {
+    pub(crate) fn get(&self) -> Option<Arc<KeptLease<S>>> {
         self.0.lock().as_ref().and_then(Weak::upgrade)
     }
 
-    fn set(&self, term: Option<&Arc<Term<S>>>) {
+    fn set(&self, term: Option<&Arc<KeptLease<S>>>) {
         *self.0.lock() = term.map(Arc::downgrade);
     }
 
     /// Forgets `term` if it is the current one.
-    pub(crate) fn clear(&self, term: &Term<S>) {
+    pub(crate) fn clear(&self, term: &KeptLease<S>) {
         let mut slot = self.0.lock();
         if slot.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), term)) {
             *slot = None;
@@ -254,14 +254,14 @@ impl<S: Store + Clone> Leases<S> {
             wall: config.clock.now(),
             wall_mono: config.clock.monotonic(),
         };
-        let term = Arc::new(Term {
+        let term = Arc::new(KeptLease {
             leases: config.clone(),
             key: record.key().clone(),
             current,
             owner: lease.owner.clone(),
             fence: record.fence(),
             since: lease.since,
-            state: Arc::new(Mutex::new(TermState {
+            state: Arc::new(Mutex::new(KeptState {
                 deadline: sent + config.ttl.as_duration() - config.margin,
                 expires: lease.until,
                 confirmed,

@@ -109,10 +109,10 @@ mod guard;
 mod identity;
 mod info;
 mod keeper;
+mod kept;
 mod lease;
 mod lock;
 mod semaphore;
-mod term;
 mod timing;
 
 pub use acquire::Acquire;

@@ -1,4 +1,4 @@
-//! One acquisition (`Term`): its confirmed deadline, renewal, the lost signal,
+//! One kept lease (`KeptLease`): an acquisition, a permit or a claim: its confirmed deadline, renewal, the lost signal,
 //! release, and the two clock checks that guard the lost signal's promise (see
 //! the crate docs, "Clocks"): every confirmed grant compares how far the store
 //! clock advanced with how far tokio's monotonic clock did (a store clock that
@@ -24,7 +24,7 @@ use crate::lock::spawn_with_deadline;
 use crate::{LockError, LockInfo};
 
 #[derive(Debug)]
-pub(crate) struct TermState {
+pub(crate) struct KeptState {
     /// The local instant by which the lease must be confirmed again: the send time
     /// of the last confirmed grant plus ttl minus the safety margin. The lease
     /// cannot lapse on the server before it (it was granted after we sent).
@@ -40,7 +40,7 @@ pub(crate) struct TermState {
     pub(crate) gap_limit: Duration,
 }
 
-impl TermState {
+impl KeptState {
     /// Time that passed since the last confirmed send without the monotonic
     /// clock seeing it: how far the client's wall clock ran ahead of its
     /// monotonic companion. The deadline is late by that much.
@@ -77,7 +77,7 @@ pub(crate) fn millis(d: Duration) -> i64 {
 
 /// One kept lease: a lock's acquisition, a semaphore's permit, a task claim.
 #[derive(Debug)]
-pub(crate) struct Term<S> {
+pub(crate) struct KeptLease<S> {
     /// The configuration shared by every lease of its [`Leases`](crate::Leases).
     pub(crate) leases: Arc<LeaseConfig<S>>,
     /// The leased document.
@@ -88,7 +88,7 @@ pub(crate) struct Term<S> {
     /// The fence of this acquisition.
     pub(crate) fence: u64,
     pub(crate) since: StoreTime,
-    pub(crate) state: Arc<Mutex<TermState>>,
+    pub(crate) state: Arc<Mutex<KeptState>>,
     pub(crate) lost: CancellationToken,
     pub(crate) stop: CancellationToken,
     pub(crate) wake: Notify,
@@ -97,8 +97,8 @@ pub(crate) struct Term<S> {
     pub(crate) lost_marked: AtomicBool,
 }
 
-impl<S: Store + Clone> Term<S> {
-    pub(crate) fn state(&self) -> parking_lot::MutexGuard<'_, TermState> {
+impl<S: Store + Clone> KeptLease<S> {
+    pub(crate) fn state(&self) -> parking_lot::MutexGuard<'_, KeptState> {
         self.state.lock()
     }
 
