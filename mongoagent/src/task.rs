@@ -466,7 +466,10 @@ impl Outcome {
         }
     }
 
-    /// Failure, retried per the agent's policy.
+    /// Failure, retried per the agent's policy (exponential backoff with
+    /// jitter, up to the attempt limit). Unlike a handler's plain `false`, which
+    /// fails the task for good at once.
+    #[doc(alias = "retry")]
     pub fn failed(error: impl Into<String>) -> Self {
         Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::Policy }
     }
@@ -492,13 +495,18 @@ impl Outcome {
     }
 }
 
-/// The Ruby `mongo_agent`'s handlers return a boolean.
+/// The Ruby `mongo_agent`'s handlers return a boolean: `true` completes the
+/// task, `false` fails it **for good at once** (`complete: true,
+/// error_encountered: true`), as the original's `fail` did. To have a failure
+/// retried, return [`Outcome::failed`] (or [`Outcome::retry_after`]); a
+/// handler's error (a `Result<Outcome, AgentError>`) and a panic are retried
+/// per the agent's policy.
 impl From<bool> for Outcome {
     fn from(ok: bool) -> Self {
         if ok {
             Outcome::done()
         } else {
-            Outcome::failed("the handler reported failure")
+            Outcome::failed_permanently("the handler reported failure")
         }
     }
 }
@@ -539,7 +547,10 @@ mod tests {
     #[test]
     fn outcomes() {
         assert_eq!(Outcome::from(true), Outcome::done());
-        assert!(matches!(Outcome::from(false), Outcome::Fail { retry: Retry::Policy, .. }));
+        assert!(
+            matches!(Outcome::from(false), Outcome::Fail { retry: Retry::Never, .. }),
+            "as in the Ruby mongo_agent, false fails the task for good"
+        );
         let o = Outcome::done().merge(doc! {"a": 1}).follow_up(NewTask::new("b", doc! {}));
         assert!(
             matches!(o, Outcome::Complete { ref merge, ref follow_ups, then: None } if merge.len() == 1 && follow_ups.len() == 1)
