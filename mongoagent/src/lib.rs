@@ -55,12 +55,14 @@
 
 mod agent;
 mod error;
+mod progress;
 mod queue;
 pub mod schedule;
 mod task;
 
 pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
 pub use error::AgentError;
+pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use task::{fields, Child, NewTask, Outcome, Retry, Task};

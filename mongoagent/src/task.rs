@@ -62,9 +62,14 @@ pub mod fields {
     /// whose handler waited for follow-ups (a new round starts with a full set of
     /// attempts), or the one a requeue gave the task (so do requeued tasks).
     pub const ROUND_FENCE: &str = "round_fence";
+    /// How far a running task got, as its handler last reported
+    /// ([`Task::progress`](crate::Task::progress)): a number or a small document.
+    pub const PROGRESS: &str = "progress";
+    /// When the last progress was reported (store clock).
+    pub const PROGRESS_AT: &str = "progress_at";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
-    pub const CONTROL: [&str; 16] = [
+    pub const CONTROL: [&str; 18] = [
         AGENT_NAME,
         READY,
         STARTED_AT,
@@ -81,6 +86,8 @@ pub mod fields {
         WAITING,
         ROUND,
         ROUND_FENCE,
+        PROGRESS,
+        PROGRESS_AT,
     ];
 }
 
@@ -250,6 +257,8 @@ pub struct Task {
     pub(crate) validity: mongolock::Validity,
     pub(crate) round: u64,
     pub(crate) children: Vec<Child>,
+    /// Where [`Task::progress`] writes.
+    pub(crate) writes: crate::progress::TaskWrites,
 }
 
 impl Task {

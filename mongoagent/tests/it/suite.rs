@@ -19,7 +19,7 @@ macro_rules! agent_suite {
             many_agents_process_each_task_once, drain_gives_claims_back, bad_input_is_rejected, queue_stats,
             fan_in_resumes_the_waiting_task, fan_in_task_runs_after_every_follow_up, fan_in_recovers_from_a_crash_mid_step,
             requeued_tasks_are_not_collected, follow_ups_are_kept_until_their_waiter_ends,
-            foreign_tasks_never_stop_an_agent
+            foreign_tasks_never_stop_an_agent, progress_is_fenced_by_the_claim
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -752,4 +752,42 @@ pub(crate) async fn foreign_tasks_never_stop_an_agent<H: Harness>(h: &H) {
     assert!(bad.iter().any(|k| k == "bad-fence") && bad.iter().any(|k| k.contains("$binary")), "{bad:?}");
     assert_eq!(q.stats("w").await.unwrap().completed, 2);
     assert!(q.requeue(doc! {"agent_name": "w"}, true).await.unwrap().is_empty());
+}
+
+pub(crate) async fn progress_is_fenced_by_the_claim<H: Harness>(h: &H) {
+    let s = h.store("ag_progress").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("p")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (store, log) = (s.clone(), seen.clone());
+    let r = a
+        .process(move |t: Task| {
+            let (store, log) = (store.clone(), log.clone());
+            async move {
+                t.progress(doc! {"done": 1, "of": 3}).await.unwrap();
+                let d = get(&store, t.id()).await;
+                log.lock().unwrap().push(format!("ready={}", d.get_bool("ready").unwrap()));
+                // The task is claimed again (this run's lease lapsed, say): its
+                // fence grows, and this run's reports are rejected.
+                let bump = Write::new(Condition::Always, Mutation::new().bump_fence());
+                assert!(store.write(&coll(), t.id(), &bump).await.unwrap().is_applied());
+                match t.progress(2_i64).await {
+                    Err(AgentError::ClaimLost { fence, current, .. }) => {
+                        log.lock().unwrap().push(format!("rejected {fence} now {current:?}"));
+                    }
+                    other => panic!("a stale run's progress must be rejected: {other:?}"),
+                }
+                true
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(r, Some(Processed::Stale(key("p"))));
+    assert_eq!(*seen.lock().unwrap(), ["ready=false", "rejected 1 now Some(2)"], "progress sets no ready");
+    let listed = q.tasks(doc! {"_id": "p"}, None).await.unwrap();
+    let d = listed[0].data();
+    assert_eq!(d.get_document("progress").unwrap(), &doc! {"done": 1, "of": 3}, "the stale report changed nothing");
+    assert!(d.get_datetime("progress_at").is_ok());
+    assert!(matches!(q.enqueue(NewTask::new("w", doc! {"progress": 5})).await, Err(AgentError::InvalidTask(_))));
 }
