@@ -54,6 +54,7 @@
 //! ```
 
 mod agent;
+mod cancel;
 mod error;
 mod progress;
 mod queue;

@@ -67,9 +67,12 @@ pub mod fields {
     pub const PROGRESS: &str = "progress";
     /// When the last progress was reported (store clock).
     pub const PROGRESS_AT: &str = "progress_at";
+    /// Set when an operator cancelled the task ([`Queue::cancel`](crate::Queue::cancel)):
+    /// it ended (`complete: true, error_encountered: true`) without a result.
+    pub const CANCELLED: &str = "cancelled";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
-    pub const CONTROL: [&str; 18] = [
+    pub const CONTROL: [&str; 19] = [
         AGENT_NAME,
         READY,
         STARTED_AT,
@@ -88,6 +91,7 @@ pub mod fields {
         ROUND_FENCE,
         PROGRESS,
         PROGRESS_AT,
+        CANCELLED,
     ];
 }
 
