@@ -242,13 +242,15 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
 }
 
 /// A task's state in words, from its fields: the one reading of them the
-/// views share (`completed`, `failed`, `held` by the overlap policy,
+/// views share (`completed`, `failed`, `cancelled`, `held` by the overlap policy,
 /// `waiting` for follow-ups, `running` (claimed; the lease may have lapsed),
 /// `ready`, or `pending`: a follow-up not yet active).
 pub(crate) fn task_state(d: &Document) -> &'static str {
     let flag = |k: &str| d.get_bool(k).ok() == Some(true);
     if flag(fields::COMPLETE) {
-        if flag(fields::ERROR_ENCOUNTERED) {
+        if flag(fields::CANCELLED) {
+            "cancelled"
+        } else if flag(fields::ERROR_ENCOUNTERED) {
             "failed"
         } else {
             "completed"
