@@ -55,6 +55,7 @@
 
 mod agent;
 mod cancel;
+mod control;
 mod error;
 mod progress;
 mod queue;
@@ -62,6 +63,7 @@ pub mod schedule;
 mod task;
 
 pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
+pub use control::CONTROL_REFRESH;
 pub use error::AgentError;
 pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};

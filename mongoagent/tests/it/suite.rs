@@ -20,7 +20,8 @@ macro_rules! agent_suite {
             fan_in_resumes_the_waiting_task, fan_in_task_runs_after_every_follow_up, fan_in_recovers_from_a_crash_mid_step,
             requeued_tasks_are_not_collected, follow_ups_are_kept_until_their_waiter_ends,
             foreign_tasks_never_stop_an_agent, progress_is_fenced_by_the_claim,
-            cancel_ends_pending_and_running_tasks, delete_removes_ended_tasks_unless_forced
+            cancel_ends_pending_and_running_tasks, delete_removes_ended_tasks_unless_forced,
+            a_paused_agent_name_claims_nothing
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -854,4 +855,29 @@ pub(crate) async fn delete_removes_ended_tasks_unless_forced<H: Harness>(h: &H) 
     assert!(!exists(&s, "done").await && exists(&s, "live").await, "a task not ended is kept");
     assert_eq!(q.delete(doc! {"_id": "live"}, true, false).await.unwrap(), [key("live")]);
     assert!(!exists(&s, "live").await, "forced, it goes too");
+}
+
+pub(crate) async fn a_paused_agent_name_claims_nothing<H: Harness>(h: &H) {
+    let s = h.store("ag_pause").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("t1").priority(9)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("t2")).await.unwrap();
+    q.enqueue(NewTask::new("other", doc! {}).id("o1")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("t1"))));
+    q.set_paused("w", true).await.unwrap();
+    assert!(q.is_paused("w").await.unwrap() && !q.is_paused("other").await.unwrap());
+    assert_eq!(q.paused_agents().await.unwrap(), ["w"]);
+    // A fresh agent reads the pause on its first claim; one that read it
+    // before sees it within CONTROL_REFRESH.
+    let b = agent(&s, "w").build().unwrap();
+    assert_eq!(b.process(|_t: Task| async { true }).await.unwrap(), None, "paused: nothing claimed");
+    tokio::time::sleep(mongoagent::CONTROL_REFRESH + Duration::from_millis(100)).await;
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), None, "the pause is seen");
+    let other = agent(&s, "other").build().unwrap();
+    assert!(other.process(|_t: Task| async { true }).await.unwrap().is_some(), "other names are not paused");
+    q.set_paused("w", false).await.unwrap();
+    tokio::time::sleep(mongoagent::CONTROL_REFRESH + Duration::from_millis(100)).await;
+    assert_eq!(b.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("t2"))));
+    assert!(q.paused_agents().await.unwrap().is_empty());
 }
