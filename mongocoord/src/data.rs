@@ -178,6 +178,8 @@ pub(crate) struct StatsRow {
     pub(crate) completed: u64,
     pub(crate) failed: u64,
     pub(crate) oldest_ready_age_ms: Option<u64>,
+    /// Whether the agent name is paused on the queue (`Queue::set_paused`).
+    pub(crate) paused: bool,
 }
 
 impl StatsRow {
@@ -222,6 +224,7 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
         None => agent_names(store, q.collection()).await?,
     };
     let mut agents = BTreeMap::new();
+    let paused = q.paused_agents().await.map_err(|e| e.to_string())?;
     for n in &names {
         let s = q.stats(n).await.map_err(|e| e.to_string())?;
         agents.insert(
@@ -235,6 +238,7 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
                 completed: s.completed,
                 failed: s.failed,
                 oldest_ready_age_ms: s.oldest_ready_age.map(millis),
+                paused: paused.contains(n),
             },
         );
     }

@@ -1,6 +1,6 @@
 //! The `mongocoord` command-line tool: a demo of the whole toolkit, Unix-style
 //! runners (`lock`, `elect`, `agent`) for shell scripts and other languages, and
-//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `cancel`, `delete`, `watch`,
+//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `cancel`, `delete`, `pause`, `resume`, `watch`,
 //! `schedules`, `schedule`, `dashboard`).
 //!
 //! Connection: `--uri`, else `MONGODB_URI`, else `MONGO_HOST` (+ `MONGO_DB`), as
@@ -261,6 +261,24 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Stops every agent of this name on the queue from claiming (running tasks finish).
+    Pause {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The agent name.
+        #[arg(long)]
+        agent: String,
+    },
+    /// Lets agents of this name on the queue claim again.
+    Resume {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The agent name.
+        #[arg(long)]
+        agent: String,
+    },
     /// A queue's schedules: spec, zone, next tick, last tick and how its task
     /// went, paused.
     Schedules {
@@ -427,6 +445,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Delete { queue, ids, filter, force, dry_run } => {
             let which = queue_ops::Selection { ids: &ids, filter: filter.as_deref() };
             queue_ops::delete(&connect(uri, db).await?, &queue, which, force, dry_run, json).await
+        }
+        Cmd::Pause { queue, agent } => {
+            queue_ops::set_paused(&connect(uri, db).await?, &queue, &agent, true, json).await
+        }
+        Cmd::Resume { queue, agent } => {
+            queue_ops::set_paused(&connect(uri, db).await?, &queue, &agent, false, json).await
         }
         Cmd::Schedules { queue, collection } => {
             schedules::list(&connect(uri, db).await?, &queue, collection.as_deref(), json).await

@@ -1,6 +1,7 @@
-//! `mongocoord cancel` and `mongocoord delete`: operator actions on tasks,
-//! by id or by filter. The library does the work (`Queue::cancel`,
-//! `Queue::delete`); this file parses the selection and prints the result.
+//! `mongocoord cancel`, `delete`, `pause` and `resume`: operator actions on
+//! tasks (by id or by filter) and on agent names. The library does the work
+//! (`Queue::cancel`, `Queue::delete`, `Queue::set_paused`); this file parses
+//! the selection and prints the result.
 
 use mongoagent::Queue;
 use serde_json::json;
@@ -71,5 +72,25 @@ pub(crate) async fn delete(
         done.extend(q.delete(f, force, dry_run).await.map_err(|e| e.to_string())?);
     }
     print("deleted", &done, dry_run, json);
+    Ok(0)
+}
+
+/// `mongocoord pause` / `mongocoord resume`: every agent named `agent` on the
+/// queue stops claiming (its running tasks finish) or claims again, within
+/// `mongoagent::CONTROL_REFRESH`.
+pub(crate) async fn set_paused(
+    store: &MongoStore,
+    queue: &str,
+    agent: &str,
+    paused: bool,
+    json: bool,
+) -> Result<u8, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    q.set_paused(agent, paused).await.map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", json!({ "agent": agent, "paused": paused }));
+    } else {
+        println!("{agent} {} on {queue}", if paused { "paused" } else { "resumed" });
+    }
     Ok(0)
 }

@@ -243,6 +243,26 @@ fn cancel_and_delete_by_id_and_filter() {
 }
 
 #[test]
+fn pause_and_resume_an_agent_name() {
+    let Some(e) = env("pause_resume") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", "{}"]);
+    assert_eq!(e.json(&["pause", "--queue", "jobs", "--agent", "w"])["paused"], true);
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["paused"], true);
+    let out = e.run(&["tasks", "--queue", "jobs"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PAUSED"));
+    // A paused agent claims nothing: `agent --max-tasks 1` would run the task.
+    let mut agent = e.spawn(&["agent", "w", "--queue", "jobs", "--max-tasks", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["ready"], 1, "nothing claimed while paused");
+    assert_eq!(e.json(&["resume", "--queue", "jobs", "--agent", "w"])["paused"], false);
+    wait_until("the resumed agent ran the task", Duration::from_secs(30), || {
+        e.json(&["tasks", "--queue", "jobs"])["w"]["completed"] == 1
+    });
+    assert!(agent.wait().unwrap().success());
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["paused"], false);
+}
+
+#[test]
 fn unreachable_server_is_a_clear_error_without_the_password() {
     let port = store_mongo::testing::free_port().unwrap();
     let out = Command::new(BIN)
