@@ -13,6 +13,21 @@ pub enum AgentError {
     /// A task to enqueue, or a claimed task, is malformed.
     #[error("invalid task: {0}")]
     InvalidTask(String),
+    /// A write of a run of a claimed task (a progress report) was rejected:
+    /// the task was claimed again since (this run's lease lapsed), cancelled,
+    /// requeued or ended, so its fence is no longer this run's.
+    #[error("task {task}: the run with fence {fence} no longer holds it (its fence is now {current:?})")]
+    ClaimLost {
+        /// The task's id.
+        task: String,
+        /// This run's fence.
+        fence: u64,
+        /// The task's fence now (`None` if it was deleted).
+        current: Option<u64>,
+    },
+    /// A progress value was rejected (not a number or a small document).
+    #[error("invalid progress: {0}")]
+    InvalidProgress(String),
     /// A lease operation failed.
     #[error(transparent)]
     Lock(#[from] LockError),

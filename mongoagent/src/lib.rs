@@ -54,16 +54,23 @@
 //! ```
 
 mod agent;
+mod cancel;
+mod control;
 mod error;
+mod outcome;
+mod progress;
 mod queue;
 pub mod schedule;
 mod task;
 
 pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
+pub use control::CONTROL_REFRESH;
 pub use error::AgentError;
+pub use outcome::{Outcome, Retry};
+pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
-pub use task::{fields, Child, NewTask, Outcome, Retry, Task};
+pub use task::{fields, Child, NewTask, Task};
 
 pub use mongolock;
 pub use store_trait;

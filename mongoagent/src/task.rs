@@ -62,9 +62,17 @@ pub mod fields {
     /// whose handler waited for follow-ups (a new round starts with a full set of
     /// attempts), or the one a requeue gave the task (so do requeued tasks).
     pub const ROUND_FENCE: &str = "round_fence";
+    /// How far a running task got, as its handler last reported
+    /// ([`Task::progress`](crate::Task::progress)): a number or a small document.
+    pub const PROGRESS: &str = "progress";
+    /// When the last progress was reported (store clock).
+    pub const PROGRESS_AT: &str = "progress_at";
+    /// Set when an operator cancelled the task ([`Queue::cancel`](crate::Queue::cancel)):
+    /// it ended (`complete: true, error_encountered: true`) without a result.
+    pub const CANCELLED: &str = "cancelled";
 
     /// Fields a handler's merge may not set: the queue's own bookkeeping.
-    pub const CONTROL: [&str; 16] = [
+    pub const CONTROL: [&str; 19] = [
         AGENT_NAME,
         READY,
         STARTED_AT,
@@ -81,6 +89,9 @@ pub mod fields {
         WAITING,
         ROUND,
         ROUND_FENCE,
+        PROGRESS,
+        PROGRESS_AT,
+        CANCELLED,
     ];
 }
 
@@ -250,6 +261,8 @@ pub struct Task {
     pub(crate) validity: mongolock::Validity,
     pub(crate) round: u64,
     pub(crate) children: Vec<Child>,
+    /// Where [`Task::progress`] writes.
+    pub(crate) writes: crate::progress::TaskWrites,
 }
 
 impl Task {
@@ -302,8 +315,8 @@ impl Task {
 
     /// How many times this task's follow-ups all finished and it ran again: 0 on
     /// its first run; 1 when a handler that returned
-    /// [`Outcome::wait_for_follow_ups`] runs again, or when a task enqueued with
-    /// [`Outcome::then`] runs.
+    /// [`Outcome::wait_for_follow_ups`](crate::Outcome::wait_for_follow_ups) runs again, or when a task enqueued with
+    /// [`Outcome::then`](crate::Outcome::then) runs.
     pub fn round(&self) -> u64 {
         self.round
     }
@@ -355,166 +368,6 @@ impl Child {
     }
 }
 
-/// What a handler reports.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Success: merge these fields into the task and enqueue these follow-ups
-    /// (before the task is marked complete, with ids derived from it, so a retried
-    /// handler never duplicates them).
-    Complete {
-        /// Fields to merge into the task document.
-        merge: Document,
-        /// Tasks to enqueue.
-        follow_ups: Vec<NewTask>,
-        /// A task made ready once every follow-up has ended (fan-in).
-        then: Option<Box<NewTask>>,
-    },
-    /// Not finished: enqueue these follow-ups, and run this task again (with
-    /// [`Task::round`] one higher and [`Task::children`] filled) once every one
-    /// of them has ended. No agent polls for it: the last follow-up to end makes
-    /// the task ready.
-    Wait {
-        /// Fields to merge into the task document.
-        merge: Document,
-        /// Tasks to enqueue and wait for (at least one).
-        follow_ups: Vec<NewTask>,
-    },
-    /// Failure.
-    Fail {
-        /// What went wrong (recorded as `last_error`).
-        error: String,
-        /// Fields to merge into the task document.
-        merge: Document,
-        /// Whether and when to try again.
-        retry: Retry,
-    },
-}
-
-/// Whether a failed task is tried again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Retry {
-    /// Per the agent's policy: exponential backoff with jitter, up to the attempt limit.
-    Policy,
-    /// Never: fail for good now.
-    Never,
-    /// After this delay (still counting against the attempt limit).
-    After(Duration),
-}
-
-impl Outcome {
-    /// Success with nothing to add.
-    pub fn done() -> Self {
-        Outcome::Complete { merge: Document::new(), follow_ups: Vec::new(), then: None }
-    }
-
-    /// Success, merging `merge` into the task.
-    pub fn done_with(merge: Document) -> Self {
-        Outcome::Complete { merge, follow_ups: Vec::new(), then: None }
-    }
-
-    /// Adds a follow-up task (on success, or to wait for).
-    pub fn follow_up(mut self, t: NewTask) -> Self {
-        if let Outcome::Complete { follow_ups, .. } | Outcome::Wait { follow_ups, .. } = &mut self {
-            follow_ups.push(t);
-        }
-        self
-    }
-
-    /// Fan-in, as a new task: on success, enqueue `task` now but make it ready
-    /// only once every follow-up has ended; its handler sees them in
-    /// [`Task::children`]. If this task is itself a follow-up something waits
-    /// for, that wait extends to `task`.
-    ///
-    /// ```
-    /// use mongoagent::{NewTask, Outcome};
-    /// let split = Outcome::done()
-    ///     .follow_up(NewTask::new("count", bson::doc! { "part": 1 }))
-    ///     .follow_up(NewTask::new("count", bson::doc! { "part": 2 }))
-    ///     .then(NewTask::new("sum", bson::doc! {}));
-    /// # let _ = split;
-    /// ```
-    pub fn then(mut self, task: NewTask) -> Self {
-        if let Outcome::Complete { then, .. } = &mut self {
-            *then = Some(Box::new(task));
-        }
-        self
-    }
-
-    /// Fan-in, on this task: instead of completing, wait for the follow-ups and
-    /// run again once every one has ended ([`Task::round`] tells the runs apart).
-    ///
-    /// ```
-    /// use mongoagent::{NewTask, Outcome, Task};
-    /// async fn handle(task: Task) -> Outcome {
-    ///     if task.round() == 0 {
-    ///         return Outcome::done()
-    ///             .follow_up(NewTask::new("count", bson::doc! { "part": 1 }))
-    ///             .follow_up(NewTask::new("count", bson::doc! { "part": 2 }))
-    ///             .wait_for_follow_ups();
-    ///     }
-    ///     let total: i64 = task.children().iter().filter_map(|c| c.data().get_i64("n").ok()).sum();
-    ///     Outcome::done_with(bson::doc! { "total": total })
-    /// }
-    /// # let _ = handle;
-    /// ```
-    pub fn wait_for_follow_ups(self) -> Self {
-        match self {
-            Outcome::Complete { merge, follow_ups, .. } => Outcome::Wait { merge, follow_ups },
-            other => other,
-        }
-    }
-
-    /// Failure, retried per the agent's policy.
-    pub fn failed(error: impl Into<String>) -> Self {
-        Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::Policy }
-    }
-
-    /// Failure, not retried.
-    pub fn failed_permanently(error: impl Into<String>) -> Self {
-        Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::Never }
-    }
-
-    /// Failure, retried after `delay`.
-    pub fn retry_after(error: impl Into<String>, delay: Duration) -> Self {
-        Outcome::Fail { error: error.into(), merge: Document::new(), retry: Retry::After(delay) }
-    }
-
-    /// Adds fields to merge (success or failure).
-    pub fn merge(mut self, fields: Document) -> Self {
-        match &mut self {
-            Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } | Outcome::Fail { merge, .. } => {
-                merge.extend(fields)
-            }
-        }
-        self
-    }
-}
-
-/// The Ruby `mongo_agent`'s handlers return a boolean.
-impl From<bool> for Outcome {
-    fn from(ok: bool) -> Self {
-        if ok {
-            Outcome::done()
-        } else {
-            Outcome::failed("the handler reported failure")
-        }
-    }
-}
-
-/// A handler's error fails the task per the retry policy; an
-/// [`AgentError::InvalidTask`] (a task that cannot be read) fails it for good.
-impl From<Result<Outcome, AgentError>> for Outcome {
-    fn from(r: Result<Outcome, AgentError>) -> Self {
-        match r {
-            Ok(o) => o,
-            Err(AgentError::InvalidTask(e)) => Outcome::failed_permanently(e),
-            Err(e) => Outcome::failed(e.to_string()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,23 +387,5 @@ mod tests {
         let at = store_trait::StoreTime::from_millis(5_000);
         let d = NewTask::new("a", doc! {}).run_at(at).to_document().unwrap();
         assert_eq!(d.get_datetime("run_at").unwrap().timestamp_millis(), 5_000);
-    }
-
-    #[test]
-    fn outcomes() {
-        assert_eq!(Outcome::from(true), Outcome::done());
-        assert!(matches!(Outcome::from(false), Outcome::Fail { retry: Retry::Policy, .. }));
-        let o = Outcome::done().merge(doc! {"a": 1}).follow_up(NewTask::new("b", doc! {}));
-        assert!(
-            matches!(o, Outcome::Complete { ref merge, ref follow_ups, then: None } if merge.len() == 1 && follow_ups.len() == 1)
-        );
-        let w = o.clone().then(NewTask::new("c", doc! {}));
-        assert!(matches!(w, Outcome::Complete { then: Some(_), .. }));
-        let w = o.wait_for_follow_ups().follow_up(NewTask::new("c", doc! {}));
-        assert!(matches!(w, Outcome::Wait { ref follow_ups, .. } if follow_ups.len() == 2));
-        assert!(matches!(w.then(NewTask::new("d", doc! {})), Outcome::Wait { .. }), "then applies to success only");
-        assert!(Outcome::failed("x").wait_for_follow_ups() == Outcome::failed("x"));
-        let bad: Result<Outcome, AgentError> = Err(AgentError::InvalidTask("x".into()));
-        assert!(matches!(Outcome::from(bad), Outcome::Fail { retry: Retry::Never, .. }));
     }
 }

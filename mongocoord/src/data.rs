@@ -178,6 +178,8 @@ pub(crate) struct StatsRow {
     pub(crate) completed: u64,
     pub(crate) failed: u64,
     pub(crate) oldest_ready_age_ms: Option<u64>,
+    /// Whether the agent name is paused on the queue (`Queue::set_paused`).
+    pub(crate) paused: bool,
 }
 
 impl StatsRow {
@@ -222,6 +224,7 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
         None => agent_names(store, q.collection()).await?,
     };
     let mut agents = BTreeMap::new();
+    let paused = q.paused_agents().await.map_err(|e| e.to_string())?;
     for n in &names {
         let s = q.stats(n).await.map_err(|e| e.to_string())?;
         agents.insert(
@@ -235,6 +238,7 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
                 completed: s.completed,
                 failed: s.failed,
                 oldest_ready_age_ms: s.oldest_ready_age.map(millis),
+                paused: paused.contains(n),
             },
         );
     }
@@ -242,13 +246,15 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
 }
 
 /// A task's state in words, from its fields: the one reading of them the
-/// views share (`completed`, `failed`, `held` by the overlap policy,
+/// views share (`completed`, `failed`, `cancelled`, `held` by the overlap policy,
 /// `waiting` for follow-ups, `running` (claimed; the lease may have lapsed),
 /// `ready`, or `pending`: a follow-up not yet active).
 pub(crate) fn task_state(d: &Document) -> &'static str {
     let flag = |k: &str| d.get_bool(k).ok() == Some(true);
     if flag(fields::COMPLETE) {
-        if flag(fields::ERROR_ENCOUNTERED) {
+        if flag(fields::CANCELLED) {
+            "cancelled"
+        } else if flag(fields::ERROR_ENCOUNTERED) {
             "failed"
         } else {
             "completed"

@@ -1,6 +1,6 @@
 //! The `mongocoord` command-line tool: a demo of the whole toolkit, Unix-style
 //! runners (`lock`, `elect`, `agent`) for shell scripts and other languages, and
-//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `watch`,
+//! operator views (`locks`, `leaders`, `tasks`, `enqueue`, `requeue`, `cancel`, `delete`, `pause`, `resume`, `watch`,
 //! `schedules`, `schedule`, `dashboard`).
 //!
 //! Connection: `--uri`, else `MONGODB_URI`, else `MONGO_HOST` (+ `MONGO_DB`), as
@@ -12,6 +12,7 @@ mod cron;
 mod dashboard;
 mod data;
 mod demo;
+mod queue_ops;
 mod runners;
 mod schedules;
 mod supervise;
@@ -227,6 +228,57 @@ enum Cmd {
         #[arg(long)]
         yes: bool,
     },
+    /// Cancels tasks that have not ended (a running one's agent loses its claim).
+    Cancel {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// Task ids (a 24-digit hex id is an ObjectId).
+        #[arg(required_unless_present = "filter", conflicts_with = "filter")]
+        ids: Vec<String>,
+        /// Equality filter as a JSON object, instead of ids.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Only list what would be cancelled.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Deletes ended tasks (with --force, any task).
+    Delete {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// Task ids (a 24-digit hex id is an ObjectId).
+        #[arg(required_unless_present = "filter", conflicts_with = "filter")]
+        ids: Vec<String>,
+        /// Equality filter as a JSON object, instead of ids.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Delete tasks that have not ended too (their agents' outcomes are rejected).
+        #[arg(long)]
+        force: bool,
+        /// Only list what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Stops every agent of this name on the queue from claiming (running tasks finish).
+    Pause {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The agent name.
+        #[arg(long)]
+        agent: String,
+    },
+    /// Lets agents of this name on the queue claim again.
+    Resume {
+        /// The queue collection.
+        #[arg(long)]
+        queue: String,
+        /// The agent name.
+        #[arg(long)]
+        agent: String,
+    },
     /// A queue's schedules: spec, zone, next tick, last tick and how its task
     /// went, paused.
     Schedules {
@@ -385,6 +437,20 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {
             views::requeue(&connect(uri, db).await?, &queue, &filter, dry_run, yes, json).await
+        }
+        Cmd::Cancel { queue, ids, filter, dry_run } => {
+            let which = queue_ops::Selection { ids: &ids, filter: filter.as_deref() };
+            queue_ops::cancel(&connect(uri, db).await?, &queue, which, dry_run, json).await
+        }
+        Cmd::Delete { queue, ids, filter, force, dry_run } => {
+            let which = queue_ops::Selection { ids: &ids, filter: filter.as_deref() };
+            queue_ops::delete(&connect(uri, db).await?, &queue, which, force, dry_run, json).await
+        }
+        Cmd::Pause { queue, agent } => {
+            queue_ops::set_paused(&connect(uri, db).await?, &queue, &agent, true, json).await
+        }
+        Cmd::Resume { queue, agent } => {
+            queue_ops::set_paused(&connect(uri, db).await?, &queue, &agent, false, json).await
         }
         Cmd::Schedules { queue, collection } => {
             schedules::list(&connect(uri, db).await?, &queue, collection.as_deref(), json).await

@@ -164,11 +164,12 @@ pub(crate) async fn tasks(
             let mut r = vec![n.clone()];
             r.extend(s.counts().iter().map(ToString::to_string));
             r.push(s.oldest_ready_age_ms.map_or("-".into(), |m| ms(Duration::from_millis(m))));
+            r.push(if s.paused { "PAUSED".into() } else { "-".into() });
             r
         })
         .collect();
     print_table(
-        &["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "WAITING", "COMPLETED", "FAILED", "OLDEST READY"],
+        &["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "WAITING", "COMPLETED", "FAILED", "OLDEST READY", "PAUSED"],
         &rows,
     );
     Ok(0)

@@ -193,6 +193,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 process_while: self.process_while,
                 log: Mutex::new(AgentCounters::default()),
                 seq: AtomicU64::new(1),
+                paused: Mutex::new(None),
                 shutdown: self.shutdown.unwrap_or_default(),
             }),
         })

@@ -94,6 +94,9 @@ struct Inner<S> {
     process_while: Option<ProcessWhile>,
     log: Mutex<AgentCounters>,
     seq: AtomicU64,
+    /// What the agent last read of its control document (paused or not), and
+    /// when; read again after [`crate::CONTROL_REFRESH`].
+    paused: Mutex<Option<(tokio::time::Instant, bool)>>,
     shutdown: CancellationToken,
 }
 

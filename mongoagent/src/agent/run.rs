@@ -73,6 +73,10 @@ impl<S: Store + Clone> Agent<S> {
             validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
             children,
+            writes: crate::progress::TaskWrites {
+                store: Arc::new(self.inner.store.clone()),
+                coll: self.inner.queue.coll.clone(),
+            },
         };
         // The handler runs on its own task: a panic is a failure, not a crash. If
         // this future is dropped (drain timeout), the handler is aborted with it.

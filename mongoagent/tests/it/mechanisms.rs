@@ -378,3 +378,46 @@ async fn attempts_count_per_round_and_start_over_on_requeue() {
     assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Retried(_))));
     assert_eq!(*seen.lock().unwrap(), [(0, 1), (1, 1), (1, 2), (1, 1)]);
 }
+
+/// Cancel against completion: the cancel's write is conditional on the task
+/// not having ended, and it releases the lease and bumps the fence, so the
+/// holder's completion is rejected after it. Every interleaving (the cancel
+/// started at each millisecond of a run whose store takes a millisecond per
+/// call) gives exactly one final state: cancelled, or completed.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_racing_a_completion_leaves_one_final_state() {
+    let (mut cancels_won, mut completions_won) = (0, 0);
+    for offset_ms in 0..40_u64 {
+        let store = MemoryStore::new();
+        store.faults().set_latency(Duration::from_millis(1));
+        let q = Queue::new(store.clone(), "tasks").unwrap();
+        let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+        let a = Agent::builder(store.clone(), "w", "tasks").lease(Duration::from_secs(3)).build().unwrap();
+        let run = tokio::spawn(async move {
+            a.process(|_t: Task| async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                true
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(offset_ms)).await;
+        let cancelled = q.cancel_ids(std::slice::from_ref(&id), false).await.unwrap();
+        let processed = run.await.unwrap().unwrap();
+        let d = data(&store, &id).await;
+        assert_eq!(d.get_bool("complete").ok(), Some(true), "offset {offset_ms}: the task ended: {d}");
+        let is_cancelled = d.get_bool("cancelled").ok() == Some(true);
+        match processed {
+            Some(Processed::Completed(_)) => {
+                assert!(cancelled.is_empty() && !is_cancelled, "offset {offset_ms}: completed and cancelled: {d}");
+                assert_eq!(d.get_bool("error_encountered").ok(), Some(false), "offset {offset_ms}: {d}");
+                completions_won += 1;
+            }
+            Some(Processed::Stale(_)) | None => {
+                assert!(cancelled == [id.clone()] && is_cancelled, "offset {offset_ms}: the cancel lost: {d}");
+                cancels_won += 1;
+            }
+            other => panic!("offset {offset_ms}: {other:?}"),
+        }
+    }
+    assert!(cancels_won > 0 && completions_won > 0, "both orders happened: {cancels_won} / {completions_won}");
+}

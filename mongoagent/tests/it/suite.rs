@@ -19,7 +19,9 @@ macro_rules! agent_suite {
             many_agents_process_each_task_once, drain_gives_claims_back, bad_input_is_rejected, queue_stats,
             fan_in_resumes_the_waiting_task, fan_in_task_runs_after_every_follow_up, fan_in_recovers_from_a_crash_mid_step,
             requeued_tasks_are_not_collected, follow_ups_are_kept_until_their_waiter_ends,
-            foreign_tasks_never_stop_an_agent
+            foreign_tasks_never_stop_an_agent, progress_is_fenced_by_the_claim,
+            cancel_ends_pending_and_running_tasks, delete_removes_ended_tasks_unless_forced,
+            a_paused_agent_name_claims_nothing
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -62,7 +64,9 @@ pub(crate) async fn seed_shaped_tasks_are_processed<H: Harness>(h: &H) {
     )
     .await
     .unwrap();
-    let a = agent(&s, "convert").max_attempts(1).build().unwrap();
+    // The default attempt limit: a handler's `false` fails the task for good at
+    // once, as the original's did (no retry).
+    let a = agent(&s, "convert").build().unwrap();
     let handler = |t: Task| async move { t.data().get_str("file").unwrap() == "a" };
     assert_eq!(
         a.process(handler).await.unwrap(),
@@ -750,4 +754,130 @@ pub(crate) async fn foreign_tasks_never_stop_an_agent<H: Harness>(h: &H) {
     assert!(bad.iter().any(|k| k == "bad-fence") && bad.iter().any(|k| k.contains("$binary")), "{bad:?}");
     assert_eq!(q.stats("w").await.unwrap().completed, 2);
     assert!(q.requeue(doc! {"agent_name": "w"}, true).await.unwrap().is_empty());
+}
+
+pub(crate) async fn progress_is_fenced_by_the_claim<H: Harness>(h: &H) {
+    let s = h.store("ag_progress").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("p")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (store, log) = (s.clone(), seen.clone());
+    let r = a
+        .process(move |t: Task| {
+            let (store, log) = (store.clone(), log.clone());
+            async move {
+                t.progress(doc! {"done": 1, "of": 3}).await.unwrap();
+                let d = get(&store, t.id()).await;
+                log.lock().unwrap().push(format!("ready={}", d.get_bool("ready").unwrap()));
+                // The task is claimed again (this run's lease lapsed, say): its
+                // fence grows, and this run's reports are rejected.
+                let bump = Write::new(Condition::Always, Mutation::new().bump_fence());
+                assert!(store.write(&coll(), t.id(), &bump).await.unwrap().is_applied());
+                match t.progress(2_i64).await {
+                    Err(AgentError::ClaimLost { fence, current, .. }) => {
+                        log.lock().unwrap().push(format!("rejected {fence} now {current:?}"));
+                    }
+                    other => panic!("a stale run's progress must be rejected: {other:?}"),
+                }
+                true
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(r, Some(Processed::Stale(key("p"))));
+    assert_eq!(*seen.lock().unwrap(), ["ready=false", "rejected 1 now Some(2)"], "progress sets no ready");
+    let listed = q.tasks(doc! {"_id": "p"}, None).await.unwrap();
+    let d = listed[0].data();
+    assert_eq!(d.get_document("progress").unwrap(), &doc! {"done": 1, "of": 3}, "the stale report changed nothing");
+    assert!(d.get_datetime("progress_at").is_ok());
+    assert!(matches!(q.enqueue(NewTask::new("w", doc! {"progress": 5})).await, Err(AgentError::InvalidTask(_))));
+}
+
+pub(crate) async fn cancel_ends_pending_and_running_tasks<H: Harness>(h: &H) {
+    let s = h.store("ag_cancel").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("done").priority(9)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("run").priority(5)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("pend")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("done"))));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let running = tokio::spawn({
+        let (a, started) = (a.clone(), started.clone());
+        async move {
+            a.process(move |t: Task| {
+                let started = started.clone();
+                async move {
+                    started.notify_one();
+                    // Ends only when the cancel has taken the claim away.
+                    t.cancellation().cancelled().await;
+                    let late = t.progress(1_i64).await;
+                    assert!(matches!(late, Err(AgentError::ClaimLost { .. })), "{late:?}");
+                    true
+                }
+            })
+            .await
+        }
+    });
+    started.notified().await;
+    let mut would: Vec<String> = q.cancel(doc! {}, true).await.unwrap().iter().map(ToString::to_string).collect();
+    would.sort();
+    assert_eq!(would, ["pend", "run"], "a dry run lists the tasks not ended");
+    assert_eq!(get(&s, &key("pend")).await.get_bool("cancelled").ok(), None, "a dry run changes nothing");
+    assert_eq!(q.cancel_ids(&[key("pend"), key("done")], false).await.unwrap(), [key("pend")]);
+    assert_eq!(q.cancel(doc! {"_id": "run"}, false).await.unwrap(), [key("run")]);
+    let r = tokio::time::timeout(WAIT, running).await.unwrap().unwrap().unwrap();
+    assert_eq!(r, Some(Processed::Stale(key("run"))), "the running holder's outcome is rejected");
+    for id in ["pend", "run"] {
+        let d = get(&s, &key(id)).await;
+        assert_eq!(
+            (d.get_bool("complete").unwrap(), d.get_bool("cancelled").unwrap(), d.get_bool("claimed").unwrap()),
+            (true, true, false),
+            "{id}: {d}"
+        );
+    }
+    assert!(get(&s, &key("done")).await.get_bool("cancelled").is_err(), "an ended task is not cancelled");
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), None, "a cancelled task is never claimed");
+    assert!(q.requeue(doc! {}, false).await.unwrap().is_empty(), "requeue leaves cancelled tasks alone");
+}
+
+pub(crate) async fn delete_removes_ended_tasks_unless_forced<H: Harness>(h: &H) {
+    let s = h.store("ag_delete").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("done").priority(9)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("live")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    a.process(|_t: Task| async { true }).await.unwrap();
+    assert_eq!(q.delete(doc! {}, false, true).await.unwrap(), [key("done")]);
+    assert!(exists(&s, "done").await, "a dry run deletes nothing");
+    assert_eq!(q.delete(doc! {}, false, false).await.unwrap(), [key("done")]);
+    assert!(!exists(&s, "done").await && exists(&s, "live").await, "a task not ended is kept");
+    assert_eq!(q.delete(doc! {"_id": "live"}, true, false).await.unwrap(), [key("live")]);
+    assert!(!exists(&s, "live").await, "forced, it goes too");
+}
+
+pub(crate) async fn a_paused_agent_name_claims_nothing<H: Harness>(h: &H) {
+    let s = h.store("ag_pause").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("t1").priority(9)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("t2")).await.unwrap();
+    q.enqueue(NewTask::new("other", doc! {}).id("o1")).await.unwrap();
+    let a = agent(&s, "w").build().unwrap();
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("t1"))));
+    q.set_paused("w", true).await.unwrap();
+    assert!(q.is_paused("w").await.unwrap() && !q.is_paused("other").await.unwrap());
+    assert_eq!(q.paused_agents().await.unwrap(), ["w"]);
+    // A fresh agent reads the pause on its first claim; one that read it
+    // before sees it within CONTROL_REFRESH.
+    let b = agent(&s, "w").build().unwrap();
+    assert_eq!(b.process(|_t: Task| async { true }).await.unwrap(), None, "paused: nothing claimed");
+    tokio::time::sleep(mongoagent::CONTROL_REFRESH + Duration::from_millis(100)).await;
+    assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), None, "the pause is seen");
+    let other = agent(&s, "other").build().unwrap();
+    assert!(other.process(|_t: Task| async { true }).await.unwrap().is_some(), "other names are not paused");
+    q.set_paused("w", false).await.unwrap();
+    tokio::time::sleep(mongoagent::CONTROL_REFRESH + Duration::from_millis(100)).await;
+    assert_eq!(b.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("t2"))));
+    assert!(q.paused_agents().await.unwrap().is_empty());
 }

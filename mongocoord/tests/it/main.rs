@@ -222,6 +222,47 @@ fn agent_runs_a_shell_command_per_task() {
 }
 
 #[test]
+fn cancel_and_delete_by_id_and_filter() {
+    let Some(e) = env("cancel_delete") else { return };
+    for id in ["a", "b", "c"] {
+        e.json(&["enqueue", "--queue", "jobs", "--agent", "w", r#"{"batch": 1}"#, "--id", id]);
+    }
+    let dry = e.json(&["cancel", "--queue", "jobs", "--filter", r#"{"batch": 1}"#, "--dry-run"]);
+    assert_eq!(dry["ids"].as_array().unwrap().len(), 3);
+    assert_eq!(e.json(&["cancel", "--queue", "jobs", "a", "b"])["ids"], serde_json::json!(["a", "b"]));
+    let listed = e.json(&["tasks", "--queue", "jobs", "--list", "--filter", r#"{"_id": "a"}"#]);
+    assert_eq!((listed[0]["cancelled"].as_bool(), listed[0]["complete"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(e.json(&["cancel", "--queue", "jobs", "a"])["ids"], serde_json::json!([]), "already ended");
+    // Delete: the ended ones only, unless forced.
+    let gone = e.json(&["delete", "--queue", "jobs", "--filter", r#"{"batch": 1}"#]);
+    assert_eq!(gone["ids"].as_array().unwrap().len(), 2);
+    assert_eq!(e.json(&["delete", "--queue", "jobs", "c"])["ids"], serde_json::json!([]), "c has not ended");
+    assert_eq!(e.json(&["delete", "--queue", "jobs", "c", "--force"])["ids"], serde_json::json!(["c"]));
+    let bad = e.run(&["cancel", "--queue", "jobs"]);
+    assert_eq!(bad.status.code(), Some(2), "ids or --filter are required");
+}
+
+#[test]
+fn pause_and_resume_an_agent_name() {
+    let Some(e) = env("pause_resume") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", "{}"]);
+    assert_eq!(e.json(&["pause", "--queue", "jobs", "--agent", "w"])["paused"], true);
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["paused"], true);
+    let out = e.run(&["tasks", "--queue", "jobs"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PAUSED"));
+    // A paused agent claims nothing: `agent --max-tasks 1` would run the task.
+    let mut agent = e.spawn(&["agent", "w", "--queue", "jobs", "--max-tasks", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["ready"], 1, "nothing claimed while paused");
+    assert_eq!(e.json(&["resume", "--queue", "jobs", "--agent", "w"])["paused"], false);
+    wait_until("the resumed agent ran the task", Duration::from_secs(30), || {
+        e.json(&["tasks", "--queue", "jobs"])["w"]["completed"] == 1
+    });
+    assert!(agent.wait().unwrap().success());
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["paused"], false);
+}
+
+#[test]
 fn unreachable_server_is_a_clear_error_without_the_password() {
     let port = store_mongo::testing::free_port().unwrap();
     let out = Command::new(BIN)
