@@ -60,10 +60,9 @@ impl<S: Store + Clone> Agent<S> {
             return self.recovered(released, key);
         }
         let round = task_round(&record);
-        let children = match round.checked_sub(1) {
-            Some(r) => self.children(&key, r).await?,
-            None => Vec::new(),
-        };
+        // Follow-ups exist only after a join: a first run reads none (a query per
+        // task that always came back empty).
+        let children = if round > 0 { self.children(&key, round - 1).await? } else { Vec::new() };
         let task = Task {
             key: key.clone(),
             data: data.clone(),

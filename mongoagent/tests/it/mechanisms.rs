@@ -421,3 +421,18 @@ async fn a_cancel_racing_a_completion_leaves_one_final_state() {
     }
     assert!(cancels_won > 0 && completions_won > 0, "both orders happened: {cancels_won} / {completions_won}");
 }
+
+/// The store operations of one plain task, once the agent is warm: its claim and
+/// its outcome, nothing else (no query for follow-ups a first run cannot have).
+#[tokio::test(start_paused = true)]
+async fn a_plain_task_costs_a_claim_and_an_outcome() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    q.enqueue(NewTask::new("w", doc! {"n": 0})).await.unwrap();
+    assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+    q.enqueue(NewTask::new("w", doc! {"n": 1})).await.unwrap();
+    let before = store.operation_count();
+    assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+    assert_eq!(store.operation_count() - before, 2, "one claim, one outcome write");
+}
