@@ -111,6 +111,7 @@ mod info;
 mod keeper;
 mod lease;
 mod lock;
+mod release_many;
 mod semaphore;
 mod term;
 mod timing;

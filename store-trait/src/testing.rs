@@ -1023,7 +1023,7 @@ pub async fn write_many_reports_each_write<H: Harness>(h: &H) {
         let nonce = Nonce::generate();
         let w = Write::new(
             Condition::OwnedBy(name.into()).and(Condition::FenceIs(fence)),
-            Mutation::new().release().set("done", true),
+            Mutation::new().release().set("done", true).set_time_after("retry_at", Duration::from_secs(3600)),
         )
         .with_nonce(nonce.clone());
         writes.push((k, w));
@@ -1042,8 +1042,13 @@ pub async fn write_many_reports_each_write<H: Harness>(h: &H) {
         }
         o => panic!("the stale write is rejected with the current document: {o:?}"),
     }
+    let now = s.now().await.unwrap();
     for (i, (k, _)) in writes.iter().enumerate() {
         let r = s.get(&c, k).await.unwrap().record.unwrap();
+        if i != 2 {
+            let at = r.get_time("retry_at").unwrap();
+            assert!(at.as_millis() > now.as_millis() + 3_000_000, "times are on the store clock: {at:?} {now:?}");
+        }
         assert_eq!(r.data().get_bool("done").is_ok(), i != 2, "document {i}");
         assert_eq!(r.lease().is_none(), i != 2, "document {i}");
     }

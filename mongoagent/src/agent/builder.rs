@@ -194,6 +194,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 log: Mutex::new(AgentCounters::default()),
                 seq: AtomicU64::new(1),
                 shutdown: self.shutdown.unwrap_or_default(),
+                committer: std::sync::OnceLock::new(),
             }),
         })
     }
