@@ -219,7 +219,7 @@ impl<S: Store + Clone> LockGuard<S> {
 
     /// Lock documents never get a `gc_at`: a TTL index deleting one would reset
     /// its fence. Only task leases may be marked.
-    fn check_gc(&self, changes: &Mutation) -> Result<(), LockError> {
+    pub(crate) fn check_gc(&self, changes: &Mutation) -> Result<(), LockError> {
         if changes.gc.is_some() && !self.term.leases.allow_gc {
             return Err(LockError::GcOnLock { key: self.term.key.to_string() });
         }

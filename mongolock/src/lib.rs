@@ -112,6 +112,7 @@ mod keeper;
 mod kept;
 mod lease;
 mod lock;
+mod release_many;
 mod semaphore;
 mod timing;
 

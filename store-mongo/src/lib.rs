@@ -83,6 +83,7 @@ mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
+mod write_many;
 
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, OnceLock};
@@ -95,8 +96,9 @@ use mongodb::error::ErrorKind;
 use mongodb::options::{Acknowledgment, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern};
 use mongodb::{Client, Database, IndexModel};
 use store_trait::{
-    backend::prepare_inserts, fields, ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec,
-    InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
+    backend::prepare_inserts, fields, BatchOutcome, ChangeStream, Claim, Collection, Condition, DeleteOutcome,
+    FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime,
+    Write, WriteOutcome,
 };
 
 use connect::{check_db_name, client_options};
@@ -295,7 +297,7 @@ impl MongoStore {
 
 /// The operations, unbounded; [`Store`] runs each through [`MongoStore::bounded`].
 impl MongoStore {
-    async fn write_op(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
+    pub(crate) async fn write_op(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
         write.validate()?;
         let nonce = write.stamp(&self.next_nonce());
         for _ in 0..4 {
@@ -453,6 +455,11 @@ impl Store for MongoStore {
     async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
         let (this, coll, claim) = (self.clone(), coll.clone(), claim.clone());
         self.bounded("claim_many", async move { this.claim_many_op(&coll, &claim, limit).await }).await
+    }
+
+    async fn write_many(&self, coll: &Collection, writes: &[(Key, Write)]) -> StoreResult<Vec<BatchOutcome>> {
+        let (this, coll, writes) = (self.clone(), coll.clone(), writes.to_vec());
+        self.bounded("write_many", async move { this.write_many_op(&coll, &writes).await }).await
     }
 
     async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {

@@ -72,8 +72,8 @@ pub use bson;
 pub use error::{FaultKind, StoreError, StoreResult};
 pub use key::{check_field_name, Collection, Key};
 pub use ops::{
-    ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome, LeaseOp,
-    Mutation, Nonce, Order, Query, Write, WriteOutcome,
+    BatchOutcome, ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome,
+    LeaseOp, Mutation, Nonce, Order, Query, Write, WriteOutcome,
 };
 pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
@@ -174,6 +174,33 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Ok(out)
     }
 
+    /// Applies several conditional writes, each to its own document, as
+    /// [`Store::write`] would one by one: each condition evaluated and each
+    /// mutation applied atomically on its own document, and one outcome per
+    /// write, in order. Upserts are allowed. On MongoDB it is one `update`
+    /// command with one statement per write (each filtered by its own
+    /// condition), plus one `find` reading the rejected ones back when fewer
+    /// documents changed than were written: a group commit of fenced outcome
+    /// writes. The default calls [`Store::write`] for each.
+    ///
+    /// A batch, not one atomic operation: an error leaves each write in doubt
+    /// on its own. Retrying the same writes with the same nonces
+    /// ([`Write::with_nonce`]) tells the earlier attempts apart: a write
+    /// rejected now whose document's last nonce is its own was applied by an
+    /// earlier attempt.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, any of the writes may or may not
+    /// have been applied, as after an error.
+    async fn write_many(&self, coll: &Collection, writes: &[(Key, Write)]) -> StoreResult<Vec<BatchOutcome>> {
+        let mut out = Vec::with_capacity(writes.len());
+        for (key, write) in writes {
+            out.push(self.write(coll, key, write).await?.into());
+        }
+        Ok(out)
+    }
+
     /// Inserts documents (each gets rev 1 and fence 0; a missing `_id` gets a fresh
     /// `ObjectId`). Duplicates are reported per document; the others are inserted.
     /// Documents must not carry reserved fields other than `_id`.
@@ -253,6 +280,9 @@ macro_rules! forward_store {
             }
             async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
                 (**self).claim_many(coll, claim, limit).await
+            }
+            async fn write_many(&self, coll: &Collection, writes: &[(Key, Write)]) -> StoreResult<Vec<BatchOutcome>> {
+                (**self).write_many(coll, writes).await
             }
             async fn insert_many(&self, coll: &Collection, docs: Vec<Document>) -> StoreResult<Vec<InsertOutcome>> {
                 (**self).insert_many(coll, docs).await

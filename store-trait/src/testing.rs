@@ -24,8 +24,8 @@ use std::time::Duration;
 use bson::{doc, Bson, Document};
 
 use crate::{
-    ChangeKind, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation, Nonce, Order,
-    Query, Record, Store, StoreError, StoreTime, Ttl, Write, WriteOutcome,
+    BatchOutcome, ChangeKind, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation,
+    Nonce, Order, Query, Record, Store, StoreError, StoreTime, Ttl, Write, WriteOutcome,
 };
 
 /// What a backend provides to run the suite.
@@ -66,7 +66,8 @@ macro_rules! conformance_tests {
             due_by_tolerates_malformed_values, watch_or_clean_absence, bad_inputs_are_typed_errors,
             foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents,
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
-            claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing
+            claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
+            write_many_reports_each_write
         );
     };
 }
@@ -1002,4 +1003,64 @@ pub async fn claim_many_racers_share_nothing<H: Harness>(h: &H) {
     all.sort();
     let want: Vec<(String, u64)> = (0..12).map(|i| (format!("t{i:02}"), 1)).collect();
     assert_eq!(all, want, "every task claimed exactly once, at fence 1");
+}
+
+/// A batch of fenced writes: each write's outcome is its own (a stale fence in
+/// the batch is rejected, with the current document, while the others apply),
+/// the applied ones changed their documents, and a retry of the same batch
+/// recognises its earlier attempts by their nonces.
+pub async fn write_many_reports_each_write<H: Harness>(h: &H) {
+    let s = h.store("write_many_reports_each_write").await;
+    let c = coll("locks");
+    let ttl = ttl_of(Duration::from_secs(30));
+    let mut writes = Vec::new();
+    let mut nonces = Vec::new();
+    for (i, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        let k = key(name);
+        let r = applied(s.write(&c, &k, &acquire(name, ttl)).await.unwrap());
+        // The third write's fence is stale (one behind the document's).
+        let fence = if i == 2 { r.fence() - 1 } else { r.fence() };
+        let nonce = Nonce::generate();
+        let w = Write::new(
+            Condition::OwnedBy(name.into()).and(Condition::FenceIs(fence)),
+            Mutation::new().release().set("done", true).set_time_after("retry_at", Duration::from_secs(3600)),
+        )
+        .with_nonce(nonce.clone());
+        writes.push((k, w));
+        nonces.push(nonce);
+    }
+    assert!(s.write_many(&c, &[]).await.unwrap().is_empty());
+    let out = s.write_many(&c, &writes).await.unwrap();
+    assert_eq!(out.len(), 4);
+    for (i, o) in out.iter().enumerate() {
+        assert_eq!(o.is_applied(), i != 2, "write {i}: {o:?}");
+    }
+    match &out[2] {
+        BatchOutcome::Rejected(Some(cur)) => {
+            assert_eq!(cur.lease().unwrap().owner, "c", "the stale write changed nothing");
+            assert!(cur.data().get("done").is_none());
+        }
+        o => panic!("the stale write is rejected with the current document: {o:?}"),
+    }
+    let now = s.now().await.unwrap();
+    for (i, (k, _)) in writes.iter().enumerate() {
+        let r = s.get(&c, k).await.unwrap().record.unwrap();
+        if i != 2 {
+            let at = r.get_time("retry_at").unwrap();
+            assert!(at.as_millis() > now.as_millis() + 3_000_000, "times are on the store clock: {at:?} {now:?}");
+        }
+        assert_eq!(r.data().get_bool("done").is_ok(), i != 2, "document {i}");
+        assert_eq!(r.lease().is_none(), i != 2, "document {i}");
+    }
+    // The same batch again (a retry): nothing applies now; the earlier
+    // attempts are recognised by their nonces, the stale write's is not.
+    let retry = s.write_many(&c, &writes).await.unwrap();
+    for (i, o) in retry.iter().enumerate() {
+        match o {
+            BatchOutcome::Rejected(Some(r)) => {
+                assert_eq!(r.last_nonce() == Some(nonces[i].as_str()), i != 2, "write {i}: {r:?}")
+            }
+            o => panic!("write {i} of the retry: {o:?}"),
+        }
+    }
 }

@@ -195,6 +195,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 seq: AtomicU64::new(1),
                 paused: Mutex::new(None),
                 shutdown: self.shutdown.unwrap_or_default(),
+                committer: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -95,10 +95,11 @@ impl<S: Store + Clone> Agent<S> {
         // claims it next finishes the step.
         let applied = if joined {
             guard.write(changes).await.map(|_| Some(guard))
-        } else if ended {
-            guard.release_with(self.close(changes, record.data())).await.map(|_| None)
         } else {
-            guard.release_with(changes).await.map(|_| None)
+            let changes = if ended { self.close(changes, record.data()) } else { changes };
+            // Group-committed with other tasks' outcomes (see `commit`).
+            let committer = inner.committer.get_or_init(super::commit::Committer::start);
+            committer.release_with(guard, changes).await.map(|()| None)
         };
         match applied {
             Ok(kept) => {

@@ -9,6 +9,7 @@
 
 mod builder;
 mod claim;
+mod commit;
 
 pub(crate) use claim::claim_order;
 mod fan_in;
@@ -77,7 +78,7 @@ pub enum Processed {
     Recovered(Key),
 }
 
-struct Inner<S> {
+struct Inner<S: Store + Clone> {
     store: S,
     name: String,
     queue: Queue<S>,
@@ -98,16 +99,18 @@ struct Inner<S> {
     /// when; read again after [`crate::CONTROL_REFRESH`].
     paused: Mutex<Option<(tokio::time::Instant, bool)>>,
     shutdown: CancellationToken,
+    /// The group commit of outcome writes, started by the first outcome.
+    committer: std::sync::OnceLock<commit::Committer<S>>,
 }
 
 /// An agent: takes tasks named for it from a queue collection and processes them.
 /// Cheap to clone.
 #[derive(Clone)]
-pub struct Agent<S> {
+pub struct Agent<S: Store + Clone> {
     inner: Arc<Inner<S>>,
 }
 
-impl<S> std::fmt::Debug for Agent<S> {
+impl<S: Store + Clone> std::fmt::Debug for Agent<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
             .field("name", &self.inner.name)

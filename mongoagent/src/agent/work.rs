@@ -61,6 +61,9 @@ impl<S: Store + Clone> Agent<S> {
                     _ = inner.shutdown.cancelled() => break,
                     Some(done) = running.join_next() => self.reap(done),
                 }
+                // Tasks whose outcomes went in one group commit end together:
+                // let them all be reaped, so their slots are claimed in one batch.
+                tokio::task::yield_now().await;
                 continue;
             }
             match self.claim(inner.concurrency - running.len()).await {

@@ -53,12 +53,12 @@ mod faults {
             assert!(e.to_string().contains("transient") || e.to_string().contains("connection"), "{e}");
         }
 
-        // The completion fails with an error the driver does not retry: the
-        // outcome is not recorded, the claim lapses, and the task runs again.
+        // The completion (a group commit: an `update` command) fails with an
+        // error the driver does not retry: the outcome is not recorded, the claim lapses, and the task runs again.
         admin
             .database("admin")
-            .run_command(doc! { "configureFailPoint": "failCommand", "mode": { "skip": 1 },
-            "data": { "failCommands": ["findAndModify"], "errorCode": 2, "appName": "agfp" } })
+            .run_command(doc! { "configureFailPoint": "failCommand", "mode": { "times": 1 },
+            "data": { "failCommands": ["update"], "errorCode": 2, "appName": "agfp" } })
             .await
             .unwrap();
         let failed = a.process(|_t: Task| async { true }).await;

@@ -14,4 +14,4 @@ pub use change::{ChangeEvent, ChangeKind, ChangeStream};
 pub use condition::Condition;
 pub use mutation::{LeaseOp, Mutation};
 pub use query::{Claim, IndexSpec, InsertOutcome, Order, Query};
-pub use write::{DeleteOutcome, Nonce, Write, WriteOutcome};
+pub use write::{BatchOutcome, DeleteOutcome, Nonce, Write, WriteOutcome};

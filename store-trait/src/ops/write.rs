@@ -122,6 +122,35 @@ impl WriteOutcome {
     }
 }
 
+/// What one write of a batch ([`Store::write_many`](crate::Store::write_many)) did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum BatchOutcome {
+    /// The condition held and the mutation was applied. (A batch does not read
+    /// applied documents back.)
+    Applied,
+    /// The condition did not hold; nothing changed. This is the document as
+    /// read after the batch (`None` when it does not exist), so a retry can
+    /// recognise an earlier attempt of the same write by its nonce.
+    Rejected(Option<Box<Record>>),
+}
+
+impl BatchOutcome {
+    /// Whether the write was applied.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, BatchOutcome::Applied)
+    }
+}
+
+impl From<WriteOutcome> for BatchOutcome {
+    fn from(o: WriteOutcome) -> Self {
+        match o {
+            WriteOutcome::Applied(_) => BatchOutcome::Applied,
+            WriteOutcome::Rejected(r) => BatchOutcome::Rejected(r.map(Box::new)),
+        }
+    }
+}
+
 /// A caller-chosen name for one logical write, reused across its retries (see
 /// [`Write::with_nonce`]). Never contains `/`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
