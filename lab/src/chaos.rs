@@ -157,7 +157,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
         let (store, log) = (store.clone(), log.clone());
         async move {
             let agent = Agent::builder(store, "chaos", QUEUE)
-                .lease(ttl)
+                .ttl(ttl)
                 .concurrency(2)
                 .max_attempts(20)
                 .backoff(Duration::from_millis(100), Duration::from_secs(1))

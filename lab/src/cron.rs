@@ -114,7 +114,7 @@ impl Crons {
         let script = format!("echo \"$MONGOCOORD_TICK $MONGOCOORD_FENCE\" >> '{}'", self.ledger.display());
         tokio::process::Command::new(&self.bin)
             .args(["--uri", &self.uri, "--db", &self.db, "cron", NAME, SPEC, "--queue", QUEUE])
-            .args(["--overlap", "allow", "--lease", "3", "--max-attempts", "20", "--", "sh", "-c", &script])
+            .args(["--overlap", "allow", "--ttl", "3", "--max-attempts", "20", "--", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -88,8 +88,9 @@ pub(crate) struct CronArgs {
     /// for good; by default 1: the next tick is the next try.
     #[arg(long, default_value_t = 1)]
     max_attempts: u32,
-    /// Claim lease of a tick's task in seconds (renewed while CMD runs).
-    #[arg(long, default_value_t = 60.0)]
+    /// Claim lease length of a tick's task in seconds (renewed while CMD runs);
+    /// `--lease` is an alias.
+    #[arg(long = "ttl", alias = "lease", default_value_t = 60.0)]
     lease: f64,
     /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
     /// quarter of the lease, at most 10); it must fit between two renewals.
@@ -113,7 +114,7 @@ fn config(e: AgentError) -> String {
 impl CronArgs {
     /// The runner's lease, grace and command, checked.
     pub(crate) fn run(&self) -> Result<Run<'_>, String> {
-        Run::new("lease", self.lease, self.grace, self.pass_env, &self.cmd)
+        Run::new("ttl", self.lease, self.grace, self.pass_env, &self.cmd)
     }
 
     /// The schedule this line defines, checked before connecting: a bad
@@ -262,7 +263,7 @@ mod tests {
         assert!(parse(&["t", "* * * * *", "--missed", "most", "--", "x"]).is_err());
         assert!(parse(&["t", "* * * * *", "--every", "2", "--", "x"]).is_err());
         assert!(parse(&["t", "* * * * *"]).is_err(), "a command is required");
-        let grace = parse(&["t", "* * * * *", "--lease", "2", "--grace", "5", "--", "x"]).unwrap();
+        let grace = parse(&["t", "* * * * *", "--ttl", "2", "--grace", "5", "--", "x"]).unwrap();
         assert!(grace.run().unwrap_err().contains("does not fit"));
     }
 }

@@ -192,7 +192,7 @@ fn start_agent<S: Store + Clone>(store: &S, stage: &'static str, shared: &Arc<Sh
     Proc::spawn(move || async move {
         let Ok(agent) = Agent::builder(store, stage, QUEUE)
             .concurrency(4)
-            .lease(Duration::from_secs(4))
+            .ttl(Duration::from_secs(4))
             .max_attempts(10)
             .backoff(Duration::from_millis(50), Duration::from_millis(500))
             .poll_interval(Duration::from_millis(500))

@@ -129,8 +129,8 @@ enum Cmd {
         /// Attempts before a task fails for good.
         #[arg(long, default_value_t = 5)]
         max_attempts: u32,
-        /// Claim lease in seconds (renewed while CMD runs).
-        #[arg(long, default_value_t = 60.0)]
+        /// Claim lease length in seconds (renewed while CMD runs); `--lease` is an alias.
+        #[arg(long = "ttl", alias = "lease", default_value_t = 60.0)]
         lease: f64,
         /// Stop after this many tasks.
         #[arg(long)]
@@ -412,7 +412,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
             runners::elect(connect(uri, db).await?, &key, &run).await
         }
         Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, grace, pass_env, cmd } => {
-            let run = runners::Run::new("lease", lease, grace, pass_env, &cmd)?;
+            let run = runners::Run::new("ttl", lease, grace, pass_env, &cmd)?;
             let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }

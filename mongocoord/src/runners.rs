@@ -32,7 +32,7 @@ pub(crate) struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    /// `lease` names the lease option (`ttl`, or the agent's `lease`).
+    /// `lease` names the option that set the lease length (`--ttl`) in errors.
     pub(crate) fn new(
         lease: &str,
         ttl: f64,
@@ -244,7 +244,7 @@ pub(crate) fn agent_builder(
     let mut b = Agent::builder(store, name, queue)
         .concurrency(o.concurrency)
         .max_attempts(o.max_attempts)
-        .lease(run.ttl)
+        .ttl(run.ttl)
         .poll_interval(Duration::from_secs(5))
         // On shutdown the handlers stop their commands (SIGTERM, SIGKILL after
         // the grace period) and record the outcome: the drain outlasts that.

@@ -67,9 +67,10 @@ impl<S: Store + Clone> AgentBuilder<S> {
         self
     }
 
-    /// The claim lease (default 60 s), renewed every third of it while the handler
+    /// The claim lease's length (default 60 s; `ttl` as for a lock), renewed every third of it while the handler
     /// runs; a crashed agent's task is claimable again once it lapses.
-    pub fn lease(mut self, d: Duration) -> Self {
+    #[doc(alias = "lease")]
+    pub fn ttl(mut self, d: Duration) -> Self {
         self.lease = d;
         self
     }

@@ -22,7 +22,7 @@ async fn a_requeue_between_retries_is_not_taken_for_done() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("w", doc! {}).id("t")).await.unwrap();
-    let a = Agent::builder(store.clone(), "w", "tasks").lease(Duration::from_secs(2)).build().unwrap();
+    let a = Agent::builder(store.clone(), "w", "tasks").ttl(Duration::from_secs(2)).build().unwrap();
     let handler = {
         let (store, q) = (store.clone(), q.clone());
         move |_t: Task| {
@@ -91,9 +91,7 @@ async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Pro
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
     let (client_a, client_b) = (store.client(), store.client());
     let builder = |c: &store_memory::Client| {
-        Agent::builder(c.clone(), "split", "tasks")
-            .lease(Duration::from_secs(2))
-            .poll_interval(Duration::from_secs(3600))
+        Agent::builder(c.clone(), "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600))
     };
     let (a, b) = (builder(&client_a).build().unwrap(), builder(&client_b).build().unwrap());
     let (handler_a, mut gate_a) = gated(outcome, "stale");

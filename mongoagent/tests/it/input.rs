@@ -26,7 +26,7 @@ proptest! {
         lease in duration(), poll in duration(), drain in duration(), base in duration(), max in duration(),
     ) {
         let b = Agent::builder(MemoryStore::new(), "a", "q")
-            .lease(lease)
+            .ttl(lease)
             .poll_interval(poll)
             .drain_timeout(drain)
             .backoff(base, max);
@@ -44,8 +44,8 @@ async fn a_lease_too_short_to_keep_is_rejected_before_any_claim() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "q").unwrap();
     q.enqueue(NewTask::new("a", doc! {}).id("t")).await.unwrap();
-    let built = Agent::builder(store.clone(), "a", "q").lease(Duration::from_millis(3)).build();
+    let built = Agent::builder(store.clone(), "a", "q").ttl(Duration::from_millis(3)).build();
     assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
-    let ok = Agent::builder(store, "a", "q").lease(Duration::from_secs(1)).build().unwrap();
+    let ok = Agent::builder(store, "a", "q").ttl(Duration::from_secs(1)).build().unwrap();
     assert!(ok.process(|_t: Task| async { true }).await.unwrap().is_some(), "the task was never claimed");
 }

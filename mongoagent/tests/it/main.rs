@@ -42,7 +42,7 @@ mod faults {
         let q = Queue::new(store.clone(), "tasks").unwrap();
         q.enqueue(NewTask::new("w", doc! {}).id("t1")).await.unwrap();
         q.enqueue(NewTask::new("w", doc! {}).id("t2")).await.unwrap();
-        let a = Agent::builder(store.clone(), "w", "tasks").lease(Duration::from_secs(2)).build().unwrap();
+        let a = Agent::builder(store.clone(), "w", "tasks").ttl(Duration::from_secs(2)).build().unwrap();
 
         // The claim's connection drops: the driver retries once by itself, or the
         // agent reports a transient error; either way the task is not lost.
@@ -89,7 +89,7 @@ mod faults {
         let q = Queue::new(store.clone(), "tasks").unwrap();
         q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
         let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
-        let part = Agent::builder(store.clone(), "part", "tasks").lease(Duration::from_secs(2)).build().unwrap();
+        let part = Agent::builder(store.clone(), "part", "tasks").ttl(Duration::from_secs(2)).build().unwrap();
         let split_job = |t: Task| async move {
             match t.round() {
                 0 => Outcome::done().follow_up(NewTask::new("part", doc! {})).wait_for_follow_ups(),

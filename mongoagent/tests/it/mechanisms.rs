@@ -33,7 +33,7 @@ async fn a_late_outcome_of_a_lapsed_claim_is_rejected() {
         let (id, _) = Queue::new(store.clone(), "tasks").unwrap().enqueue(NewTask::new("w", doc! {})).await.unwrap();
         let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let slow = store.client();
-        let old = Agent::builder(slow.clone(), "w", "tasks").lease(Duration::from_secs(3)).build().unwrap();
+        let old = Agent::builder(slow.clone(), "w", "tasks").ttl(Duration::from_secs(3)).build().unwrap();
         let old_run = tokio::spawn({
             let (started, finish) = (started.clone(), finish.clone());
             async move {
@@ -53,7 +53,7 @@ async fn a_late_outcome_of_a_lapsed_claim_is_rejected() {
         slow.set_partitioned(true);
         tokio::time::sleep(Duration::from_secs(4)).await;
 
-        let new = Agent::builder(store.client(), "w", "tasks").lease(Duration::from_secs(3)).build().unwrap();
+        let new = Agent::builder(store.client(), "w", "tasks").ttl(Duration::from_secs(3)).build().unwrap();
         let new_started = Arc::new(Notify::new());
         let new_run = tokio::spawn({
             let (new, new_started) = (new.clone(), new_started.clone());
@@ -258,7 +258,7 @@ async fn a_claim_is_kept_like_a_lock() {
     let store = MemoryStore::new();
     let (id, _) = Queue::new(store.clone(), "tasks").unwrap().enqueue(NewTask::new("w", doc! {})).await.unwrap();
     let lease = Duration::from_secs(3);
-    let agent = Agent::builder(store.clone(), "w", "tasks").lease(lease).build().unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").ttl(lease).build().unwrap();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let handler = {
         let (store, id, seen) = (store.clone(), id.clone(), seen.clone());
@@ -392,7 +392,7 @@ async fn a_cancel_racing_a_completion_leaves_one_final_state() {
         store.faults().set_latency(Duration::from_millis(1));
         let q = Queue::new(store.clone(), "tasks").unwrap();
         let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
-        let a = Agent::builder(store.clone(), "w", "tasks").lease(Duration::from_secs(3)).build().unwrap();
+        let a = Agent::builder(store.clone(), "w", "tasks").ttl(Duration::from_secs(3)).build().unwrap();
         let run = tokio::spawn(async move {
             a.process(|_t: Task| async {
                 tokio::time::sleep(Duration::from_millis(10)).await;

@@ -276,11 +276,8 @@ async fn the_overlap_policy_holds() {
         let active = Arc::new(Mutex::new((0_u32, 0_u32)));
         let runs: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
         let order: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
-        let agent = Agent::builder(store.clone(), "slow", "jobs")
-            .concurrency(4)
-            .lease(Duration::from_secs(20))
-            .build()
-            .unwrap();
+        let agent =
+            Agent::builder(store.clone(), "slow", "jobs").concurrency(4).ttl(Duration::from_secs(20)).build().unwrap();
         let handler = {
             let (active, runs, order, clock) = (active.clone(), runs.clone(), order.clone(), clock.clone());
             move |t: Task| {

@@ -153,7 +153,7 @@ struct Worker {
 fn spawn(store: &MemoryStore, checks: &Arc<Checks>, seed: u64) -> Worker {
     let client = store.client();
     let agent = Agent::builder(client.clone(), "sim", "tasks")
-        .lease(Duration::from_secs(3))
+        .ttl(Duration::from_secs(3))
         .concurrency(3)
         .max_attempts(4)
         .backoff(Duration::from_millis(200), Duration::from_secs(2))

@@ -48,7 +48,7 @@ async fn get<S: Store>(s: &S, id: &Key) -> bson::Document {
 fn agent<S: Store + Clone>(s: &S, name: &str) -> mongoagent::AgentBuilder<S> {
     Agent::builder(s.clone(), name, "tasks")
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
-        .lease(Duration::from_secs(4))
+        .ttl(Duration::from_secs(4))
 }
 
 pub(crate) async fn seed_shaped_tasks_are_processed<H: Harness>(h: &H) {
@@ -397,7 +397,7 @@ pub(crate) async fn bad_input_is_rejected<H: Harness>(h: &H) {
     cfg(Agent::builder(s.clone(), "w", "").build());
     cfg(Agent::builder(s.clone(), "w", "tasks").concurrency(0).build());
     cfg(Agent::builder(s.clone(), "w", "tasks").max_attempts(0).build());
-    cfg(Agent::builder(s.clone(), "w", "tasks").lease(Duration::ZERO).build());
+    cfg(Agent::builder(s.clone(), "w", "tasks").ttl(Duration::ZERO).build());
     let q = Queue::new(s.clone(), "tasks").unwrap();
     let invalid = |r: Result<(Key, bool), AgentError>| assert!(matches!(r, Err(AgentError::InvalidTask(_))), "{r:?}");
     invalid(q.enqueue(NewTask::new("", doc! {})).await);

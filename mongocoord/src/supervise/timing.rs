@@ -25,7 +25,7 @@ fn room(ttl: Duration) -> Option<Duration> {
     ttl.checked_sub(margin)?.checked_sub(renew).filter(|r| !r.is_zero())
 }
 
-/// The grace period for a lease of `ttl` (`lease` names the option that set it):
+/// The grace period for a lease of `ttl` (`lease` names the option that set it, `--ttl`):
 /// `given` seconds, checked to fit (renew interval + grace < ttl − safety margin),
 /// or by default a quarter of the ttl, at most 10 s, which always fits.
 pub(crate) fn grace(lease: &str, ttl: Duration, given: Option<f64>) -> Result<Duration, String> {
@@ -79,7 +79,7 @@ mod tests {
         assert!(grace("ttl", s(2.0), Some(1.1)).is_ok());
         let e = grace("ttl", s(2.0), Some(1.2)).unwrap_err();
         assert!(e.contains("does not fit") && e.contains("below 1.133"), "{e}");
-        assert!(grace("lease", s(60.0), Some(38.0)).unwrap_err().contains("--lease"));
+        assert!(grace("ttl", s(60.0), Some(38.0)).unwrap_err().contains("--ttl"));
         assert_eq!(grace("ttl", s(2.0), Some(0.0)).unwrap(), Duration::ZERO);
         assert!(grace("ttl", s(2.0), Some(-1.0)).is_err());
         assert!(grace("ttl", s(2.0), Some(f64::NAN)).is_err());

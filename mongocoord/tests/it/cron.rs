@@ -13,7 +13,7 @@ const NAME: &str = "every2";
 
 fn spawn_cron(e: &Env, ledger: &std::path::Path) -> Child {
     let script = format!("echo \"$MONGOCOORD_TICK $MONGOCOORD_FENCE $MONGOCOORD_SCHEDULE\" >> '{}'", ledger.display());
-    e.spawn(&["cron", NAME, "*/2 * * * * *", "--overlap", "allow", "--lease", "5", "--", "sh", "-c", &script])
+    e.spawn(&["cron", NAME, "*/2 * * * * *", "--overlap", "allow", "--ttl", "5", "--", "sh", "-c", &script])
 }
 
 /// The ledger's lines by tick: (tick, fences that ran it).

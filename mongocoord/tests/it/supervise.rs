@@ -154,7 +154,7 @@ fn a_grace_period_that_cannot_fit_the_lease_is_rejected() {
     for args in [
         &["lock", "k", "--ttl", "2", "--grace", "1.2", "--", "true"][..],
         &["elect", "k", "--ttl", "2", "--grace", "5", "--", "true"],
-        &["agent", "a", "--queue", "q", "--lease", "3", "--grace", "1.7", "--", "true"],
+        &["agent", "a", "--queue", "q", "--ttl", "3", "--grace", "1.7", "--", "true"],
     ] {
         let out = e.run(args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -325,7 +325,7 @@ fn agent_gives_the_command_sigterm_when_its_claim_is_at_risk() {
         pid.display()
     );
     let mut agent = Command::new(BIN)
-        .args(["--uri", &uri, "--db", &e.db, "agent", "slow", "--queue", "jobs", "--lease", "3", "--grace", "1"])
+        .args(["--uri", &uri, "--db", &e.db, "agent", "slow", "--queue", "jobs", "--ttl", "3", "--grace", "1"])
         .args(["--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", &script])
         .env_remove("MONGODB_URI")
         .stdin(Stdio::null())
