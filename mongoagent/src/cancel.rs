@@ -3,7 +3,7 @@
 //! completion leaves exactly one final state.
 
 use bson::{doc, Bson, Document};
-use store_trait::{fields as reserved, Condition, DeleteOutcome, Key, Mutation, Query, Record, Store, Write};
+use store_trait::{fields as reserved, Condition, DeleteOutcome, Key, Mutation, Record, Store, Write};
 
 use crate::queue::{not_complete, pending};
 use crate::task::fields;
@@ -49,16 +49,8 @@ impl<S: Store + Clone> Queue<S> {
     /// write; a dropped call has cancelled some, and calling it again cancels
     /// the rest.
     pub async fn cancel(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
-        let found = self.store.find_each(&self.coll, &Query::eq(filter).when(cancellable())).await?;
         let mut out = Vec::new();
-        for r in found {
-            let r = match r {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(queue = %self.coll, error = %e, "cancel skips a document it cannot read");
-                    continue;
-                }
-            };
+        for r in self.readable_matches(filter, cancellable(), "cancel").await? {
             if dry_run || self.cancel_record(r.clone()).await? {
                 out.push(r.key().clone());
             }
@@ -126,16 +118,8 @@ impl<S: Store + Clone> Queue<S> {
     pub async fn delete(&self, filter: Document, force: bool, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         let which =
             if force { Condition::Always } else { Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)) };
-        let found = self.store.find_each(&self.coll, &Query::eq(filter).when(which.clone())).await?;
         let mut out = Vec::new();
-        for r in found {
-            let r = match r {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(queue = %self.coll, error = %e, "delete skips a document it cannot read");
-                    continue;
-                }
-            };
+        for r in self.readable_matches(filter, which.clone(), "delete").await? {
             if dry_run {
                 out.push(r.key().clone());
                 continue;

@@ -307,6 +307,25 @@ impl<S: Store + Clone> Queue<S> {
         })
     }
 
+    /// The tasks matching `filter` and `which` that the store can read, for an
+    /// operator action (`what` names it in the log): another program's document
+    /// the store cannot read is left alone, with a warning.
+    pub(crate) async fn readable_matches(
+        &self,
+        filter: Document,
+        which: Condition,
+        what: &str,
+    ) -> Result<Vec<Record>, AgentError> {
+        let found = self.store.find_each(&self.coll, &Query::eq(filter).when(which)).await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|r| {
+                r.inspect_err(|e| tracing::warn!(queue = %self.coll, error = %e, action = what, "skipped a document it cannot read"))
+                    .ok()
+            })
+            .collect())
+    }
+
     /// Makes tasks matching `filter` that failed for good (not those
     /// [cancelled](Queue::cancel)), or are stuck with a
     /// lapsed claim, ready again (their attempts start over; the fence grows, so the
@@ -326,17 +345,8 @@ impl<S: Store + Clone> Queue<S> {
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
             .and(Condition::Free);
         let which = failed.or(stuck);
-        let candidates = self.store.find_each(&self.coll, &Query::eq(filter).when(which.clone())).await?;
         let mut out = Vec::new();
-        for r in candidates {
-            // Another program's document the store cannot read is left alone.
-            let r = match r {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(queue = %self.coll, error = %e, "requeue skips a document it cannot read");
-                    continue;
-                }
-            };
+        for r in self.readable_matches(filter, which.clone(), "requeue").await? {
             if dry_run {
                 out.push(r.key().clone());
                 continue;

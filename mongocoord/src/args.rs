@@ -43,3 +43,28 @@ mod tests {
         }
     }
 }
+
+/// The command a runner supervises, and how: the options `lock`, `elect`,
+/// `agent` and `cron` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Command {
+    /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
+    /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
+    /// much of the lease is confirmed; it must fit between two renewals. A lost
+    /// lease kills CMD at once.
+    #[arg(long)]
+    pub(crate) grace: Option<f64>,
+    /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
+    #[arg(long)]
+    pub(crate) pass_env: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub(crate) cmd: Vec<String>,
+}
+
+impl Command {
+    /// The checked run of this command under a lease of `ttl` seconds.
+    pub(crate) fn run(&self, ttl: f64) -> Result<crate::runners::Run<'_>, String> {
+        crate::runners::Run::new("ttl", ttl, self.grace, self.pass_env, &self.cmd)
+    }
+}

@@ -90,18 +90,10 @@ pub(crate) struct CronArgs {
     max_attempts: u32,
     /// Claim lease length of a tick's task in seconds (renewed while CMD runs);
     /// `--lease` is an alias.
-    #[arg(long = "ttl", alias = "lease", default_value_t = 60.0)]
+    #[arg(long = "ttl", alias = "lease", value_name = "TTL", default_value_t = 60.0)]
     lease: f64,
-    /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
-    /// quarter of the lease, at most 10); it must fit between two renewals.
-    #[arg(long)]
-    grace: Option<f64>,
-    /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
-    #[arg(long)]
-    pass_env: bool,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    cmd: Vec<String>,
+    #[command(flatten)]
+    command: crate::args::Command,
 }
 
 fn config(e: AgentError) -> String {
@@ -114,7 +106,7 @@ fn config(e: AgentError) -> String {
 impl CronArgs {
     /// The runner's lease, grace and command, checked.
     pub(crate) fn run(&self) -> Result<Run<'_>, String> {
-        Run::new("ttl", self.lease, self.grace, self.pass_env, &self.cmd)
+        self.command.run(self.lease)
     }
 
     /// The schedule this line defines, checked before connecting: a bad

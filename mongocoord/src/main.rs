@@ -81,17 +81,8 @@ enum Cmd {
         /// The lock collection.
         #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
         collection: String,
-        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
-        /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
-        /// much of the lease is confirmed; it must fit between two renewals.
-        #[arg(long)]
-        grace: Option<f64>,
-        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
-        #[arg(long)]
-        pass_env: bool,
-        /// The command and its arguments.
-        #[arg(last = true, required = true)]
-        cmd: Vec<String>,
+        #[command(flatten)]
+        command: args::Command,
     },
     /// Campaigns for leadership of KEY; while leader runs CMD (term token in
     /// $MONGOCOORD_FENCE); on loss stops CMD's whole process tree and campaigns
@@ -102,17 +93,8 @@ enum Cmd {
         /// Lease length in seconds.
         #[arg(long, default_value_t = 15.0)]
         ttl: f64,
-        /// Seconds between SIGTERM and SIGKILL when CMD is stopped (default: a
-        /// quarter of the ttl, at most 10). CMD gets SIGTERM once less than this
-        /// much of the lease is confirmed; it must fit between two renewals.
-        #[arg(long)]
-        grace: Option<f64>,
-        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
-        #[arg(long)]
-        pass_env: bool,
-        /// The command and its arguments.
-        #[arg(last = true, required = true)]
-        cmd: Vec<String>,
+        #[command(flatten)]
+        command: args::Command,
     },
     /// A language-agnostic agent: for each claimed task runs CMD with the task as
     /// JSON on stdin. Exit 0 completes it (a JSON object on stdout is merged in;
@@ -130,22 +112,13 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         max_attempts: u32,
         /// Claim lease length in seconds (renewed while CMD runs); `--lease` is an alias.
-        #[arg(long = "ttl", alias = "lease", default_value_t = 60.0)]
+        #[arg(long = "ttl", alias = "lease", value_name = "TTL", default_value_t = 60.0)]
         lease: f64,
         /// Stop after this many tasks.
         #[arg(long)]
         max_tasks: Option<u64>,
-        /// Seconds between SIGTERM and SIGKILL when CMD is stopped on shutdown or
-        /// leaves processes behind (default: a quarter of the lease, at most 10);
-        /// it must fit between two renewals. A lost claim kills CMD at once.
-        #[arg(long)]
-        grace: Option<f64>,
-        /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
-        #[arg(long)]
-        pass_env: bool,
-        /// The command and its arguments.
-        #[arg(last = true, required = true)]
-        cmd: Vec<String>,
+        #[command(flatten)]
+        command: args::Command,
     },
     /// A distributed cron: runs CMD once per tick of schedule NAME across every
     /// machine that runs the same line, with no leader (the task as JSON on
@@ -403,16 +376,16 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let target = if memory { None } else { resolve_connection(uri, db).ok() };
             demo::run(target, seconds, tasks, json).await
         }
-        Cmd::Lock { key, ttl, timeout, collection, grace, pass_env, cmd } => {
-            let run = runners::Run::new("ttl", ttl, grace, pass_env, &cmd)?;
+        Cmd::Lock { key, ttl, timeout, collection, command } => {
+            let run = command.run(ttl)?;
             runners::lock(connect(uri, db).await?, &key, &collection, timeout, &run).await
         }
-        Cmd::Elect { key, ttl, grace, pass_env, cmd } => {
-            let run = runners::Run::new("ttl", ttl, grace, pass_env, &cmd)?;
+        Cmd::Elect { key, ttl, command } => {
+            let run = command.run(ttl)?;
             runners::elect(connect(uri, db).await?, &key, &run).await
         }
-        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, grace, pass_env, cmd } => {
-            let run = runners::Run::new("ttl", lease, grace, pass_env, &cmd)?;
+        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, command } => {
+            let run = command.run(lease)?;
             let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }
