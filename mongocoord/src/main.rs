@@ -203,36 +203,16 @@ enum Cmd {
     },
     /// Cancels tasks that have not ended (a running one's agent loses its claim).
     Cancel {
-        /// The queue collection.
-        #[arg(long)]
-        queue: String,
-        /// Task ids (a 24-digit hex id is an ObjectId).
-        #[arg(required_unless_present = "filter", conflicts_with = "filter")]
-        ids: Vec<String>,
-        /// Equality filter as a JSON object, instead of ids.
-        #[arg(long)]
-        filter: Option<String>,
-        /// Only list what would be cancelled.
-        #[arg(long)]
-        dry_run: bool,
+        #[command(flatten)]
+        which: queue_ops::Selection,
     },
     /// Deletes ended tasks (with --force, any task).
     Delete {
-        /// The queue collection.
-        #[arg(long)]
-        queue: String,
-        /// Task ids (a 24-digit hex id is an ObjectId).
-        #[arg(required_unless_present = "filter", conflicts_with = "filter")]
-        ids: Vec<String>,
-        /// Equality filter as a JSON object, instead of ids.
-        #[arg(long)]
-        filter: Option<String>,
+        #[command(flatten)]
+        which: queue_ops::Selection,
         /// Delete tasks that have not ended too (their agents' outcomes are rejected).
         #[arg(long)]
         force: bool,
-        /// Only list what would be deleted.
-        #[arg(long)]
-        dry_run: bool,
     },
     /// Stops every agent of this name on the queue from claiming (running tasks finish).
     Pause {
@@ -411,14 +391,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Requeue { queue, filter, dry_run, yes } => {
             views::requeue(&connect(uri, db).await?, &queue, &filter, dry_run, yes, json).await
         }
-        Cmd::Cancel { queue, ids, filter, dry_run } => {
-            let which = queue_ops::Selection { ids: &ids, filter: filter.as_deref() };
-            queue_ops::cancel(&connect(uri, db).await?, &queue, which, dry_run, json).await
-        }
-        Cmd::Delete { queue, ids, filter, force, dry_run } => {
-            let which = queue_ops::Selection { ids: &ids, filter: filter.as_deref() };
-            queue_ops::delete(&connect(uri, db).await?, &queue, which, force, dry_run, json).await
-        }
+        Cmd::Cancel { which } => queue_ops::cancel(&connect(uri, db).await?, &which, json).await,
+        Cmd::Delete { which, force } => queue_ops::delete(&connect(uri, db).await?, &which, force, json).await,
         Cmd::Pause { queue, agent } => {
             queue_ops::set_paused(&connect(uri, db).await?, &queue, &agent, true, json).await
         }

@@ -10,17 +10,28 @@ use store_trait::Key;
 
 use crate::data::{parse_object, task_id};
 
-/// Which tasks an action applies to: these ids, or those matching a filter.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Selection<'a> {
-    pub(crate) ids: &'a [String],
-    pub(crate) filter: Option<&'a str>,
+/// Which tasks an action applies to, in which queue: these ids, or those
+/// matching a filter; the options `cancel` and `delete` share.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Selection {
+    /// The queue collection.
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Task ids (a 24-digit hex id is an ObjectId).
+    #[arg(required_unless_present = "filter", conflicts_with = "filter")]
+    pub(crate) ids: Vec<String>,
+    /// Equality filter as a JSON object, instead of ids.
+    #[arg(long)]
+    pub(crate) filter: Option<String>,
+    /// Only list the tasks the action would touch.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
-impl Selection<'_> {
+impl Selection {
     /// The equality filter each selected task is found with.
     fn filters(&self) -> Result<Vec<bson::Document>, String> {
-        match (self.ids.is_empty(), self.filter) {
+        match (self.ids.is_empty(), self.filter.as_deref()) {
             (false, None) => Ok(self.ids.iter().map(|id| bson::doc! { "_id": task_id(id) }).collect()),
             (true, Some(f)) => Ok(vec![parse_object("filter", f)?]),
             _ => Err("give task ids or --filter (one of them)".into()),
@@ -41,37 +52,24 @@ fn print(action: &str, done: &[Key], dry_run: bool, json: bool) {
 
 /// `mongocoord cancel`: ends tasks not yet ended as cancelled (a running one's
 /// agent loses its claim; the fence decides against a racing completion).
-pub(crate) async fn cancel(
-    store: &MongoStore,
-    queue: &str,
-    which: Selection<'_>,
-    dry_run: bool,
-    json: bool,
-) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+pub(crate) async fn cancel(store: &MongoStore, which: &Selection, json: bool) -> Result<u8, String> {
+    let q = Queue::new(store.clone(), &which.queue).map_err(|e| e.to_string())?;
     let mut done = Vec::new();
     for f in which.filters()? {
-        done.extend(q.cancel(f, dry_run).await.map_err(|e| e.to_string())?);
+        done.extend(q.cancel(f, which.dry_run).await.map_err(|e| e.to_string())?);
     }
-    print("cancelled", &done, dry_run, json);
+    print("cancelled", &done, which.dry_run, json);
     Ok(0)
 }
 
 /// `mongocoord delete`: removes ended tasks (with `force`, any task).
-pub(crate) async fn delete(
-    store: &MongoStore,
-    queue: &str,
-    which: Selection<'_>,
-    force: bool,
-    dry_run: bool,
-    json: bool,
-) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+pub(crate) async fn delete(store: &MongoStore, which: &Selection, force: bool, json: bool) -> Result<u8, String> {
+    let q = Queue::new(store.clone(), &which.queue).map_err(|e| e.to_string())?;
     let mut done = Vec::new();
     for f in which.filters()? {
-        done.extend(q.delete(f, force, dry_run).await.map_err(|e| e.to_string())?);
+        done.extend(q.delete(f, force, which.dry_run).await.map_err(|e| e.to_string())?);
     }
-    print("deleted", &done, dry_run, json);
+    print("deleted", &done, which.dry_run, json);
     Ok(0)
 }
 
