@@ -39,7 +39,10 @@ impl<S: Store + Clone> Agent<S> {
         }
         match guard.write(changes).await {
             Ok(_) => {}
-            Err(LockError::Lost { current, .. }) => return Ok(self.stale(&key, token, current)),
+            Err(LockError::Lost { current, .. }) => {
+                self.discard_stale_follow_ups(&key, token).await?;
+                return Ok(self.stale(&key, token, current));
+            }
             Err(e) => return Err(e.into()),
         }
         let result = match finish {
@@ -117,18 +120,58 @@ impl<S: Store + Clone> Agent<S> {
     }
 
     /// Activates the follow-ups of `parent` still pending with `fence` (fan-in
-    /// tasks last, after the follow-ups they wait for). Idempotent.
+    /// tasks last, after the follow-ups they wait for), and removes those an
+    /// older claim left pending: that claim's outcome can no longer be written
+    /// (the fence has moved past it), so they would never run. Idempotent; the
+    /// same one query as the activation alone.
     pub(super) async fn activate(&self, parent: &Key, fence: u64) -> Result<(), AgentError> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
-        let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone(), pending::FENCE: fence });
-        let mut found = self.inner.store.find(&self.inner.queue.coll, &q).await?;
-        found.sort_by_key(|r| pending::is_fan_in(r.data()));
-        for r in &found {
+        let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone() })
+            .when(Condition::Exists(pending::FENCE.into()));
+        let found = self.inner.store.find(&self.inner.queue.coll, &q).await?;
+        let (mut ours, theirs): (Vec<_>, Vec<_>) =
+            found.into_iter().partition(|r| r.get_i64(pending::FENCE) == Some(fence));
+        ours.sort_by_key(|r| pending::is_fan_in(r.data()));
+        for r in &ours {
             self.inner.store.write(&self.inner.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
         }
-        if !found.is_empty() {
-            tracing::debug!(agent = %self.inner.name, task = %parent, count = found.len(), "follow-ups activated");
+        if !ours.is_empty() {
+            tracing::debug!(agent = %self.inner.name, task = %parent, count = ours.len(), "follow-ups activated");
         }
+        for r in theirs {
+            // Only an older claim's: a newer one's may still be activated by it.
+            if let Some(old) = r.get_i64(pending::FENCE).filter(|&f| f < fence) {
+                self.discard_pending(r.key(), old).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the follow-ups of `parent` that the stale claim `fence` left
+    /// pending, once its outcome write was rejected. Unless that claim's outcome
+    /// was written after all (an earlier attempt of the write applied before the
+    /// claim lapsed: the task then names `fence` as its follow-ups' and the next
+    /// claimer activates them), nothing can activate them any more: the fence
+    /// has moved on.
+    pub(super) async fn discard_stale_follow_ups(&self, parent: &Key, fence: u64) -> Result<(), AgentError> {
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
+        let (store, coll) = (&self.inner.store, &self.inner.queue.coll);
+        let current = store.get(coll, parent).await?.record;
+        if current.as_ref().and_then(|r| r.get_i64(pending::PARENT_FENCE)) == Some(fence) {
+            return Ok(());
+        }
+        let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone(), pending::FENCE: fence });
+        for r in store.find(coll, &q).await? {
+            self.discard_pending(r.key(), fence).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes one follow-up while it is still pending with `fence`.
+    async fn discard_pending(&self, key: &Key, fence: i64) -> Result<(), AgentError> {
+        let still = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(fence));
+        self.inner.store.delete(&self.inner.queue.coll, key, &still).await?;
+        tracing::info!(agent = %self.inner.name, task = %key, stale_fence = fence, "a stale claim's pending follow-up removed");
         Ok(())
     }
 

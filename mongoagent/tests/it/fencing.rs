@@ -80,6 +80,14 @@ struct Gate {
     go: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
+/// The ids of the follow-ups left pending with the parent claim `fence`.
+async fn pending_of(store: &MemoryStore, fence: i64) -> Vec<String> {
+    use store_trait::{Query, Store};
+    let q = Query::eq(doc! {"pending_parent_fence": fence});
+    let found = store.find(&Collection::new("tasks").unwrap(), &q).await.unwrap();
+    found.iter().map(|r| r.key().to_string()).collect()
+}
+
 /// A run whose claim lapsed while another agent took the task over returns
 /// `outcome` first (with its own data in the follow-ups), then its outcome
 /// write is rejected; the holder returns the same shape with other data. Only
@@ -109,6 +117,10 @@ async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Pro
     client_a.set_partitioned(false);
     gate_a.go.send(()).unwrap();
     assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(Key::new("job").unwrap())));
+    // The stale run removed the follow-ups it left pending: nothing could ever
+    // activate them.
+    let left = pending_of(&store, 1).await;
+    assert!(left.is_empty(), "the stale claim's follow-ups are left behind: {left:?}");
     gate_b.go.send(()).unwrap();
     assert_eq!(run_b.await.unwrap().unwrap(), Some(holder_result));
 
@@ -237,7 +249,7 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
     };
     while part.process(handler.clone()).await.unwrap().is_some() {}
     assert_eq!(*seen.lock().unwrap(), vec!["written".to_owned()]);
-    assert!(record(&store, "job/1").data().get_bool("ready").is_ok_and(|r| !r), "the stale one stays inert");
+    assert!(pending_of(&store, 0).await.is_empty(), "the older claim's pending follow-up is removed");
 }
 
 /// As above, for a task that waits for its follow-ups: recovery activates them,
@@ -291,6 +303,52 @@ async fn joined_follow_ups_pending_after_a_crash_are_activated_by_recovery() {
         ran.push(p);
     }
     assert_eq!(ran.len(), 2, "{ran:?}");
+    assert!(pending_of(&store, 0).await.is_empty(), "the older claim's pending follow-up is removed");
     assert_eq!(split.process(resume).await.unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
     assert_eq!(*children.lock().unwrap(), vec![(1, 2)]);
+}
+
+/// A run's outcome write applied (a first attempt whose reply was lost), then
+/// its claim lapsed and the retry of the write is rejected. Its follow-ups are
+/// the task's own (the task names the run's fence for them): the run must not
+/// discard them as a stale run's, and the next claimer activates them.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_outcome_was_written_keeps_its_follow_ups() {
+    use store_trait::{Condition, Mutation, Store, Write};
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let client_a = store.client();
+    let builder = |c: store_memory::Client| {
+        Agent::builder(c, "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600))
+    };
+    let a = builder(client_a.clone()).build().unwrap();
+    let outcome = |from: &str, _round: u64| Outcome::done().follow_up(NewTask::new("part", doc! {"from": from}));
+    let (handler_a, mut gate_a) = gated(outcome, "written");
+    let run_a = tokio::spawn(async move { a.process(handler_a).await });
+    gate_a.running.recv().await.unwrap();
+    // What the lost first attempt of the run's outcome write left (fence 1).
+    let applied = Mutation::new().set("follow_ups_fence", 1_i64).set("follow_ups_finish", "complete");
+    let coll = Collection::new("tasks").unwrap();
+    store.write(&coll, &Key::new("job").unwrap(), &Write::new(Condition::Always, applied)).await.unwrap();
+    client_a.set_partitioned(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    client_a.set_partitioned(false);
+    gate_a.go.send(()).unwrap();
+    assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(Key::new("job").unwrap())));
+    assert_eq!(pending_of(&store, 1).await.len(), 1, "the run's follow-up is kept for the next claimer");
+    let split = builder(store.client()).build().unwrap();
+    let out = split.process(|_t: Task| async { true }).await.unwrap();
+    assert_eq!(out, Some(Processed::Recovered(Key::new("job").unwrap())));
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let seen = seen.clone();
+        move |t: Task| {
+            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
+            async { true }
+        }
+    };
+    while part.process(handler.clone()).await.unwrap().is_some() {}
+    assert_eq!(*seen.lock().unwrap(), vec!["written".to_owned()]);
 }
