@@ -80,6 +80,22 @@ struct Gate {
     go: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
+/// Runs every ready "part" task; returns their `from` fields in the order run.
+async fn parts_run(store: &MemoryStore) -> Vec<String> {
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = {
+        let seen = seen.clone();
+        move |t: Task| {
+            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
+            async { true }
+        }
+    };
+    while part.process(handler.clone()).await.unwrap().is_some() {}
+    let seen = seen.lock().unwrap().clone();
+    seen
+}
+
 /// The ids of the follow-ups left pending with the parent claim `fence`.
 async fn pending_of(store: &MemoryStore, fence: i64) -> Vec<String> {
     use store_trait::{Query, Store};
@@ -124,18 +140,7 @@ async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Pro
     gate_b.go.send(()).unwrap();
     assert_eq!(run_b.await.unwrap().unwrap(), Some(holder_result));
 
-    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let handler = {
-        let seen = seen.clone();
-        move |t: Task| {
-            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
-            async { true }
-        }
-    };
-    while part.process(handler.clone()).await.unwrap().is_some() {}
-    let seen = seen.lock().unwrap().clone();
-    (seen, store)
+    (parts_run(&store).await, store)
 }
 
 #[tokio::test(start_paused = true)]
@@ -239,16 +244,7 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
         (true, false, 42)
     );
     assert!(d.get("follow_ups_fence").is_none() && job.lease().is_none(), "{d}");
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let handler = {
-        let seen = seen.clone();
-        move |t: Task| {
-            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
-            async { true }
-        }
-    };
-    while part.process(handler.clone()).await.unwrap().is_some() {}
-    assert_eq!(*seen.lock().unwrap(), vec!["written".to_owned()]);
+    assert_eq!(parts_run(&store).await, vec!["written".to_owned()]);
     assert!(pending_of(&store, 0).await.is_empty(), "the older claim's pending follow-up is removed");
 }
 
@@ -340,15 +336,5 @@ async fn a_run_whose_outcome_was_written_keeps_its_follow_ups() {
     let split = builder(store.client()).build().unwrap();
     let out = split.process(|_t: Task| async { true }).await.unwrap();
     assert_eq!(out, Some(Processed::Recovered(Key::new("job").unwrap())));
-    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let handler = {
-        let seen = seen.clone();
-        move |t: Task| {
-            seen.lock().unwrap().push(t.data().get_str("from").unwrap().to_owned());
-            async { true }
-        }
-    };
-    while part.process(handler.clone()).await.unwrap().is_some() {}
-    assert_eq!(*seen.lock().unwrap(), vec!["written".to_owned()]);
+    assert_eq!(parts_run(&store).await, vec!["written".to_owned()]);
 }
