@@ -14,7 +14,9 @@ pub(crate) fn seconds(what: &str, s: f64, zero_ok: bool) -> Result<Duration, Str
     let d = if ok { Duration::try_from_secs_f64(s).ok().filter(|d| zero_ok || !d.is_zero()) } else { None };
     d.ok_or_else(|| {
         let least = if zero_ok { "zero or more" } else { "a positive number of" };
-        format!("--{what} must be {least} seconds, at most a year (31,622,400), not {s}")
+        // `1e300` as typed, not three hundred digits.
+        let typed = if s.abs() < 1e12 { format!("{s}") } else { format!("{s:e}") };
+        format!("--{what} must be {least} seconds, at most a year (31,622,400), not {typed}")
     })
 }
 
@@ -27,6 +29,7 @@ mod tests {
     fn examples() {
         assert_eq!(seconds("delay", 1.5, false), Ok(Duration::from_millis(1500)));
         assert_eq!(seconds("delay", 0.0, true), Ok(Duration::ZERO));
+        assert!(seconds("delay", 1e300, false).is_err_and(|e| e.ends_with("not 1e300")));
         for bad in [0.0, -1.0, 1e20, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, MAX_SECONDS * 1.01] {
             assert!(seconds("delay", bad, false).is_err(), "{bad}");
         }
