@@ -122,6 +122,8 @@ pub(crate) struct Opts {
 
 /// `mongocoord dashboard`: serves until SIGINT or SIGTERM.
 pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result<u8, String> {
+    // The library figures count from now on (see `metrics.rs`).
+    crate::exposition::installed();
     let token = match (&o.token_file, o.read_only) {
         (_, true) => None,
         (Some(f), false) => Some(auth::Token::from_file(f)?),
