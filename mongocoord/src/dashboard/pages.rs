@@ -162,7 +162,11 @@ fn queue(h: &mut String, q: &str, counts: &QueueCounts, actions: bool) {
     for s in StatsRow::STATES {
         let _ = write!(h, "<th>{s}</th>");
     }
-    h.push_str("<th>oldest ready</th><th>paused</th></tr>");
+    h.push_str(if actions {
+        "<th>oldest ready</th><th>paused</th><th></th></tr>"
+    } else {
+        "<th>oldest ready</th><th>paused</th></tr>"
+    });
     for (agent, s) in &counts.agents {
         let _ = write!(h, "<tr><td>{}</td>", esc(agent));
         for (state, n) in StatsRow::STATES.iter().zip(s.counts()) {
