@@ -310,19 +310,29 @@ pub(crate) fn task_list(q: &str, list: &TaskList, query: &str, page: u32, more: 
     h
 }
 
+/// The task list's filters as the request gave them.
+#[derive(Debug)]
+pub(crate) struct Filters<'a> {
+    pub(crate) agent: &'a str,
+    pub(crate) state: &'a str,
+    pub(crate) id: &'a str,
+}
+
 /// The filters above the task list.
-pub(crate) fn task_filters(queues: &[String], q: &str, agent: &str, st: &str) -> String {
+pub(crate) fn task_filters(queues: &[String], q: &str, f: &Filters<'_>) -> String {
+    let (agent, st) = (f.agent, f.state);
     let mut h = String::from(r#"<form method="get" action="/tasks" class="filters">queue <select name="queue">"#);
     for name in queues {
         let sel = if name == q { " selected" } else { "" };
         let _ = write!(h, r#"<option value="{0}"{sel}>{0}</option>"#, esc(name));
     }
     let _ = write!(h, r#"</select> agent <input name="agent" value="{}"> state <select name="state">"#, esc(agent));
-    for s in ["", "ready", "running", "completed", "failed"] {
+    for s in ["", "ready", "running", "completed", "failed", "cancelled"] {
         let sel = if s == st { " selected" } else { "" };
         let _ = write!(h, r#"<option value="{s}"{sel}>{}</option>"#, if s.is_empty() { "any" } else { s });
     }
-    h.push_str(r#"</select> <button>filter</button></form>"#);
+    let _ =
+        write!(h, r#"</select> id <input name="id" value="{}" size="26"> <button>filter</button></form>"#, esc(f.id));
     h
 }
 

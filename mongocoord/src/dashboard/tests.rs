@@ -123,6 +123,11 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
     assert!(detail.contains(r#"<dd id="attempts">2 of at most 5</dd>"#), "{detail}");
     assert!(detail.contains(r#"action="/cancel/preview""#), "a ready task offers cancel: {detail}");
 
+    let one = send(&r, get("/tasks?queue=jobs&id=broken")).await.body;
+    assert!(
+        one.contains(">broken<") && !one.contains(">evil<") && one.contains(r#"name="id" value="broken""#),
+        "{one}"
+    );
     let list = send(&r, get("/tasks?queue=jobs&state=failed")).await.body;
     assert!(list.contains("broken") && !list.contains(">evil<"), "{list}");
     assert!(list.contains("requeue…"), "a failed task offers requeue: {list}");
@@ -255,6 +260,8 @@ async fn actions<S: Store + Clone + 'static>(store: S) {
     let done = send(&r, post("/cancel", "queue=jobs&id=doomed", Some(TOKEN))).await;
     assert_eq!(done.status, StatusCode::SEE_OTHER);
     assert_eq!(state_of(store.clone(), "doomed").await, "cancelled");
+    let cancelled = send(&r, get("/tasks?queue=jobs&state=cancelled")).await.body;
+    assert!(cancelled.contains(">doomed<") && !cancelled.contains(">broken<"), "{cancelled}");
     let none = send(&r, post("/cancel/preview", "queue=jobs&id=doomed", Some(TOKEN))).await;
     assert!(none.body.contains("Nothing to cancel"), "{}", none.body);
     let bad = send(&r, post("/cancel/preview", "queue=jobs&filter=%5B%5D", Some(TOKEN))).await;
