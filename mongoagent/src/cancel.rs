@@ -93,6 +93,7 @@ impl<S: Store + Clone> Queue<S> {
             match self.store.write(&self.coll, r.key(), &w).await? {
                 store_trait::WriteOutcome::Applied(_) => {
                     tracing::info!(queue = %self.coll, task = %r.key(), fence = r.fence(), running, "task cancelled");
+                    crate::metrics::cancelled(&self.coll, r.get_str(fields::AGENT_NAME));
                     return Ok(true);
                 }
                 // Ended (completed first, say), deleted, or in a fan-in step now.

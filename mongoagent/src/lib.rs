@@ -26,6 +26,9 @@
 //! - **Schedules** ([`schedule`]): cron expressions in a time zone, fixed
 //!   intervals and one-off times; any number of processes run a [`Scheduler`]
 //!   and each tick still becomes exactly one task, with no leader.
+//! - **Metrics** ([`metrics`]): task outcomes by queue, agent name and
+//!   outcome, and claim round trips, through the `metrics` facade
+//!   (`mongoagent_*`), for whatever recorder the application installs.
 //!
 //! A two-stage pipeline:
 //!
@@ -57,6 +60,7 @@ mod agent;
 mod cancel;
 mod control;
 mod error;
+pub mod metrics;
 mod outcome;
 mod progress;
 mod queue;

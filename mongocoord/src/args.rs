@@ -60,6 +60,11 @@ pub(crate) struct Command {
     /// Pass MONGO_* and MONGODB_* variables on to CMD (not by default).
     #[arg(long)]
     pub(crate) pass_env: bool,
+    /// Serve this process's figures (task outcomes, claim latency, lease
+    /// acquisitions and losses, term changes, change-stream resyncs) at
+    /// http://ADDR/metrics, for Prometheus (for example 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_bind: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub(crate) cmd: Vec<String>,

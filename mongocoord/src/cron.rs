@@ -104,6 +104,11 @@ fn config(e: AgentError) -> String {
 }
 
 impl CronArgs {
+    /// The options shared with the other runners.
+    pub(crate) fn command(&self) -> &crate::args::Command {
+        &self.command
+    }
+
     /// The runner's lease, grace and command, checked.
     pub(crate) fn run(&self) -> Result<Run<'_>, String> {
         self.command.run(self.lease)

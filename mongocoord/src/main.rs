@@ -12,6 +12,7 @@ mod cron;
 mod dashboard;
 mod data;
 mod demo;
+mod exposition;
 mod queue_ops;
 mod runners;
 mod schedules;
@@ -349,8 +350,25 @@ fn main() -> ExitCode {
     }
 }
 
+impl Cmd {
+    /// The runners' `--metrics-bind`.
+    fn metrics_bind(&self) -> Option<&str> {
+        match self {
+            Cmd::Lock { command, .. } | Cmd::Elect { command, .. } | Cmd::Agent { command, .. } => {
+                command.metrics_bind.as_deref()
+            }
+            Cmd::Cron(args) => args.command().metrics_bind.as_deref(),
+            _ => None,
+        }
+    }
+}
+
 async fn run(cli: Cli) -> Result<u8, String> {
     let (uri, db, json) = (cli.uri.as_deref(), cli.db.as_deref(), cli.json);
+    if let Some(addr) = cli.cmd.metrics_bind() {
+        let bound = exposition::serve(addr).await?;
+        eprintln!("mongocoord: metrics on http://{bound}/metrics");
+    }
     match cli.cmd {
         Cmd::Demo { seconds, tasks, memory } => {
             let target = if memory { None } else { resolve_connection(uri, db).ok() };

@@ -60,13 +60,15 @@
 //! (a term: how it begins and ends), `campaign.rs` (campaign and lead),
 //! `ticker.rs` (the rounds: renewal, `on_loop`, status), `observer.rs` (who
 //! leads), `callbacks.rs` (the callback lanes), `status.rs` (the status-document
-//! schema), `error.rs`.
+//! schema), `metrics.rs` (the figures emitted through the `metrics` facade:
+//! `mongoelector_*`, see [`metrics`]), `error.rs`.
 
 mod builder;
 mod callbacks;
 mod campaign;
 mod elector;
 mod error;
+pub mod metrics;
 mod observer;
 pub mod status;
 mod term;

@@ -67,6 +67,7 @@ impl<S: Store + Clone> Inner<S> {
         *self.snapshot.lock() = Some(TermSnapshot { cancel: cancel.clone(), fence, validity: guard.validity() });
         self.terms_won.fetch_add(1, Ordering::Relaxed);
         tracing::info!(key = %self.key, node = %self.identity, fence, "elected leader");
+        crate::metrics::term(&self.key, true);
         // The callback gets a child: cancelling it does not end the term.
         self.callbacks.leader(cancel.child_token());
         *slot = Some(Term { guard, cancel });
@@ -85,6 +86,7 @@ impl<S: Store + Clone> Inner<S> {
         *self.snapshot.lock() = None;
         let fence = term.guard.fence();
         tracing::info!(key = %self.key, node = %self.identity, fence, why, "leadership ended");
+        crate::metrics::term(&self.key, false);
         self.callbacks.loss();
         self.changed.notify_one();
         if release && !term.guard.is_lost() {

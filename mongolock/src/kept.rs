@@ -127,6 +127,7 @@ impl<S: Store + Clone> KeptLease<S> {
         }
         if !self.released.load(Ordering::SeqCst) {
             Metrics::bump(&self.leases.metrics.losses);
+            crate::metrics::lost(&self.leases.coll);
             tracing::warn!(key = %self.key, owner = %self.owner, fence = self.fence, why, "lock lost");
         }
         self.lost.cancel();

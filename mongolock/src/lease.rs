@@ -275,6 +275,7 @@ impl<S: Store + Clone> Leases<S> {
             lost_marked: AtomicBool::new(false),
         });
         Metrics::bump(&config.metrics.acquisitions);
+        crate::metrics::acquired(&config.coll);
         tracing::info!(key = %term.key, owner = %term.owner, fence = term.fence, auto_renew, "lock acquired");
         if let Some(c) = &term.current {
             c.set(Some(&term));

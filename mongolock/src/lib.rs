@@ -40,6 +40,11 @@
 //! | `status` | [`Lock::status`] |
 //! | `timeparanoid` | unnecessary (server clock); [`Lock::clock_offset_ms`] reports the offset |
 //!
+//! # Metrics
+//!
+//! Lease acquisitions and losses are also emitted through the `metrics` facade,
+//! as `mongolock_*` counters: see [`metrics`] for the names and labels.
+//!
 //! # Clocks
 //!
 //! A lease ends at the store's time of the grant plus the ttl, on the **store
@@ -112,6 +117,7 @@ mod keeper;
 mod kept;
 mod lease;
 mod lock;
+pub mod metrics;
 mod release_many;
 mod semaphore;
 mod timing;

@@ -39,7 +39,8 @@
 //! Backends: `store-memory` (deterministic under paused tokio time, fault
 //! injection) and `store-mongo`. The crate root is the contract alone; beside it:
 //!
-//! - [`helpers`]: what is built on the contract for its users ([`helpers::Watcher`]);
+//! - [`helpers`]: what is built on the contract for its users ([`helpers::Watcher`]),
+//!   and the figures it emits through the `metrics` facade ([`helpers::metrics`]);
 //! - [`backend`]: for implementors of [`Store`], not part of the stable API for
 //!   users (the reference semantics, shared input checks);
 //! - `testing` (feature `testing`): the conformance suite every backend runs

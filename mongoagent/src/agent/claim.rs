@@ -124,6 +124,7 @@ impl<S: Store + Clone> Agent<S> {
         } else {
             inner.store.claim(&inner.queue.coll, &claim).await?.into_iter().collect()
         };
+        crate::metrics::claimed(&inner.queue.coll, &inner.name, sent.elapsed());
         let mut claimed = Vec::with_capacity(records.len());
         for record in records {
             // Kept like a lock's acquisition, by the agent's one `Leases`.

@@ -56,6 +56,7 @@ impl<S: Store + Clone> Agent<S> {
             }
         };
         tracing::info!(agent = %self.inner.name, task = %key, token, outcome = ?result, "task finished; activating its follow-ups");
+        crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &result);
         self.end_with_follow_ups(guard, &key, record, token, finish).await?;
         Ok(result)
     }

@@ -110,6 +110,7 @@ impl<S: Store + Clone> Agent<S> {
                     _ => {}
                 });
                 tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
+                crate::metrics::outcome(&inner.queue.coll, &inner.name, &result);
                 if let Some(guard) = kept {
                     self.notify_waiter(record).await?;
                     match guard.release_with(self.close(Mutation::new(), record.data())).await {
@@ -130,6 +131,7 @@ impl<S: Store + Clone> Agent<S> {
     pub(super) fn stale(&self, key: &Key, token: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
         self.bump(|l| l.stale_rejected += 1);
         tracing::warn!(agent = %self.inner.name, task = %key, token, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
+        crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &Processed::Stale(key.clone()));
         Processed::Stale(key.clone())
     }
 

@@ -96,7 +96,9 @@ impl<S: Store + Clone> Agent<S> {
             Ok(_) | Err(LockError::Lost { .. }) => {
                 self.bump(|l| l.recovered += 1);
                 tracing::info!(agent = %self.inner.name, task = %key, "finished a crashed agent's fan-in step");
-                Ok(Processed::Recovered(key))
+                let done = Processed::Recovered(key);
+                crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &done);
+                Ok(done)
             }
             Err(e) => Err(e.into()),
         }

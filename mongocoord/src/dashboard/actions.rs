@@ -1,7 +1,7 @@
-//! The write actions (absent in read-only mode, behind the token): requeue
-//! and a schedule's pause or resume, each a preview of what it will touch and
-//! then the change; enqueue from JSON; and the login that sets the token's
-//! cookie.
+//! The write actions (absent in read-only mode, behind the token): requeue,
+//! cancel, an agent name's pause or resume and a schedule's, each a preview
+//! of what it will touch (`confirm.rs`) and then the change; enqueue from
+//! JSON; and the login that sets the token's cookie.
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -12,22 +12,24 @@ use mongoagent::{NewTask, Queue};
 use serde::Deserialize;
 use store_trait::Store;
 
+use super::confirm::{self, TaskAction};
 use super::pages::{self, Page};
 use super::routes::{html, known_queue, page, AppState, Fail};
 use super::{auth, App};
 use crate::data;
 use crate::schedules::Action;
 
-/// The form of both requeue steps: a task id, or a JSON equality filter.
+/// The form of both steps of a requeue or a cancel: a task id, or a JSON
+/// equality filter.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub(super) struct RequeueForm {
+pub(super) struct TaskForm {
     queue: String,
     filter: String,
     id: String,
 }
 
-impl RequeueForm {
+impl TaskForm {
     fn filter(&self) -> Result<Document, Fail> {
         if !self.id.is_empty() {
             return Ok(doc! { "_id": data::task_id(&self.id) });
@@ -42,33 +44,127 @@ fn queue_of<S: Store + Clone>(app: &App<S>, name: &str) -> Result<Queue<S>, Fail
     Queue::new(app.store.clone(), q).map_err(|e| Fail::Bad(e.to_string()))
 }
 
-pub(super) async fn requeue_preview<S: Store + Clone>(
-    State(app): AppState<S>,
-    headers: HeaderMap,
-    Form(f): Form<RequeueForm>,
-) -> Result<Response, Fail> {
-    let q = queue_of(&app, &f.queue)?;
-    let ids = q.requeue(f.filter()?, true).await.map_err(|e| Fail::Store(e.to_string()))?;
-    let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
-    let live = pages::confirm_requeue(&f.queue, &f.filter, &f.id, &ids);
-    Ok(page(&app, &headers, Page { title: "Requeue?".into(), live, ..Page::default() }))
+/// Requeues or cancels (or with `dry_run`, lists) the tasks `f` selects, by
+/// the library's operation: the preview and the action read alike.
+async fn apply<S: Store + Clone>(
+    app: &App<S>,
+    action: TaskAction,
+    f: &TaskForm,
+    dry_run: bool,
+) -> Result<Vec<String>, Fail> {
+    let q = queue_of(app, &f.queue)?;
+    let filter = f.filter()?;
+    let done = match action {
+        TaskAction::Requeue => q.requeue(filter, dry_run).await,
+        TaskAction::Cancel => q.cancel(filter, dry_run).await,
+    };
+    Ok(done.map_err(|e| Fail::Store(e.to_string()))?.iter().map(ToString::to_string).collect())
 }
 
-pub(super) async fn requeue<S: Store + Clone>(
-    State(app): AppState<S>,
-    Form(f): Form<RequeueForm>,
+async fn preview<S: Store + Clone>(
+    app: &App<S>,
+    headers: &HeaderMap,
+    action: TaskAction,
+    f: TaskForm,
 ) -> Result<Response, Fail> {
-    let q = queue_of(&app, &f.queue)?;
-    let done = q.requeue(f.filter()?, false).await.map_err(|e| Fail::Store(e.to_string()))?;
+    let ids = apply(app, action, &f, true).await?;
+    let live = confirm::tasks(action, &f.queue, &f.filter, &f.id, &ids);
+    let title = if action == TaskAction::Requeue { "Requeue?" } else { "Cancel?" };
+    Ok(page(app, headers, Page { title: title.into(), live, ..Page::default() }))
+}
+
+async fn act<S: Store + Clone>(app: &App<S>, action: TaskAction, f: TaskForm) -> Result<Response, Fail> {
+    let done = apply(app, action, &f, false).await?;
     app.changed().await;
-    tracing::info!(queue = %f.queue, count = done.len(), "dashboard requeued tasks");
+    tracing::info!(queue = %f.queue, action = ?action, count = done.len(), "dashboard changed tasks");
     if !f.id.is_empty() {
         return Ok(
             Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&f.id), pages::url(&f.queue))).into_response()
         );
     }
-    let text = format!("Requeued {} task(s).", done.len());
-    Ok(html(pages::message("Requeued", &text, "/").render(false, app.cfg.read_only)))
+    let (title, text) = match action {
+        TaskAction::Requeue => ("Requeued", format!("Requeued {} task(s).", done.len())),
+        TaskAction::Cancel => ("Cancelled", format!("Cancelled {} task(s).", done.len())),
+    };
+    Ok(html(pages::message(title, &text, "/").render(false, app.cfg.read_only)))
+}
+
+pub(super) async fn requeue_preview<S: Store + Clone>(
+    State(app): AppState<S>,
+    headers: HeaderMap,
+    Form(f): Form<TaskForm>,
+) -> Result<Response, Fail> {
+    preview(&app, &headers, TaskAction::Requeue, f).await
+}
+
+pub(super) async fn requeue<S: Store + Clone>(
+    State(app): AppState<S>,
+    Form(f): Form<TaskForm>,
+) -> Result<Response, Fail> {
+    act(&app, TaskAction::Requeue, f).await
+}
+
+pub(super) async fn cancel_preview<S: Store + Clone>(
+    State(app): AppState<S>,
+    headers: HeaderMap,
+    Form(f): Form<TaskForm>,
+) -> Result<Response, Fail> {
+    preview(&app, &headers, TaskAction::Cancel, f).await
+}
+
+pub(super) async fn cancel<S: Store + Clone>(
+    State(app): AppState<S>,
+    Form(f): Form<TaskForm>,
+) -> Result<Response, Fail> {
+    act(&app, TaskAction::Cancel, f).await
+}
+
+/// The form of both steps of an agent name's pause or resume.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct AgentForm {
+    queue: String,
+    agent: String,
+    action: String,
+}
+
+impl AgentForm {
+    /// Whether the action pauses (`true`) or resumes.
+    fn pause(&self) -> Result<bool, Fail> {
+        if self.agent.trim().is_empty() {
+            return Err(Fail::Bad("name the agent to pause or resume".into()));
+        }
+        match self.action.as_str() {
+            "pause" => Ok(true),
+            "resume" => Ok(false),
+            other => Err(Fail::Bad(format!("unknown agent action {other:?}: pause or resume"))),
+        }
+    }
+}
+
+pub(super) async fn agent_preview<S: Store + Clone>(
+    State(app): AppState<S>,
+    headers: HeaderMap,
+    Form(f): Form<AgentForm>,
+) -> Result<Response, Fail> {
+    let q = known_queue(&app, Some(&f.queue))?;
+    let pause = f.pause()?;
+    let counts = data::queue_counts(&app.store, q, Some(&f.agent)).await.map_err(Fail::Store)?;
+    let row = counts.agents.get(&f.agent).filter(|r| r.counts().iter().any(|n| *n > 0) || r.paused);
+    let live = confirm::agent(q, &f.agent, pause, row);
+    Ok(page(&app, &headers, Page { title: format!("{} {}?", f.action, f.agent), live, ..Page::default() }))
+}
+
+pub(super) async fn agent<S: Store + Clone>(
+    State(app): AppState<S>,
+    Form(f): Form<AgentForm>,
+) -> Result<Response, Fail> {
+    let q = queue_of(&app, &f.queue)?;
+    let pause = f.pause()?;
+    q.set_paused(&f.agent, pause).await.map_err(|e| Fail::Store(e.to_string()))?;
+    app.changed().await;
+    tracing::info!(queue = %f.queue, agent = %f.agent, paused = pause, "dashboard paused or resumed an agent name");
+    Ok(Redirect::to("/").into_response())
 }
 
 /// The enqueue form: the task's fields as a JSON object.
@@ -161,7 +257,7 @@ pub(super) async fn schedule_preview<S: Store + Clone>(
         .iter()
         .find(|r| r["name"] == f.name.as_str())
         .ok_or_else(|| Fail::NotFound(format!("no schedule {} in {q}", f.name)))?;
-    let live = pages::confirm_schedule(q, &f.name, &f.action, row);
+    let live = confirm::schedule(q, &f.name, &f.action, row);
     Ok(page(&app, &headers, Page { title: format!("{} {}?", f.action, f.name), live, ..Page::default() }))
 }
 

@@ -1,11 +1,15 @@
 //! `/metrics`: the overview's figures in the Prometheus (OpenMetrics) text
 //! format, encoded by `prometheus-client`. Read from the store at each scrape,
 //! so a label set that is gone (a deleted lock, an agent without tasks)
-//! disappears with it.
+//! disappears with it. Followed by this process's library figures
+//! (`crate::exposition`: the `metrics` facade's `mongoagent_*`, `mongolock_*`,
+//! `mongoelector_*`, `store_*`); the dashboard runs no agent, so those are
+//! mostly its own watchers' resyncs: task outcomes and claim latency are on
+//! the `/metrics` of the processes that run the agents (`--metrics-bind`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,7 +20,7 @@ use super::pages::Overview;
 use crate::data::StatsRow;
 
 /// The content type of the exposition.
-pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = crate::exposition::CONTENT_TYPE;
 
 type Labels = Vec<(String, String)>;
 type Floats = Family<Labels, Gauge<f64, AtomicU64>>;
@@ -30,7 +34,8 @@ fn int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// The exposition of `o`, and of the dashboard's own live machinery.
+/// The exposition of `o`, of the dashboard's own live machinery, and of the
+/// process's library figures.
 pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<String, String> {
     let mut reg = Registry::with_prefix("mongocoord");
 
@@ -95,7 +100,11 @@ pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<S
         resyncs,
     );
 
+    let library = crate::exposition::installed().registry();
     let mut out = String::new();
-    encode(&mut out, &reg).map_err(|e| format!("cannot encode the metrics: {e}"))?;
+    encode_registry(&mut out, &reg)
+        .and_then(|()| encode_registry(&mut out, &library))
+        .and_then(|()| encode_eof(&mut out))
+        .map_err(|e| format!("cannot encode the metrics: {e}"))?;
     Ok(out)
 }

@@ -1,8 +1,10 @@
 //! `mongocoord dashboard`: a live web view of elections, locks, queues and
-//! schedules, with requeue and enqueue actions and Prometheus metrics.
+//! schedules, with operator actions and Prometheus metrics.
 //!
 //! - `routes.rs`: the router and the read-only handlers (pages, JSON).
-//! - `actions.rs`: requeue, enqueue, a schedule's pause and resume, login.
+//! - `actions.rs`: requeue, cancel, enqueue, an agent name's and a
+//!   schedule's pause and resume, login.
+//! - `confirm.rs`: each action's confirmation: what it will touch.
 //! - `pages.rs`: the HTML, every value escaped.
 //! - `live.rs`: one watcher per collection, fanned out to tabs over SSE.
 //! - `auth.rs`: the Host check, the Origin check and the token.
@@ -12,6 +14,7 @@
 
 mod actions;
 mod auth;
+mod confirm;
 mod live;
 mod metrics;
 mod pages;
@@ -122,6 +125,8 @@ pub(crate) struct Opts {
 
 /// `mongocoord dashboard`: serves until SIGINT or SIGTERM.
 pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result<u8, String> {
+    // The library figures count from now on (see `metrics.rs`).
+    crate::exposition::installed();
     let token = match (&o.token_file, o.read_only) {
         (_, true) => None,
         (Some(f), false) => Some(auth::Token::from_file(f)?),

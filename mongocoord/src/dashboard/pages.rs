@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use super::confirm::TaskAction;
 use crate::data::{Elections, Locks, QueueCounts, StatsRow, TaskDetail, TaskList};
 
 /// Text made safe for HTML element content and quoted attribute values.
@@ -144,7 +145,7 @@ pub(crate) fn overview(o: &Overview, actions: bool) -> String {
     skipped(&mut h, o.locks.skipped.len() + o.elections.skipped.len());
     h.push_str("</section>");
     for (q, counts, schedules) in &o.queues {
-        queue(&mut h, q, counts);
+        queue(&mut h, q, counts, actions);
         schedule_table(&mut h, q, schedules, actions);
     }
     h
@@ -156,12 +157,16 @@ fn skipped(h: &mut String, n: usize) {
     }
 }
 
-fn queue(h: &mut String, q: &str, counts: &QueueCounts) {
+fn queue(h: &mut String, q: &str, counts: &QueueCounts, actions: bool) {
     let _ = write!(h, r#"<section class="queue"><h2>Queue {}</h2><table><tr><th>agent</th>"#, esc(q));
     for s in StatsRow::STATES {
         let _ = write!(h, "<th>{s}</th>");
     }
-    h.push_str("<th>oldest ready</th></tr>");
+    h.push_str(if actions {
+        "<th>oldest ready</th><th>paused</th><th></th></tr>"
+    } else {
+        "<th>oldest ready</th><th>paused</th></tr>"
+    });
     for (agent, s) in &counts.agents {
         let _ = write!(h, "<tr><td>{}</td>", esc(agent));
         for (state, n) in StatsRow::STATES.iter().zip(s.counts()) {
@@ -176,14 +181,24 @@ fn queue(h: &mut String, q: &str, counts: &QueueCounts) {
                 url(agent)
             );
         }
-        let _ = write!(h, "<td>{}</td></tr>", secs(s.oldest_ready_age_ms));
+        let _ = write!(h, "<td>{}</td><td>{}</td>", secs(s.oldest_ready_age_ms), if s.paused { "paused" } else { "" });
+        if actions {
+            let action = if s.paused { "resume" } else { "pause" };
+            let _ = write!(
+                h,
+                r#"<td><form method="post" action="/agent/preview" class="inline"><input type="hidden" name="queue" value="{}"><input type="hidden" name="agent" value="{}"><input type="hidden" name="action" value="{action}"><button class="agent">{action}…</button></form></td>"#,
+                esc(q),
+                esc(agent)
+            );
+        }
+        h.push_str("</tr>");
     }
     h.push_str("</table>");
     skipped(h, counts.skipped.len());
     h.push_str("</section>");
 }
 
-fn cell(v: &Value) -> String {
+pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => esc(s),
@@ -238,17 +253,27 @@ pub(crate) fn id_text(t: &Value) -> String {
     }
 }
 
-fn requeue_button(q: &str, id: &str) -> String {
+fn task_button(action: TaskAction, q: &str, id: &str) -> String {
+    let name = &action.path()[1..];
     format!(
-        r#"<form method="post" action="/requeue/preview" class="inline"><input type="hidden" name="queue" value="{}"><input type="hidden" name="id" value="{}"><button class="requeue">requeue…</button></form>"#,
+        r#"<form method="post" action="{}/preview" class="inline"><input type="hidden" name="queue" value="{}"><input type="hidden" name="id" value="{}"><button class="{name}">{name}…</button></form>"#,
+        action.path(),
         esc(q),
         esc(id)
     )
 }
 
-/// Whether the page offers requeue for a task in `state`.
-fn requeuable(state: &str) -> bool {
-    matches!(state, "failed" | "running")
+/// The actions the page offers for a task in `state` (each previewed, which
+/// tells whether it applies after all: a running task may be stuck or not).
+fn task_buttons(q: &str, id: &str, state: &str) -> String {
+    let mut h = String::new();
+    if matches!(state, "failed" | "running") {
+        h.push_str(&task_button(TaskAction::Requeue, q, id));
+    }
+    if matches!(state, "ready" | "running" | "held") {
+        h.push_str(&task_button(TaskAction::Cancel, q, id));
+    }
+    h
 }
 
 /// The task list: one row per task, links to the detail, and paging.
@@ -268,7 +293,7 @@ pub(crate) fn task_list(q: &str, list: &TaskList, query: &str, page: u32, more: 
             cell(&t["attempts"]),
             cell(&t["priority"]),
             cell(&t["last_error"]),
-            if actions && requeuable(st) { requeue_button(q, &id) } else { String::new() }
+            if actions { task_buttons(q, &id, st) } else { String::new() }
         );
     }
     h.push_str("</table>");
@@ -285,41 +310,80 @@ pub(crate) fn task_list(q: &str, list: &TaskList, query: &str, page: u32, more: 
     h
 }
 
+/// The task list's filters as the request gave them.
+#[derive(Debug)]
+pub(crate) struct Filters<'a> {
+    pub(crate) agent: &'a str,
+    pub(crate) state: &'a str,
+    pub(crate) id: &'a str,
+}
+
 /// The filters above the task list.
-pub(crate) fn task_filters(queues: &[String], q: &str, agent: &str, st: &str) -> String {
+pub(crate) fn task_filters(queues: &[String], q: &str, f: &Filters<'_>) -> String {
+    let (agent, st) = (f.agent, f.state);
     let mut h = String::from(r#"<form method="get" action="/tasks" class="filters">queue <select name="queue">"#);
     for name in queues {
         let sel = if name == q { " selected" } else { "" };
         let _ = write!(h, r#"<option value="{0}"{sel}>{0}</option>"#, esc(name));
     }
     let _ = write!(h, r#"</select> agent <input name="agent" value="{}"> state <select name="state">"#, esc(agent));
-    for s in ["", "ready", "running", "completed", "failed"] {
+    for s in ["", "ready", "running", "completed", "failed", "cancelled"] {
         let sel = if s == st { " selected" } else { "" };
         let _ = write!(h, r#"<option value="{s}"{sel}>{}</option>"#, if s.is_empty() { "any" } else { s });
     }
-    h.push_str(r#"</select> <button>filter</button></form>"#);
+    let _ =
+        write!(h, r#"</select> id <input name="id" value="{}" size="26"> <button>filter</button></form>"#, esc(f.id));
     h
 }
 
-/// A task: its state, attempts, last error, parent and children, and every
-/// field.
+/// A date as relaxed extended JSON shows it (`{"$date": "…"}`): its text.
+fn when(v: &Value) -> String {
+    match v.get("$date") {
+        Some(Value::String(d)) => esc(d),
+        _ => cell(v),
+    }
+}
+
+/// What the task last reported of its progress (`Task::progress`), and when.
+fn progress(t: &Value) -> String {
+    if t["progress"].is_null() {
+        return "-".into();
+    }
+    match &t["progress_at"] {
+        Value::Null => cell(&t["progress"]),
+        at => format!("{} (at {})", cell(&t["progress"]), when(at)),
+    }
+}
+
+/// A task: its state, attempts, last error, progress, times, parent and
+/// children, and every field.
 pub(crate) fn task_detail(q: &str, d: &TaskDetail, actions: bool) -> String {
     let t = &d.task;
     let st = state(t);
     let mut h = format!(
-        r#"<dl><dt>queue</dt><dd>{}</dd><dt>state</dt><dd id="state" class="{st}">{st}</dd><dt>agent</dt><dd>{}</dd><dt>attempts</dt><dd>{}</dd><dt>last error</dt><dd>{}</dd><dt>fence</dt><dd>{}</dd>"#,
+        r#"<dl><dt>queue</dt><dd>{}</dd><dt>state</dt><dd id="state" class="{st}">{st}</dd><dt>agent</dt><dd>{}</dd><dt>attempts</dt><dd id="attempts">{}{}</dd><dt>last error</dt><dd id="last-error">{}</dd><dt>progress</dt><dd id="progress">{}</dd><dt>fence</dt><dd>{}</dd><dt>priority</dt><dd>{}</dd>"#,
         esc(q),
         cell(&t["agent_name"]),
         cell(&t["attempts"]),
+        if t["max_attempts"].is_null() { String::new() } else { format!(" of at most {}", cell(&t["max_attempts"])) },
         cell(&t["last_error"]),
-        cell(&t["fence"])
+        progress(t),
+        cell(&t["fence"]),
+        cell(&t["priority"])
     );
+    for (label, field) in
+        [("run at", "run_at"), ("started", "started_at"), ("on host", "agent_host"), ("ended", "completed_at")]
+    {
+        if !t[field].is_null() {
+            let _ = write!(h, "<dt>{label}</dt><dd>{}</dd>", when(&t[field]));
+        }
+    }
     if let Some(p) = &d.parent {
         let _ = write!(h, r#"<dt>parent</dt><dd><a href="/tasks/{}?queue={}">{}</a></dd>"#, url(p), url(q), esc(p));
     }
     h.push_str("</dl>");
-    if actions && requeuable(st) {
-        h.push_str(&requeue_button(q, &id_text(t)));
+    if actions {
+        h.push_str(&task_buttons(q, &id_text(t), st));
     }
     if !d.children.is_empty() {
         h.push_str("<h2>Children</h2><ul>");
@@ -335,46 +399,6 @@ pub(crate) fn task_detail(q: &str, d: &TaskDetail, actions: bool) -> String {
     h
 }
 
-/// The confirmation step of a requeue: what it will touch.
-pub(crate) fn confirm_requeue(q: &str, filter: &str, id: &str, ids: &[String]) -> String {
-    if ids.is_empty() {
-        return r#"<p class="msg">Nothing to requeue: no failed or stuck task matches.</p><p><a href="/">back</a></p>"#
-            .into();
-    }
-    let mut h = format!("<p>This requeues {} failed or stuck task(s) in {}:</p><ul>", ids.len(), esc(q));
-    for i in ids {
-        let _ = write!(h, r#"<li><a href="/tasks/{}?queue={}">{}</a></li>"#, url(i), url(q), esc(i));
-    }
-    let _ = write!(
-        h,
-        r#"</ul><form method="post" action="/requeue"><input type="hidden" name="queue" value="{}"><input type="hidden" name="filter" value="{}"><input type="hidden" name="id" value="{}"><button id="confirm">Requeue {} task(s)</button> <a href="/">cancel</a></form>"#,
-        esc(q),
-        esc(filter),
-        esc(id),
-        ids.len()
-    );
-    h
-}
-
-/// The confirmation step of a schedule's pause or resume: the schedule as it
-/// is now.
-pub(crate) fn confirm_schedule(q: &str, name: &str, action: &str, row: &Value) -> String {
-    let mut h = format!("<p>This will {} schedule {} of {}:</p><dl>", esc(action), esc(name), esc(q));
-    for c in ["spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"] {
-        let _ = write!(h, "<dt>{}</dt><dd>{}</dd>", c.replace('_', " "), cell(&row[c]));
-    }
-    let _ = write!(
-        h,
-        r#"</dl><form method="post" action="/schedule"><input type="hidden" name="queue" value="{}"><input type="hidden" name="name" value="{}"><input type="hidden" name="action" value="{}"><button id="confirm">{} {}</button> <a href="/">cancel</a></form>"#,
-        esc(q),
-        esc(name),
-        esc(action),
-        esc(action),
-        esc(name)
-    );
-    h
-}
-
 /// The forms of the write actions (absent in read-only mode).
 pub(crate) fn action_forms(queues: &[String]) -> String {
     let mut opts = String::new();
@@ -383,7 +407,8 @@ pub(crate) fn action_forms(queues: &[String]) -> String {
     }
     format!(
         r#"<section id="actions"><h2>Enqueue a task</h2><form method="post" action="/enqueue">queue <select name="queue">{opts}</select> agent <input name="agent" required> priority <input name="priority" value="0" size="4"><br><textarea name="data" rows="3" cols="60">{{}}</textarea><br><button>enqueue</button></form>
-<h2>Requeue failed or stuck tasks</h2><form method="post" action="/requeue/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form></section>"#
+<h2>Requeue failed or stuck tasks</h2><form method="post" action="/requeue/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form>
+<h2>Cancel pending or running tasks</h2><form method="post" action="/cancel/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form></section>"#
     )
 }
 

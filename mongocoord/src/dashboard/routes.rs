@@ -67,6 +67,10 @@ pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
         let actions = Router::new()
             .route("/requeue/preview", post(actions::requeue_preview::<S>))
             .route("/requeue", post(actions::requeue::<S>))
+            .route("/cancel/preview", post(actions::cancel_preview::<S>))
+            .route("/cancel", post(actions::cancel::<S>))
+            .route("/agent/preview", post(actions::agent_preview::<S>))
+            .route("/agent", post(actions::agent::<S>))
             .route("/enqueue", post(actions::enqueue::<S>))
             .route("/schedule/preview", post(actions::schedule_preview::<S>))
             .route("/schedule", post(actions::schedule::<S>))
@@ -161,6 +165,8 @@ struct TaskQuery {
     queue: Option<String>,
     agent: Option<String>,
     state: Option<String>,
+    /// One task's id (exact): a 24-digit hex id is an `ObjectId`.
+    id: Option<String>,
     page: Option<String>,
 }
 
@@ -195,6 +201,7 @@ fn state_filter(state: &str) -> Result<Document, Fail> {
         "running" | "stuck" | "claimed" => doc! { fields::CLAIMED: true },
         "completed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false },
         "failed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true },
+        "cancelled" => doc! { fields::COMPLETE: true, fields::CANCELLED: true },
         other => return Err(Fail::Bad(format!("unknown state {other:?}"))),
     })
 }
@@ -208,6 +215,9 @@ async fn list<S: Store + Clone>(app: &App<S>, tq: &TaskQuery) -> Result<(String,
     let mut f = state_filter(tq.state.as_deref().unwrap_or(""))?;
     if let Some(a) = tq.agent.as_deref().filter(|a| !a.is_empty()) {
         f.insert(fields::AGENT_NAME, a);
+    }
+    if let Some(id) = tq.id.as_deref().map(str::trim).filter(|id| !id.is_empty()) {
+        f.insert("_id", data::task_id(id));
     }
     let skip = page.checked_mul(PAGE_SIZE).ok_or_else(|| Fail::Bad("the page is out of range".into()))?;
     // One more than a page tells whether there is a next one.
@@ -224,9 +234,16 @@ async fn task_list<S: Store + Clone>(
 ) -> Result<Response, Fail> {
     let (q, l, page, more) = list(&app, &tq).await?;
     let (agent, state) = (tq.agent.clone().unwrap_or_default(), tq.state.clone().unwrap_or_default());
-    let query = format!("queue={}&agent={}&state={}", pages::url(&q), pages::url(&agent), pages::url(&state));
+    let id = tq.id.clone().unwrap_or_default();
+    let query = format!(
+        "queue={}&agent={}&state={}&id={}",
+        pages::url(&q),
+        pages::url(&agent),
+        pages::url(&state),
+        pages::url(&id)
+    );
     let live = pages::task_list(&q, &l, &query, page, more, !app.cfg.read_only);
-    let extra = pages::task_filters(&app.cfg.queues, &q, &agent, &state);
+    let extra = pages::task_filters(&app.cfg.queues, &q, &pages::Filters { agent: &agent, state: &state, id: &id });
     let title = format!("Tasks in {q}");
     Ok(page_with_filters(&app, &headers, Page { title, sections: vec![format!("queue:{q}")], live, extra }))
 }

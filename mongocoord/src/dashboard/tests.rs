@@ -82,7 +82,19 @@ async fn seed<S: Store + Clone>(store: &S) -> (mongolock::LockGuard<S>, String, 
 }
 
 async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
+    // As `dashboard::run` does: the library figures count from here on.
+    crate::exposition::installed();
     let (_guard, evil, _) = seed(&store).await;
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    let progress = Write::new(
+        Condition::Always,
+        Mutation::new().set("progress", doc! { "done": 3, "of": 10 }).set("attempts", 2).set("max_attempts", 5),
+    );
+    assert!(store
+        .write(q.collection(), &store_trait::Key::new("evil").unwrap(), &progress)
+        .await
+        .unwrap()
+        .is_applied());
     let r = router(app(store.clone(), false));
     // The watchers open in the background.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -107,7 +119,15 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
     let detail = send(&r, get(&format!("/tasks/{evil}?queue=jobs"))).await.body;
     assert!(detail.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{detail}");
     assert!(detail.contains("&quot;&gt;&lt;img src=x onerror=alert(2)&gt;"), "{detail}");
+    assert!(detail.contains(r#"<dd id="progress">{&quot;done&quot;:3,&quot;of&quot;:10}</dd>"#), "{detail}");
+    assert!(detail.contains(r#"<dd id="attempts">2 of at most 5</dd>"#), "{detail}");
+    assert!(detail.contains(r#"action="/cancel/preview""#), "a ready task offers cancel: {detail}");
 
+    let one = send(&r, get("/tasks?queue=jobs&id=broken")).await.body;
+    assert!(
+        one.contains(">broken<") && !one.contains(">evil<") && one.contains(r#"name="id" value="broken""#),
+        "{one}"
+    );
     let list = send(&r, get("/tasks?queue=jobs&state=failed")).await.body;
     assert!(list.contains("broken") && !list.contains(">evil<"), "{list}");
     assert!(list.contains("requeue…"), "a failed task offers requeue: {list}");
@@ -132,10 +152,12 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
         "mongocoord_dashboard_watchers 5",
         "mongocoord_dashboard_resyncs_total 0",
         "mongocoord_dashboard_live_clients 0",
-        "# EOF",
+        // This process's library figures follow: the seed took a lock.
+        r#"mongolock_acquisitions_total{collection="mongolocker"}"#,
     ] {
         assert!(m.body.contains(line), "{line} in\n{}", m.body);
     }
+    assert!(m.body.ends_with("# EOF\n") && m.body.matches("# EOF").count() == 1, "{}", m.body);
 
     assert!(send(&r, get("/assets/app.js")).await.body.contains("EventSource"));
     assert!(send(&r, get("/assets/app.css")).await.status.is_success());
@@ -195,10 +217,11 @@ async fn actions<S: Store + Clone + 'static>(store: S) {
     let preview = send(&r, post("/requeue/preview", &format!("queue=jobs&id={failed}"), Some(TOKEN))).await;
     assert_eq!(preview.status, StatusCode::OK);
     assert!(preview.body.contains("Requeue 1 task(s)") && preview.body.contains("broken"), "{}", preview.body);
-    let state = |s: S| async move {
-        let d = crate::data::task_detail(&s, "jobs", "broken").await.unwrap().unwrap();
+    let state_of = |s: S, id: &'static str| async move {
+        let d = crate::data::task_detail(&s, "jobs", id).await.unwrap().unwrap();
         super::pages::state(&d.task)
     };
+    let state = |s: S| state_of(s, "broken");
     assert_eq!(state(store.clone()).await, "failed");
     let filter = format!("queue=jobs&filter={}", enc(r#"{"agent_name": "resize"}"#));
     let by_filter = send(&r, post("/requeue/preview", &filter, Some(TOKEN))).await;
@@ -216,6 +239,66 @@ async fn actions<S: Store + Clone + 'static>(store: S) {
     assert_eq!(state(store.clone()).await, "ready");
     let none = send(&r, post("/requeue/preview", &format!("queue=jobs&id={failed}"), Some(TOKEN))).await;
     assert!(none.body.contains("Nothing to requeue"));
+
+    // Cancel: offered for a pending task; the preview lists what it would
+    // touch and changes nothing; then the task ends as cancelled.
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    q.enqueue(NewTask::new("resize", doc! {}).id("doomed")).await.unwrap();
+    let list = send(&r, get("/tasks?queue=jobs&state=ready")).await.body;
+    assert!(list.contains(r#"action="/cancel/preview""#), "{list}");
+    let preview = send(&r, post("/cancel/preview", "queue=jobs&id=doomed", Some(TOKEN))).await;
+    assert_eq!(preview.status, StatusCode::OK);
+    assert!(preview.body.contains("Cancel 1 task(s)") && preview.body.contains("doomed"), "{}", preview.body);
+    let by_filter = send(&r, post("/cancel/preview", &filter, Some(TOKEN))).await.body;
+    assert!(by_filter.contains("doomed") && !by_filter.contains("Nothing"), "{by_filter}");
+    assert_eq!(state_of(store.clone(), "doomed").await, "ready");
+    assert_eq!(send(&r, post("/cancel", "queue=jobs&id=doomed", None)).await.status, StatusCode::UNAUTHORIZED);
+    let mut cross = post("/cancel", "queue=jobs&id=doomed", Some(TOKEN));
+    cross.headers_mut().insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+    assert_eq!(send(&r, cross).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(state_of(store.clone(), "doomed").await, "ready");
+    let done = send(&r, post("/cancel", "queue=jobs&id=doomed", Some(TOKEN))).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    assert_eq!(state_of(store.clone(), "doomed").await, "cancelled");
+    let cancelled = send(&r, get("/tasks?queue=jobs&state=cancelled")).await.body;
+    assert!(cancelled.contains(">doomed<") && !cancelled.contains(">broken<"), "{cancelled}");
+    let none = send(&r, post("/cancel/preview", "queue=jobs&id=doomed", Some(TOKEN))).await;
+    assert!(none.body.contains("Nothing to cancel"), "{}", none.body);
+    let bad = send(&r, post("/cancel/preview", "queue=jobs&filter=%5B%5D", Some(TOKEN))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+
+    // An agent name's pause: the overview offers it, the preview shows its
+    // tasks and changes nothing, then every agent of the name is paused.
+    let overview = send(&r, get("/")).await.body;
+    assert!(overview.contains(r#"action="/agent/preview""#) && overview.contains(r#"name="agent" value="resize""#));
+    let preview = send(&r, post("/agent/preview", "queue=jobs&agent=resize&action=pause", Some(TOKEN))).await;
+    assert_eq!(preview.status, StatusCode::OK);
+    assert!(preview.body.contains("This will pause agent resize") && preview.body.contains("paused now"));
+    assert!(!q.is_paused("resize").await.unwrap());
+    let markup = format!("queue=jobs&action=pause&agent={}", enc(SCRIPT));
+    let shown = send(&r, post("/agent/preview", &markup, Some(TOKEN))).await.body;
+    assert!(!shown.contains("<script>alert") && shown.contains("No task of this agent"), "{shown}");
+    let pause = "queue=jobs&agent=resize&action=pause";
+    assert_eq!(send(&r, post("/agent", pause, None)).await.status, StatusCode::UNAUTHORIZED);
+    assert!(!q.is_paused("resize").await.unwrap());
+    assert_eq!(send(&r, post("/agent", pause, Some(TOKEN))).await.status, StatusCode::SEE_OTHER);
+    assert!(q.is_paused("resize").await.unwrap());
+    let overview = send(&r, get("/")).await.body;
+    assert!(
+        overview.contains(">paused<") && overview.contains(r#"value="resume"><button class="agent">"#),
+        "{overview}"
+    );
+    for bad in [
+        "queue=jobs&agent=resize&action=stop",
+        "queue=jobs&agent=&action=pause",
+        "queue=other&agent=resize&action=pause",
+    ] {
+        assert_eq!(send(&r, post("/agent", bad, Some(TOKEN))).await.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    assert!(q.is_paused("resize").await.unwrap());
+    let resume = "queue=jobs&agent=resize&action=resume";
+    assert_eq!(send(&r, post("/agent", resume, Some(TOKEN))).await.status, StatusCode::SEE_OTHER);
+    assert!(!q.is_paused("resize").await.unwrap());
 
     // A schedule's pause: the preview shows it, then it is paused.
     assert!(send(&r, get("/")).await.body.contains(r#"name="action" value="pause""#));
@@ -253,7 +336,18 @@ async fn read_only<S: Store + Clone + 'static>(store: S) {
         assert!(!p.body.contains(r#"method="post""#) && !p.body.contains("/login"), "{path}: {}", p.body);
         assert!(p.body.contains("read-only"));
     }
-    for path in ["/requeue", "/requeue/preview", "/enqueue", "/schedule", "/schedule/preview", "/login"] {
+    for path in [
+        "/requeue",
+        "/requeue/preview",
+        "/cancel",
+        "/cancel/preview",
+        "/agent",
+        "/agent/preview",
+        "/enqueue",
+        "/schedule",
+        "/schedule/preview",
+        "/login",
+    ] {
         let s = send(&r, post(path, &format!("queue=jobs&id={failed}"), Some(TOKEN))).await.status;
         assert!(s == StatusCode::NOT_FOUND || s == StatusCode::METHOD_NOT_ALLOWED, "{path}: {s}");
     }

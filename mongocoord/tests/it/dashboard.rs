@@ -183,10 +183,23 @@ fn the_dashboard_in_a_browser() {
             let ran = c.execute("return window.__xss === undefined;", vec![]).await.unwrap();
             assert_eq!(ran, serde_json::Value::Bool(true), "a task's markup ran in the page");
 
+            // Cancel it from its page: the confirmation names it, then it ends.
+            c.find(Locator::Css("button.cancel")).await.unwrap().click().await.unwrap();
+            let confirm = find(&c, "#confirm").await;
+            assert_eq!(confirm.text().await.unwrap(), "Cancel 1 task(s)");
+            confirm.click().await.unwrap();
+            let start = Instant::now();
+            while c.current_url().await.unwrap().path() != format!("/tasks/{evil}") {
+                assert!(start.elapsed() < Duration::from_secs(10), "no redirect to the task");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(find(&c, "#state").await.text().await.unwrap(), "cancelled");
+
             // A read-only dashboard offers no action.
             c.goto(&format!("http://127.0.0.1:{ro_port}/tasks?queue=jobs")).await.unwrap();
             assert!(c.find(Locator::Css(".ro")).await.is_ok());
-            assert!(c.find_all(Locator::Css("form[method=post], button.requeue")).await.unwrap().is_empty());
+            let buttons = "form[method=post], button.requeue, button.cancel, button.agent";
+            assert!(c.find_all(Locator::Css(buttons)).await.unwrap().is_empty());
             c.goto(&format!("http://127.0.0.1:{ro_port}/")).await.unwrap();
             assert!(c.find_all(Locator::Css("form[method=post]")).await.unwrap().is_empty());
             assert!(c.find_all(Locator::LinkText("log in")).await.unwrap().is_empty());

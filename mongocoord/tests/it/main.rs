@@ -262,6 +262,44 @@ fn pause_and_resume_an_agent_name() {
     assert_eq!(e.json(&["tasks", "--queue", "jobs"])["w"]["paused"], false);
 }
 
+/// `GET http://addr/metrics`, the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn agent_serves_its_figures_with_metrics_bind() {
+    use std::io::BufRead;
+    let Some(e) = env("metrics_bind") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", "{}"]);
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", r#"{"fail": true}"#]);
+    let script = r#"case "$(cat)" in *fail*) exit 3;; esac"#;
+    let args = ["agent", "w", "--queue", "jobs", "--max-attempts", "1", "--metrics-bind", "127.0.0.1:0"];
+    let mut agent = e.cmd(&[&args[..], &["--", "sh", "-c", script]].concat()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("mongocoord: metrics on http://").and_then(|l| l.strip_suffix("/metrics"));
+    let addr = addr.unwrap_or_else(|| panic!("the address served, not {line:?}")).to_owned();
+    let completed = r#"mongoagent_tasks_total{queue="jobs",agent="w",outcome="completed"} 1"#;
+    let failed = r#"mongoagent_tasks_total{queue="jobs",agent="w",outcome="failed_permanently"} 1"#;
+    wait_until("the agent's outcomes on its /metrics", Duration::from_secs(30), || {
+        let text = scrape(&addr);
+        text.contains(completed) && text.contains(failed)
+    });
+    let text = scrape(&addr);
+    assert!(text.contains("application/openmetrics-text"), "{text}");
+    assert!(text.contains(r#"mongoagent_claim_seconds_count{queue="jobs",agent="w"}"#), "{text}");
+    assert!(text.contains(r#"mongolock_acquisitions_total{collection="jobs"} 2"#), "{text}");
+    signal(&agent, "-TERM");
+    assert!(agent.wait().unwrap().success());
+}
+
 #[test]
 fn unreachable_server_is_a_clear_error_without_the_password() {
     let port = store_mongo::testing::free_port().unwrap();

@@ -122,6 +122,7 @@ impl<S: Store> Watcher<S> {
                 _ => std::future::pending::<()>().await,
             }
             if self.subscribe().await {
+                super::metrics::resync(&self.coll);
                 return ChangeEvent { key: None, kind: ChangeKind::Resync };
             }
         }
