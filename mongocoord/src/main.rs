@@ -301,6 +301,11 @@ enum Cmd {
         /// one, printed at start).
         #[arg(long)]
         token_file: Option<std::path::PathBuf>,
+        /// Where browsers reach the dashboard when a proxy (TLS, say) stands
+        /// in front of it, e.g. https://dash.example.com: its origin passes the
+        /// CSRF check and its host the Host check.
+        #[arg(long)]
+        public_url: Option<String>,
         /// A queue collection to show (repeatable).
         #[arg(long)]
         queue: Vec<String>,
@@ -430,13 +435,14 @@ async fn run(cli: Cli) -> Result<u8, String> {
             bind,
             read_only,
             token_file,
+            public_url,
             queue,
             lock_collection,
             election_collection,
             status_collection,
         } => {
             let collections = [lock_collection, election_collection, status_collection];
-            let opts = dashboard::Opts { bind, read_only, token_file, queues: queue, collections };
+            let opts = dashboard::Opts { bind, read_only, token_file, public_url, queues: queue, collections };
             dashboard::run(connect(uri, db).await?, opts).await
         }
     }

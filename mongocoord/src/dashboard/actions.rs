@@ -209,7 +209,7 @@ pub(super) struct LoginForm {
 
 pub(super) async fn login<S>(State(app): AppState<S>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
     let Some(token) = app.token.as_ref() else { return StatusCode::NOT_FOUND.into_response() };
-    if !auth::same_origin(&headers) {
+    if !auth::same_origin(&headers, app.cfg.public.as_ref()) {
         return (StatusCode::FORBIDDEN, "forbidden: cross-origin request\n").into_response();
     }
     if !token.matches(f.token.trim()) {
@@ -220,7 +220,7 @@ pub(super) async fn login<S>(State(app): AppState<S>, headers: HeaderMap, Form(f
             .into_response();
     }
     let mut res = Redirect::to("/").into_response();
-    if let Ok(v) = HeaderValue::from_str(&auth::cookie(token)) {
+    if let Ok(v) = HeaderValue::from_str(&auth::cookie(token, app.cfg.public.as_ref())) {
         res.headers_mut().insert(header::SET_COOKIE, v);
     }
     res

@@ -61,9 +61,47 @@ impl Token {
     }
 }
 
-/// The `Host` values a request may carry: the bound address, and `localhost`
-/// when bound to loopback. `None` (any) when bound to every interface.
-pub(crate) fn allowed_hosts(addr: SocketAddr) -> Option<Vec<String>> {
+/// Where browsers reach the dashboard when it is not at its bound address
+/// (`--public-url`, e.g. behind a TLS-terminating proxy): its origin is
+/// accepted by the Origin check and its host by the Host check, and an
+/// `https` one makes the token cookie `Secure`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PublicUrl {
+    /// `scheme://host[:port]`, lower case, as browsers send it in `Origin`.
+    origin: String,
+    /// `host[:port]`, as the proxy may forward it in `Host`.
+    host: String,
+    secure: bool,
+}
+
+impl PublicUrl {
+    /// Parses `http(s)://host[:port][/]`: no user, path or query, which an
+    /// `Origin` never carries.
+    pub(crate) fn parse(text: &str) -> Result<PublicUrl, String> {
+        let bad = |why: &str| Err(format!("--public-url {text:?}: {why} (give e.g. https://dash.example.com)"));
+        let Ok(uri) = text.parse::<axum::http::Uri>() else { return bad("not a URL") };
+        let secure = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return bad("the scheme must be http or https"),
+        };
+        let Some(authority) = uri.authority() else { return bad("no host") };
+        if authority.as_str().contains('@') || authority.host().is_empty() {
+            return bad("give a host without a user name");
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return bad("no path or query: the dashboard is served at the root");
+        }
+        let host = authority.as_str().to_ascii_lowercase();
+        let scheme = if secure { "https" } else { "http" };
+        Ok(PublicUrl { origin: format!("{scheme}://{host}"), host, secure })
+    }
+}
+
+/// The `Host` values a request may carry: the bound address, `localhost`
+/// when bound to loopback, and the public URL's host. `None` (any) when bound
+/// to every interface.
+pub(crate) fn allowed_hosts(addr: SocketAddr, public: Option<&PublicUrl>) -> Option<Vec<String>> {
     if addr.ip().is_unspecified() {
         return None;
     }
@@ -71,6 +109,7 @@ pub(crate) fn allowed_hosts(addr: SocketAddr) -> Option<Vec<String>> {
     if addr.ip().is_loopback() {
         hosts.push(format!("localhost:{}", addr.port()));
     }
+    hosts.extend(public.map(|p| p.host.clone()));
     Some(hosts)
 }
 
@@ -94,12 +133,17 @@ pub(crate) async fn check_host(State(allowed): State<Arc<Option<Vec<String>>>>, 
 }
 
 /// Whether a state-changing request comes from this dashboard's own pages: its
-/// `Origin` (or, without one, `Sec-Fetch-Site`) must say so. Requests without
-/// either are not from a browser, and still need the token.
-pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
+/// `Origin` (or, without one, `Sec-Fetch-Site`) must say so: the page's own
+/// `http://` host, or the public URL's origin. Requests without either are
+/// not from a browser, and still need the token.
+pub(crate) fn same_origin(headers: &HeaderMap, public: Option<&PublicUrl>) -> bool {
     if let Some(origin) = headers.get(header::ORIGIN) {
+        let Ok(origin) = origin.to_str() else { return false };
+        if public.is_some_and(|p| origin.eq_ignore_ascii_case(&p.origin)) {
+            return true;
+        }
         let Some(h) = host(headers) else { return false };
-        return origin.to_str().is_ok_and(|o| o.eq_ignore_ascii_case(&format!("http://{h}")));
+        return origin.eq_ignore_ascii_case(&format!("http://{h}"));
     }
     match headers.get("sec-fetch-site").map(|v| v.to_str().unwrap_or("")) {
         Some(site) => matches!(site, "same-origin" | "none"),
@@ -120,9 +164,16 @@ pub(crate) fn presented(headers: &HeaderMap) -> Option<&str> {
         .find_map(|c| c.trim().strip_prefix(COOKIE).and_then(|r| r.strip_prefix('=')))
 }
 
+/// What the guard of the write actions checks against.
+#[derive(Debug, Clone)]
+pub(crate) struct Guard {
+    pub(crate) token: Token,
+    pub(crate) public: Option<PublicUrl>,
+}
+
 /// The guard of every write action: same origin, then the token.
-pub(crate) async fn require_token(State(token): State<Token>, req: Request, next: Next) -> Response {
-    if !same_origin(req.headers()) {
+pub(crate) async fn require_token(State(Guard { token, public }): State<Guard>, req: Request, next: Next) -> Response {
+    if !same_origin(req.headers(), public.as_ref()) {
         return forbidden("cross-origin request");
     }
     if !presented(req.headers()).is_some_and(|t| token.matches(t)) {
@@ -131,9 +182,11 @@ pub(crate) async fn require_token(State(token): State<Token>, req: Request, next
     next.run(req).await
 }
 
-/// The `Set-Cookie` value that carries the token to later requests.
-pub(crate) fn cookie(token: &Token) -> String {
-    format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", token.reveal())
+/// The `Set-Cookie` value that carries the token to later requests (`Secure`
+/// when the public URL is `https`).
+pub(crate) fn cookie(token: &Token, public: Option<&PublicUrl>) -> String {
+    let secure = if public.is_some_and(|p| p.secure) { "; Secure" } else { "" };
+    format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/{secure}", token.reveal())
 }
 
 #[cfg(test)]
@@ -157,17 +210,43 @@ mod tests {
     fn origin_and_cookie() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, "127.0.0.1:8080".parse().unwrap());
-        assert!(same_origin(&h), "a non-browser client");
+        assert!(same_origin(&h, None), "a non-browser client");
         h.insert("sec-fetch-site", "cross-site".parse().unwrap());
-        assert!(!same_origin(&h));
+        assert!(!same_origin(&h, None));
         h.insert(header::ORIGIN, "http://127.0.0.1:8080".parse().unwrap());
-        assert!(same_origin(&h));
+        assert!(same_origin(&h, None));
         h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
-        assert!(!same_origin(&h));
+        assert!(!same_origin(&h, None));
         h.insert(header::COOKIE, "a=b; mongocoord_token=xyz".parse().unwrap());
         assert_eq!(presented(&h), Some("xyz"));
-        let hosts = allowed_hosts("127.0.0.1:80".parse().unwrap()).unwrap();
+        let hosts = allowed_hosts("127.0.0.1:80".parse().unwrap(), None).unwrap();
         assert_eq!(hosts, ["127.0.0.1:80", "localhost:80"]);
-        assert!(allowed_hosts("0.0.0.0:80".parse().unwrap()).is_none());
+        assert!(allowed_hosts("0.0.0.0:80".parse().unwrap(), None).is_none());
+    }
+
+    /// Behind a TLS-terminating proxy the browser's origin is the public URL's,
+    /// and the proxy may forward either Host.
+    #[test]
+    fn a_public_url_behind_a_proxy() {
+        let public = PublicUrl::parse("https://Dash.Example.com").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, "127.0.0.1:8080".parse().unwrap());
+        h.insert(header::ORIGIN, "https://dash.example.com".parse().unwrap());
+        assert!(!same_origin(&h, None), "refused without --public-url");
+        assert!(same_origin(&h, Some(&public)));
+        h.insert(header::ORIGIN, "http://dash.example.com".parse().unwrap());
+        assert!(!same_origin(&h, Some(&public)), "another scheme is another origin");
+        h.insert(header::ORIGIN, "https://dash.example.com.evil.example".parse().unwrap());
+        assert!(!same_origin(&h, Some(&public)));
+        let hosts = allowed_hosts("127.0.0.1:8080".parse().unwrap(), Some(&public)).unwrap();
+        assert_eq!(hosts, ["127.0.0.1:8080", "localhost:8080", "dash.example.com"]);
+        let t = Token::new("0123456789abcdef").unwrap();
+        assert!(cookie(&t, Some(&public)).ends_with("; Secure"));
+        assert!(!cookie(&t, None).contains("Secure"));
+        assert_eq!(PublicUrl::parse("http://10.0.0.5:8443/").unwrap().origin, "http://10.0.0.5:8443");
+        for bad in ["dash.example.com", "ftp://x", "https://u:p@x", "https://x/dash", "https://x/?a=1", "", "https://"]
+        {
+            assert!(PublicUrl::parse(bad).is_err(), "{bad}");
+        }
     }
 }

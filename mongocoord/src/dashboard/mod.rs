@@ -50,6 +50,8 @@ pub(crate) struct Config {
     pub(crate) read_only: bool,
     /// The address served (the Host check allows it).
     pub(crate) addr: SocketAddr,
+    /// Where browsers reach it, when not at `addr` (a proxy in front).
+    pub(crate) public: Option<auth::PublicUrl>,
     /// How often sections are re-announced when the store has no change
     /// notifications.
     pub(crate) poll: Duration,
@@ -65,6 +67,7 @@ impl Config {
             status: mongoelector::DEFAULT_STATUS_COLLECTION.into(),
             read_only: false,
             addr,
+            public: None,
             poll: Duration::from_secs(1),
         }
     }
@@ -118,6 +121,8 @@ pub(crate) struct Opts {
     pub(crate) bind: String,
     pub(crate) read_only: bool,
     pub(crate) token_file: Option<PathBuf>,
+    /// `--public-url`.
+    pub(crate) public_url: Option<String>,
     pub(crate) queues: Vec<String>,
     /// The lock, election lease and node status collections.
     pub(crate) collections: [String; 3],
@@ -127,6 +132,7 @@ pub(crate) struct Opts {
 pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result<u8, String> {
     // The library figures count from now on (see `metrics.rs`).
     crate::exposition::installed();
+    let public = o.public_url.as_deref().map(auth::PublicUrl::parse).transpose()?;
     let token = match (&o.token_file, o.read_only) {
         (_, true) => None,
         (Some(f), false) => Some(auth::Token::from_file(f)?),
@@ -137,6 +143,7 @@ pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut cfg = Config::new(o.queues, addr);
     cfg.read_only = o.read_only;
+    cfg.public = public;
     [cfg.locks, cfg.elections, cfg.status] = o.collections;
     let app = App::new(store, cfg, token.clone())?;
     eprintln!("mongocoord dashboard on http://{addr}/");

@@ -74,10 +74,13 @@ pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
             .route("/enqueue", post(actions::enqueue::<S>))
             .route("/schedule/preview", post(actions::schedule_preview::<S>))
             .route("/schedule", post(actions::schedule::<S>))
-            .route_layer(from_fn_with_state(token, auth::require_token));
+            .route_layer(from_fn_with_state(
+                auth::Guard { token, public: app.cfg.public.clone() },
+                auth::require_token,
+            ));
         r = r.merge(actions).route("/login", get(actions::login_form::<S>).post(actions::login::<S>));
     }
-    let hosts = Arc::new(auth::allowed_hosts(app.cfg.addr));
+    let hosts = Arc::new(auth::allowed_hosts(app.cfg.addr, app.cfg.public.as_ref()));
     r.with_state(app)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(from_fn(security_headers))

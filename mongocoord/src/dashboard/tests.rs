@@ -417,6 +417,43 @@ async fn tabs_refreshing_together_share_one_read() {
     assert_eq!(store.operation_count() - before, 2 * one, "a later change is read again");
 }
 
+/// Behind a TLS-terminating proxy (`--public-url`): the proxy forwards the
+/// public Host and the browser sends the public origin; a login and an action
+/// pass, the cookie is `Secure`, and any other origin is still refused.
+#[tokio::test(start_paused = true)]
+async fn behind_a_proxy_with_a_public_url() {
+    let store = MemoryStore::new();
+    let _seeded = seed(&store).await;
+    let mut cfg = Config::new(vec!["jobs".into()], HOST.parse().unwrap());
+    cfg.public = Some(super::auth::PublicUrl::parse("https://dash.example.com").unwrap());
+    let r = router(App::new(store.clone(), cfg, Some(Token::new(TOKEN).unwrap())).unwrap());
+    let proxied = |path: &str, origin: &str, form: String| {
+        Request::post(path)
+            .header(header::HOST, "dash.example.com")
+            .header(header::ORIGIN, origin)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(form))
+            .unwrap()
+    };
+    let login = send(&r, proxied("/login", "https://dash.example.com", format!("token={TOKEN}"))).await;
+    assert_eq!(login.status, StatusCode::SEE_OTHER, "{}", login.body);
+    let cookie = login.headers.get(header::SET_COOKIE).unwrap().to_str().unwrap();
+    assert!(cookie.ends_with("; Secure"), "{cookie}");
+    let page = Request::get("/").header(header::HOST, "dash.example.com").body(Body::empty()).unwrap();
+    assert_eq!(send(&r, page).await.status, StatusCode::OK, "the public Host is allowed");
+    let requeue = |origin: &str| {
+        let mut req = proxied("/requeue", origin, "queue=jobs&id=broken".into());
+        req.headers_mut().insert(header::COOKIE, format!("mongocoord_token={TOKEN}").parse().unwrap());
+        req
+    };
+    assert_eq!(send(&r, requeue("https://evil.example")).await.status, StatusCode::FORBIDDEN);
+    let done = send(&r, requeue("https://dash.example.com")).await;
+    assert!(done.status.is_success() || done.status.is_redirection(), "{} {}", done.status, done.body);
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    let broken = q.tasks(doc! {"_id": "broken"}, None).await.unwrap();
+    assert_eq!(broken[0].get_bool("ready"), Some(true), "the requeue from the public origin applied");
+}
+
 mod memory {
     use super::*;
 
