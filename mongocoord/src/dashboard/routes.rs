@@ -10,7 +10,7 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use bson::{doc, Document};
+use bson::{doc, Bson, Document};
 use mongoagent::fields;
 use serde::Deserialize;
 use store_trait::Store;
@@ -203,7 +203,9 @@ fn state_filter(state: &str) -> Result<Document, Fail> {
         "ready" | "delayed" => doc! { fields::READY: true },
         "running" | "stuck" | "claimed" => doc! { fields::CLAIMED: true },
         "completed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false },
-        "failed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true },
+        // A cancelled task carries the error mark too; `null` matches a
+        // missing field, so this is "not cancelled".
+        "failed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true, fields::CANCELLED: Bson::Null },
         "cancelled" => doc! { fields::COMPLETE: true, fields::CANCELLED: true },
         other => return Err(Fail::Bad(format!("unknown state {other:?}"))),
     })
