@@ -2,8 +2,8 @@
 //! changed by its own conditional write, so a cancel racing a claim or a
 //! completion leaves exactly one final state.
 
-use bson::{doc, Bson, Document};
-use store_trait::{fields as reserved, Condition, DeleteOutcome, Key, Mutation, Record, Store, Write};
+use bson::{Bson, Document};
+use store_trait::{Condition, DeleteOutcome, Key, Mutation, Record, Store, Write};
 
 use crate::queue::{not_complete, pending};
 use crate::task::fields;
@@ -26,48 +26,13 @@ fn cancellable() -> Condition {
 const CANCEL_TRIES: usize = 4;
 
 impl<S: Store + Clone> Queue<S> {
-    /// Cancels the tasks matching an equality `filter` that have not ended: a
-    /// pending task ends at once; a running one ends too, and its run loses
-    /// its claim. Each becomes final with `complete: true, cancelled: true,
-    /// error_encountered: true, last_error: "cancelled"` (so
-    /// [`Queue::requeue`] leaves it alone). Returns the ids cancelled; with
-    /// `dry_run`, those it would cancel.
-    ///
-    /// Each cancel is one write conditional on the task's fence and on its not
-    /// having ended; it releases the lease and bumps the fence. So **the fence
-    /// decides** between a cancel and a completion: whichever writes first
-    /// wins, the other is rejected; exactly one final state. The running
-    /// holder's next renewal fails, its [`Task::cancellation`](crate::Task::cancellation)
-    /// fires, and its late outcome or progress is rejected (counted as stale).
-    ///
-    /// Tasks in a fan-in step (waiting for follow-ups, or a follow-up something
-    /// waits for) are not cancelled: they are left to their agents.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe in effect: each task is cancelled by its own conditional
-    /// write; a dropped call has cancelled some, and calling it again cancels
-    /// the rest.
-    pub async fn cancel(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
+    /// The work of [`Queue::cancel`](crate::operator::Cancel), for one filter.
+    pub(crate) async fn cancel_matching(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         let mut out = Vec::new();
         for r in self.readable_matches(filter, cancellable(), "cancel").await? {
             if dry_run || self.cancel_record(r.clone()).await? {
                 out.push(r.key().clone());
             }
-        }
-        Ok(out)
-    }
-
-    /// As [`Queue::cancel`], for the tasks with these ids (missing or ended
-    /// ones are passed over).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Queue::cancel`].
-    pub async fn cancel_ids(&self, ids: &[Key], dry_run: bool) -> Result<Vec<Key>, AgentError> {
-        let mut out = Vec::new();
-        for id in ids {
-            out.extend(self.cancel(doc! { reserved::ID: id.as_bson().clone() }, dry_run).await?);
         }
         Ok(out)
     }
@@ -107,16 +72,13 @@ impl<S: Store + Clone> Queue<S> {
         Ok(false)
     }
 
-    /// Deletes the tasks matching an equality `filter` that have ended
-    /// (`complete: true`); with `force`, any of them, running or not (a
-    /// running task's holder then finds its outcome rejected: the document is
-    /// gone). Returns the ids deleted; with `dry_run`, those it would delete.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe in effect: each task is deleted by its own conditional
-    /// delete; calling it again deletes the rest.
-    pub async fn delete(&self, filter: Document, force: bool, dry_run: bool) -> Result<Vec<Key>, AgentError> {
+    /// The work of [`Queue::delete`](crate::operator::Delete).
+    pub(crate) async fn delete_matching(
+        &self,
+        filter: Document,
+        force: bool,
+        dry_run: bool,
+    ) -> Result<Vec<Key>, AgentError> {
         let which =
             if force { Condition::Always } else { Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)) };
         let mut out = Vec::new();

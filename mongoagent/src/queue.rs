@@ -326,17 +326,8 @@ impl<S: Store + Clone> Queue<S> {
             .collect())
     }
 
-    /// Makes tasks matching `filter` that failed for good (not those
-    /// [cancelled](Queue::cancel)), or are stuck with a
-    /// lapsed claim, ready again (their attempts start over; the fence grows, so the
-    /// lapsed claim's holder can write nothing more). Returns their ids; with
-    /// `dry_run`, only lists them.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe in effect: each task is requeued by its own conditional write; a
-    /// dropped call has requeued some of them, and calling it again requeues the rest.
-    pub async fn requeue(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
+    /// The work of [`Queue::requeue`](crate::operator::Requeue).
+    pub(crate) async fn requeue_matching(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         // A cancelled task stays cancelled: an operator ended it on purpose.
         let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))

@@ -242,7 +242,7 @@ mod tests {
         for (id, what) in [("a", "ok"), ("b", "retry"), ("c", "fail"), ("d", "cancel")] {
             q.enqueue(NewTask::new("exp", doc! { "what": what }).id(id)).await.unwrap();
         }
-        q.cancel(doc! { "_id": "d" }, false).await.unwrap();
+        q.cancel(doc! { "_id": "d" }).await.unwrap();
         let agent = Agent::builder(store.clone(), "exp", "exp_jobs").build().unwrap();
         let handler = |t: Task| async move {
             match t.data().get_str("what").unwrap_or_default() {

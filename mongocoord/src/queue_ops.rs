@@ -56,7 +56,7 @@ pub(crate) async fn cancel(store: &MongoStore, which: &Selection, json: bool) ->
     let q = Queue::new(store.clone(), &which.queue).map_err(|e| e.to_string())?;
     let mut done = Vec::new();
     for f in which.filters()? {
-        done.extend(q.cancel(f, which.dry_run).await.map_err(|e| e.to_string())?);
+        done.extend(q.cancel(f).dry_run(which.dry_run).await.map_err(|e| e.to_string())?);
     }
     print("cancelled", &done, which.dry_run, json);
     Ok(0)
@@ -67,7 +67,7 @@ pub(crate) async fn delete(store: &MongoStore, which: &Selection, force: bool, j
     let q = Queue::new(store.clone(), &which.queue).map_err(|e| e.to_string())?;
     let mut done = Vec::new();
     for f in which.filters()? {
-        done.extend(q.delete(f, force, which.dry_run).await.map_err(|e| e.to_string())?);
+        done.extend(q.delete(f).force(force).dry_run(which.dry_run).await.map_err(|e| e.to_string())?);
     }
     print("deleted", &done, which.dry_run, json);
     Ok(0)

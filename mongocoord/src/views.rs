@@ -224,7 +224,7 @@ pub(crate) async fn requeue(
 ) -> Result<u8, String> {
     let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
     let f = parse_filter(filter)?;
-    let candidates = q.requeue(f.clone(), true).await.map_err(|e| e.to_string())?;
+    let candidates = q.requeue(f.clone()).dry_run(true).await.map_err(|e| e.to_string())?;
     if dry_run || candidates.is_empty() {
         let ids: Vec<String> = candidates.iter().map(ToString::to_string).collect();
         if json {
@@ -243,7 +243,7 @@ pub(crate) async fn requeue(
             return Ok(1);
         }
     }
-    let done = q.requeue(f, false).await.map_err(|e| e.to_string())?;
+    let done = q.requeue(f).await.map_err(|e| e.to_string())?;
     let ids: Vec<String> = done.iter().map(ToString::to_string).collect();
     if json {
         println!("{}", json!({ "dry_run": false, "ids": ids }));

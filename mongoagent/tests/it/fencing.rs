@@ -37,7 +37,7 @@ async fn a_requeue_between_retries_is_not_taken_for_done() {
                 store.faults().fail_next(1);
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    assert_eq!(q.requeue(doc! {"_id": "t"}, false).await.unwrap().len(), 1);
+                    assert_eq!(q.requeue(doc! {"_id": "t"}).await.unwrap().len(), 1);
                 });
                 Outcome::done_with(doc! {"result": "first run"})
             }

@@ -374,7 +374,7 @@ async fn attempts_count_per_round_and_start_over_on_requeue() {
     assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Retried(_))));
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Failed(_))));
-    assert_eq!(q.requeue(doc! {"agent_name": "job"}, false).await.unwrap().len(), 1);
+    assert_eq!(q.requeue(doc! {"agent_name": "job"}).await.unwrap().len(), 1);
     assert!(matches!(job.process(handler.clone()).await.unwrap(), Some(Processed::Retried(_))));
     assert_eq!(*seen.lock().unwrap(), [(0, 1), (1, 1), (1, 2), (1, 1)]);
 }
@@ -401,7 +401,7 @@ async fn a_cancel_racing_a_completion_leaves_one_final_state() {
             .await
         });
         tokio::time::sleep(Duration::from_millis(offset_ms)).await;
-        let cancelled = q.cancel_ids(std::slice::from_ref(&id), false).await.unwrap();
+        let cancelled = q.cancel_ids(std::slice::from_ref(&id)).await.unwrap();
         let processed = run.await.unwrap().unwrap();
         let d = data(&store, &id).await;
         assert_eq!(d.get_bool("complete").ok(), Some(true), "offset {offset_ms}: the task ended: {d}");

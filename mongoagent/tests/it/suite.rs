@@ -427,10 +427,10 @@ pub(crate) async fn queue_stats<H: Harness>(h: &H) {
     a.process(|_t: Task| async { true }).await.unwrap();
     let st = q.stats("w").await.unwrap();
     assert_eq!((st.ready, st.delayed, st.running, st.stuck, st.completed, st.failed), (1, 1, 0, 0, 1, 1));
-    let requeued = q.requeue(doc! {"agent_name": "w"}, true).await.unwrap();
+    let requeued = q.requeue(doc! {"agent_name": "w"}).dry_run(true).await.unwrap();
     assert_eq!(requeued, [Key::new("f1").unwrap()]);
     assert_eq!(q.stats("w").await.unwrap().failed, 1, "dry run changes nothing");
-    q.requeue(doc! {"agent_name": "w"}, false).await.unwrap();
+    q.requeue(doc! {"agent_name": "w"}).await.unwrap();
     assert_eq!(q.stats("w").await.unwrap().ready, 2);
 }
 
@@ -678,7 +678,7 @@ pub(crate) async fn requeued_tasks_are_not_collected<H: Harness>(h: &H) {
     assert_eq!(a.process(handler).await.unwrap(), Some(Processed::Failed(key("failed"))));
     // Requeued after it failed, collected later: the mark it got when it failed
     // must not delete it now that it is ready again.
-    assert_eq!(q.requeue(doc! {"agent_name": "w"}, false).await.unwrap(), [key("failed")]);
+    assert_eq!(q.requeue(doc! {"agent_name": "w"}).await.unwrap(), [key("failed")]);
     ttl_pass(h, &s).await;
     assert!(!exists(&s, "done").await, "a finished task is collected");
     assert!(exists(&s, "failed").await, "a requeued task is live again and must not be collected");
@@ -753,7 +753,7 @@ pub(crate) async fn foreign_tasks_never_stop_an_agent<H: Harness>(h: &H) {
     assert_eq!(bad.len(), 2, "{listed:?}");
     assert!(bad.iter().any(|k| k == "bad-fence") && bad.iter().any(|k| k.contains("$binary")), "{bad:?}");
     assert_eq!(q.stats("w").await.unwrap().completed, 2);
-    assert!(q.requeue(doc! {"agent_name": "w"}, true).await.unwrap().is_empty());
+    assert!(q.requeue(doc! {"agent_name": "w"}).dry_run(true).await.unwrap().is_empty());
 }
 
 pub(crate) async fn progress_is_fenced_by_the_claim<H: Harness>(h: &H) {
@@ -821,12 +821,13 @@ pub(crate) async fn cancel_ends_pending_and_running_tasks<H: Harness>(h: &H) {
         }
     });
     started.notified().await;
-    let mut would: Vec<String> = q.cancel(doc! {}, true).await.unwrap().iter().map(ToString::to_string).collect();
+    let mut would: Vec<String> =
+        q.cancel(doc! {}).dry_run(true).await.unwrap().iter().map(ToString::to_string).collect();
     would.sort();
     assert_eq!(would, ["pend", "run"], "a dry run lists the tasks not ended");
     assert_eq!(get(&s, &key("pend")).await.get_bool("cancelled").ok(), None, "a dry run changes nothing");
-    assert_eq!(q.cancel_ids(&[key("pend"), key("done")], false).await.unwrap(), [key("pend")]);
-    assert_eq!(q.cancel(doc! {"_id": "run"}, false).await.unwrap(), [key("run")]);
+    assert_eq!(q.cancel_ids(&[key("pend"), key("done")]).await.unwrap(), [key("pend")]);
+    assert_eq!(q.cancel(doc! {"_id": "run"}).await.unwrap(), [key("run")]);
     let r = tokio::time::timeout(WAIT, running).await.unwrap().unwrap().unwrap();
     assert_eq!(r, Some(Processed::Stale(key("run"))), "the running holder's outcome is rejected");
     for id in ["pend", "run"] {
@@ -839,7 +840,7 @@ pub(crate) async fn cancel_ends_pending_and_running_tasks<H: Harness>(h: &H) {
     }
     assert!(get(&s, &key("done")).await.get_bool("cancelled").is_err(), "an ended task is not cancelled");
     assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), None, "a cancelled task is never claimed");
-    assert!(q.requeue(doc! {}, false).await.unwrap().is_empty(), "requeue leaves cancelled tasks alone");
+    assert!(q.requeue(doc! {}).await.unwrap().is_empty(), "requeue leaves cancelled tasks alone");
 }
 
 pub(crate) async fn delete_removes_ended_tasks_unless_forced<H: Harness>(h: &H) {
@@ -849,11 +850,11 @@ pub(crate) async fn delete_removes_ended_tasks_unless_forced<H: Harness>(h: &H) 
     q.enqueue(NewTask::new("w", doc! {}).id("live")).await.unwrap();
     let a = agent(&s, "w").build().unwrap();
     a.process(|_t: Task| async { true }).await.unwrap();
-    assert_eq!(q.delete(doc! {}, false, true).await.unwrap(), [key("done")]);
+    assert_eq!(q.delete(doc! {}).dry_run(true).await.unwrap(), [key("done")]);
     assert!(exists(&s, "done").await, "a dry run deletes nothing");
-    assert_eq!(q.delete(doc! {}, false, false).await.unwrap(), [key("done")]);
+    assert_eq!(q.delete(doc! {}).await.unwrap(), [key("done")]);
     assert!(!exists(&s, "done").await && exists(&s, "live").await, "a task not ended is kept");
-    assert_eq!(q.delete(doc! {"_id": "live"}, true, false).await.unwrap(), [key("live")]);
+    assert_eq!(q.delete(doc! {"_id": "live"}).force(true).await.unwrap(), [key("live")]);
     assert!(!exists(&s, "live").await, "forced, it goes too");
 }
 

@@ -55,8 +55,8 @@ async fn apply<S: Store + Clone>(
     let q = queue_of(app, &f.queue)?;
     let filter = f.filter()?;
     let done = match action {
-        TaskAction::Requeue => q.requeue(filter, dry_run).await,
-        TaskAction::Cancel => q.cancel(filter, dry_run).await,
+        TaskAction::Requeue => q.requeue(filter).dry_run(dry_run).await,
+        TaskAction::Cancel => q.cancel(filter).dry_run(dry_run).await,
     };
     Ok(done.map_err(|e| Fail::Store(e.to_string()))?.iter().map(ToString::to_string).collect())
 }
