@@ -129,7 +129,9 @@ impl CronArgs {
             }
             _ => return Err("give a cron expression or --every SECONDS".into()),
         };
-        let task = NewTask::new(self.name.clone(), doc! {});
+        // The command is part of the definition: a line with another command
+        // changes it, and is told so (`warn_of_another_command`).
+        let task = NewTask::new(self.name.clone(), doc! { COMMAND: self.command.cmd.clone() });
         let mut s = Schedule::new(self.name.clone(), when, task).map_err(config)?;
         s = s
             .overlap(match self.overlap {
@@ -150,10 +152,36 @@ impl CronArgs {
     }
 }
 
+/// The field of a tick's task (and of the schedule's definition) that holds
+/// the command line that defined it.
+const COMMAND: &str = "command";
+
+/// The command a schedule's definition or a tick's task names, if any.
+fn command_of(data: &bson::Document) -> Option<Vec<String>> {
+    let items = data.get_array(COMMAND).ok()?;
+    items.iter().map(|v| v.as_str().map(str::to_owned)).collect()
+}
+
+/// Lines on different machines that share a schedule's name but not its
+/// command are a mistake no tick can settle (each tick runs once, on any of
+/// them): said when a line replaces another's command, and at every tick a
+/// line runs that was scheduled with another command.
+fn warn_of_another_command(name: &str, theirs: &[String], ours: &[String], when: &str) {
+    tracing::warn!(schedule = name, ?theirs, ?ours, "a schedule shared by lines with different commands");
+    eprintln!(
+        "mongocoord: schedule {name} {when} {theirs:?}, but this line runs {ours:?}: lines that share a schedule's name should run the same command"
+    );
+}
+
 /// `MONGOCOORD_SCHEDULE` and `MONGOCOORD_TICK` (the tick's instant on the
-/// server clock, epoch milliseconds) for a tick's command.
-fn tick_env(task: &Task) -> Vec<(&'static str, String)> {
+/// server clock, epoch milliseconds) for a tick's command; a tick scheduled
+/// with another command than this line's is reported.
+fn tick_env(task: &Task, ours: &[String]) -> Vec<(&'static str, String)> {
     let d = task.data();
+    if let Some(theirs) = command_of(d).filter(|t| t != ours) {
+        let name = d.get_str(mongoagent::fields::SCHEDULE).unwrap_or_default();
+        warn_of_another_command(name, &theirs, ours, "had this tick scheduled to run");
+    }
     let mut env = Vec::new();
     if let Ok(name) = d.get_str(mongoagent::fields::SCHEDULE) {
         env.push(("MONGOCOORD_SCHEDULE", name.to_owned()));
@@ -169,6 +197,11 @@ fn tick_env(task: &Task) -> Vec<(&'static str, String)> {
 pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, run: &Run<'_>) -> Result<u8, String> {
     let name = schedule.name().to_owned();
     let schedules = Schedules::new(store.clone(), &a.queue).map_err(config)?;
+    let ours = a.command.cmd.clone();
+    let before = schedules.get(&name).await.map_err(|e| e.to_string())?;
+    if let Some(theirs) = before.and_then(|b| command_of(b.schedule.data())).filter(|t| *t != ours) {
+        warn_of_another_command(&name, &theirs, &ours, "was defined by another line to run");
+    }
     if let Upserted::Changed(v) = schedules.upsert(&schedule).await.map_err(|e| e.to_string())? {
         eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})");
     }
@@ -183,7 +216,7 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
         async move { scheduler.run(stop).await }
     });
     tracing::info!(schedule = %name, queue = %a.queue, "cron running");
-    let work = runners::work_tasks(&agent, run, &signal, tick_env);
+    let work = runners::work_tasks(&agent, run, &signal, std::sync::Arc::new(move |t: &Task| tick_env(t, &ours)));
     tokio::pin!(work);
     let (log, scheduled) = tokio::select! {
         log = &mut work => {

@@ -224,7 +224,7 @@ pub(crate) async fn agent(
 ) -> Result<u8, String> {
     let agent = agent_builder(store, name, queue, o, run).build().map_err(|e| e.to_string())?;
     let signal = supervise::on_signal();
-    let log = work_tasks(&agent, run, &signal, |_| Vec::new()).await?;
+    let log = work_tasks(&agent, run, &signal, std::sync::Arc::new(|_: &Task| Vec::new())).await?;
     eprintln!(
         "mongocoord: agent {name}: {} processed, {} completed, {} failed for good, {} retried",
         log.tasks_processed, log.completed, log.failed_permanently, log.retried
@@ -256,7 +256,7 @@ pub(crate) fn agent_builder(
 }
 
 /// Extra environment for a task's command, from the task.
-pub(crate) type TaskEnv = fn(&Task) -> Vec<(&'static str, String)>;
+pub(crate) type TaskEnv = std::sync::Arc<dyn Fn(&Task) -> Vec<(&'static str, String)> + Send + Sync>;
 
 /// Runs CMD for each task `agent` claims, under the supervision every runner
 /// uses (its claim is its lease), until `signal` fires or the agent stops; the
@@ -279,7 +279,7 @@ pub(crate) async fn work_tasks(
     let argv = run.cmd.to_vec();
     let signal = signal.clone();
     let handler = move |task: Task| {
-        let (argv, argv0, signal) = (argv.clone(), argv0.clone(), signal.clone());
+        let (argv, argv0, signal, env) = (argv.clone(), argv0.clone(), signal.clone(), env.clone());
         async move {
             let mut vars =
                 vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.fence().to_string())];

@@ -219,6 +219,11 @@ impl Schedule {
         &self.agent_name
     }
 
+    /// The data every tick's task carries.
+    pub fn data(&self) -> &Document {
+        &self.data
+    }
+
     pub(crate) fn ticks(&self) -> Result<Ticks, AgentError> {
         Ok(match &self.when {
             When::Cron { expr, zone } => Ticks::Cron(Box::new(ticks::parse_cron(expr)?), ticks::parse_zone(zone)?),

@@ -114,3 +114,34 @@ fn bad_schedules_are_usage_errors() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// Two lines with one schedule name and different commands: the second is told
+/// it replaces the first's command, and the first is told at each tick it runs
+/// that was scheduled with the other command. (Each tick still runs once.)
+#[test]
+fn lines_sharing_a_name_with_different_commands_are_told() {
+    let Some(e) = env("cron_two_commands") else { return };
+    let ledger = e.file("ledger");
+    let spawn = |who: &str| {
+        let script = format!("echo {who} >> '{}'", ledger.display());
+        let err = std::fs::File::create(e.file(&format!("{who}.err"))).unwrap();
+        e.cmd(&["cron", "twice", "--every", "1", "--", "sh", "-c", &script])
+            .stdin(std::process::Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap()
+    };
+    let a = spawn("a");
+    wait_until("a's first tick", Duration::from_secs(30), || lines(&ledger).iter().any(|l| l == "a"));
+    let b = spawn("b");
+    let said = |who: &str| std::fs::read_to_string(e.file(&format!("{who}.err"))).unwrap_or_default();
+    wait_until("b is told", Duration::from_secs(30), || said("b").contains("was defined by another line to run"));
+    // From now on ticks carry b's command; a is told whenever it runs one.
+    signal(&b, "-TERM");
+    wait_until("a is told", Duration::from_secs(30), || said("a").contains("had this tick scheduled to run"));
+    assert!(said("a").contains(r#"but this line runs ["sh", "-c", "echo a >>"#), "{}", said("a"));
+    for mut p in [a, b] {
+        signal(&p, "-TERM");
+        assert!(p.wait().unwrap().success());
+    }
+}
