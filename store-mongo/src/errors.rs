@@ -62,3 +62,64 @@ pub(crate) fn in_coll(coll: &Collection) -> impl Fn(StoreError) -> StoreError + 
 pub(crate) fn is_change_streams_unsupported(e: &MongoError) -> bool {
     matches!(&*e.kind, ErrorKind::Command(c) if c.code == 40573 || c.code == 40324 || c.code == 136)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use bson::doc;
+    use mongodb::error::{CommandError, WriteConcernError, WriteError};
+
+    use super::*;
+
+    fn command(code: i32) -> MongoError {
+        let e: CommandError = bson::deserialize_from_document(doc! { "code": code, "errmsg": "m" }).unwrap();
+        MongoError::from(ErrorKind::Command(e))
+    }
+
+    fn write_error(code: i32) -> MongoError {
+        let e: WriteError = bson::deserialize_from_document(doc! { "code": code, "errmsg": "m" }).unwrap();
+        MongoError::from(ErrorKind::Write(WriteFailure::WriteError(e)))
+    }
+
+    fn write_concern(code: i32) -> MongoError {
+        let e: WriteConcernError = bson::deserialize_from_document(doc! { "code": code, "errmsg": "m" }).unwrap();
+        MongoError::from(ErrorKind::Write(WriteFailure::WriteConcernError(e)))
+    }
+
+    fn io(kind: std::io::ErrorKind) -> MongoError {
+        MongoError::from(ErrorKind::Io(Arc::new(std::io::Error::from(kind))))
+    }
+
+    /// The classification callers act on: retry (transient, unreachable),
+    /// treat as in doubt (transient, timeout), give up (permanent), or a lost
+    /// creation race (duplicate key), by kind and code.
+    #[test]
+    fn errors_are_classified_by_kind_and_code() {
+        let kind = |e: MongoError| map_err(e).fault_kind();
+        for code in [6, 7, 89, 91, 189, 262, 10107, 11600, 11602, 13435, 13436] {
+            assert_eq!(kind(command(code)), Some(FaultKind::Transient), "command {code}");
+            assert_eq!(kind(write_error(code)), Some(FaultKind::Transient), "write {code}");
+        }
+        for code in [50, 64] {
+            assert_eq!(kind(command(code)), Some(FaultKind::Timeout), "command {code}");
+            assert_eq!(kind(write_concern(code)), Some(FaultKind::Timeout), "write concern {code}");
+        }
+        for code in [2, 14, 13, 8000] {
+            assert_eq!(kind(command(code)), Some(FaultKind::Permanent), "command {code}");
+            assert_eq!(kind(write_error(code)), Some(FaultKind::Permanent), "write {code}");
+        }
+        // Applied on the primary, not confirmed as asked: in doubt, never "failed".
+        assert_eq!(kind(write_concern(100)), Some(FaultKind::Transient));
+        assert!(matches!(map_err(command(11000)), StoreError::DuplicateKey { .. }));
+        assert!(matches!(map_err(write_error(11000)), StoreError::DuplicateKey { .. }));
+        assert_eq!(kind(io(std::io::ErrorKind::TimedOut)), Some(FaultKind::Timeout));
+        assert_eq!(kind(io(std::io::ErrorKind::ConnectionReset)), Some(FaultKind::Transient));
+        assert_eq!(kind(MongoError::from(ErrorKind::Shutdown)), Some(FaultKind::Unreachable));
+        for code in [40573, 40324, 136] {
+            assert!(is_change_streams_unsupported(&command(code)), "{code}");
+        }
+        assert!(!is_change_streams_unsupported(&command(89)));
+    }
+}

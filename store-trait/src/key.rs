@@ -169,4 +169,16 @@ mod tests {
         assert!(check_field_name("lease_owner").is_err());
         assert!(check_field_name("").is_err());
     }
+
+    /// Each rule of a collection name rejects its case; a plain name passes.
+    #[test]
+    fn collection_names() {
+        assert!(Collection::new("mongolocker").is_ok());
+        assert!(Collection::new("a.b").is_ok());
+        for bad in ["", "a$b", "a\0b", "system.locks", ".a", "a."] {
+            assert!(Collection::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Collection::new("x".repeat(121)).is_err());
+        assert!(Collection::new("x".repeat(120)).is_ok());
+    }
 }

@@ -124,3 +124,65 @@ async fn mongo_leader_with_a_hung_renewal_steps_down_in_time() {
     follower.stop().await;
     leader.stop().await;
 }
+
+/// A leader whose renewal cannot be confirmed in time steps down without
+/// releasing: work started in its term may still be stopping, so its lease
+/// lapses by itself, as a lock's lost lease does. The store here is slow, not
+/// gone: the late renewal applies, and so would a release.
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_lost_its_lease_lets_it_lapse() {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_secs(3);
+    let leader = Elector::builder(store.clone(), "scheduler").ttl(ttl).report_status(false).build().unwrap();
+    leader.start().unwrap();
+    wait_leader(std::slice::from_ref(&leader)).await;
+    let (coll, key) =
+        (store_trait::Collection::new(DEFAULT_COLLECTION).unwrap(), store_trait::Key::new("scheduler").unwrap());
+    let lease = |store: &MemoryStore| {
+        let snap = store.peek(&coll, &key).unwrap();
+        (snap.record.and_then(|r| r.lease().cloned()), snap.now)
+    };
+    let owner = lease(&store).0.expect("the leader's lease").owner;
+    let term = leader.term_cancellation().unwrap();
+    // Every store call now takes 1.8 s: the renewal sent at 1 s applies at
+    // 2.8 s, while the lease (until 3 s) is live, but is not confirmed by the
+    // deadline (2.7 s: 3 s less the 300 ms margin). The lease now lasts until
+    // 5.8 s, and a release sent at the loss would apply at 4.5 s.
+    store.faults().set_latency(Duration::from_millis(1_800));
+    tokio::time::timeout(ttl * 2, term.cancelled()).await.expect("the term ends before its lease could lapse");
+    // From the loss until the lease lapses on the store, it stays the lost
+    // term's: neither released nor taken.
+    let mut lapsed = false;
+    for _ in 0..400 {
+        match lease(&store) {
+            (Some(l), now) if l.owner == owner && now >= l.until => {
+                lapsed = true;
+                break;
+            }
+            (Some(l), _) if l.owner == owner => {}
+            (other, now) => panic!("the lost term's lease was let go before it lapsed, at {now}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(lapsed, "the lease lapses within 20 s");
+    store.faults().clear();
+    leader.stop().await;
+}
+
+/// A leader whose process was paused past its lease's deadline is not the
+/// leader any more as soon as it resumes, before its tasks have run again:
+/// `is_leader` reads the lease's deadline itself. Here nothing drives the
+/// runtime while the deadline passes (a real sleep outside it).
+#[test]
+fn a_paused_leader_is_not_leader_before_its_tasks_run_again() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let ttl = Duration::from_millis(200);
+    let leader = Elector::builder(MemoryStore::new(), "scheduler").ttl(ttl).report_status(false).build().unwrap();
+    rt.block_on(async {
+        leader.start().unwrap();
+        wait_leader(std::slice::from_ref(&leader)).await;
+    });
+    std::thread::sleep(ttl);
+    assert!(!leader.is_leader(), "past its deadline");
+    rt.block_on(leader.stop());
+}

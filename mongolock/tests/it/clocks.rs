@@ -152,3 +152,23 @@ async fn a_wall_clock_step_forward_counts_as_a_gap_and_back_does_not() {
     tokio::time::timeout(Duration::from_millis(500), g.lost()).await.expect("the keeper wakes to check the clocks");
     assert_eq!(a.metrics().local_clock_gaps, 1);
 }
+
+/// A process that was paused (a `SIGSTOP`, a VM pause) and resumes past its
+/// lease's deadline learns from `is_lost` before its keeper task has run
+/// again: the check reads the deadline itself. Here the runtime is not driven
+/// at all while the deadline passes (a real sleep outside it), so the keeper
+/// cannot have run.
+#[test]
+fn is_lost_answers_before_the_keeper_runs_again() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let ttl = Duration::from_millis(60);
+    let lock = Lock::builder(MemoryStore::new(), "job").ttl(ttl).build().unwrap();
+    let g = rt.block_on(lock.acquire()).unwrap();
+    let validity = g.validity();
+    std::thread::sleep(ttl);
+    assert!(!g.cancellation().is_cancelled(), "the keeper has not run: nothing drives the runtime");
+    assert!(g.is_lost(), "past the deadline");
+    assert!(validity.is_lost());
+    assert_eq!(validity.remaining(), Duration::ZERO);
+    rt.block_on(async move { drop(g) });
+}

@@ -25,6 +25,24 @@ async fn ambiguous_acquire_is_resolved_by_reading_back() {
     assert_eq!(g.fence(), 2);
 }
 
+/// An acquire whose outcome is in doubt reads the lock back; a lease found
+/// there that is another client's is not taken for its own (which would make
+/// two holders of one fence).
+#[tokio::test(start_paused = true)]
+async fn an_ambiguous_acquire_never_adopts_another_holders_lease() {
+    let store = MemoryStore::new();
+    let make = || Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
+    let (a, b) = (make(), make());
+    let held = a.acquire().await.unwrap();
+    // Failed before it was applied, reported as transient: in doubt.
+    store.faults().fail_next(1);
+    let out = b.try_acquire().await;
+    assert!(matches!(&out, Err(LockError::Store(e)) if e.is_ambiguous()), "{out:?}");
+    let rec = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap().record.unwrap();
+    assert_eq!((rec.lease().map(|l| l.owner.as_str()), rec.fence()), (Some(held.owner()), held.fence()));
+    held.release().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn transient_renewal_failures_are_retried_inside_the_lease() {
     let store = MemoryStore::new();
@@ -256,4 +274,24 @@ async fn a_lost_guard_dropped_leaves_the_lease_to_lapse() {
     assert!(b.try_acquire().await.unwrap().is_none(), "released behind the holder's back");
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(b.try_acquire().await.unwrap().is_some(), "it lapses by itself");
+}
+
+/// Once its loss was signalled, a lease is never extended again: `touch` and
+/// `renew` refuse without writing, so the lease lapses as it was, at least the
+/// safety margin after the signal.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_is_not_renewed_again() {
+    let store = MemoryStore::new();
+    let (coll, key) = (Collection::new("mongolocker").unwrap(), Key::new("job").unwrap());
+    let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(3)).build().unwrap();
+    let g = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    store.faults().set_unreachable(true);
+    tokio::time::timeout(Duration::from_secs(3), g.lost()).await.expect("the loss is signalled");
+    store.faults().set_unreachable(false);
+    let until = || store.peek(&coll, &key).unwrap().record.unwrap().lease().unwrap().until;
+    let before = until();
+    assert!(matches!(g.touch().await, Err(LockError::Lost { .. })));
+    assert!(matches!(g.renew().await, Err(LockError::Lost { .. })));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(until(), before, "the lost lease was extended");
 }

@@ -111,6 +111,30 @@ async fn every_kept_lease_fences_its_writes() {
     }
 }
 
+/// Taken over by someone else, each kind of lease learns it at its next
+/// renewal (a third of the ttl), not only at its deadline: a rejected renewal
+/// fires the lost signal at once, from the keeper and from `touch` alike.
+#[tokio::test(start_paused = true)]
+async fn a_rejected_renewal_fires_the_lost_signal_at_once() {
+    let store = MemoryStore::new();
+    for (what, kind) in kinds(&store) {
+        let (guard, coll) = kind.take(&store, &format!("{what}-taken")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let steal = Write::new(Condition::Always, Mutation::new().grant("thief", Ttl::new(TTL).unwrap()).bump_fence());
+        store.write(&coll, guard.key(), &steal).await.unwrap();
+        // The keeper renews a second after the grant; the deadline is 2.7 s.
+        tokio::time::timeout(TTL / 3, guard.lost()).await.expect("signalled at the next renewal");
+        assert_eq!(kind.metrics().losses, 1, "{what}");
+    }
+    let lock = Lock::builder(store.clone(), "touched").ttl(TTL).build().unwrap();
+    let guard = lock.acquire().await.unwrap();
+    let steal = Write::new(Condition::Always, Mutation::new().grant("thief", Ttl::new(TTL).unwrap()).bump_fence());
+    store.write(&Collection::new("mongolocker").unwrap(), guard.key(), &steal).await.unwrap();
+    assert!(matches!(guard.touch().await, Err(LockError::Lost { .. })));
+    assert!(guard.is_lost(), "a rejected touch signals the loss");
+    assert!(guard.cancellation().is_cancelled());
+}
+
 /// Only leases built with `allow_gc` may mark their documents for collection:
 /// a lock's and a permit's never.
 #[tokio::test(start_paused = true)]
@@ -149,6 +173,33 @@ async fn renew_retries_until_confirmed_or_lost() {
     assert!(guard.is_lost(), "the loss is signalled");
     let snap = store.peek(&Collection::new("mongolocker").unwrap(), guard.key()).unwrap();
     assert!(snap.record.unwrap().is_held_by_at(guard.owner(), snap.now), "and the lease has not lapsed yet");
+}
+
+/// A renewal that fails for good (here the document was rewritten into one the
+/// store cannot read) is a loss at once, not retried until the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_permanent_renewal_failure_is_a_loss_at_once() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "broken").ttl(TTL).build().unwrap();
+    let guard = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    let coll = Collection::new("mongolocker").unwrap();
+    store.insert_raw(&coll, bson::doc! { "_id": "broken", "lease_owner": guard.owner(), "fence": "one" });
+    // The keeper renews after a second; the deadline is 2.7 s.
+    tokio::time::timeout(TTL / 2, guard.lost()).await.expect("lost at the first failed renewal");
+    assert_eq!(lock.metrics().renew_failures, 1);
+}
+
+/// `renew_now` renews at once, not at the keeper's next interval.
+#[tokio::test(start_paused = true)]
+async fn renew_now_renews_at_once() {
+    let store = MemoryStore::new();
+    let lock = Lock::builder(store.clone(), "now").ttl(TTL).build().unwrap();
+    let guard = lock.acquire_with(Acquire::new().auto_renew()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = guard.expires();
+    guard.renew_now();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(guard.expires() > before, "renewed before the next interval (1 s)");
 }
 
 /// A lease granted with a shorter ttl than the keeper's is refused: its

@@ -15,7 +15,7 @@ macro_rules! lock_suite {
             parity_basics, tokens_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
             auto_renew_keeps_the_lock, waiter_wakes_on_release, waiter_wakes_at_expiry_of_a_crashed_holder,
             acquire_times_out_with_the_holder, bad_input_is_rejected, dropped_guard_releases,
-            racers_32_one_holder, semaphore_admits_n, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
+            racers_32_one_holder, semaphore_admits_n, semaphore_waiter_wakes_on_release, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
             foreign_lock_documents_are_never_taken, lock_documents_never_get_gc_at
         );
     };
@@ -283,6 +283,29 @@ pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
     assert_eq!(next.key(), &freed_key);
     assert!(next.fence() > freed_token, "each permit's token grows");
     assert!(sems[6].try_acquire().await.unwrap().is_none());
+}
+
+/// A waiter for a permit wakes when one is released, as a lock's waiter does:
+/// with change notifications the step is an hour and the permit's lease too, so
+/// only the notification can wake it in time.
+pub(crate) async fn semaphore_waiter_wakes_on_release<H: Harness>(h: &H) {
+    let store = h.store("lock_semaphore_waiter").await;
+    let step = if h.change_streams_expected() { Duration::from_secs(3600) } else { Duration::from_millis(100) };
+    let make = || {
+        let config = Lock::builder(store.clone(), "exports").ttl(Duration::from_secs(3600)).poll_interval(step);
+        Semaphore::new(config, 1).unwrap()
+    };
+    let (a, b) = (make(), make());
+    let held = a.acquire().await.unwrap();
+    // No timeout of its own: at a timeout a waiter tries once more, and would
+    // get the permit without having been woken.
+    let waiter = tokio::spawn(async move { b.acquire().await.map(|g| g.fence()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "one permit, held");
+    let fence = held.fence();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("woken by the release");
+    assert!(got.unwrap().expect("the waiter gets the released permit") > fence);
 }
 
 /// A client's wall clock an hour off changes nothing about leases: they are

@@ -3,6 +3,8 @@
 //! operation, failpoints).
 #![allow(clippy::unwrap_used)]
 
+mod batches;
+mod lag;
 mod pool;
 mod round_trips;
 mod versions;
