@@ -158,9 +158,14 @@ pub(super) fn transitions(old: Option<&TaskState>, new: &mut TaskState, r: &Reco
         if waiting_before && woke {
             out.push(EventKind::Woken { round: new.round });
         }
-        let unseen_run = outcome && new.fence > base.fence && !old_run && !(new.phase == Phase::Running && !new_claim);
+        let unseen_run = outcome && new.fence > base.fence && !old_run && (new.phase != Phase::Running || new_claim);
         if unseen_run {
             out.push(EventKind::Claimed { attempt: attempt_of(new, attempt, new_claim) });
+        }
+        // The claim `old` showed ended without a trace, and a later one
+        // recorded the outcome: after a lapse, a recovery.
+        if old_run && new.fence > base.fence && outcome && new.phase != Phase::Running {
+            out.push(if base.lapsed { EventKind::Recovered { attempt } } else { EventKind::Claimed { attempt } });
         }
         if outcome && new.progress_at != base.progress_at && !new_claim {
             push_progress(&mut out, r);

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bson::{Bson, Document};
 use store_trait::helpers::Watcher;
-use store_trait::{ChangeEvent, ChangeKind, Collection, Condition, Key, Order, Query, Record, Store, StoreResult, StoreTime};
+use store_trait::{
+    ChangeEvent, ChangeKind, Collection, Condition, Key, Order, Query, Record, Store, StoreResult, StoreTime,
+};
 use tokio::sync::broadcast;
 
 use super::derive::{transitions, Phase, TaskState};

@@ -123,6 +123,9 @@ pub struct TaskEvent {
 /// An item of [`EventStream`].
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
+// Nearly every item is a task's event; boxing it would cost an allocation per
+// event to shrink the rare `Resync`.
+#[allow(clippy::large_enum_variant)]
 pub enum QueueEvent {
     /// A task's event.
     Task(TaskEvent),
