@@ -100,6 +100,14 @@ pub struct QueueStats {
     pub oldest_ready_age: Option<Duration>,
 }
 
+/// Tasks that failed for good; not those cancelled (an operator ended them
+/// on purpose, so a requeue leaves them alone).
+fn failed_for_good() -> Condition {
+    Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
+        .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))
+        .and(Condition::FieldEq(fields::CANCELLED.into(), Bson::Boolean(true)).negate())
+}
+
 pub(crate) fn not_complete() -> Condition {
     Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
 }
@@ -326,6 +334,24 @@ impl<S: Store + Clone> Queue<S> {
             .collect())
     }
 
+    /// The tasks matching an equality `filter` that failed for good (not
+    /// those [cancelled](Queue::cancel)), the latest to end first, each read
+    /// on its own as in [`Queue::tasks_each`]; `last_error` holds why.
+    /// [`Queue::requeue`] revives them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
+    pub async fn failed_tasks(
+        &self,
+        filter: Document,
+        limit: Option<u32>,
+    ) -> Result<Vec<Result<Record, StoreError>>, AgentError> {
+        let mut q = Query::eq(filter).when(failed_for_good()).sort(fields::COMPLETED_AT, Order::Desc);
+        q.limit = limit;
+        Ok(self.store.find_each(&self.coll, &q).await?)
+    }
+
     /// Makes tasks matching `filter` that failed for good (not those
     /// [cancelled](Queue::cancel)), or are stuck with a
     /// lapsed claim, ready again (their attempts start over; the fence grows, so the
@@ -337,10 +363,7 @@ impl<S: Store + Clone> Queue<S> {
     /// Cancel-safe in effect: each task is requeued by its own conditional write; a
     /// dropped call has requeued some of them, and calling it again requeues the rest.
     pub async fn requeue(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
-        // A cancelled task stays cancelled: an operator ended it on purpose.
-        let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
-            .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))
-            .and(Condition::FieldEq(fields::CANCELLED.into(), Bson::Boolean(true)).negate());
+        let failed = failed_for_good();
         let stuck = Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true))
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
             .and(Condition::Free);

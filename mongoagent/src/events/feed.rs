@@ -152,7 +152,7 @@ impl<S: Store + Clone> Feed<S> {
             None => {
                 if let Some(gone) = self.tasks.remove(&ident(key)) {
                     let kind = EventKind::Deleted;
-                    let ev = TaskEvent { task: gone.key, agent: gone.agent, fence: gone.state.fence, kind };
+                    let ev = TaskEvent::new(gone.key, gone.agent, gone.state.fence, kind);
                     self.send(QueueEvent::Task(ev));
                 }
             }
@@ -177,7 +177,7 @@ impl<S: Store + Clone> Feed<S> {
         let old_news = old.is_none() && new.phase.ended() && new.completed_at.is_some_and(|c| c < self.since);
         let kinds = if silent || old_news { Vec::new() } else { transitions(old, &mut new, &r) };
         for kind in kinds {
-            let ev = TaskEvent { task: r.key().clone(), agent: agent.to_owned(), fence: new.fence, kind };
+            let ev = TaskEvent::new(r.key().clone(), agent, new.fence, kind);
             self.send(QueueEvent::Task(ev));
         }
         let seen = Seen { key: r.key().clone(), agent: agent.to_owned(), state: new };
@@ -237,7 +237,7 @@ impl<S: Store + Clone> Feed<S> {
             let Some(s) = self.tasks.get_mut(&ident(&key)) else { continue };
             if s.state.phase == Phase::Running && !s.state.lapsed && s.state.lease_until.is_none_or(|u| u <= now) {
                 s.state.lapsed = true;
-                let ev = TaskEvent { task: key, agent: s.agent.clone(), fence: s.state.fence, kind: EventKind::Lapsed };
+                let ev = TaskEvent::new(key, s.agent.clone(), s.state.fence, EventKind::Lapsed);
                 tracing::info!(queue = %self.coll, task = %ev.task, fence = ev.fence, "task claim lapsed");
                 self.send(QueueEvent::Task(ev));
             }

@@ -120,6 +120,13 @@ pub struct TaskEvent {
     pub kind: EventKind,
 }
 
+impl TaskEvent {
+    /// An event (for tests of code that consumes them).
+    pub fn new(task: Key, agent: impl Into<String>, fence: u64, kind: EventKind) -> Self {
+        TaskEvent { task, agent: agent.into(), fence, kind }
+    }
+}
+
 /// An item of [`EventStream`].
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
