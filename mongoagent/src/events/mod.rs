@@ -161,6 +161,9 @@ impl Default for EventFilter {
 }
 
 impl EventFilter {
+    /// The largest buffer [`EventFilter::buffer`] takes (a million events).
+    pub const MAX_BUFFER: usize = 1 << 20;
+
     /// Every task of the queue.
     pub fn all() -> Self {
         Self::default()
@@ -173,9 +176,10 @@ impl EventFilter {
     }
 
     /// How many events wait for a slow subscriber before it gets a
-    /// [`QueueEvent::Resync`] instead (default 4096, at least 1).
+    /// [`QueueEvent::Resync`] instead (default 4096; at least 1, at most
+    /// [`EventFilter::MAX_BUFFER`]).
     pub fn buffer(mut self, events: usize) -> Self {
-        self.buffer = events.max(1);
+        self.buffer = events.clamp(1, Self::MAX_BUFFER);
         self
     }
 
