@@ -22,6 +22,7 @@ use store_mongo::mongodb::options::{Acknowledgment, CollectionOptions, ReadConce
 use store_mongo::MongoStore;
 
 mod counted;
+mod events;
 use counted::{counted_store, Counts};
 
 /// What to run.
@@ -188,6 +189,9 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         put_breakdown(&mut f, &format!("queue_{shape}"), &r.counts, tasks);
         f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
     }
+
+    eprintln!("queue events: one subscriber while 4 agents on one Queue run {tasks} trivial tasks…");
+    events::put_figures(&mut f, &store, tasks, "bench_queue_events").await?;
 
     let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };

@@ -100,6 +100,14 @@ pub struct QueueStats {
     pub oldest_ready_age: Option<Duration>,
 }
 
+/// Tasks that failed for good; not those cancelled (an operator ended them
+/// on purpose, so a requeue leaves them alone).
+fn failed_for_good() -> Condition {
+    Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
+        .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))
+        .and(Condition::FieldEq(fields::CANCELLED.into(), Bson::Boolean(true)).negate())
+}
+
 pub(crate) fn not_complete() -> Condition {
     Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
 }
@@ -326,12 +334,28 @@ impl<S: Store + Clone> Queue<S> {
             .collect())
     }
 
+    /// The tasks matching an equality `filter` that failed for good (not
+    /// those [cancelled](Queue::cancel)), the latest to end first, each read
+    /// on its own as in [`Queue::tasks_each`]; `last_error` holds why.
+    /// [`Queue::requeue`] revives them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
+    pub async fn failed_tasks(
+        &self,
+        filter: Document,
+        limit: Option<u32>,
+    ) -> Result<Vec<Result<Record, StoreError>>, AgentError> {
+        let mut q = Query::eq(filter).when(failed_for_good()).sort(fields::COMPLETED_AT, Order::Desc);
+        q.limit = limit;
+        Ok(self.store.find_each(&self.coll, &q).await?)
+    }
+
     /// The work of [`Queue::requeue`](crate::operator::Requeue).
     pub(crate) async fn requeue_matching(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         // A cancelled task stays cancelled: an operator ended it on purpose.
-        let failed = Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
-            .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))
-            .and(Condition::FieldEq(fields::CANCELLED.into(), Bson::Boolean(true)).negate());
+        let failed = failed_for_good();
         let stuck = Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true))
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
             .and(Condition::Free);

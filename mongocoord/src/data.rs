@@ -305,6 +305,20 @@ pub(crate) async fn task_list<S: Store + Clone>(
     Ok(TaskList { tasks, skipped })
 }
 
+/// The tasks of an equality filter that failed for good, the latest to end
+/// first, at most `limit` (`Queue::failed_tasks`): `requeue` revives them.
+pub(crate) async fn failed_list<S: Store + Clone>(
+    store: &S,
+    queue: &str,
+    filter: Document,
+    limit: u32,
+) -> Result<TaskList, String> {
+    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    let found = q.failed_tasks(filter, Some(limit)).await.map_err(|e| e.to_string())?;
+    let (records, skipped) = readable(found);
+    Ok(TaskList { tasks: records.iter().map(task_json).collect(), skipped })
+}
+
 /// One task with its parent and children.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct TaskDetail {

@@ -12,6 +12,7 @@ mod cron;
 mod dashboard;
 mod data;
 mod demo;
+mod events;
 mod exposition;
 mod queue_ops;
 mod runners;
@@ -154,6 +155,10 @@ enum Cmd {
         /// List tasks (matching --filter) instead of counting.
         #[arg(long)]
         list: bool,
+        /// List the tasks that failed for good (matching --filter), the
+        /// latest first, with their last error; `requeue` revives them.
+        #[arg(long, conflicts_with = "list")]
+        failed: bool,
         /// With --list: only the tasks of this schedule's ticks.
         #[arg(long, requires = "list")]
         schedule: Option<String>,
@@ -276,15 +281,22 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// A live view of locks, leaders and (with --queue) tasks.
+    /// A live view of locks and leaders; with --queue, the queue's task
+    /// events as they happen (enqueued, claimed, progress, completed,
+    /// retrying, failed, lapsed, recovered, cancelled, waiting, woken,
+    /// requeued, deleted), one line each, or NDJSON with --json.
     Watch {
-        /// The queue collection to include.
+        /// The queue whose task events to print.
         #[arg(long)]
         queue: Option<String>,
-        /// Refresh interval in seconds.
+        /// With --queue: only this agent name's tasks.
+        #[arg(long, requires = "queue")]
+        agent: Option<String>,
+        /// Refresh interval in seconds; with --queue, how often a server
+        /// without change streams is polled.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
-        /// Stop after this many refreshes.
+        /// Stop after this many refreshes (with --queue: events).
         #[arg(long)]
         count: Option<u64>,
     },
@@ -403,8 +415,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Leaders { collection, status_collection } => {
             views::leaders(&connect(uri, db).await?, &collection, &status_collection, json).await
         }
-        Cmd::Tasks { queue, agent, list, schedule, filter, limit } => {
-            let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref() };
+        Cmd::Tasks { queue, agent, list, failed, schedule, filter, limit } => {
+            let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref(), failed };
             views::tasks(&connect(uri, db).await?, &queue, only, list, filter.as_deref(), limit, json).await
         }
         Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id } => {
@@ -428,8 +440,13 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Schedule { action, name, queue, collection } => {
             schedules::act(&connect(uri, db).await?, &queue, collection.as_deref(), action, &name, json).await
         }
-        Cmd::Watch { queue, interval, count } => {
-            views::watch(&connect(uri, db).await?, queue.as_deref(), interval, count).await
+        Cmd::Watch { queue: Some(queue), agent, interval, count } => {
+            let poll = args::seconds("interval", interval, false)?;
+            let w = events::WatchEvents { queue: &queue, agent: agent.as_deref(), poll, count, json };
+            events::watch(&connect(uri, db).await?, w).await
+        }
+        Cmd::Watch { queue: None, interval, count, .. } => {
+            views::watch(&connect(uri, db).await?, interval, count).await
         }
         Cmd::Dashboard {
             bind,

@@ -111,6 +111,8 @@ pub(crate) struct Only<'a> {
     pub(crate) agent: Option<&'a str>,
     /// Only the ticks of this schedule (with `--list`).
     pub(crate) schedule: Option<&'a str>,
+    /// Only the tasks that failed for good (`--failed`).
+    pub(crate) failed: bool,
 }
 
 /// `mongocoord tasks`. Listed tasks show the schedule and tick they came from
@@ -124,6 +126,9 @@ pub(crate) async fn tasks(
     limit: u32,
     json: bool,
 ) -> Result<u8, String> {
+    if only.failed {
+        return failed(store, queue, only, filter, limit, json).await;
+    }
     if list {
         let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
         if let Some(a) = only.agent {
@@ -172,6 +177,52 @@ pub(crate) async fn tasks(
         &["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "WAITING", "COMPLETED", "FAILED", "OLDEST READY", "PAUSED"],
         &rows,
     );
+    Ok(0)
+}
+
+/// `mongocoord tasks --failed`: the tasks that failed for good, the latest
+/// first, with their last error.
+async fn failed(
+    store: &MongoStore,
+    queue: &str,
+    only: Only<'_>,
+    filter: Option<&str>,
+    limit: u32,
+    json: bool,
+) -> Result<u8, String> {
+    let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
+    if let Some(a) = only.agent {
+        f.insert(mongoagent::fields::AGENT_NAME, a);
+    }
+    let data::TaskList { tasks, skipped } = data::failed_list(store, queue, f, limit).await?;
+    report_skipped("task", &skipped);
+    if json {
+        println!("{}", Value::Array(tasks));
+        return Ok(0);
+    }
+    let text = |t: &Value, k: &str| match &t[k] {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Object(o) => o
+            .get("$date")
+            .or_else(|| o.get("$oid"))
+            .map_or_else(|| t[k].to_string(), |v| v.to_string().trim_matches('"').to_owned()),
+        v => v.to_string(),
+    };
+    let rows: Vec<Vec<String>> = tasks
+        .iter()
+        .map(|t| {
+            let error = text(t, mongoagent::fields::LAST_ERROR).replace('\n', " ");
+            vec![
+                text(t, "_id"),
+                text(t, mongoagent::fields::AGENT_NAME),
+                text(t, mongoagent::fields::ATTEMPTS),
+                text(t, mongoagent::fields::COMPLETED_AT),
+                error,
+            ]
+        })
+        .collect();
+    print_table(&["ID", "AGENT", "ATTEMPTS", "ENDED", "LAST ERROR"], &rows);
     Ok(0)
 }
 
@@ -253,13 +304,9 @@ pub(crate) async fn requeue(
     Ok(0)
 }
 
-/// `mongocoord watch`: a refreshing view.
-pub(crate) async fn watch(
-    store: &MongoStore,
-    queue: Option<&str>,
-    interval: f64,
-    count: Option<u64>,
-) -> Result<u8, String> {
+/// `mongocoord watch` without `--queue`: a refreshing view of locks and
+/// leaders (with `--queue`, the queue's events: `events::watch`).
+pub(crate) async fn watch(store: &MongoStore, interval: f64, count: Option<u64>) -> Result<u8, String> {
     let interval = crate::args::seconds("interval", interval, false)?;
     let mut n = 0;
     loop {
@@ -269,10 +316,6 @@ pub(crate) async fn watch(
         locks(store, mongolock::DEFAULT_COLLECTION, false).await?;
         println!("\nLEADERS");
         leaders(store, mongoelector::DEFAULT_COLLECTION, mongoelector::DEFAULT_STATUS_COLLECTION, false).await?;
-        if let Some(q) = queue {
-            println!("\nTASKS in {q}");
-            tasks(store, q, Only::default(), false, None, 0, false).await?;
-        }
         n += 1;
         if count.is_some_and(|c| n >= c) {
             return Ok(0);

@@ -3,6 +3,7 @@
 //! and a deterministic simulation with crashes, partitions and faults.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod events;
 mod fencing;
 mod input;
 mod mechanisms;
@@ -15,6 +16,11 @@ store_trait::on_all_backends!(crate::agent_suite, std::time::Duration::from_secs
 mod schedule_backends {
     //! The schedule suite on every backend (on the real server, a one-second interval).
     store_trait::on_all_backends!(crate::schedule_suite, std::time::Duration::from_secs(2));
+}
+
+mod event_backends {
+    //! The event stream suite on every backend.
+    store_trait::on_all_backends!(crate::events_suite, std::time::Duration::from_secs(2));
 }
 
 mod faults {

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 mod cron;
 mod dashboard;
+mod events;
 mod schedules;
 mod supervise;
 

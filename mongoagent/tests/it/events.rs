@@ -1,0 +1,206 @@
+//! The lifecycle event stream ([`Queue::events`]) on every backend: each
+//! task's events in order, lapses and recoveries, operator actions, and a
+//! `Resync` for a subscriber that falls behind. On the memory store without
+//! change notifications the same events come from polling.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bson::doc;
+use mongoagent::{Agent, EventFilter, EventStream, NewTask, Outcome, Queue, QueueEvent, Task};
+use store_trait::testing::Harness;
+use store_trait::{Claim, Collection, Mutation, Query, Store, Ttl};
+
+#[macro_export]
+macro_rules! events_suite {
+    ($harness:path, #[$attr:meta]) => {
+        $crate::events_suite!(@each $harness, #[$attr],
+            each_task_s_events_come_in_order, lapsed_claims_are_reported_and_recovered,
+            operator_actions_are_events, a_slow_subscriber_gets_a_resync
+        );
+    };
+    (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
+        $(
+            #[$attr]
+            async fn $name() {
+                let Some(h) = $harness().await else { return };
+                $crate::events::$name(&h).await;
+            }
+        )*
+    };
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Polls often, so a test on a real server does not wait long.
+fn filter() -> EventFilter {
+    EventFilter::all().poll_every(Duration::from_millis(200))
+}
+
+/// Events by task id, as names, until `done` holds (or the wait ends).
+async fn collect(
+    events: &mut EventStream,
+    seen: &mut HashMap<String, Vec<&'static str>>,
+    done: impl Fn(&HashMap<String, Vec<&'static str>>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done(seen) {
+        match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(QueueEvent::Task(ev))) => seen.entry(ev.task.to_string()).or_default().push(ev.kind.name()),
+            Ok(Some(other)) => panic!("unexpected {other:?}; so far {seen:?}"),
+            Ok(None) => panic!("the stream ended; so far {seen:?}"),
+            Err(_) => panic!("timed out; so far {seen:?}"),
+        }
+    }
+}
+
+fn ended_with(last: &'static str, id: &'static str) -> impl Fn(&HashMap<String, Vec<&'static str>>) -> bool {
+    move |seen| seen.get(id).and_then(|v| v.last()) == Some(&last)
+}
+
+/// Whether `got` is `want` with some steps left out, in the same order (a
+/// run may report progress more than once).
+fn in_order(got: &[&str], want: &[&str]) -> bool {
+    let mut got = got.to_vec();
+    got.dedup_by(|a, b| *a == "progress" && *b == "progress");
+    let mut rest = want.iter();
+    got.iter().all(|g| rest.any(|w| w == g))
+}
+
+/// Runs `agent` until every task of agent name `name` has ended.
+async fn drain<S: Store + Clone, H>(q: &Queue<S>, agent: &Agent<S>, name: &str, handler: H)
+where
+    H: mongoagent::Handler + Clone,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if agent.process(handler.clone()).await.unwrap().is_some() {
+            continue;
+        }
+        let tasks = q.tasks(doc! {"agent_name": name}, None).await.unwrap();
+        let open: Vec<_> = tasks.iter().filter(|r| r.get_bool("complete") != Some(true)).map(|r| r.key()).collect();
+        if open.is_empty() {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "tasks left: {open:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn agent<S: Store + Clone>(s: &S, name: &str) -> Agent<S> {
+    Agent::builder(s.clone(), name, "tasks")
+        .backoff(Duration::from_millis(100), Duration::from_millis(200))
+        .ttl(Duration::from_secs(4))
+        .build()
+        .unwrap()
+}
+
+pub(crate) async fn each_task_s_events_come_in_order<H: Harness>(h: &H) {
+    let s = h.store("ev_order").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let mut events = q.events(filter()).await.unwrap();
+    for id in ["ok", "flaky", "bad"] {
+        q.enqueue(NewTask::new("w", doc! {}).id(id)).await.unwrap();
+    }
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let work = |t: Task| async move {
+        let id = t.id().to_string();
+        t.progress(doc! {"done": 1}).await.unwrap();
+        match id.as_str() {
+            "flaky" if t.attempt() == 1 => Outcome::failed("try again"),
+            "bad" => Outcome::failed_permanently("no"),
+            _ => Outcome::done(),
+        }
+    };
+    drain(&q, &agent(&s, "w"), "w", work).await;
+    let split = |t: Task| async move {
+        match t.round() {
+            0 => Outcome::done().follow_up(NewTask::new("part", doc! {})).wait_for_follow_ups(),
+            _ => Outcome::done(),
+        }
+    };
+    let (split_agent, part_agent) = (agent(&s, "split"), agent(&s, "part"));
+    assert!(split_agent.process(split).await.unwrap().is_some());
+    let mut seen = HashMap::new();
+    collect(&mut events, &mut seen, |seen| {
+        ["ok", "flaky"].iter().all(|id| ended_with("completed", id)(seen)) && ended_with("failed", "bad")(seen)
+    })
+    .await;
+    // Every step of these is proved by the state that follows it, so none is
+    // left out, whichever reads the feed made.
+    assert_eq!(seen["ok"], ["enqueued", "claimed", "progress", "completed"], "{seen:?}");
+    assert_eq!(seen["bad"], ["enqueued", "claimed", "progress", "failed"], "{seen:?}");
+    let flaky = ["enqueued", "claimed", "progress", "retrying", "claimed", "progress", "completed"];
+    assert!(in_order(&seen["flaky"], &flaky), "{seen:?}");
+    // The waiting task is woken once its follow-up ends.
+    collect(&mut events, &mut seen, |seen| seen.get("job").is_some_and(|v| v.contains(&"waiting"))).await;
+    drain(&q, &part_agent, "part", |_t: Task| async { true }).await;
+    collect(&mut events, &mut seen, |seen| seen.get("job").is_some_and(|v| v.contains(&"woken"))).await;
+    drain(&q, &split_agent, "split", split).await;
+    collect(&mut events, &mut seen, ended_with("completed", "job")).await;
+    let job = ["enqueued", "claimed", "waiting", "woken", "claimed", "completed"];
+    assert_eq!(seen["job"], job, "{seen:?}");
+    let part = seen.iter().find(|(id, _)| id.starts_with("job/")).map(|(_, v)| v);
+    assert_eq!(part.unwrap(), &["enqueued", "claimed", "completed"], "{seen:?}");
+}
+
+pub(crate) async fn lapsed_claims_are_reported_and_recovered<H: Harness>(h: &H) {
+    let s = h.store("ev_lapse").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("t")).await.unwrap();
+    let mut events = q.events(filter()).await.unwrap();
+    // An agent claims it and dies: its lease lapses with no write at all.
+    let dead = Claim {
+        query: Query::eq(doc! {"_id": "t"}),
+        mutation: Mutation::new()
+            .grant("dead-agent", Ttl::new(Duration::from_millis(1500)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    assert!(s.claim(&Collection::new("tasks").unwrap(), &dead).await.unwrap().is_some());
+    let mut seen = HashMap::new();
+    collect(&mut events, &mut seen, ended_with("lapsed", "t")).await;
+    let a = agent(&s, "w");
+    drain(&q, &a, "w", |_t: Task| async { true }).await;
+    collect(&mut events, &mut seen, ended_with("completed", "t")).await;
+    assert_eq!(seen["t"], ["claimed", "lapsed", "recovered", "completed"], "{seen:?}");
+}
+
+pub(crate) async fn operator_actions_are_events<H: Harness>(h: &H) {
+    let s = h.store("ev_ops").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let mut events = q.events(filter().agent("w")).await.unwrap();
+    q.enqueue(NewTask::new("other", doc! {}).id("not-mine")).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("c")).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("f")).await.unwrap();
+    let mut seen = HashMap::new();
+    collect(&mut events, &mut seen, |seen| seen.len() == 2).await;
+    q.cancel(doc! {"_id": "c"}).await.unwrap();
+    collect(&mut events, &mut seen, ended_with("cancelled", "c")).await;
+    drain(&q, &agent(&s, "w"), "w", |_t: Task| async { Outcome::failed_permanently("no") }).await;
+    collect(&mut events, &mut seen, ended_with("failed", "f")).await;
+    assert_eq!(q.requeue(doc! {"_id": "f"}).await.unwrap().len(), 1);
+    collect(&mut events, &mut seen, ended_with("requeued", "f")).await;
+    assert_eq!(q.delete(doc! {"_id": "f"}).force(true).await.unwrap().len(), 1);
+    collect(&mut events, &mut seen, ended_with("deleted", "f")).await;
+    assert_eq!(seen["c"], ["enqueued", "cancelled"], "{seen:?}");
+    assert_eq!(seen["f"], ["enqueued", "claimed", "failed", "requeued", "deleted"], "{seen:?}");
+    assert!(!seen.contains_key("not-mine"), "another agent's task: {seen:?}");
+}
+
+pub(crate) async fn a_slow_subscriber_gets_a_resync<H: Harness>(h: &H) {
+    let s = h.store("ev_resync").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let mut events = q.events(filter().buffer(4)).await.unwrap();
+    let many: Vec<NewTask> = (0..20).map(|i| NewTask::new("w", doc! {}).id(format!("t{i}"))).collect();
+    q.enqueue_all(&many).await.unwrap();
+    // The subscriber reads nothing while the feed reports 20 events.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = tokio::time::timeout(WAIT, events.next()).await.unwrap();
+    assert!(matches!(first, Some(QueueEvent::Resync { missed }) if missed > 0), "{first:?}");
+    // The stream goes on: the last events kept, then new ones.
+    q.enqueue(NewTask::new("w", doc! {}).id("after")).await.unwrap();
+    let mut seen = HashMap::new();
+    collect(&mut events, &mut seen, ended_with("enqueued", "after")).await;
+}
