@@ -1,11 +1,23 @@
 //! Pausing an agent name cluster-wide: one control document per agent name in
-//! the queue's control collection (`<queue>_control`), which agents read when
-//! they claim. A paused agent claims nothing; tasks it runs finish.
+//! the queue's control collection (`<queue>_control`), which agents consult
+//! when they claim. A paused agent claims nothing; tasks it runs finish.
+//!
+//! How agents learn the state without a read per claim: one task per [`Queue`]
+//! (started by its first agent's claim, shared by every agent on that queue)
+//! subscribes to change notifications on the control collection, then reads the
+//! paused names (one `find`), and reads them again after every notification and
+//! every new subscription. While that subscription is live the agents use what
+//! it read; without one (a store without change notifications, a standalone
+//! `mongod`, a stream that ended and is not back yet) each agent reads its own
+//! document again once per [`CONTROL_REFRESH`].
 
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write};
+use store_trait::{Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
+use tokio::sync::watch;
 
 use crate::{AgentError, Queue};
 
@@ -16,6 +28,87 @@ pub const CONTROL_REFRESH: Duration = Duration::from_secs(1);
 
 /// The field of a control document that says its agent name is paused.
 const PAUSED: &str = "paused";
+
+/// The paused agent names as read after the last notification, while the
+/// control collection's subscription is live; `None` when agents must read on a
+/// timer (no subscription, or nothing read since it opened).
+pub(crate) type ControlView = Option<Arc<HashSet<String>>>;
+
+/// A queue's view of its control collection, shared by its clones: the
+/// receiving end of the control task's [`ControlView`]s, made on first use.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ControlWatch(Arc<OnceLock<watch::Receiver<ControlView>>>);
+
+impl ControlWatch {
+    /// The view, starting the control task on first use (inside a runtime).
+    pub(crate) fn view<S: Store + Clone>(
+        &self,
+        store: &S,
+        coll: Result<Collection, AgentError>,
+    ) -> watch::Receiver<ControlView> {
+        self.0
+            .get_or_init(|| {
+                let (tx, rx) = watch::channel(None);
+                if let Ok(coll) = coll {
+                    tokio::spawn(follow(store.clone(), coll, tx));
+                }
+                rx
+            })
+            .clone()
+    }
+}
+
+/// The control task: subscribe, read the paused names, read them again after
+/// each notification (a burst read once); when the stream ends or a read
+/// fails, tell the agents to read on their timer, and subscribe again after
+/// [`CONTROL_REFRESH`]. Ends when no queue or agent looks at the view any more.
+async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>) {
+    loop {
+        match store.watch(&coll, None).await {
+            Ok(mut stream) => loop {
+                // Read after subscribing: a change after this read is a notification.
+                match paused_names(&store, &coll).await {
+                    Ok(names) => {
+                        tx.send_replace(Some(Arc::new(names)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(collection = %coll, error = %e, "reading the control documents failed; agents read them on a timer");
+                        break;
+                    }
+                }
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
+                };
+                if !matches!(next, Some(Ok(_))) {
+                    tracing::debug!(collection = %coll, "control notifications ended; agents read on a timer");
+                    break;
+                }
+                // Take the rest of a burst: one read answers all of it.
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                while let std::task::Poll::Ready(Some(Ok(_))) = stream.as_mut().poll_next(&mut cx) {}
+            },
+            Err(StoreError::Unsupported { .. }) => {
+                tracing::debug!(collection = %coll, "no change notifications: agents read the control document on a timer");
+                tx.send_replace(None);
+                tx.closed().await;
+                return;
+            }
+            Err(e) => tracing::debug!(collection = %coll, error = %e, "cannot watch the control collection yet"),
+        }
+        tx.send_replace(None);
+        tokio::select! {
+            _ = tx.closed() => return,
+            _ = tokio::time::sleep(CONTROL_REFRESH) => {}
+        }
+    }
+}
+
+/// The paused agent names: one `find` of the control documents that say so.
+async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<String>, StoreError> {
+    let found = store.find(coll, &Query::eq(doc! { PAUSED: Bson::Boolean(true) })).await?;
+    Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix("agent:").map(str::to_owned)).collect())
+}
 
 fn control_key(agent: &str) -> Result<Key, AgentError> {
     Key::new(format!("agent:{agent}")).map_err(|e| AgentError::Config(e.to_string()))
@@ -28,8 +121,9 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Pauses (`true`) or resumes (`false`) every agent named `agent` on this
-    /// queue, in every process: within [`CONTROL_REFRESH`] they stop claiming
-    /// (tasks they run finish) or claim again.
+    /// queue, in every process: they stop claiming (tasks they run finish) or
+    /// claim again as soon as the change notification reaches them, or within
+    /// [`CONTROL_REFRESH`] on a store without change notifications.
     ///
     /// # Cancel safety
     ///
@@ -49,7 +143,7 @@ impl<S: Store + Clone> Queue<S> {
     /// Cancel-safe: a read.
     pub async fn is_paused(&self, agent: &str) -> Result<bool, AgentError> {
         // A `find` (not `get`, whose `$$NOW` costs an `aggregate`): the
-        // agents' one read of it per CONTROL_REFRESH stays cheap.
+        // agents' timed read of it, without notifications, stays cheap.
         let id = control_key(agent)?.as_bson().clone();
         let q = Query::eq(doc! { store_trait::fields::ID: id }).limit(1);
         let found = self.store.find(&self.control_collection()?, &q).await?;
@@ -62,8 +156,14 @@ impl<S: Store + Clone> Queue<S> {
     ///
     /// Cancel-safe: a read.
     pub async fn paused_agents(&self) -> Result<Vec<String>, AgentError> {
-        let found =
-            self.store.find(&self.control_collection()?, &Query::eq(doc! { PAUSED: Bson::Boolean(true) })).await?;
-        Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix("agent:").map(str::to_owned)).collect())
+        let mut names: Vec<String> =
+            paused_names(&self.store, &self.control_collection()?).await?.into_iter().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// What the control task last read (see the module's docs).
+    pub(crate) fn control_view(&self) -> watch::Receiver<ControlView> {
+        self.control.view(&self.store, self.control_collection())
     }
 }

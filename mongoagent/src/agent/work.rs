@@ -48,6 +48,8 @@ impl<S: Store + Clone> Agent<S> {
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(50), inner.poll_interval);
         let mut idle_until: Option<Instant> = None;
+        // A pause or resume seen by the queue's control task wakes an idle agent.
+        let mut control = inner.queue.control_view();
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
@@ -107,6 +109,7 @@ impl<S: Store + Clone> Agent<S> {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
                         Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                        Ok(()) = control.changed() => {}
                         _ = watcher.changed() => {
                             // Coalesce a burst of notifications into one claim attempt.
                             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -436,3 +436,33 @@ async fn a_plain_task_costs_a_claim_and_an_outcome() {
     assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
     assert_eq!(store.operation_count() - before, 2, "one claim, one outcome write");
 }
+
+/// Pause delivery by change notification: an agent that has seen "not paused"
+/// sees a pause (and the resume) as soon as the queue's control task has read
+/// it after the notification, well within `CONTROL_REFRESH`, and a paused agent
+/// asking again and again reads nothing: no control read per claim, and none
+/// per `CONTROL_REFRESH` while the subscription is live.
+#[tokio::test(start_paused = true)]
+async fn a_pause_arrives_by_notification_without_polling() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    for n in 0..3 {
+        q.enqueue(NewTask::new("w", doc! {"n": n})).await.unwrap();
+    }
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    assert!(agent.process(|_t: Task| async { true }).await.unwrap().is_some());
+    let settle = || tokio::time::sleep(Duration::from_millis(10));
+    settle().await;
+    q.set_paused("w", true).await.unwrap();
+    settle().await;
+    assert_eq!(agent.process(|_t: Task| async { true }).await.unwrap(), None, "the pause is seen at once");
+    let before = store.operation_count();
+    for _ in 0..5 {
+        tokio::time::sleep(mongoagent::CONTROL_REFRESH).await;
+        assert_eq!(agent.process(|_t: Task| async { true }).await.unwrap(), None);
+    }
+    assert_eq!(store.operation_count() - before, 0, "a paused agent reads nothing while notifications are live");
+    q.set_paused("w", false).await.unwrap();
+    settle().await;
+    assert!(agent.process(|_t: Task| async { true }).await.unwrap().is_some(), "the resume is seen at once");
+}
