@@ -3,16 +3,19 @@
 //! when they claim. A paused agent claims nothing; tasks it runs finish.
 //!
 //! How agents learn the state without a read per claim: one task per [`Queue`]
-//! (started by its first agent's claim, shared by every agent on that queue)
+//! (running while an agent on that queue is idle, shared by all of them)
 //! subscribes to change notifications on the control collection, then reads the
 //! paused names (one `find`), and reads them again after every notification and
 //! every new subscription. While that subscription is live the agents use what
-//! it read; without one (a store without change notifications, a standalone
-//! `mongod`, a stream that ended and is not back yet) each agent reads its own
-//! document again once per [`CONTROL_REFRESH`].
+//! it read, and a pause or resume wakes the idle ones; without one (every agent
+//! busy, a store without change notifications, a standalone `mongod`, a stream
+//! that ended and is not back yet) each agent reads its own document again
+//! once per [`CONTROL_REFRESH`].
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::{doc, Bson};
@@ -35,34 +38,58 @@ const PAUSED: &str = "paused";
 pub(crate) type ControlView = Option<Arc<HashSet<String>>>;
 
 /// A queue's view of its control collection, shared by its clones: the
-/// receiving end of the control task's [`ControlView`]s, made on first use.
+/// sending end of the control task's [`ControlView`]s while the task runs.
+/// The task runs while an agent of the queue holds a view (its agents hold one
+/// only while idle), so a busy queue holds no subscription: on a server that
+/// answers a waiting change-stream `getMore` at every write to the database
+/// (SecantusDB does), a subscription held while busy costs more commands than
+/// the timed read.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ControlWatch(Arc<OnceLock<watch::Receiver<ControlView>>>);
+pub(crate) struct ControlWatch(Arc<Mutex<Option<watch::Sender<ControlView>>>>);
 
 impl ControlWatch {
-    /// The view, starting the control task on first use (inside a runtime).
+    /// A view, starting the control task if none runs (inside a runtime).
     pub(crate) fn view<S: Store + Clone>(
         &self,
         store: &S,
         coll: Result<Collection, AgentError>,
     ) -> watch::Receiver<ControlView> {
-        self.0
-            .get_or_init(|| {
-                let (tx, rx) = watch::channel(None);
-                if let Ok(coll) = coll {
-                    tokio::spawn(follow(store.clone(), coll, tx));
-                }
-                rx
-            })
-            .clone()
+        let mut slot = self.0.lock();
+        if let Some(tx) = slot.as_ref() {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(None);
+        if let Ok(coll) = coll {
+            tokio::spawn(follow(store.clone(), coll, tx.clone(), self.clone()));
+            *slot = Some(tx);
+        }
+        rx
+    }
+
+    /// What the running control task last published, without holding a view.
+    pub(crate) fn peek(&self) -> ControlView {
+        self.0.lock().as_ref().and_then(|tx| tx.borrow().clone())
+    }
+
+    /// Returns once nobody holds a view, having forgotten the task's sender
+    /// (under the lock, so no view can be taken from a task that ends).
+    async fn unwatched(&self, tx: &watch::Sender<ControlView>) {
+        loop {
+            tx.closed().await;
+            let mut slot = self.0.lock();
+            if tx.receiver_count() == 0 {
+                *slot = None;
+                return;
+            }
+        }
     }
 }
 
 /// The control task: subscribe, read the paused names, read them again after
 /// each notification (a burst read once); when the stream ends or a read
 /// fails, tell the agents to read on their timer, and subscribe again after
-/// [`CONTROL_REFRESH`]. Ends when no queue or agent looks at the view any more.
-async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>) {
+/// [`CONTROL_REFRESH`]. Ends when no agent holds a view.
+async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>, control: ControlWatch) {
     loop {
         match store.watch(&coll, None).await {
             Ok(mut stream) => loop {
@@ -77,7 +104,7 @@ async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<
                     }
                 }
                 let next = tokio::select! {
-                    _ = tx.closed() => return,
+                    _ = control.unwatched(&tx) => return,
                     ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
                 };
                 if !matches!(next, Some(Ok(_))) {
@@ -91,14 +118,14 @@ async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<
             Err(StoreError::Unsupported { .. }) => {
                 tracing::debug!(collection = %coll, "no change notifications: agents read the control document on a timer");
                 tx.send_replace(None);
-                tx.closed().await;
+                control.unwatched(&tx).await;
                 return;
             }
             Err(e) => tracing::debug!(collection = %coll, error = %e, "cannot watch the control collection yet"),
         }
         tx.send_replace(None);
         tokio::select! {
-            _ = tx.closed() => return,
+            _ = control.unwatched(&tx) => return,
             _ = tokio::time::sleep(CONTROL_REFRESH) => {}
         }
     }
@@ -162,7 +189,7 @@ impl<S: Store + Clone> Queue<S> {
         Ok(names)
     }
 
-    /// What the control task last read (see the module's docs).
+    /// A view of what the control task reads, which keeps it running (see the module's docs).
     pub(crate) fn control_view(&self) -> watch::Receiver<ControlView> {
         self.control.view(&self.store, self.control_collection())
     }

@@ -81,12 +81,13 @@ impl<S: Store + Clone> Agent<S> {
 
     /// Whether this agent's name is paused on its queue ([`Queue::set_paused`](crate::Queue::set_paused)):
     /// what the queue's control task read after its last change notification
-    /// while its subscription is live (no read here); else the agent's own read
+    /// while its subscription is live (an agent of the queue is idle; no read
+    /// here); else the agent's own read
     /// of its control document, at most [`crate::CONTROL_REFRESH`] old.
     async fn paused(&self) -> Result<bool, AgentError> {
         let inner = &self.inner;
         let cached = *inner.paused.lock();
-        let view = inner.queue.control_view().borrow().clone();
+        let view = inner.queue.control.peek();
         let paused = match view {
             Some(names) => names.contains(&inner.name),
             None => match cached {
