@@ -3,6 +3,7 @@
 //! operation, failpoints).
 #![allow(clippy::unwrap_used)]
 
+mod claim_many;
 mod pool;
 mod round_trips;
 mod versions;
