@@ -1,11 +1,26 @@
 //! Pausing an agent name cluster-wide: one control document per agent name in
-//! the queue's control collection (`<queue>_control`), which agents read when
-//! they claim. A paused agent claims nothing; tasks it runs finish.
+//! the queue's control collection (`<queue>_control`), which agents consult
+//! when they claim. A paused agent claims nothing; tasks it runs finish.
+//!
+//! How agents learn the state without a read per claim: one task per [`Queue`]
+//! (running while an agent on that queue is idle, shared by all of them)
+//! subscribes to change notifications on the control collection, then reads the
+//! paused names (one `find`), and reads them again after every notification and
+//! every new subscription. While that subscription is live the agents use what
+//! it read, and a pause or resume wakes the idle ones; without one (every agent
+//! busy, a store without change notifications, a standalone `mongod`, a stream
+//! that ended and is not back yet) each agent reads its own document again
+//! once per [`CONTROL_REFRESH`].
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write};
+use store_trait::{Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
+use tokio::sync::watch;
 
 use crate::{AgentError, Queue};
 
@@ -16,6 +31,111 @@ pub const CONTROL_REFRESH: Duration = Duration::from_secs(1);
 
 /// The field of a control document that says its agent name is paused.
 const PAUSED: &str = "paused";
+
+/// The paused agent names as read after the last notification, while the
+/// control collection's subscription is live; `None` when agents must read on a
+/// timer (no subscription, or nothing read since it opened).
+pub(crate) type ControlView = Option<Arc<HashSet<String>>>;
+
+/// A queue's view of its control collection, shared by its clones: the
+/// sending end of the control task's [`ControlView`]s while the task runs.
+/// The task runs while an agent of the queue holds a view (its agents hold one
+/// only while idle), so a busy queue holds no subscription: on a server that
+/// answers a waiting change-stream `getMore` at every write to the database
+/// (SecantusDB does), a subscription held while busy costs more commands than
+/// the timed read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ControlWatch(Arc<Mutex<Option<watch::Sender<ControlView>>>>);
+
+impl ControlWatch {
+    /// A view, starting the control task if none runs (inside a runtime).
+    pub(crate) fn view<S: Store + Clone>(
+        &self,
+        store: &S,
+        coll: Result<Collection, AgentError>,
+    ) -> watch::Receiver<ControlView> {
+        let mut slot = self.0.lock();
+        if let Some(tx) = slot.as_ref() {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(None);
+        if let Ok(coll) = coll {
+            tokio::spawn(follow(store.clone(), coll, tx.clone(), self.clone()));
+            *slot = Some(tx);
+        }
+        rx
+    }
+
+    /// What the running control task last published, without holding a view.
+    pub(crate) fn peek(&self) -> ControlView {
+        self.0.lock().as_ref().and_then(|tx| tx.borrow().clone())
+    }
+
+    /// Returns once nobody holds a view, having forgotten the task's sender
+    /// (under the lock, so no view can be taken from a task that ends).
+    async fn unwatched(&self, tx: &watch::Sender<ControlView>) {
+        loop {
+            tx.closed().await;
+            let mut slot = self.0.lock();
+            if tx.receiver_count() == 0 {
+                *slot = None;
+                return;
+            }
+        }
+    }
+}
+
+/// The control task: subscribe, read the paused names, read them again after
+/// each notification (a burst read once); when the stream ends or a read
+/// fails, tell the agents to read on their timer, and subscribe again after
+/// [`CONTROL_REFRESH`]. Ends when no agent holds a view.
+async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>, control: ControlWatch) {
+    loop {
+        match store.watch(&coll, None).await {
+            Ok(mut stream) => loop {
+                // Read after subscribing: a change after this read is a notification.
+                match paused_names(&store, &coll).await {
+                    Ok(names) => {
+                        tx.send_replace(Some(Arc::new(names)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(collection = %coll, error = %e, "reading the control documents failed; agents read them on a timer");
+                        break;
+                    }
+                }
+                let next = tokio::select! {
+                    _ = control.unwatched(&tx) => return,
+                    ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
+                };
+                if !matches!(next, Some(Ok(_))) {
+                    tracing::debug!(collection = %coll, "control notifications ended; agents read on a timer");
+                    break;
+                }
+                // Take the rest of a burst: one read answers all of it.
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                while let std::task::Poll::Ready(Some(Ok(_))) = stream.as_mut().poll_next(&mut cx) {}
+            },
+            Err(StoreError::Unsupported { .. }) => {
+                tracing::debug!(collection = %coll, "no change notifications: agents read the control document on a timer");
+                tx.send_replace(None);
+                control.unwatched(&tx).await;
+                return;
+            }
+            Err(e) => tracing::debug!(collection = %coll, error = %e, "cannot watch the control collection yet"),
+        }
+        tx.send_replace(None);
+        tokio::select! {
+            _ = control.unwatched(&tx) => return,
+            _ = tokio::time::sleep(CONTROL_REFRESH) => {}
+        }
+    }
+}
+
+/// The paused agent names: one `find` of the control documents that say so.
+async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<String>, StoreError> {
+    let found = store.find(coll, &Query::eq(doc! { PAUSED: Bson::Boolean(true) })).await?;
+    Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix("agent:").map(str::to_owned)).collect())
+}
 
 fn control_key(agent: &str) -> Result<Key, AgentError> {
     Key::new(format!("agent:{agent}")).map_err(|e| AgentError::Config(e.to_string()))
@@ -28,8 +148,9 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Pauses (`true`) or resumes (`false`) every agent named `agent` on this
-    /// queue, in every process: within [`CONTROL_REFRESH`] they stop claiming
-    /// (tasks they run finish) or claim again.
+    /// queue, in every process: they stop claiming (tasks they run finish) or
+    /// claim again as soon as the change notification reaches them, or within
+    /// [`CONTROL_REFRESH`] on a store without change notifications.
     ///
     /// # Cancel safety
     ///
@@ -49,7 +170,7 @@ impl<S: Store + Clone> Queue<S> {
     /// Cancel-safe: a read.
     pub async fn is_paused(&self, agent: &str) -> Result<bool, AgentError> {
         // A `find` (not `get`, whose `$$NOW` costs an `aggregate`): the
-        // agents' one read of it per CONTROL_REFRESH stays cheap.
+        // agents' timed read of it, without notifications, stays cheap.
         let id = control_key(agent)?.as_bson().clone();
         let q = Query::eq(doc! { store_trait::fields::ID: id }).limit(1);
         let found = self.store.find(&self.control_collection()?, &q).await?;
@@ -62,8 +183,14 @@ impl<S: Store + Clone> Queue<S> {
     ///
     /// Cancel-safe: a read.
     pub async fn paused_agents(&self) -> Result<Vec<String>, AgentError> {
-        let found =
-            self.store.find(&self.control_collection()?, &Query::eq(doc! { PAUSED: Bson::Boolean(true) })).await?;
-        Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix("agent:").map(str::to_owned)).collect())
+        let mut names: Vec<String> =
+            paused_names(&self.store, &self.control_collection()?).await?.into_iter().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// A view of what the control task reads, which keeps it running (see the module's docs).
+    pub(crate) fn control_view(&self) -> watch::Receiver<ControlView> {
+        self.control.view(&self.store, self.control_collection())
     }
 }

@@ -21,6 +21,8 @@ pub struct Queue<S> {
     indexes: std::sync::Arc<OnceCell<()>>,
     /// Agents on clones of this queue claim one at a time.
     pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The pause state its agents see (`control.rs`), shared by its clones.
+    pub(crate) control: crate::control::ControlWatch,
 }
 
 /// Follow-ups that wait for their parent's fenced outcome write before they
@@ -116,7 +118,13 @@ impl<S: Store + Clone> Queue<S> {
     /// The queue in collection `name`.
     pub fn new(store: S, name: &str) -> Result<Self, AgentError> {
         let coll = Collection::new(name).map_err(|e| AgentError::Config(e.to_string()))?;
-        Ok(Queue { store, coll, indexes: Default::default(), claim_gate: Default::default() })
+        Ok(Queue {
+            store,
+            coll,
+            indexes: Default::default(),
+            claim_gate: Default::default(),
+            control: Default::default(),
+        })
     }
 
     /// The collection.

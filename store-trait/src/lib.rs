@@ -155,9 +155,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// [`Store::claim`].
     ///
     /// A batch, not one atomic operation: on MongoDB it is three commands, a
-    /// `find` of candidates, one conditional `update` of those still matching,
-    /// and a read back of those this call changed (by its nonce), whatever
-    /// `limit` is. If the call fails after the update (a lost reply, a crash),
+    /// `find` of candidates (four times `limit`), one conditional `update` of
+    /// the first `limit` of those still matching, and a read back of those this
+    /// call changed (by its nonce), whatever `limit` is; plus one `update` of
+    /// the next candidates each time concurrent callers took some first, so a
+    /// batch comes back short only when fewer documents are claimable, not
+    /// because it lost a race. If the call fails after an update (a lost reply, a crash),
     /// the documents it changed stay leased to the mutation's owner, whom no one
     /// holds: they lapse at the lease's end and are claimed again with a higher
     /// fence. So the mutation must grant a lease and bump the fence

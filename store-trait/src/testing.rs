@@ -67,6 +67,7 @@ macro_rules! conformance_tests {
             foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents,
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
+            claim_many_racers_each_fill_their_batch,
             write_many_reports_each_write
         );
     };
@@ -1003,6 +1004,39 @@ pub async fn claim_many_racers_share_nothing<H: Harness>(h: &H) {
     all.sort();
     let want: Vec<(String, u64)> = (0..12).map(|i| (format!("t{i:02}"), 1)).collect();
     assert_eq!(all, want, "every task claimed exactly once, at fence 1");
+}
+
+/// Batch claims racing for one head of the queue do not come back short
+/// while claimable documents remain: four callers start together, each asks
+/// for 3 of 12, and each gets 3 (a caller that lost candidates to another goes
+/// on with the next ones instead of returning what it has).
+pub async fn claim_many_racers_each_fill_their_batch<H: Harness>(h: &H) {
+    let s = h.store("claim_many_racers_each_fill_their_batch").await;
+    let c = coll("tasks");
+    let t0 = s.now().await.unwrap().as_millis() - 10_000;
+    let ttl = ttl_of(Duration::from_secs(60));
+    for round in 0..3 {
+        let docs: Vec<Document> = (0..12).map(|i| task(&format!("r{round}-t{i:02}"), 0, t0 + i)).collect();
+        s.insert_many(&c, docs).await.unwrap();
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+        let mut racers = Vec::new();
+        for i in 0..4 {
+            let (s, c, start) = (s.clone(), c.clone(), start.clone());
+            racers.push(tokio::spawn(async move {
+                start.wait().await;
+                s.claim_many(&c, &claim_for(&format!("round{round}-r{i}"), ttl), 3).await.unwrap()
+            }));
+        }
+        let mut all = Vec::new();
+        for r in racers {
+            let got = r.await.unwrap();
+            assert_eq!(got.len(), 3, "round {round}: a racer came back short: {got:?}");
+            all.extend(got.into_iter().map(|r| r.key().to_string()));
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 12, "round {round}: every document claimed once");
+    }
 }
 
 /// A batch of fenced writes: each write's outcome is its own (a stale fence in

@@ -79,17 +79,22 @@ impl<S: Store + Clone> Agent<S> {
         Ok(Vec::new())
     }
 
-    /// Whether this agent's name is paused on its queue ([`Queue::set_paused`](crate::Queue::set_paused)),
-    /// as last read, at most [`crate::CONTROL_REFRESH`] ago.
+    /// Whether this agent's name is paused on its queue ([`Queue::set_paused`](crate::Queue::set_paused)):
+    /// what the queue's control task read after its last change notification
+    /// while its subscription is live (an agent of the queue is idle; no read
+    /// here); else the agent's own read
+    /// of its control document, at most [`crate::CONTROL_REFRESH`] old.
     async fn paused(&self) -> Result<bool, AgentError> {
         let inner = &self.inner;
         let cached = *inner.paused.lock();
-        if let Some((at, paused)) = cached {
-            if at.elapsed() < crate::CONTROL_REFRESH {
-                return Ok(paused);
-            }
-        }
-        let paused = inner.queue.is_paused(&inner.name).await?;
+        let view = inner.queue.control.peek();
+        let paused = match view {
+            Some(names) => names.contains(&inner.name),
+            None => match cached {
+                Some((at, paused)) if at.elapsed() < crate::CONTROL_REFRESH => return Ok(paused),
+                _ => inner.queue.is_paused(&inner.name).await?,
+            },
+        };
         if cached.map_or(paused, |(_, was)| was != paused) {
             tracing::info!(agent = %inner.name, paused, "agent pause state seen");
         }

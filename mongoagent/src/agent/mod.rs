@@ -95,8 +95,9 @@ struct Inner<S: Store + Clone> {
     process_while: Option<ProcessWhile>,
     log: Mutex<AgentCounters>,
     seq: AtomicU64,
-    /// What the agent last read of its control document (paused or not), and
-    /// when; read again after [`crate::CONTROL_REFRESH`].
+    /// What the agent last saw of its pause state, and when: without the
+    /// queue's control notifications it reads its control document again
+    /// after [`crate::CONTROL_REFRESH`].
     paused: Mutex<Option<(tokio::time::Instant, bool)>>,
     shutdown: CancellationToken,
     /// The group commit of outcome writes, started by the first outcome.

@@ -48,6 +48,10 @@ impl<S: Store + Clone> Agent<S> {
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(50), inner.poll_interval);
         let mut idle_until: Option<Instant> = None;
+        // While idle, a view of the queue's pause state (`control.rs`): it
+        // keeps the control subscription open, and a pause or resume wakes the
+        // agent. Dropped with the watcher.
+        let mut control = None;
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
@@ -70,6 +74,7 @@ impl<S: Store + Clone> Agent<S> {
                 Ok(claimed) if !claimed.is_empty() => {
                     backoff.reset();
                     events = None;
+                    control = None;
                     for c in claimed {
                         let (this, h) = (self.clone(), handler.clone());
                         running.spawn(async move { this.run(c, h).await });
@@ -87,6 +92,7 @@ impl<S: Store + Clone> Agent<S> {
                         .ignore_renewals();
                         tracing::debug!(agent = %inner.name, push = watcher.is_live(), "idle: watching for changes");
                         events = Some(watcher);
+                        control = Some(inner.queue.control_view());
                         // Claim once more now that the subscription is open.
                         continue;
                     };
@@ -107,6 +113,12 @@ impl<S: Store + Clone> Agent<S> {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
                         Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                        Ok(()) = async {
+                            match control.as_mut() {
+                                Some(c) => c.changed().await,
+                                None => std::future::pending().await,
+                            }
+                        } => {}
                         _ = watcher.changed() => {
                             // Coalesce a burst of notifications into one claim attempt.
                             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -436,3 +436,42 @@ async fn a_plain_task_costs_a_claim_and_an_outcome() {
     assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
     assert_eq!(store.operation_count() - before, 2, "one claim, one outcome write");
 }
+
+/// Pause delivery by change notification: an idle agent, which has read "not
+/// paused" a moment ago, sees a pause as soon as the queue's control task has
+/// read it after the notification (well within `CONTROL_REFRESH`), so a task
+/// arriving then is not claimed; the resume wakes it at once (its poll interval
+/// is a minute) and it claims the task.
+#[tokio::test(start_paused = true)]
+async fn a_pause_arrives_by_notification_and_a_resume_wakes_the_agent() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(60)).build().unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let worker = tokio::spawn({
+        let (agent, done) = (agent.clone(), done.clone());
+        async move {
+            agent
+                .work(move |_t: Task| {
+                    let done = done.clone();
+                    async move {
+                        done.fetch_add(1, Ordering::SeqCst);
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    let settle = || tokio::time::sleep(Duration::from_millis(20));
+    settle().await;
+    q.set_paused("w", true).await.unwrap();
+    settle().await;
+    q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    settle().await;
+    assert_eq!(done.load(Ordering::SeqCst), 0, "the pause was seen before the task arrived");
+    q.set_paused("w", false).await.unwrap();
+    settle().await;
+    assert_eq!(done.load(Ordering::SeqCst), 1, "the resume woke the idle agent");
+    agent.shutdown();
+    assert_eq!(worker.await.unwrap().unwrap().completed, 1);
+}

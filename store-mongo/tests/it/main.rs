@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod batches;
+mod claim_many;
 mod lag;
 mod pool;
 mod round_trips;
