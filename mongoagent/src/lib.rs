@@ -60,6 +60,7 @@ mod error;
 mod outcome;
 mod progress;
 mod queue;
+mod rate;
 pub mod schedule;
 mod task;
 
@@ -69,6 +70,7 @@ pub use error::AgentError;
 pub use outcome::{Outcome, Retry};
 pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
+pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use task::{fields, Child, NewTask, Task};
 

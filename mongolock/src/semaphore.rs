@@ -148,10 +148,40 @@ impl<S: Store + Clone> Semaphore<S> {
         }
     }
 
-    async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
+    /// Tries once for up to `n` free permits and returns those it got (none
+    /// when none is free), each renewed in the background like a lock's
+    /// acquisition. More than one is taken with one batch claim
+    /// ([`Store::claim_many`]: three commands on MongoDB whatever `n`), one with
+    /// a single `claim`: a caller with `n` free slots pays no round trip per
+    /// permit.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: dropped after the claim, the permits it granted
+    /// are held by no guard and lapse at their expiry (a ttl later), as a
+    /// crashed holder's do.
+    pub async fn try_acquire_many(&self, n: usize) -> Result<Vec<LockGuard<S>>, LockError> {
+        if n <= 1 {
+            return Ok(if n == 1 { self.try_once(true).await?.into_iter().collect() } else { Vec::new() });
+        }
+        let first = self.config();
+        let claim = self.slot_claim();
+        let sent = Instant::now();
+        let mut records = first.store.claim_many(&first.coll, &claim, n).await?;
+        if records.is_empty() && self.missing_slots().await? {
+            self.ensure_slots().await?;
+            records = first.store.claim_many(&first.coll, &claim, n).await?;
+        }
+        // Each permit is kept like a lock's acquisition; a failure drops (and so
+        // releases) the ones already kept.
+        records.iter().map(|r| self.lock.inner.leases.start(r, sent, true, None)).collect()
+    }
+
+    /// The claim of one free slot (the lowest first), for a fresh owner.
+    fn slot_claim(&self) -> Claim {
         let first = self.config();
         let owner = self.lock.inner.next_owner();
-        let claim = Claim {
+        Claim {
             query: Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) })
                 .when(Condition::Free)
                 .sort(slot::SLOT, Order::Asc),
@@ -161,7 +191,12 @@ impl<S: Store + Clone> Semaphore<S> {
                 .set(data::HOST, first.identity.host())
                 .set(data::PID, i64::from(first.identity.pid()))
                 .set(data::INSTANCE, first.identity.instance()),
-        };
+        }
+    }
+
+    async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
+        let first = self.config();
+        let claim = self.slot_claim();
         let sent = Instant::now();
         let mut record = first.store.claim(&first.coll, &claim).await?;
         if record.is_none() && self.missing_slots().await? {

@@ -42,6 +42,8 @@ pub(crate) fn claim_order(q: Query) -> Query {
 pub(super) struct Claimed<S: Store + Clone> {
     pub(super) guard: LockGuard<S>,
     pub(super) record: Record,
+    /// The permit of the agent name's global concurrency it runs under, if limited.
+    pub(super) permit: Option<LockGuard<S>>,
 }
 
 /// The least free capacity claimed with one batch ([`Store::claim_many`]):
@@ -81,7 +83,7 @@ impl<S: Store + Clone> Agent<S> {
 
     /// Whether this agent's name is paused on its queue ([`Queue::set_paused`](crate::Queue::set_paused)),
     /// as last read, at most [`crate::CONTROL_REFRESH`] ago.
-    async fn paused(&self) -> Result<bool, AgentError> {
+    pub(super) async fn paused(&self) -> Result<bool, AgentError> {
         let inner = &self.inner;
         let cached = *inner.paused.lock();
         if let Some((at, paused)) = cached {
@@ -129,7 +131,7 @@ impl<S: Store + Clone> Agent<S> {
             // Kept like a lock's acquisition, by the agent's one `Leases`.
             let guard = inner.leases.keep(&record, sent)?;
             tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
-            claimed.push(Claimed { guard, record });
+            claimed.push(Claimed { guard, record, permit: None });
         }
         Ok(claimed)
     }

@@ -66,7 +66,7 @@ impl<S: Store + Clone> Agent<S> {
                 tokio::task::yield_now().await;
                 continue;
             }
-            match self.claim(inner.concurrency - running.len()).await {
+            match self.claim_limited(inner.concurrency - running.len()).await {
                 Ok(claimed) if !claimed.is_empty() => {
                     backoff.reset();
                     events = None;

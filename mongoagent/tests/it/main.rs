@@ -5,6 +5,7 @@
 
 mod fencing;
 mod input;
+mod limits;
 mod mechanisms;
 mod schedules;
 mod simulation;
