@@ -151,9 +151,23 @@ impl<S: Store + Clone> Semaphore<S> {
     /// Tries once for up to `n` free permits and returns those it got (none
     /// when none is free), each renewed in the background like a lock's
     /// acquisition. More than one is taken with one batch claim
-    /// ([`Store::claim_many`]: three commands on MongoDB whatever `n`), one with
-    /// a single `claim`: a caller with `n` free slots pays no round trip per
-    /// permit.
+    /// ([`Store::claim_many`]: three commands on MongoDB whatever `n`) from
+    /// three on, fewer with single claims: a caller with `n` free slots pays
+    /// no round trip per permit.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongolock::LockError> {
+    /// let store = store_memory::MemoryStore::new();
+    /// let sem = mongolock::Semaphore::new(mongolock::Lock::builder(store, "exports"), 5)?;
+    /// let first = sem.try_acquire_many(3).await?;
+    /// let rest = sem.try_acquire_many(4).await?;
+    /// assert_eq!((first.len(), rest.len()), (3, 2), "never more than the free permits");
+    /// assert!(sem.try_acquire_many(2).await?.is_empty());
+    /// drop(first); // released (in the background)
+    /// # tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    /// assert_eq!(sem.try_acquire_many(4).await?.len(), 3);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -161,8 +175,15 @@ impl<S: Store + Clone> Semaphore<S> {
     /// are held by no guard and lapse at their expiry (a ttl later), as a
     /// crashed holder's do.
     pub async fn try_acquire_many(&self, n: usize) -> Result<Vec<LockGuard<S>>, LockError> {
-        if n <= 1 {
-            return Ok(if n == 1 { self.try_once(true).await?.into_iter().collect() } else { Vec::new() });
+        // A batch claim costs three commands on MongoDB, a single claim one:
+        // below three permits single claims cost no more.
+        if n < 3 {
+            let mut got = Vec::with_capacity(n);
+            while got.len() < n {
+                let Some(g) = self.try_once(true).await? else { break };
+                got.push(g);
+            }
+            return Ok(got);
         }
         let first = self.config();
         let claim = self.slot_claim();
