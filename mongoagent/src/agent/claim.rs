@@ -43,7 +43,7 @@ pub(super) struct Claimed<S: Store + Clone> {
     pub(super) guard: LockGuard<S>,
     pub(super) record: Record,
     /// The permit of the agent name's global concurrency it runs under, if limited.
-    pub(super) permit: Option<LockGuard<S>>,
+    pub(super) permit: Option<super::limits::Permit<S>>,
 }
 
 /// The least free capacity claimed with one batch ([`Store::claim_many`]):

@@ -193,7 +193,12 @@ impl<S: Store + Clone> Agent<S> {
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
         match self.claim_limited(1).await?.pop() {
-            Some(c) => Ok(Some(self.run(c, handler).await?)),
+            Some(c) => {
+                let processed = self.run(c, handler).await;
+                // No next claim follows here: a kept permit goes back now.
+                self.release_pooled_permits().await;
+                Ok(Some(processed?))
+            }
             None => Ok(None),
         }
     }

@@ -128,6 +128,7 @@ impl<S: Store + Clone> Agent<S> {
             }
         }
         self.drain(running).await;
+        self.release_pooled_permits().await;
         Ok(self.counters())
     }
 
