@@ -176,9 +176,12 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     put_breakdown(&mut f, "raw_queue", &raw_queue.counts, tasks);
     let mut shapes: Vec<(&str, QueueRun)> = Vec::new();
     eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (Agent::builder)…");
-    shapes.push(("per_agent", queue_run(uri, db, &store, tasks, "bench_queue", false).await?));
+    shapes.push(("per_agent", queue_run(uri, db, &store, tasks, "bench_queue", false, None).await?));
     eprintln!("queue: 4 agents sharing one Queue (Agent::on_queue), {tasks} trivial tasks…");
-    shapes.push(("shared", queue_run(uri, db, &store, tasks, "bench_queue_shared", true).await?));
+    shapes.push(("shared", queue_run(uri, db, &store, tasks, "bench_queue_shared", true, None).await?));
+    eprintln!("queue: as shared, with a global concurrency of 1,000 (never binding), {tasks} trivial tasks…");
+    let global = queue_run(uri, db, &store, tasks, "bench_queue_global", true, Some(1000)).await?;
+    shapes.push(("shared_global_1000", global));
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
     shapes.push(("processes", queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
 
@@ -188,6 +191,13 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
         put_breakdown(&mut f, &format!("queue_{shape}"), &r.counts, tasks);
         f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
+    }
+    if let (Some((_, shared)), Some((_, global))) =
+        (shapes.iter().find(|(s, _)| *s == "shared"), shapes.iter().find(|(s, _)| *s == "shared_global_1000"))
+    {
+        // The cost of a global limit that never binds (issue 15: within 10 %).
+        f.put("queue_global_1000_vs_shared", global.rate / shared.rate);
+        f.put("queue_global_1000_extra_commands_per_task", global.commands_per_task - shared.commands_per_task);
     }
 
     eprintln!("queue events: one subscriber while 4 agents on one Queue run {tasks} trivial tasks…");
@@ -599,8 +609,9 @@ async fn minimal_lock_cycles(store: &MongoStore, n: usize) -> Result<Vec<f64>, S
 /// 4 agents (concurrency 4 each) in this process process `tasks` trivial tasks
 /// from `coll`; with `shared`, the agents are built on one `Queue`
 /// (`Agent::on_queue`) and take turns claiming, else each on its own
-/// (`Agent::builder`). Commands are counted from the agents' start until they
-/// have shut down.
+/// (`Agent::builder`); with `global`, under a global concurrency of that many
+/// permits. Commands are counted from the agents' start until they have shut
+/// down.
 async fn queue_run(
     uri: &str,
     db: &str,
@@ -608,6 +619,7 @@ async fn queue_run(
     tasks: u32,
     coll: &str,
     shared: bool,
+    global: Option<u32>,
 ) -> Result<QueueRun, String> {
     preload(store, tasks, coll).await?;
     let (counted, commands) = counted_store(uri, db).await?;
@@ -619,7 +631,11 @@ async fn queue_run(
         .map(|_| {
             let b =
                 if shared { Agent::on_queue(&queue, "bench") } else { Agent::builder(counted.clone(), "bench", coll) };
-            b.concurrency(4).poll_interval(Duration::from_millis(200)).build()
+            let b = b.concurrency(4).poll_interval(Duration::from_millis(200));
+            match global {
+                Some(n) => b.global_concurrency(n).build(),
+                None => b.build(),
+            }
         })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;

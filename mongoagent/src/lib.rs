@@ -66,6 +66,7 @@ pub mod operator;
 mod outcome;
 mod progress;
 mod queue;
+mod rate;
 pub mod schedule;
 mod task;
 
@@ -77,6 +78,7 @@ pub use operator::{Cancel, Delete, Requeue};
 pub use outcome::{Outcome, Retry};
 pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
+pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use task::{fields, Child, NewTask, Task};
 

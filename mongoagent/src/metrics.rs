@@ -48,6 +48,7 @@ fn label(p: &Processed) -> &'static str {
         Processed::Stale(_) => "stale",
         Processed::Waiting(_) => "waiting",
         Processed::Recovered(_) => "recovered",
+        Processed::NotStarted(_) => "not_started",
     }
 }
 

@@ -20,6 +20,54 @@ pub(crate) fn seconds(what: &str, s: f64, zero_ok: bool) -> Result<Duration, Str
     })
 }
 
+/// A rate limit from the command line: `N/SECONDS`, at most N task starts in
+/// any window of SECONDS (`--rate 100/60`, `--rate 5/0.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rate {
+    pub(crate) n: u32,
+    pub(crate) per: Duration,
+}
+
+/// Parses `--rate N/SECONDS` strictly: N a whole number from 1 to
+/// [`mongoagent::MAX_RATE_STARTS`] in plain digits, SECONDS as [`seconds`]
+/// (positive, at most a year); nothing else around them.
+pub(crate) fn rate(s: &str) -> Result<Rate, String> {
+    let usage = || format!("--rate must be N/SECONDS (such as 100/60), not {s:?}");
+    let (n, per) = s.split_once('/').ok_or_else(usage)?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(usage());
+    }
+    let max = mongoagent::MAX_RATE_STARTS;
+    let n: u32 = n
+        .parse()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("--rate allows 1 to {max} starts per interval, not {n}"))?;
+    if per.is_empty() || !per.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(usage());
+    }
+    let secs: f64 = per.parse().map_err(|_| usage())?;
+    let per = seconds("rate's SECONDS", secs, false)?;
+    if per < Duration::from_millis(1) {
+        return Err(format!("--rate's interval must be at least a millisecond, not {secs} s"));
+    }
+    Ok(Rate { n, per })
+}
+
+/// The cluster-wide limits of an agent name (`mongocoord agent`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct Limits {
+    /// At most N tasks of this agent name run at once across every process
+    /// (permits of a semaphore; every process of the name gives the same N).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) global_concurrency: Option<u32>,
+    /// At most N task starts of this agent name in any window of SECONDS,
+    /// across every process, on the server's clock (a burst waits): N/SECONDS,
+    /// such as 100/60.
+    #[arg(long, value_name = "N/SECONDS", value_parser = rate)]
+    pub(crate) rate: Option<Rate>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -35,7 +83,45 @@ mod tests {
         }
     }
 
+    #[test]
+    fn rates() {
+        assert_eq!(rate("100/60"), Ok(Rate { n: 100, per: Duration::from_secs(60) }));
+        assert_eq!(rate("5/0.5"), Ok(Rate { n: 5, per: Duration::from_millis(500) }));
+        for bad in [
+            "",
+            "100",
+            "100/",
+            "/60",
+            "0/60",
+            "-1/60",
+            "+1/60",
+            "1e3/60",
+            "1/-2",
+            "1/0",
+            "1/0.0001",
+            "1/nan",
+            "1/inf",
+            " 1/60",
+            "1/60 ",
+            "1/60/2",
+            "10001/60",
+            "99999999999/1",
+            "1/1e20",
+            "1/99999999999",
+        ] {
+            assert!(rate(bad).is_err(), "{bad:?}");
+        }
+    }
+
     proptest! {
+        /// Whatever a user types as a rate gives a checked rate or an error.
+        #[test]
+        fn rates_never_panic(s in "\\PC{0,12}") {
+            if let Ok(r) = rate(&s) {
+                prop_assert!(r.n >= 1 && !r.per.is_zero());
+            }
+        }
+
         /// Any number a user can type gives a duration in range or an error.
         #[test]
         fn never_panics(s in proptest::num::f64::ANY, zero_ok: bool) {

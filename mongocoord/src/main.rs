@@ -120,6 +120,8 @@ enum Cmd {
         #[arg(long)]
         max_tasks: Option<u64>,
         #[command(flatten)]
+        limits: args::Limits,
+        #[command(flatten)]
         command: args::Command,
     },
     /// A distributed cron: runs CMD once per tick of schedule NAME across every
@@ -399,9 +401,9 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let run = command.run(ttl)?;
             runners::elect(connect(uri, db).await?, &key, &run).await
         }
-        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, command } => {
+        Cmd::Agent { name, queue, concurrency, max_attempts, lease, max_tasks, limits, command } => {
             let run = command.run(lease)?;
-            let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks };
+            let opts = runners::AgentOpts { concurrency, max_attempts, max_tasks, limits: Some(limits) };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }
         Cmd::Cron(args) => {

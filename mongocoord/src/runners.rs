@@ -177,6 +177,8 @@ pub(crate) struct AgentOpts {
     pub(crate) concurrency: usize,
     pub(crate) max_attempts: u32,
     pub(crate) max_tasks: Option<u64>,
+    /// The agent name's cluster-wide limits, if any.
+    pub(crate) limits: Option<crate::args::Limits>,
 }
 
 /// The task as JSON for the command's stdin (relaxed extended JSON).
@@ -251,6 +253,12 @@ pub(crate) fn agent_builder(
         .drain_timeout(run.grace * 2 + Duration::from_secs(5));
     if let Some(n) = o.max_tasks {
         b = b.process_while(move |log| log.tasks_processed < n);
+    }
+    if let Some(n) = o.limits.and_then(|l| l.global_concurrency) {
+        b = b.global_concurrency(n);
+    }
+    if let Some(r) = o.limits.and_then(|l| l.rate) {
+        b = b.rate_limit(r.n, r.per);
     }
     b
 }

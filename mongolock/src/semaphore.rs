@@ -2,8 +2,9 @@
 //! fence, with the lock's guarantees per permit.
 //!
 //! The N permits are N slot documents (`key#0` … `key#N-1`) in the lock
-//! collection; acquiring a permit is one `claim` (find a free slot and lease it,
-//! atomically), so N holders can never become N+1.
+//! collection, created as holders need them (eight or more at a time, never
+//! beyond N); acquiring a permit is one `claim` (find a free slot and lease
+//! it, atomically), so N holders can never become N+1.
 
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ use crate::lease::LeaseConfig;
 use crate::lock::{Lock, LockBuilder};
 use crate::Acquire;
 use crate::{LockError, LockGuard, LockMetrics};
+
+/// The fewest slot documents created at once when every existing one is held.
+const SLOT_CHUNK: u32 = 8;
 
 /// Fields of a slot document.
 mod slot {
@@ -74,8 +78,15 @@ impl<S: Store + Clone> Semaphore<S> {
         self.lock.inner.config()
     }
 
-    async fn ensure_slots(&self) -> Result<(), StoreError> {
-        let docs = (0..self.permits)
+    /// Creates up to `more` slot documents after the `existing` ones (never
+    /// beyond the number of permits; a slot another process created first is
+    /// a duplicate, passed over). Slots are created as holders need them, so
+    /// a large semaphore that is never full keeps few documents (on some
+    /// servers every write costs time in proportion to the collection's size).
+    async fn ensure_slots(&self, existing: u64, more: u32) -> Result<(), StoreError> {
+        let from = u32::try_from(existing).unwrap_or(u32::MAX).min(self.permits);
+        let to = from.saturating_add(more.max(SLOT_CHUNK)).min(self.permits);
+        let docs = (from..to)
             .map(|i| {
                 doc! { "_id": format!("{}#{i}", self.key), slot::SEMAPHORE: &self.key, slot::SLOT: i64::from(i), slot::PERMITS: i64::from(self.permits) }
             })
@@ -148,10 +159,64 @@ impl<S: Store + Clone> Semaphore<S> {
         }
     }
 
-    async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
+    /// Tries once for up to `n` free permits and returns those it got (none
+    /// when none is free), each renewed in the background like a lock's
+    /// acquisition. More than one is taken with one batch claim
+    /// ([`Store::claim_many`]: three commands on MongoDB whatever `n`) from
+    /// three on, fewer with single claims: a caller with `n` free slots pays
+    /// no round trip per permit.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongolock::LockError> {
+    /// let store = store_memory::MemoryStore::new();
+    /// let sem = mongolock::Semaphore::new(mongolock::Lock::builder(store, "exports"), 5)?;
+    /// let first = sem.try_acquire_many(3).await?;
+    /// let rest = sem.try_acquire_many(4).await?;
+    /// assert_eq!((first.len(), rest.len()), (3, 2), "never more than the free permits");
+    /// assert!(sem.try_acquire_many(2).await?.is_empty());
+    /// drop(first); // released (in the background)
+    /// # tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    /// assert_eq!(sem.try_acquire_many(4).await?.len(), 3);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe in effect: dropped after the claim, the permits it granted
+    /// are held by no guard and lapse at their expiry (a ttl later), as a
+    /// crashed holder's do.
+    pub async fn try_acquire_many(&self, n: usize) -> Result<Vec<LockGuard<S>>, LockError> {
+        // A batch claim costs three commands on MongoDB, a single claim one:
+        // below three permits single claims cost no more.
+        if n < 3 {
+            let mut got = Vec::with_capacity(n);
+            while got.len() < n {
+                let Some(g) = self.try_once(true).await? else { break };
+                got.push(g);
+            }
+            return Ok(got);
+        }
+        let first = self.config();
+        let claim = self.slot_claim();
+        let sent = Instant::now();
+        let mut records = first.store.claim_many(&first.coll, &claim, n).await?;
+        if records.len() < n {
+            if let Some(existing) = self.missing_slots().await? {
+                let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
+                self.ensure_slots(existing, more).await?;
+                records.extend(first.store.claim_many(&first.coll, &claim, n - records.len()).await?);
+            }
+        }
+        // Each permit is kept like a lock's acquisition; a failure drops (and so
+        // releases) the ones already kept.
+        records.iter().map(|r| self.lock.inner.leases.start(r, sent, true, None)).collect()
+    }
+
+    /// The claim of one free slot (the lowest first), for a fresh owner.
+    fn slot_claim(&self) -> Claim {
         let first = self.config();
         let owner = self.lock.inner.next_owner();
-        let claim = Claim {
+        Claim {
             query: Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) })
                 .when(Condition::Free)
                 .sort(slot::SLOT, Order::Asc),
@@ -161,11 +226,17 @@ impl<S: Store + Clone> Semaphore<S> {
                 .set(data::HOST, first.identity.host())
                 .set(data::PID, i64::from(first.identity.pid()))
                 .set(data::INSTANCE, first.identity.instance()),
-        };
+        }
+    }
+
+    async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
+        let first = self.config();
+        let claim = self.slot_claim();
         let sent = Instant::now();
         let mut record = first.store.claim(&first.coll, &claim).await?;
-        if record.is_none() && self.missing_slots().await? {
-            self.ensure_slots().await?;
+        if record.is_none() {
+            let Some(existing) = self.missing_slots().await? else { return Ok(None) };
+            self.ensure_slots(existing, 1).await?;
             record = first.store.claim(&first.coll, &claim).await?;
         }
         let Some(record) = record else { return Ok(None) };
@@ -175,9 +246,11 @@ impl<S: Store + Clone> Semaphore<S> {
         self.lock.inner.leases.start(&record, sent, auto_renew, None).map(Some)
     }
 
-    async fn missing_slots(&self) -> Result<bool, StoreError> {
+    /// The number of slot documents when fewer than the permits exist.
+    async fn missing_slots(&self) -> Result<Option<u64>, StoreError> {
         let first = self.config();
         let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
-        Ok(first.store.count(&first.coll, &q).await? < u64::from(self.permits))
+        let existing = first.store.count(&first.coll, &q).await?;
+        Ok((existing < u64::from(self.permits)).then_some(existing))
     }
 }

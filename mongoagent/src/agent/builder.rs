@@ -30,6 +30,8 @@ pub struct AgentBuilder<S> {
     identity: Option<Identity>,
     process_while: Option<ProcessWhile>,
     shutdown: Option<CancellationToken>,
+    global_concurrency: Option<u32>,
+    rate_limit: Option<(u32, Duration)>,
 }
 
 impl<S> std::fmt::Debug for AgentBuilder<S> {
@@ -55,6 +57,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
             identity: None,
             process_while: None,
             shutdown: None,
+            global_concurrency: None,
+            rate_limit: None,
         }
     }
 
@@ -91,6 +95,28 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// Tasks in flight at once in [`Agent::work`] (default 1).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
+        self
+    }
+
+    /// At most `n` tasks of this agent's name run at once across every
+    /// process (default: no such limit; [`concurrency`](Self::concurrency)
+    /// bounds one agent). Built on a [`mongolock::Semaphore`] of `n` permits
+    /// in the queue's control collection: an agent takes a permit before each
+    /// claim (as many as it has free slots, in one batch) and gives it back
+    /// when the task ends; a crashed process's permits lapse with their lease.
+    /// Every process of a name must give the same `n`.
+    pub fn global_concurrency(mut self, n: u32) -> Self {
+        self.global_concurrency = Some(n);
+        self
+    }
+
+    /// At most `n` task starts of this agent's name in any window of `per`,
+    /// across every process, on the store's clock (default: no limit). A start
+    /// beyond the limit waits; it never fails. One conditional write per start
+    /// on a control document ([`RateLimit`](crate::RateLimit)). Every process
+    /// of a name must give the same limit (another limit is counted apart).
+    pub fn rate_limit(mut self, n: u32, per: Duration) -> Self {
+        self.rate_limit = Some((n, per));
         self
     }
 
@@ -169,6 +195,14 @@ impl<S: Store + Clone> AgentBuilder<S> {
         let retain = self.retain_finished.map(Ttl::new).transpose().map_err(|e| AgentError::Config(e.to_string()))?;
         let queue = self.queue?;
         let identity = self.identity.unwrap_or_else(Identity::current);
+        let limits = super::limits::Limits::new(
+            &self.store,
+            &queue,
+            &self.name,
+            (lease.as_duration(), &identity),
+            self.global_concurrency,
+            self.rate_limit,
+        )?;
         // Every claim's lease is kept through these, like a lock's acquisition.
         let leases = Leases::builder(self.store.clone(), queue.coll.as_str())
             .ttl(lease.as_duration())
@@ -197,6 +231,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 paused: Mutex::new(None),
                 shutdown: self.shutdown.unwrap_or_default(),
                 committer: std::sync::OnceLock::new(),
+                limits,
             }),
         })
     }

@@ -42,6 +42,8 @@ pub(crate) fn claim_order(q: Query) -> Query {
 pub(super) struct Claimed<S: Store + Clone> {
     pub(super) guard: LockGuard<S>,
     pub(super) record: Record,
+    /// The permit of the agent name's global concurrency it runs under, if limited.
+    pub(super) permit: Option<super::limits::Permit<S>>,
 }
 
 /// The least free capacity claimed with one batch ([`Store::claim_many`]):
@@ -84,7 +86,7 @@ impl<S: Store + Clone> Agent<S> {
     /// while its subscription is live (an agent of the queue is idle; no read
     /// here); else the agent's own read
     /// of its control document, at most [`crate::CONTROL_REFRESH`] old.
-    async fn paused(&self) -> Result<bool, AgentError> {
+    pub(super) async fn paused(&self) -> Result<bool, AgentError> {
         let inner = &self.inner;
         let cached = *inner.paused.lock();
         let view = inner.queue.control.peek();
@@ -135,7 +137,7 @@ impl<S: Store + Clone> Agent<S> {
             // Kept like a lock's acquisition, by the agent's one `Leases`.
             let guard = inner.leases.keep(&record, sent)?;
             tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
-            claimed.push(Claimed { guard, record });
+            claimed.push(Claimed { guard, record, permit: None });
         }
         Ok(claimed)
     }

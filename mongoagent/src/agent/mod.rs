@@ -14,6 +14,7 @@ mod commit;
 pub(crate) use claim::claim_order;
 mod fan_in;
 mod finish;
+mod limits;
 mod run;
 mod work;
 
@@ -76,6 +77,9 @@ pub enum Processed {
     Waiting(Key),
     /// A crashed agent's fan-in step on this task was finished; no handler ran.
     Recovered(Key),
+    /// The agent stopped while the task waited for a start under its rate
+    /// limit: the handler never ran, and the claim was given back.
+    NotStarted(Key),
 }
 
 struct Inner<S: Store + Clone> {
@@ -102,6 +106,8 @@ struct Inner<S: Store + Clone> {
     shutdown: CancellationToken,
     /// The group commit of outcome writes, started by the first outcome.
     committer: std::sync::OnceLock<commit::Committer<S>>,
+    /// The cluster-wide limits of this agent's name (permits, starts per interval).
+    limits: limits::Limits<S>,
 }
 
 /// An agent: takes tasks named for it from a queue collection and processes them.
@@ -187,8 +193,13 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        match self.claim(1).await?.pop() {
-            Some(c) => Ok(Some(self.run(c, handler).await?)),
+        match self.claim_limited(1).await?.pop() {
+            Some(c) => {
+                let processed = self.run(c, handler).await;
+                // No next claim follows here: a kept permit goes back now.
+                self.release_pooled_permits().await;
+                Ok(Some(processed?))
+            }
             None => Ok(None),
         }
     }

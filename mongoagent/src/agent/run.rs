@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use mongolock::LockError;
+use mongolock::{LockError, LockGuard};
 use store_trait::{Key, Mutation, Record, Store};
 
 use super::claim::Claimed;
@@ -40,7 +40,22 @@ impl<S: Store + Clone> Agent<S> {
     /// that waits for its follow-ups, was left by a crashed agent in the middle
     /// of a step: that step is finished instead.
     pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
-        let Claimed { guard, record } = c;
+        let Claimed { guard, record, permit } = c;
+        let cancel = self.task_cancellation(&guard, permit.as_ref());
+        let processed = self.run_claimed(guard, record, cancel, handler).await;
+        // The task has ended (its outcome written, or its claim given up):
+        // its permit of the global concurrency goes back.
+        self.return_permit(permit).await;
+        processed
+    }
+
+    async fn run_claimed(
+        &self,
+        guard: LockGuard<S>,
+        record: Record,
+        cancel: tokio_util::sync::CancellationToken,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Processed, AgentError> {
         let key = record.key().clone();
         let data = record.data();
         if let Some(fence) = record.get_i64(pending::PARENT_FENCE) {
@@ -68,7 +83,7 @@ impl<S: Store + Clone> Agent<S> {
             data: data.clone(),
             fence: record.fence(),
             attempt: crate::task::attempt(&record),
-            cancel: guard.cancellation(),
+            cancel,
             validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
             children,
@@ -77,6 +92,12 @@ impl<S: Store + Clone> Agent<S> {
                 coll: self.inner.queue.coll.clone(),
             },
         };
+        // A start under the agent name's rate limit, if any: it may wait.
+        if !self.rate_start().await? {
+            // The agent stops: the task never started; its claim goes back.
+            guard.release().await?;
+            return Ok(Processed::NotStarted(key));
+        }
         // The handler runs on its own task: a panic is a failure, not a crash. If
         // this future is dropped (drain timeout), the handler is aborted with it.
         let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));

@@ -70,7 +70,7 @@ impl<S: Store + Clone> Agent<S> {
                 tokio::task::yield_now().await;
                 continue;
             }
-            match self.claim(inner.concurrency - running.len()).await {
+            match self.claim_limited(inner.concurrency - running.len()).await {
                 Ok(claimed) if !claimed.is_empty() => {
                     backoff.reset();
                     events = None;
@@ -140,6 +140,7 @@ impl<S: Store + Clone> Agent<S> {
             }
         }
         self.drain(running).await;
+        self.release_pooled_permits().await;
         Ok(self.counters())
     }
 

@@ -6,6 +6,7 @@
 mod events;
 mod fencing;
 mod input;
+mod limits;
 mod mechanisms;
 mod schedules;
 mod simulation;

@@ -1,0 +1,212 @@
+//! The cluster-wide limits of an agent name, around the claim: permits of its
+//! global concurrency (a [`Semaphore`] in the queue's control collection,
+//! taken before a claim, given back when the task ends) and its rate limit
+//! (one conditional write per start, `crate::rate`).
+//!
+//! Architecture Invariant (global concurrency): a task of a limited agent
+//! name runs only under a permit of its name's semaphore, taken before its
+//! claim and released after its outcome is written (or, while the limit does
+//! not bind, handed to the agent's next claim, which comes at once, for at
+//! most `PERMIT_REUSE` after its grant; what that claim does not use is
+//! released). An agent that holds no
+//! permit claims nothing. Permits are leases kept through the one lease seam
+//! (`mongolock::Leases`, through the semaphore's lock), so a crashed process's
+//! permits lapse with their lease, and a permit whose lease is lost cancels
+//! its task (the handler's cancellation fires) before another process can take
+//! it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use mongolock::{Identity, Lock, LockGuard, Semaphore};
+use store_trait::{Mutation, Store};
+use tokio_util::sync::CancellationToken;
+
+use super::claim::Claimed;
+use super::commit::Committer;
+use super::Agent;
+use crate::rate::{RateGate, RateLimit};
+use crate::{AgentError, Queue};
+
+/// How long a permit may pass from a task that ended to the agent's next
+/// claim before it is released and taken afresh: agents waiting for a permit
+/// get their turn at least this often. (Measured on SecantusDB with a limit
+/// of 1,000 that never binds, 16 slots at about 18 tasks/s: with 1 s a
+/// permit served about one task and the limit cost 1.1 commands per task.)
+const PERMIT_REUSE: Duration = Duration::from_secs(10);
+
+/// A permit of the global concurrency and when it was granted.
+pub(super) struct Permit<S: Store + Clone> {
+    guard: LockGuard<S>,
+    granted: tokio::time::Instant,
+}
+
+/// What limits an agent name across processes.
+pub(super) struct Limits<S: Store + Clone> {
+    permits: Option<Semaphore<S>>,
+    /// Permits go back in batches, as outcomes do (permits of tasks ending
+    /// together: one command).
+    returns: std::sync::OnceLock<Committer<S>>,
+    rate: Option<RateGate<S>>,
+    /// Whether the last claim under permits found nothing: the next takes one
+    /// permit only (an idle agent woken by a change probes with one, not with
+    /// a batch it must give back).
+    found_none: AtomicBool,
+    /// Permits of tasks that just ended, kept for this agent's next claim
+    /// (which follows at once in the work loop) instead of a release and a
+    /// new grant: a limit that never binds costs no command per task. Only
+    /// while the limit did not bind at the last acquisition, so busy agents
+    /// do not keep permits from others.
+    pool: parking_lot::Mutex<Vec<Permit<S>>>,
+    /// Whether the last acquisition got fewer permits than it asked for.
+    binding: AtomicBool,
+    /// One start waits at a time per agent (the rest queue, in order).
+    rate_turn: tokio::sync::Mutex<()>,
+}
+
+impl<S: Store + Clone> Limits<S> {
+    /// Validates the limits: `global` permits, `rate` starts per interval.
+    pub(super) fn new(
+        store: &S,
+        queue: &Queue<S>,
+        name: &str,
+        (ttl, identity): (Duration, &Identity),
+        global: Option<u32>,
+        rate: Option<(u32, Duration)>,
+    ) -> Result<Self, AgentError> {
+        let config = |e: mongolock::LockError| AgentError::Config(e.to_string());
+        let control = queue.control_collection()?;
+        let permits = match global {
+            None => None,
+            Some(0) => return Err(AgentError::Config("global_concurrency must be at least 1".into())),
+            Some(n) => {
+                // Permits last as long as claims: each is renewed with its task's claim.
+                let lock = Lock::builder(store.clone(), format!("permits:{name}"))
+                    .collection(control.as_str())
+                    .ttl(ttl)
+                    .identity(identity.clone());
+                Some(Semaphore::new(lock, n).map_err(config)?)
+            }
+        };
+        let rate = match rate {
+            None => None,
+            Some((n, per)) => Some(RateGate::new(store.clone(), control, name, RateLimit::new(n, per)?)?),
+        };
+        Ok(Limits {
+            permits,
+            returns: std::sync::OnceLock::new(),
+            rate,
+            found_none: Default::default(),
+            pool: Default::default(),
+            binding: Default::default(),
+            rate_turn: tokio::sync::Mutex::new(()),
+        })
+    }
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// Claims up to `capacity` tasks within the agent name's cluster-wide
+    /// limits: with a global concurrency, first `min(capacity, free permits)`
+    /// permits in one batch (none: nothing is claimed; one only after a claim
+    /// that found nothing), then at most as many tasks (permits left over go
+    /// back at once). (A rate limit's start is
+    /// taken by each task just before its handler runs: `rate_start`.)
+    pub(super) async fn claim_limited(&self, capacity: usize) -> Result<Vec<Claimed<S>>, AgentError> {
+        let limits = &self.inner.limits;
+        let Some(sem) = &limits.permits else { return self.claim(capacity).await };
+        if self.paused().await? {
+            return Ok(Vec::new());
+        }
+        let mut permits: Vec<Permit<S>> = {
+            let mut pool = limits.pool.lock();
+            let n = pool.len().min(capacity);
+            pool.drain(..n).filter(|p| !p.guard.is_lost()).collect()
+        };
+        let want = if limits.found_none.load(Ordering::Relaxed) { 1 } else { capacity };
+        let want = want.saturating_sub(permits.len());
+        if want > 0 {
+            let granted = tokio::time::Instant::now();
+            let got = sem.try_acquire_many(want).await?;
+            limits.binding.store(got.len() < want, Ordering::Relaxed);
+            permits.extend(got.into_iter().map(|guard| Permit { guard, granted }));
+        }
+        if permits.is_empty() {
+            tracing::debug!(agent = %self.inner.name, "no free permit of the global concurrency: not claiming");
+            return Ok(Vec::new());
+        }
+        // Dropped on an error: the permits are released in the background.
+        let mut claimed = self.claim(permits.len()).await?;
+        limits.found_none.store(claimed.is_empty(), Ordering::Relaxed);
+        let spare = permits.split_off(claimed.len().min(permits.len()));
+        self.release_permits(spare).await;
+        for (c, p) in claimed.iter_mut().zip(permits) {
+            c.permit = Some(p);
+        }
+        Ok(claimed)
+    }
+
+    /// Takes a start under the agent name's rate limit (at once without one),
+    /// waiting while the limit is reached; one waiter per agent at a time, the
+    /// others queue behind it in order. `Ok(false)` when the agent stops first.
+    pub(super) async fn rate_start(&self) -> Result<bool, AgentError> {
+        let limits = &self.inner.limits;
+        let Some(rate) = &limits.rate else { return Ok(true) };
+        let _turn = limits.rate_turn.lock().await;
+        rate.start(&self.inner.shutdown).await
+    }
+
+    /// The cancellation a task's handler sees: its claim's, and with a permit
+    /// also the permit's loss (another process could take the permit then).
+    pub(super) fn task_cancellation(&self, guard: &LockGuard<S>, permit: Option<&Permit<S>>) -> CancellationToken {
+        let cancel = guard.cancellation();
+        if let Some(p) = permit {
+            let (lost, task) = (p.guard.cancellation(), cancel.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = lost.cancelled() => task.cancel(),
+                    _ = task.cancelled() => {}
+                }
+            });
+        }
+        cancel
+    }
+
+    /// Releases `permits` (one command for all of them).
+    async fn release_permits(&self, permits: Vec<Permit<S>>) {
+        if permits.is_empty() {
+            return;
+        }
+        let released = LockGuard::release_many(permits.into_iter().map(|p| (p.guard, Mutation::new())).collect()).await;
+        if let Some(Err(e)) = released.into_iter().find(Result::is_err) {
+            tracing::debug!(agent = %self.inner.name, error = %e, "a permit was not released; it lapses");
+        }
+    }
+
+    /// Releases the permits kept for a next claim that is not coming (the
+    /// work loop ended, or `process` returned).
+    pub(super) async fn release_pooled_permits(&self) {
+        let pooled = std::mem::take(&mut *self.inner.limits.pool.lock());
+        self.release_permits(pooled).await;
+    }
+
+    /// Gives a task's permit back once its outcome is written: kept for the
+    /// agent's next claim while the limit does not bind (and the agent is not
+    /// stopping), else released, batched with the permits of tasks ending at
+    /// the same time.
+    pub(super) async fn return_permit(&self, permit: Option<Permit<S>>) {
+        let Some(permit) = permit else { return };
+        let limits = &self.inner.limits;
+        let keep = !limits.binding.load(Ordering::Relaxed)
+            && !self.inner.shutdown.is_cancelled()
+            && !permit.guard.is_lost()
+            && permit.granted.elapsed() < PERMIT_REUSE;
+        if keep {
+            limits.pool.lock().push(permit);
+            return;
+        }
+        let returns = self.inner.limits.returns.get_or_init(Committer::start);
+        if let Err(e) = returns.release_with(permit.guard, Mutation::new()).await {
+            tracing::debug!(agent = %self.inner.name, error = %e, "a permit was not released; it lapses");
+        }
+    }
+}
