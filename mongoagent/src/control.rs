@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use store_trait::{Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
+use store_trait::{ChangeEvent, ChangeKind, Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
 use tokio::sync::watch;
 
 use crate::{AgentError, Queue};
@@ -28,6 +28,9 @@ use crate::{AgentError, Queue};
 /// it reads it again: a pause is seen within this long of being written, and
 /// a busy agent reads it at most once per period, not once per claim.
 pub const CONTROL_REFRESH: Duration = Duration::from_secs(1);
+
+/// The key of an agent name's control document is this and the name.
+const KEY_PREFIX: &str = "agent:";
 
 /// The field of a control document that says its agent name is paused.
 const PAUSED: &str = "paused";
@@ -92,29 +95,38 @@ impl ControlWatch {
 async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>, control: ControlWatch) {
     loop {
         match store.watch(&coll, None).await {
-            Ok(mut stream) => loop {
+            Ok(mut stream) => {
                 // Read after subscribing: a change after this read is a notification.
-                match paused_names(&store, &coll).await {
-                    Ok(names) => {
-                        tx.send_replace(Some(Arc::new(names)));
+                let mut read = true;
+                loop {
+                    if read {
+                        match paused_names(&store, &coll).await {
+                            Ok(names) => publish(&tx, names),
+                            Err(e) => {
+                                tracing::warn!(collection = %coll, error = %e, "reading the control documents failed; agents read them on a timer");
+                                break;
+                            }
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!(collection = %coll, error = %e, "reading the control documents failed; agents read them on a timer");
+                    let next = tokio::select! {
+                        _ = control.unwatched(&tx) => return,
+                        ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
+                    };
+                    let Some(Ok(ev)) = next else {
+                        tracing::debug!(collection = %coll, "control notifications ended; agents read on a timer");
                         break;
+                    };
+                    // Take the rest of a burst: one read answers all of it, and
+                    // only a change of a pause document needs one (the
+                    // collection also holds permits and rate limits, written
+                    // at every task start).
+                    read = about_pause(&ev);
+                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                    while let std::task::Poll::Ready(Some(Ok(ev))) = stream.as_mut().poll_next(&mut cx) {
+                        read |= about_pause(&ev);
                     }
                 }
-                let next = tokio::select! {
-                    _ = control.unwatched(&tx) => return,
-                    ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
-                };
-                if !matches!(next, Some(Ok(_))) {
-                    tracing::debug!(collection = %coll, "control notifications ended; agents read on a timer");
-                    break;
-                }
-                // Take the rest of a burst: one read answers all of it.
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                while let std::task::Poll::Ready(Some(Ok(_))) = stream.as_mut().poll_next(&mut cx) {}
-            },
+            }
             Err(StoreError::Unsupported { .. }) => {
                 tracing::debug!(collection = %coll, "no change notifications: agents read the control document on a timer");
                 tx.send_replace(None);
@@ -131,14 +143,32 @@ async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<
     }
 }
 
+/// Whether a notification may change the paused names: a pause document's,
+/// or one that names no document.
+fn about_pause(ev: &ChangeEvent) -> bool {
+    ev.kind == ChangeKind::Resync || ev.key.as_ref().is_none_or(|k| k.to_string().starts_with(KEY_PREFIX))
+}
+
+/// Publishes the paused names if they changed: a view's holder (an idle
+/// agent) wakes only when they did.
+fn publish(tx: &watch::Sender<ControlView>, names: HashSet<String>) {
+    tx.send_if_modified(|view| {
+        if view.as_deref() == Some(&names) {
+            return false;
+        }
+        *view = Some(Arc::new(names));
+        true
+    });
+}
+
 /// The paused agent names: one `find` of the control documents that say so.
 async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<String>, StoreError> {
     let found = store.find(coll, &Query::eq(doc! { PAUSED: Bson::Boolean(true) })).await?;
-    Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix("agent:").map(str::to_owned)).collect())
+    Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix(KEY_PREFIX).map(str::to_owned)).collect())
 }
 
 fn control_key(agent: &str) -> Result<Key, AgentError> {
-    Key::new(format!("agent:{agent}")).map_err(|e| AgentError::Config(e.to_string()))
+    Key::new(format!("{KEY_PREFIX}{agent}")).map_err(|e| AgentError::Config(e.to_string()))
 }
 
 impl<S: Store + Clone> Queue<S> {

@@ -437,6 +437,45 @@ async fn a_plain_task_costs_a_claim_and_an_outcome() {
     assert_eq!(store.operation_count() - before, 2, "one claim, one outcome write");
 }
 
+/// The control collection also holds permits and rate limits, written at
+/// every task start: those writes cost an idle agent's subscription no read
+/// and wake nobody (a wake-up would make an idle agent probe for a permit,
+/// which writes to the control collection again: a loop). A pause still is
+/// read.
+#[tokio::test(start_paused = true)]
+async fn control_writes_not_about_a_pause_cost_an_idle_agent_nothing() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(60)).build().unwrap();
+    let worker = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.work(|_t: Task| async { true }).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let control = q.control_collection().unwrap();
+    let before = store.operation_count();
+    for i in 0..20 {
+        let w = Write::new(Condition::Always, store_trait::Mutation::new().set("n", i)).upsert();
+        let key = Key::new(format!("permits:w:{}", i % 3)).unwrap();
+        assert!(store.write(&control, &key, &w).await.unwrap().is_applied());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.operation_count() - before, 20, "only the writes themselves");
+    // A pause document written without changing the paused names is read,
+    // and wakes nobody.
+    let before = store.operation_count();
+    for _ in 0..5 {
+        q.set_paused("other", false).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.operation_count() - before, 10, "each write and one read after it");
+    q.set_paused("w", true).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(store.operation_count() - before >= 12, "a change of the paused names is read");
+    agent.shutdown();
+    worker.await.unwrap().unwrap();
+}
+
 /// Pause delivery by change notification: an idle agent, which has read "not
 /// paused" a moment ago, sees a pause as soon as the queue's control task has
 /// read it after the notification (well within `CONTROL_REFRESH`), so a task
