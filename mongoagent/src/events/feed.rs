@@ -2,7 +2,7 @@
 //! queue's change notifications (or polls), reads each changed task, and
 //! sends the events its change means into the subscriber's bounded buffer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use bson::{Bson, Document};
@@ -40,11 +40,21 @@ pub(super) struct Feed<S> {
     filter: EventFilter,
     tx: broadcast::Sender<QueueEvent>,
     watcher: Watcher<S>,
-    /// Every task read since the start (by the debug form of its id, which
-    /// tells an `ObjectId` from a string); a few dozen bytes each.
+    /// Every live task read since the start, and the latest ended ones (by
+    /// the debug form of its id, which tells an `ObjectId` from a string); a
+    /// few dozen bytes each.
     tasks: HashMap<String, Seen>,
+    /// The ended tasks in `tasks`, in the order they were read ended: beyond
+    /// [`EventFilter::remember_ended`] the first are forgotten, so a long-lived
+    /// feed's memory stays bounded (an id may appear twice if its task was
+    /// requeued and ended again; a stale entry is skipped).
+    ended: VecDeque<String>,
     /// Tasks that ended before this are not news when first read.
     since: StoreTime,
+    /// The last forgotten task in the order they ended (end time, then id):
+    /// a task read ended for the first time that comes no later is a
+    /// forgotten one read again (the poll reads the latest ended ones).
+    forgotten_until: Option<(StoreTime, String)>,
     /// A read failed, or notifications were missed: read everything next.
     needs_full: bool,
 }
@@ -64,7 +74,18 @@ impl<S: Store + Clone> Feed<S> {
     ) -> Result<Self, AgentError> {
         let watcher = Watcher::open(store.clone(), coll.clone(), None, filter.poll).await.ignore_renewals();
         let since = store.now().await?;
-        let mut feed = Feed { store, coll, filter, tx, watcher, tasks: HashMap::new(), since, needs_full: false };
+        let mut feed = Feed {
+            store,
+            coll,
+            filter,
+            tx,
+            watcher,
+            tasks: HashMap::new(),
+            ended: VecDeque::new(),
+            since,
+            forgotten_until: None,
+            needs_full: false,
+        };
         feed.full_read(true).await?;
         tracing::debug!(queue = %feed.coll, live = feed.watcher.is_live(), "event feed started");
         Ok(feed)
@@ -173,16 +194,48 @@ impl<S: Store + Clone> Feed<S> {
         if old.is_some_and(|o| r.rev() <= o.rev) {
             return false;
         }
+        let was_ended = old.is_some_and(|o| o.phase.ended());
         let mut new = TaskState::of(&r);
-        let old_news = old.is_none() && new.phase.ended() && new.completed_at.is_some_and(|c| c < self.since);
+        let first_read_ended = old.is_none() && new.phase.ended();
+        // A forgotten task read again (the poll reads the latest ended ones)
+        // is neither news nor remembered again. Tasks are forgotten in the
+        // order they ended, so one never read that ended before the last one
+        // forgotten could only come from a gap, which a full read covers.
+        if first_read_ended
+            && self.forgotten_until.as_ref().is_some_and(|f| (new.completed_at.unwrap_or_default(), &id) <= (f.0, &f.1))
+        {
+            return false;
+        }
+        let old_news = first_read_ended && new.completed_at.is_some_and(|c| c < self.since);
         let kinds = if silent || old_news { Vec::new() } else { transitions(old, &mut new, &r) };
         for kind in kinds {
             let ev = TaskEvent::new(r.key().clone(), agent, new.fence, kind);
             self.send(QueueEvent::Task(ev));
         }
+        let now_ended = new.phase.ended();
         let seen = Seen { key: r.key().clone(), agent: agent.to_owned(), state: new };
+        if now_ended && !was_ended {
+            self.ended.push_back(id.clone());
+        }
         self.tasks.insert(id, seen);
+        self.forget_old_ended();
         true
+    }
+
+    /// Forgets the earliest ended tasks beyond [`EventFilter::remember_ended`].
+    fn forget_old_ended(&mut self) {
+        while self.ended.len() > self.filter.remember_ended {
+            let Some(id) = self.ended.pop_front() else { break };
+            // Requeued since (not ended now): it stays, as a live task.
+            if self.tasks.get(&id).is_some_and(|s| s.state.phase.ended()) {
+                if let Some(gone) = self.tasks.remove(&id) {
+                    let end = (gone.state.completed_at.unwrap_or_default(), id);
+                    if self.forgotten_until.as_ref().is_none_or(|f| *f < end) {
+                        self.forgotten_until = Some(end);
+                    }
+                }
+            }
+        }
     }
 
     /// Reads every live task, the latest ended ones, and the live tasks it
@@ -202,7 +255,11 @@ impl<S: Store + Clone> Feed<S> {
             self.apply(r, silent);
         }
         let mut news = 0;
-        for r in ended.into_iter().filter_map(StoreResult::ok) {
+        // In the order they ended (then by id, as `forgotten_until`), so the
+        // first to end are the first forgotten.
+        let mut ended: Vec<Record> = ended.into_iter().filter_map(StoreResult::ok).collect();
+        ended.sort_by_cached_key(|r| (r.get_time(fields::COMPLETED_AT).unwrap_or_default(), ident(r.key())));
+        for r in ended {
             read.insert(ident(r.key()));
             news += usize::from(self.apply(r, silent));
         }

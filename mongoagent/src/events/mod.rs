@@ -152,11 +152,12 @@ pub struct EventFilter {
     pub(crate) agent: Option<String>,
     pub(crate) buffer: usize,
     pub(crate) poll: Duration,
+    pub(crate) remember_ended: usize,
 }
 
 impl Default for EventFilter {
     fn default() -> Self {
-        EventFilter { agent: None, buffer: 4096, poll: Duration::from_secs(1) }
+        EventFilter { agent: None, buffer: 4096, poll: Duration::from_secs(1), remember_ended: 10_000 }
     }
 }
 
@@ -188,6 +189,18 @@ impl EventFilter {
     /// are checked for a lapsed lease (default 1 s; at least 10 ms).
     pub fn poll_every(mut self, every: Duration) -> Self {
         self.poll = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How many ended tasks the feed keeps in memory (default 10,000; at
+    /// least 1), so a feed that runs for months over millions of tasks stays
+    /// small: live tasks are always kept, the tasks that ended first are
+    /// forgotten first. A forgotten task is reported as new if it comes back
+    /// (`Enqueued` where `Requeued` would have been), and its deletion is not
+    /// reported. Keep it at 1,000 or more where the store has no change
+    /// notifications: each poll reads the latest 1,000 ended tasks.
+    pub fn remember_ended(mut self, tasks: usize) -> Self {
+        self.remember_ended = tasks.max(1);
         self
     }
 }

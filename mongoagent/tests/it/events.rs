@@ -16,7 +16,8 @@ macro_rules! events_suite {
     ($harness:path, #[$attr:meta]) => {
         $crate::events_suite!(@each $harness, #[$attr],
             each_task_s_events_come_in_order, lapsed_claims_are_reported_and_recovered,
-            operator_actions_are_events, a_slow_subscriber_gets_a_resync
+            operator_actions_are_events, a_slow_subscriber_gets_a_resync,
+            a_feed_forgets_ended_tasks_beyond_its_bound_and_never_retells_them
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -203,4 +204,33 @@ pub(crate) async fn a_slow_subscriber_gets_a_resync<H: Harness>(h: &H) {
     q.enqueue(NewTask::new("w", doc! {}).id("after")).await.unwrap();
     let mut seen = HashMap::new();
     collect(&mut events, &mut seen, ended_with("enqueued", "after")).await;
+}
+
+/// `EventFilter::remember_ended`: a long-lived feed forgets the earliest
+/// ended tasks; a forgotten task is not told again by a later read (the poll
+/// reads the latest ended tasks every tick), and comes back as `Enqueued`.
+pub(crate) async fn a_feed_forgets_ended_tasks_beyond_its_bound_and_never_retells_them<H: Harness>(h: &H) {
+    let s = h.store("ev_forget").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let mut events = q.events(filter().remember_ended(2)).await.unwrap();
+    let ids = ["a", "b", "c", "d"];
+    for id in ids {
+        q.enqueue(NewTask::new("w", doc! {}).id(id)).await.unwrap();
+    }
+    drain(&q, &agent(&s, "w"), "w", |_t: Task| async { Outcome::failed_permanently("no") }).await;
+    let mut seen = HashMap::new();
+    collect(&mut events, &mut seen, |seen| {
+        ids.iter().all(|id| seen.get(*id).and_then(|v| v.last()) == Some(&"failed"))
+    })
+    .await;
+    // Several polls read the ended tasks again: none is news.
+    let quiet = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
+    assert!(quiet.is_err(), "an ended task told again: {quiet:?}; before: {seen:?}");
+    assert_eq!(q.requeue(doc! {"agent_name": "w"}).await.unwrap().len(), 4);
+    let mut again = HashMap::new();
+    collect(&mut events, &mut again, |seen| seen.len() == ids.len()).await;
+    let firsts: Vec<&str> = ids.iter().map(|id| again[*id][0]).collect();
+    assert!(firsts.iter().all(|f| *f == "enqueued" || *f == "requeued"), "{again:?}");
+    let forgotten = firsts.iter().filter(|f| **f == "enqueued").count();
+    assert!(forgotten >= 2, "two of four ended tasks are kept, the others forgotten: {again:?}");
 }
