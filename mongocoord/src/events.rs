@@ -54,7 +54,7 @@ fn id_json(id: &Bson) -> Value {
 }
 
 /// The fields an event kind carries beyond its name.
-fn details(kind: &EventKind) -> Value {
+pub(crate) fn details(kind: &EventKind) -> Value {
     match kind {
         EventKind::Claimed { attempt } | EventKind::Recovered { attempt } => json!({ "attempt": attempt }),
         EventKind::Progress { value } => json!({ "progress": value.clone().into_relaxed_extjson() }),

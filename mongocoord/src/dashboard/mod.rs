@@ -7,6 +7,8 @@
 //! - `confirm.rs`: each action's confirmation: what it will touch.
 //! - `pages.rs`: the HTML, every value escaped.
 //! - `live.rs`: one watcher per collection, fanned out to tabs over SSE.
+//! - `history.rs`: the events each task went through while the dashboard
+//!   runs (one `Queue::events` feed per queue), for the task detail page.
 //! - `auth.rs`: the Host check, the Origin check and the token.
 //! - `metrics.rs`: `/metrics` through `prometheus-client`.
 //!
@@ -15,6 +17,7 @@
 mod actions;
 mod auth;
 mod confirm;
+mod history;
 mod live;
 mod metrics;
 mod pages;
@@ -81,6 +84,8 @@ pub(crate) struct App<S> {
     /// `None` in read-only mode.
     pub(crate) token: Option<auth::Token>,
     pub(crate) live: live::Live,
+    /// The task events seen since the start.
+    pub(crate) history: history::History,
     /// Cancelled at shutdown: ends the live streams, which would otherwise
     /// hold the graceful shutdown open.
     pub(crate) shutdown: CancellationToken,
@@ -102,8 +107,17 @@ impl<S: Store + Clone + 'static> App<S> {
             watched.push((schedules.collection().clone(), format!("queue:{q}")));
         }
         let live = live::Live::start(&store, watched, cfg.poll);
+        let history = history::History::start(&store, &cfg.queues, cfg.poll);
         let token = if cfg.read_only { None } else { token };
-        Ok(Arc::new(App { store, cfg, token, live, shutdown: CancellationToken::new(), overview: Default::default() }))
+        Ok(Arc::new(App {
+            store,
+            cfg,
+            token,
+            live,
+            history,
+            shutdown: CancellationToken::new(),
+            overview: Default::default(),
+        }))
     }
 }
 

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use super::confirm::TaskAction;
+use super::history::TaskHistory;
 use crate::data::{Elections, Locks, QueueCounts, StatsRow, TaskDetail, TaskList};
 
 /// Text made safe for HTML element content and quoted attribute values.
@@ -357,7 +358,7 @@ fn progress(t: &Value) -> String {
 
 /// A task: its state, attempts, last error, progress, times, parent and
 /// children, and every field.
-pub(crate) fn task_detail(q: &str, d: &TaskDetail, actions: bool) -> String {
+pub(crate) fn task_detail(q: &str, d: &TaskDetail, seen: &TaskHistory, actions: bool) -> String {
     let t = &d.task;
     let st = state(t);
     let mut h = format!(
@@ -394,8 +395,42 @@ pub(crate) fn task_detail(q: &str, d: &TaskDetail, actions: bool) -> String {
         }
         h.push_str("</ul>");
     }
+    h.push_str(&task_events(seen));
     let pretty = serde_json::to_string_pretty(t).unwrap_or_default();
     let _ = write!(h, "<h2>Document</h2><pre>{}</pre>", esc(&pretty));
+    h
+}
+
+/// The events the dashboard saw of a task, with what it cannot know said.
+fn task_events(seen: &TaskHistory) -> String {
+    let mut h = format!(
+        r#"<h2>Events seen</h2><p class="note">since this dashboard started ({}), at the time it saw each{}</p>"#,
+        esc(&seen.since),
+        if seen.truncated { "; only the latest are kept" } else { "" }
+    );
+    for g in &seen.gaps {
+        let _ = write!(h, r#"<p class="note gap">the queue's feed lost events at {}: some may be missing</p>"#, esc(g));
+    }
+    if seen.events.is_empty() {
+        h.push_str(r#"<p id="events-seen">none yet</p>"#);
+        return h;
+    }
+    h.push_str(r#"<table id="events-seen"><tr><th>seen at</th><th>event</th><th>fence</th><th>details</th></tr>"#);
+    for e in &seen.events {
+        let details = match &e.details {
+            serde_json::Value::Object(d) => d.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "),
+            _ => String::new(),
+        };
+        let _ = write!(
+            h,
+            r#"<tr class="{0}"><td>{1}</td><td>{0}</td><td>{2}</td><td>{3}</td></tr>"#,
+            e.event,
+            esc(&e.at),
+            e.fence,
+            esc(&details)
+        );
+    }
+    h.push_str("</table>");
     h
 }
 

@@ -276,7 +276,8 @@ async fn task_detail<S: Store + Clone>(
     let q = known_queue(&app, tq.queue.as_deref())?.to_owned();
     let d = data::task_detail(&app.store, &q, &id).await.map_err(Fail::Store)?;
     let d = d.ok_or_else(|| Fail::NotFound(format!("no task {id} in {q}")))?;
-    let live = pages::task_detail(&q, &d, !app.cfg.read_only);
+    let seen = app.history.of(&q, &pages::id_text(&d.task));
+    let live = pages::task_detail(&q, &d, &seen, !app.cfg.read_only);
     Ok(page(
         &app,
         &headers,

@@ -457,6 +457,40 @@ async fn behind_a_proxy_with_a_public_url() {
     assert_eq!(broken[0].get_bool("ready"), Some(true), "the requeue from the public origin applied");
 }
 
+/// The task detail lists the events the dashboard saw of the task, in order,
+/// escaped.
+async fn task_events_seen<S: Store + Clone + 'static>(store: S) {
+    let r = router(app(store.clone(), true));
+    // The queue's event feed starts in the background.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    q.enqueue(NewTask::new("resize", doc! {}).id("watched")).await.unwrap();
+    let agent = mongoagent::Agent::builder(store.clone(), "resize", "jobs").build().unwrap();
+    let run = |t: mongoagent::Task| async move {
+        t.progress(doc! { "done": 1 }).await.unwrap();
+        mongoagent::Outcome::failed_permanently(SCRIPT)
+    };
+    assert!(agent.process(run).await.unwrap().is_some());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let page = send(&r, get("/tasks/watched?queue=jobs")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        if page.body.contains(r#"<tr class="failed">"#) {
+            break page.body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no failed event seen: {}", page.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let at = |e: &str| body.find(&format!(r#"<tr class="{e}">"#)).unwrap_or_else(|| panic!("no {e}: {body}"));
+    assert!(at("enqueued") < at("claimed") && at("claimed") < at("failed"), "{body}");
+    assert!(body.contains("attempt 1") && body.contains("&lt;script&gt;"), "{body}");
+    assert!(!body.contains(SCRIPT), "markup in an error is escaped");
+    // Another task's page has none of them.
+    q.enqueue(NewTask::new("resize", doc! {}).id("other")).await.unwrap();
+    let other = send(&r, get("/tasks/other?queue=jobs")).await.body;
+    assert!(!other.contains(r#"<tr class="failed">"#), "{other}");
+}
+
 mod memory {
     use super::*;
 
@@ -473,6 +507,16 @@ mod memory {
     #[tokio::test(start_paused = true)]
     async fn read_only() {
         super::read_only(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn task_events_seen() {
+        super::task_events_seen(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn task_events_seen_without_change_streams() {
+        super::task_events_seen(MemoryStore::builder().change_streams(false).build()).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -505,6 +549,12 @@ mod mongo {
     async fn read_only() {
         let Some(s) = store_mongo::testing::test_store("dash_read_only").await else { return };
         super::read_only(s).await;
+    }
+
+    #[tokio::test]
+    async fn task_events_seen() {
+        let Some(s) = store_mongo::testing::test_store("dash_events_seen").await else { return };
+        super::task_events_seen(s).await;
     }
 
     #[tokio::test]
