@@ -311,11 +311,36 @@ fn with_option(uri: &str, option: &str) -> String {
 /// `configureFailPoint` (send those from a separate client). `None` (after
 /// [`skip`]) when there is no server.
 ///
+/// The tests of one binary that hold one take turns: `failCommand` is one
+/// failpoint for the whole server, so a test configuring it would replace
+/// another's (or turn it off) while that one runs. Hold it until the
+/// failpoint is off.
+///
 /// # Cancel safety
 ///
 /// Cancel-safe: nothing is written.
-pub async fn admin_client() -> Option<mongodb::Client> {
-    admin_client_to(server_uri(), required()).await
+pub async fn admin_client() -> Option<AdminClient> {
+    let turn = FAIL_POINTS.lock().await;
+    let client = admin_client_to(server_uri(), required()).await?;
+    Some(AdminClient { client, _turn: turn })
+}
+
+/// The server-wide failpoints' turn (see [`admin_client`]).
+static FAIL_POINTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// An admin client held alone among the tests of this process (see
+/// [`admin_client`]); it derefs to the driver's client.
+#[derive(Debug)]
+pub struct AdminClient {
+    client: mongodb::Client,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for AdminClient {
+    type Target = mongodb::Client;
+    fn deref(&self) -> &mongodb::Client {
+        &self.client
+    }
 }
 
 async fn admin_client_to(server: Result<String, String>, required: bool) -> Option<mongodb::Client> {
@@ -345,7 +370,8 @@ async fn admin_client_to(server: Result<String, String>, required: bool) -> Opti
 /// Cancel-safe: a TTL pass may or may not have run, and running one again is
 /// harmless.
 pub async fn prune_ttl() {
-    let Some(admin) = admin_client().await else { panic!("the test server went away") };
+    // Not a failpoint: no turn to wait for.
+    let Some(admin) = admin_client_to(server_uri(), required()).await else { panic!("the test server went away") };
     if let Err(e) = admin.database("admin").run_command(bson::doc! { "secantusAdmin.pruneTtl": 1 }).await {
         tracing::info!(error = %e, "no pruneTtl command; waiting for the server's TTL monitor");
         tokio::time::sleep(Duration::from_secs(65)).await;

@@ -58,27 +58,22 @@ fn with_option(uri: &str, option: &str) -> String {
     format!("{uri}{sep}{option}")
 }
 
-/// Taken by whoever sets the server's one `failCommand` failpoint.
-static FAILPOINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// A `failCommand` failpoint that holds every `findAndModify` of one client
 /// (by application name) for 4 s; off again when dropped. One test at a time
-/// sets it (the server has one).
+/// sets it (the server has one): the admin client is held alone.
 struct BlockedRenewals {
     rt: tokio::runtime::Runtime,
-    admin: store_mongo::mongodb::Client,
-    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+    admin: store_mongo::testing::AdminClient,
 }
 
 impl BlockedRenewals {
     fn start(app: &str) -> Self {
-        let one_at_a_time = FAILPOINT.lock().unwrap_or_else(|p| p.into_inner());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let admin = rt.block_on(store_mongo::testing::admin_client()).unwrap();
         let data = bson::doc! { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": app };
         let on = bson::doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data };
         rt.block_on(async { admin.database("admin").run_command(on).await }).unwrap();
-        BlockedRenewals { rt, admin, _one_at_a_time: one_at_a_time }
+        BlockedRenewals { rt, admin }
     }
 }
 
