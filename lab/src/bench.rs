@@ -615,6 +615,48 @@ async fn minimal_lock_cycles(store: &MongoStore, n: usize) -> Result<Vec<f64>, S
     Ok(lat)
 }
 
+/// Runs `agents` on trivial tasks (each counted in `done`) until `tasks` are
+/// done, then shuts them down: the rate from `start`, and the completions
+/// the agents counted. Counted in-process: polling the queue's statistics
+/// would load the server.
+pub(crate) async fn drive(
+    agents: &[Agent<MongoStore>],
+    done: &Arc<AtomicU64>,
+    tasks: u32,
+    start: Instant,
+    what: &str,
+) -> Result<(f64, u64), String> {
+    let mut workers = Vec::new();
+    for a in agents {
+        let (a, done) = (a.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            a.work(move |_t: Task| {
+                let done = done.clone();
+                async move {
+                    done.fetch_add(1, Ordering::Relaxed);
+                    Outcome::done()
+                }
+            })
+            .await
+        }));
+    }
+    while done.load(Ordering::Relaxed) < u64::from(tasks) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if start.elapsed() > Duration::from_secs(1800) {
+            return Err(format!("{what} benchmark did not finish in 30 minutes"));
+        }
+    }
+    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
+    for a in agents {
+        a.shutdown();
+    }
+    let mut completed = 0;
+    for w in workers {
+        completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
+    }
+    Ok((rate, completed))
+}
+
 /// 4 agents (concurrency 4 each) in this process process `tasks` trivial tasks
 /// from `coll`; with `shared`, the agents are built on one `Queue`
 /// (`Agent::on_queue`) and take turns claiming, else each on its own
@@ -648,37 +690,9 @@ async fn queue_run(
         })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let mut workers = Vec::new();
-    for a in &agents {
-        let (a, done) = (a.clone(), done.clone());
-        workers.push(tokio::spawn(async move {
-            a.work(move |_t: Task| {
-                let done = done.clone();
-                async move {
-                    done.fetch_add(1, Ordering::Relaxed);
-                    Outcome::done()
-                }
-            })
-            .await
-        }));
-    }
-    // Counted in-process: polling the queue's statistics would load the server.
-    while done.load(Ordering::Relaxed) < u64::from(tasks) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        if start.elapsed() > Duration::from_secs(1800) {
-            return Err("queue benchmark did not finish in 30 minutes".into());
-        }
-    }
-    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
-    for a in &agents {
-        a.shutdown();
-    }
-    let mut completed = 0;
-    for w in workers {
-        completed += w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.completed;
-    }
+    let (rate, completed) = drive(&agents, &done, tasks, start, "queue").await?;
     let counts = commands.snapshot().since(&c0);
-    if completed != u64::from(tasks) || done.load(Ordering::Relaxed) != u64::from(tasks) {
+    if completed != u64::from(tasks) {
         return Err(format!("queue benchmark: {completed} completions for {tasks} tasks"));
     }
     Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })

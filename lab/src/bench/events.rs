@@ -1,11 +1,11 @@
 //! `queue_events_per_s`: the lifecycle events (`Queue::events`) one subscriber
 //! receives while 4 agents on one `Queue` run trivial tasks at full speed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mongoagent::{Agent, EventFilter, EventKind, Outcome, Queue, QueueEvent, Task};
+use mongoagent::{Agent, EventFilter, EventKind, Queue, QueueEvent};
 use store_mongo::MongoStore;
 
 use super::{preload, Figures};
@@ -40,33 +40,7 @@ pub(super) async fn put_figures(f: &mut Figures, store: &MongoStore, tasks: u32,
         .map(|_| Agent::on_queue(&shared, "bench").concurrency(4).poll_interval(Duration::from_millis(200)).build())
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let mut workers = Vec::new();
-    for a in &agents {
-        let (a, done) = (a.clone(), done.clone());
-        workers.push(tokio::spawn(async move {
-            a.work(move |_t: Task| {
-                let done = done.clone();
-                async move {
-                    done.fetch_add(1, Ordering::Relaxed);
-                    Outcome::done()
-                }
-            })
-            .await
-        }));
-    }
-    while done.load(Ordering::Relaxed) < u64::from(tasks) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        if start.elapsed() > Duration::from_secs(1800) {
-            return Err("events benchmark did not finish in 30 minutes".into());
-        }
-    }
-    let task_rate = f64::from(tasks) / start.elapsed().as_secs_f64();
-    for a in &agents {
-        a.shutdown();
-    }
-    for w in workers {
-        w.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    }
+    let (task_rate, _) = super::drive(&agents, &done, tasks, start, "events").await?;
     let (delivered, resyncs, took) = reader.await.map_err(|e| e.to_string())??;
     f.put("queue_events_per_s", delivered as f64 / took.as_secs_f64());
     f.put("queue_events_per_task", delivered as f64 / f64::from(tasks));
