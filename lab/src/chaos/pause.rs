@@ -1,7 +1,8 @@
 //! The chaos run's pause/resume cycle: the driver feeds the limited agent
 //! ([`LIMITED`]) a batch of tasks, lets it run a few seconds, pauses its name
-//! (`Queue::set_paused`) for a few seconds, resumes it, and again, until the
-//! run ends (resumed). The checker verifies the pause invariant from the logs:
+//! (`Queue::set_paused`), feeds it another batch once the pause is due to be
+//! seen, resumes it, and again, until the run ends (resumed). The checker
+//! verifies the pause invariant from the logs:
 //! no claim of the paused name began (its server stamp) later than the pause
 //! plus [`CONTROL_REFRESH`] plus [`SLACK`] and before the resume, unless its
 //! process was SIGSTOPped meanwhile (a process without CPU sees nothing).
@@ -30,38 +31,53 @@ use super::{now_retrying, Log};
 /// the server's clock read over connections.
 const SLACK: i64 = 1_000;
 
-/// Limited tasks enqueued before each running phase.
+/// Limited tasks enqueued at once (twice a cycle).
 const BATCH: usize = 8;
 
 /// Feeds, pauses and resumes the limited agent until `end`, then resumes it
-/// for good.
+/// for good. Each cycle: a batch to run, 2-4 s, the pause; once the pause is
+/// due to be seen (its allowance), another batch, which must wait for the
+/// resume 1.5-3 s later (an agent that ignored the pause would claim it).
 pub(super) async fn cycle(store: MongoStore, log: Log, seed: u64, end: Instant) -> Result<(), String> {
     let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
     let mut rng = fastrand::Rng::with_seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1));
     let mut next = 0;
+    let until = |ms: u64| tokio::time::sleep_until(end.min(Instant::now() + Duration::from_millis(ms)));
     while Instant::now() < end {
-        let batch: Vec<NewTask> = (next..next + BATCH)
-            .map(|k| NewTask::new(LIMITED, bson::doc! { "l": k as i64 }).id(format!("lim-{k}")))
-            .collect();
-        // Idempotent (the ids): retried across a server restart.
-        while queue.enqueue_all(&batch).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        for t in next..next + BATCH {
-            log.line(format!("lseed lim-{t}"));
-        }
-        next += BATCH;
-        tokio::time::sleep_until(end.min(Instant::now() + Duration::from_millis(rng.u64(2000..4000)))).await;
+        feed(&queue, &log, &mut next).await;
+        until(rng.u64(2000..4000)).await;
         if Instant::now() >= end {
             break;
         }
         set_paused(&queue, true).await;
         log.line(format!("pause {}", now_retrying(&store).await));
-        tokio::time::sleep_until(end.min(Instant::now() + Duration::from_millis(rng.u64(2000..3500)))).await;
+        until(allowance() as u64 + 200).await;
+        feed(&queue, &log, &mut next).await;
+        until(rng.u64(1500..3000)).await;
         log.line(format!("resume {}", now_retrying(&store).await));
         set_paused(&queue, false).await;
     }
     Ok(())
+}
+
+/// How long after a pause a claim may still begin: [`CONTROL_REFRESH`] and [`SLACK`].
+fn allowance() -> i64 {
+    i64::try_from(CONTROL_REFRESH.as_millis()).unwrap_or(i64::MAX) + SLACK
+}
+
+/// Enqueues the next [`BATCH`] limited tasks (`lim-<k>`), retried until
+/// acknowledged (idempotent: the ids), and logs them.
+async fn feed(queue: &Queue<MongoStore>, log: &Log, next: &mut usize) {
+    let batch: Vec<NewTask> = (*next..*next + BATCH)
+        .map(|k| NewTask::new(LIMITED, bson::doc! { "l": k as i64 }).id(format!("lim-{k}")))
+        .collect();
+    while queue.enqueue_all(&batch).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for t in *next..*next + BATCH {
+        log.line(format!("lseed lim-{t}"));
+    }
+    *next += BATCH;
 }
 
 /// `Queue::set_paused`, retried until acknowledged (idempotent).
@@ -155,7 +171,7 @@ impl Pauses {
             windows.push((p, i64::MAX));
         }
         r.cycles = windows.len();
-        let due = i64::try_from(CONTROL_REFRESH.as_millis()).unwrap_or(i64::MAX) + SLACK;
+        let due = allowance();
         for (worker, task, at) in &self.claims {
             if *at < 0 {
                 r.unstamped += 1;
