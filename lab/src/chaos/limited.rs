@@ -8,8 +8,8 @@
 //! SecantusDB answers a waiting change-stream `getMore` at every write to
 //! the server (its oplog is one for all databases); four idle limited agents
 //! halved the rest of the run's throughput (13 pipeline tasks per 10 s
-//! instead of 30, measured on a loaded machine). `process` polls (once a
-//! second while idle) and reads the pause state on its timer
+//! instead of 30, measured on a loaded machine). `process` polls (every two
+//! seconds or so while idle) and reads the pause state on its timer
 //! (`CONTROL_REFRESH`).
 //!
 //! Log lines (server clock, epoch ms):
@@ -77,7 +77,7 @@ pub(super) async fn agent_loop(store: MongoStore, log: Log, ttl: Duration) -> Re
                 if Instant::now() >= until {
                     return Outcome::done();
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
             }
         }
     };
@@ -87,8 +87,10 @@ pub(super) async fn agent_loop(store: MongoStore, log: Log, ttl: Duration) -> Re
             loop {
                 match agent.process(handler.clone()).await {
                     Ok(Some(_)) => {}
-                    // Idle, paused, no permit free, or the server away.
-                    Ok(None) | Err(_) => tokio::time::sleep(Duration::from_millis(fastrand::u64(700..1300))).await,
+                    // Idle, paused, no permit free, or the server away. An
+                    // idle poll costs about five commands (a permit taken
+                    // and given back, the claim's two queries): not often.
+                    Ok(None) | Err(_) => tokio::time::sleep(Duration::from_millis(fastrand::u64(1500..2500))).await,
                 }
             }
         }

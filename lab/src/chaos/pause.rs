@@ -6,6 +6,8 @@
 //! no claim of the paused name began (its server stamp) later than the pause
 //! plus [`CONTROL_REFRESH`] plus [`SLACK`] and before the resume, unless its
 //! process was SIGSTOPped meanwhile (a process without CPU sees nothing).
+//! Claims are seen through their runs' `lclaim` lines: one whose process was
+//! killed before its handler started goes unchecked.
 //!
 //! Driver log lines (`driver.log`, server clock, epoch ms):
 //! - `pause <now>`: read after the pause was acknowledged (so no earlier
