@@ -18,9 +18,19 @@
 //!   that is the *grandchild* of a `mongocoord lock` runner (`sh -c 'writer &
 //!   wait'`) wrote to its own ledger, and was still running at server time
 //!   `now`. Runners are killed with SIGKILL: a grandchild that outlives its
-//!   runner's lease shows up as two fences running at once.
+//!   runner's lease shows up as two fences running at once;
+//! - `lclaim`, `lrun`: the globally limited agent's runs (`limited.rs`);
+//! - the driver's own log, `driver.log`: the pause/resume cycle and the
+//!   SIGSTOPs (`pause.rs`).
+//!
+//! The checker is `check.rs`; one concern per child module.
 
-use std::collections::{BTreeMap, HashMap};
+mod check;
+mod limited;
+mod pause;
+
+use check::{check, foreign_tasks};
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -206,7 +216,8 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
             Ok::<(), String>(())
         }
     };
-    tokio::try_join!(lock_loop, elect_loop, agent_loop)?;
+    let limited_loop = limited::agent_loop(store.clone(), log.clone(), ttl);
+    tokio::try_join!(lock_loop, elect_loop, agent_loop, limited_loop)?;
     Ok(0)
 }
 
@@ -380,10 +391,16 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     };
     let mut next_log = 0;
     let mut workers: Vec<tokio::process::Child> = Vec::new();
+    // Each worker's log's name, as the driver's log names it.
+    let mut names: Vec<String> = Vec::new();
     for _ in 0..o.workers {
         workers.push(spawn(next_log)?);
+        names.push(format!("worker-{next_log}"));
         next_log += 1;
     }
+    let end = Instant::now() + o.duration;
+    let driver = Log::open(&o.dir.join("logs").join("driver.log")).map_err(|e| e.to_string())?;
+    let cycle = tokio::spawn(pause::cycle(store.clone(), driver.clone(), o.seed, end));
     // Forking runners: `mongocoord lock` runs `sh`, whose background child
     // (the runner's grandchild) writes to a ledger with the runner's fence.
     let spawn_fork = |n: usize| -> Result<tokio::process::Child, String> {
@@ -417,7 +434,6 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     };
     let mut rng = fastrand::Rng::with_seed(o.seed);
     let (mut kills, mut pauses, mut restarts, mut runner_kills, mut runner_pauses) = (0, 0, 0, 0, 0);
-    let end = Instant::now() + o.duration;
     let server_every = (o.duration.as_secs_f64() / 3.0).max(15.0);
     let mut next_server_kill =
         Instant::now() + Duration::try_from_secs_f64(server_every).unwrap_or(Duration::from_secs(15));
@@ -431,17 +447,22 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
                 kills += 1;
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 workers[i] = spawn(next_log)?;
+                names[i] = format!("worker-{next_log}");
                 next_log += 1;
             }
             4..=6 => {
                 if let Some(pid) = workers[i].id() {
                     // Longer than the 2 s lease: the paused holder's lease lapses.
+                    // Server times around it: it had no CPU at most in between.
+                    driver.line(format!("wstop {} {}", names[i], now_retrying(&store).await));
                     signal(pid, "-STOP");
                     pauses += 1;
                     let d = Duration::from_millis(rng.u64(2500..5000));
+                    let (store, driver, name) = (store.clone(), driver.clone(), names[i].clone());
                     tokio::spawn(async move {
                         tokio::time::sleep(d).await;
                         signal(pid, "-CONT");
+                        driver.line(format!("wcont {name} {}", now_retrying(&store).await));
                     });
                 }
             }
@@ -498,6 +519,8 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     }
     // Every tick up to here must be accounted for.
     let cron_window_end = now_retrying(&store).await;
+    // The limited agent is resumed for good (and fed no more) once this returns.
+    cycle.await.map_err(|e| e.to_string())??;
     // Let paused workers resume and the queue drain.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
@@ -507,9 +530,11 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             .when(Condition::FieldEq("foreign".into(), Bson::Boolean(true)).negate())
             .when(Condition::Exists("pending_parent_fence".into()).negate())
     };
+    let lcoll = Collection::new(limited::QUEUE).map_err(|e| e.to_string())?;
+    let lopen = Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
     let drain_until = Instant::now() + Duration::from_secs(180);
     while Instant::now() < drain_until {
-        if store.count(&coll, &open()).await.unwrap_or(1) == 0 {
+        if store.count(&coll, &open()).await.unwrap_or(1) == 0 && store.count(&lcoll, &lopen).await.unwrap_or(1) == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -554,207 +579,17 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,
         "tasks": report.tasks, "stale_outcomes_rejected": report.stale, "fan_in_runs": report.joins,
         "cron": cron,
+        "limited": {
+            "agent": limited::LIMITED, "global_concurrency": limited::LIMIT, "tasks": report.limited_tasks,
+            "runs": report.limited.runs, "most_at_once": report.limited.most,
+            "pause_cycles": report.pause.cycles, "claims_before_pause_seen": report.pause.claims_in_grace,
+            "claims_of_stopped_workers_in_pause": report.pause.claims_excused,
+            "latest_claim_after_pause_ms": report.pause.latest_ms,
+        },
         "violations": report.violations,
         "ok": report.violations.is_empty(),
     });
     std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
     Ok(if report.violations.is_empty() { 0 } else { 1 })
-}
-
-#[derive(Debug, Default)]
-struct Report {
-    acquisitions: usize,
-    writes_ok: usize,
-    writes_rejected: usize,
-    terms: usize,
-    tasks: u64,
-    stale: usize,
-    joins: usize,
-    fork_fences: usize,
-    fork_writes_ok: usize,
-    /// The last server time a forked ledger writer reported running.
-    last_fork_hold: Option<i64>,
-    violations: Vec<String>,
-}
-
-/// Reads every worker's log and the store, and verifies the history.
-async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
-    let mut r = Report::default();
-    // token -> (first, last) server time at which its holder confirmed it held.
-    // The first confirmation, not the lease's `since`, marks the start: a server
-    // stamps `$$NOW` when a command starts, which can be before the write takes
-    // effect (seen: 22 ms on a loaded SecantusDB), so `since` may precede the
-    // moment the previous holder's lease was really gone.
-    let mut holds: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
-    let mut terms: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
-    let mut writes: Vec<(u64, u64)> = Vec::new();
-    let mut fork_holds: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
-    let mut fork_writes: Vec<(u64, u64)> = Vec::new();
-    let mut done: HashMap<String, usize> = HashMap::new();
-    let entries = std::fs::read_dir(logs).map_err(|e| e.to_string())?;
-    for e in entries.flatten() {
-        let text = std::fs::read_to_string(e.path()).map_err(|e| e.to_string())?;
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let num = |i: usize| f.get(i).and_then(|s| s.parse::<i64>().ok());
-            match (f.first().copied(), num(1), num(2)) {
-                (Some("acq"), Some(_), Some(_)) => r.acquisitions += 1,
-                (Some("hold"), Some(t), Some(now)) => {
-                    let e = holds.entry(t as u64).or_insert((now, now));
-                    e.0 = e.0.min(now);
-                    e.1 = e.1.max(now);
-                }
-                (Some("write"), Some(t), Some(rev)) => {
-                    if f.get(3) == Some(&"ok") {
-                        r.writes_ok += 1;
-                        writes.push((rev as u64, t as u64));
-                    } else {
-                        r.writes_rejected += 1;
-                    }
-                }
-                (Some("lead"), Some(t), Some(now)) => {
-                    let e = terms.entry(t as u64).or_insert((now, now));
-                    e.0 = e.0.min(now);
-                    e.1 = e.1.max(now);
-                }
-                (Some("done"), _, _) => *done.entry(f.get(1).unwrap_or(&"").to_string()).or_default() += 1,
-                (Some("stale"), _, _) => r.stale += 1,
-                (Some("fhold"), Some(t), Some(now)) => {
-                    let e = fork_holds.entry(t as u64).or_insert((now, now));
-                    e.0 = e.0.min(now);
-                    e.1 = e.1.max(now);
-                    r.last_fork_hold = Some(r.last_fork_hold.map_or(now, |l| l.max(now)));
-                }
-                (Some("fwrite"), Some(t), Some(rev)) if f.get(3) == Some(&"ok") => {
-                    r.fork_writes_ok += 1;
-                    fork_writes.push((rev as u64, t as u64));
-                }
-                (Some("joined"), _, _) => {
-                    r.joins += 1;
-                    if f.get(2) != f.get(3) || f.get(3) != Some(&"2") {
-                        r.violations.push(format!("{line}: ran again before both follow-ups ended"));
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    // No holder confirmed it still held the lock after a later token's holder had
-    // confirmed its own (both on the server clock).
-    let check_overlaps = |m: &BTreeMap<u64, (i64, i64)>, what: &str, v: &mut Vec<String>| {
-        let list: Vec<(u64, i64, i64)> = m.iter().map(|(t, (f, l))| (*t, *f, *l)).collect();
-        for (i, (t, _, last)) in list.iter().enumerate() {
-            for (t2, first2, _) in &list[i + 1..] {
-                if last > first2 {
-                    v.push(format!(
-                        "{what} {t} was still believed held at {last} after {what} {t2} was held at {first2}"
-                    ));
-                }
-            }
-        }
-    };
-    check_overlaps(&holds, "lock token", &mut r.violations);
-    check_overlaps(&terms, "term", &mut r.violations);
-    check_overlaps(&fork_holds, "forked runner fence", &mut r.violations);
-    r.fork_fences = fork_holds.len();
-    r.terms = terms.len();
-    check_fenced_writes(writes, "ledger", &mut r.violations);
-    check_fenced_writes(fork_writes, "fork ledger", &mut r.violations);
-    for (task, n) in &done {
-        if *n > 1 {
-            r.violations.push(format!("task {task} reported finished {n} times"));
-        }
-    }
-    // The store: every task ended; two follow-ups per completed seeded task.
-    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
-    let mut all = Vec::new();
-    let mut debris = Vec::new();
-    let mut unreadable = 0;
-    for r in store.find_each(&coll, &Query::all()).await.map_err(|e| e.to_string())? {
-        match r {
-            // A stale run's follow-ups that the holder's outcome did not take
-            // over stay pending and inert: not tasks (checked below).
-            Ok(t) if t.data().contains_key("pending_parent_fence") => debris.push(t),
-            Ok(t) => all.push(t),
-            Err(_) => unreadable += 1,
-        }
-    }
-    for d in &debris {
-        let parent = d.data().get("parent").and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
-        if parent.is_none_or(|p| p.data().get_bool("complete").ok() != Some(true)) {
-            r.violations.push(format!("pending follow-up {} of a parent that has not ended", d.key()));
-        }
-    }
-    let foreign = foreign_tasks().len();
-    if unreadable != foreign {
-        r.violations.push(format!("{unreadable} unreadable documents in the queue, {foreign} foreign ones inserted"));
-    }
-    // The foreign documents were never claimed (nor changed at all).
-    let raw = store.database().collection::<bson::Document>(QUEUE);
-    let untouched = raw
-        .count_documents(doc! { "foreign": true, "ready": true, "lease_owner": { "$exists": false } })
-        .await
-        .map_err(|e| e.to_string())?;
-    if untouched != foreign as u64 {
-        r.violations.push(format!("{} of {foreign} foreign documents were changed", foreign as u64 - untouched));
-    }
-    r.tasks = all.len() as u64;
-    let open: Vec<String> =
-        all.iter().filter(|t| t.data().get_bool("complete").ok() != Some(true)).map(|t| t.key().to_string()).collect();
-    if !open.is_empty() {
-        r.violations.push(format!("{} task(s) never finished, e.g. {}", open.len(), open[0]));
-    }
-    let seeded = all.iter().filter(|t| !t.data().contains_key("parent")).count();
-    if seeded != SEEDED as usize {
-        r.violations.push(format!("{seeded} seeded tasks of {SEEDED} are in the store"));
-    }
-    let completed_parents = all
-        .iter()
-        .filter(|t| {
-            t.data().get_i32("stage").ok() == Some(0) && t.data().get_bool("error_encountered").ok() == Some(false)
-        })
-        .count();
-    let children = all.iter().filter(|t| t.data().contains_key("parent")).count();
-    if children != 2 * completed_parents {
-        r.violations.push(format!("{children} follow-ups for {completed_parents} completed parents (want two each)"));
-    }
-    // Odd seeded tasks that completed waited for their follow-ups once.
-    for t in &all {
-        let odd = t.data().get_i64("i").is_ok_and(|i| i % 2 == 1);
-        let completed = t.data().get_bool("error_encountered").ok() == Some(false);
-        if odd && completed && t.data().get_i64("round").ok() != Some(1) {
-            r.violations.push(format!("task {} completed without waiting for its follow-ups once", t.key()));
-        }
-    }
-    Ok(r)
-}
-
-/// Accepted fenced writes, in the order the server applied them (the ledger's
-/// revision), never go back to an older fence; and no revision was handed out
-/// twice (which would mean the server lost acknowledged writes).
-fn check_fenced_writes(mut writes: Vec<(u64, u64)>, what: &str, violations: &mut Vec<String>) {
-    writes.sort();
-    for w in writes.windows(2) {
-        if w[1].0 == w[0].0 {
-            violations.push(format!(
-                "{what} revision {} acknowledged twice (fences {} and {}): acknowledged writes were lost",
-                w[0].0, w[0].1, w[1].1
-            ));
-        } else if w[1].1 < w[0].1 {
-            violations.push(format!("{what}: fenced write with fence {} accepted after fence {}", w[1].1, w[0].1));
-        }
-    }
-}
-
-/// Tasks written by another program that no agent can read: an `_id` of an
-/// unsupported type, a fence that is a string, an owner without an expiry.
-fn foreign_tasks() -> Vec<bson::Document> {
-    let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] };
-    vec![
-        doc! { "_id": uuid, "agent_name": "chaos", "ready": true, "foreign": true, "stage": 1 },
-        doc! { "_id": "foreign-fence", "agent_name": "chaos", "ready": true, "foreign": true, "fence": "7", "stage": 1 },
-        doc! { "_id": "foreign-owner", "agent_name": "chaos", "ready": true, "foreign": true, "lease_owner_x": 1,
-        "rev": "x", "stage": 1 },
-    ]
 }
