@@ -358,6 +358,13 @@ fn put_breakdown(f: &mut Figures, prefix: &str, counts: &Counts, tasks: u32) {
     for (kind, per_task) in counts.per_task(tasks) {
         f.put(format!("{prefix}_cmd_{kind}"), per_task);
     }
+    // Times exist for this process's commands only (not the agent processes').
+    if !counts.micros.is_empty() {
+        f.put(format!("{prefix}_command_ms_per_task"), counts.command_ms_per_task(tasks));
+        for (kind, ms) in counts.mean_ms() {
+            f.put(format!("{prefix}_ms_{kind}"), ms);
+        }
+    }
 }
 
 async fn election_trials(

@@ -1,9 +1,11 @@
 //! Commands sent to the server, counted with the driver's command monitoring:
 //! the total, and a breakdown by command name and the kind of operation it
 //! carries (a claim by filter, a write by `_id`, a change-stream `getMore`…),
-//! so a figure of commands per task says where the commands go.
+//! so a figure of commands per task says where the commands go; and the time
+//! each kind took, from its start to its reply, so a figure says which
+//! commands cost the time, not only how many there are.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,6 +22,10 @@ use store_mongo::MongoStore;
 pub(crate) struct Commands {
     total: AtomicU64,
     by_kind: Mutex<BTreeMap<String, u64>>,
+    /// The kind of each command sent and not answered yet, by request id.
+    pending: Mutex<HashMap<i32, String>>,
+    /// Microseconds from start to reply, summed by kind.
+    micros: Mutex<BTreeMap<String, u64>>,
 }
 
 /// Counts at one moment, or between two.
@@ -27,17 +33,31 @@ pub(crate) struct Commands {
 pub(crate) struct Counts {
     pub(crate) total: u64,
     pub(crate) by_kind: BTreeMap<String, u64>,
+    /// Microseconds by kind (in this process's counts only).
+    pub(crate) micros: BTreeMap<String, u64>,
 }
 
 impl Commands {
-    fn record(&self, kind: String) {
+    fn record(&self, request: i32, kind: String) {
         self.total.fetch_add(1, Ordering::Relaxed);
-        *self.by_kind.lock().entry(kind).or_default() += 1;
+        *self.by_kind.lock().entry(kind.clone()).or_default() += 1;
+        self.pending.lock().insert(request, kind);
+    }
+
+    fn answered(&self, request: i32, took: std::time::Duration) {
+        if let Some(kind) = self.pending.lock().remove(&request) {
+            let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            *self.micros.lock().entry(kind).or_default() += us;
+        }
     }
 
     /// The counts so far.
     pub(crate) fn snapshot(&self) -> Counts {
-        Counts { total: self.total.load(Ordering::Relaxed), by_kind: self.by_kind.lock().clone() }
+        Counts {
+            total: self.total.load(Ordering::Relaxed),
+            by_kind: self.by_kind.lock().clone(),
+            micros: self.micros.lock().clone(),
+        }
     }
 }
 
@@ -50,7 +70,30 @@ impl Counts {
             .map(|(k, v)| (k.clone(), v - earlier.by_kind.get(k).copied().unwrap_or_default()))
             .filter(|(_, v)| *v > 0)
             .collect();
-        Counts { total: self.total - earlier.total, by_kind }
+        let micros = self
+            .micros
+            .iter()
+            .map(|(k, v)| (k.clone(), v.saturating_sub(earlier.micros.get(k).copied().unwrap_or_default())))
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        Counts { total: self.total - earlier.total, by_kind, micros }
+    }
+
+    /// The mean milliseconds from start to reply of each kind that has times.
+    pub(crate) fn mean_ms(&self) -> Vec<(String, f64)> {
+        self.micros
+            .iter()
+            .filter_map(|(k, us)| {
+                let n = self.by_kind.get(k).copied().filter(|n| *n > 0)?;
+                Some((k.clone(), *us as f64 / n as f64 / 1e3))
+            })
+            .collect()
+    }
+
+    /// Milliseconds of command time (start to reply, summed over commands
+    /// that overlap) per task.
+    pub(crate) fn command_ms_per_task(&self, tasks: u32) -> f64 {
+        self.micros.values().sum::<u64>() as f64 / 1e3 / f64::from(tasks.max(1))
     }
 
     /// Adds `other`'s counts (another process's).
@@ -58,6 +101,9 @@ impl Counts {
         self.total += other.total;
         for (k, v) in &other.by_kind {
             *self.by_kind.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &other.micros {
+            *self.micros.entry(k.clone()).or_default() += v;
         }
     }
 
@@ -133,10 +179,11 @@ pub(crate) async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Ar
     let mut opts = ClientOptions::parse(uri).await.map_err(|e| e.to_string())?;
     let commands = Arc::new(Commands::default());
     let counter = commands.clone();
-    opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
-        if let CommandEvent::Started(s) = ev {
-            counter.record(kind(&s.command_name, &s.command));
-        }
+    opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| match ev {
+        CommandEvent::Started(s) => counter.record(s.request_id, kind(&s.command_name, &s.command)),
+        CommandEvent::Succeeded(s) => counter.answered(s.request_id, s.duration),
+        CommandEvent::Failed(s) => counter.answered(s.request_id, s.duration),
+        _ => {}
     }));
     let client = Client::with_options(opts).map_err(|e| e.to_string())?;
     Ok((MongoStore::new(client.database(db)), commands))
