@@ -136,6 +136,9 @@ fn lines_sharing_a_name_with_different_commands_are_told() {
     let b = spawn("b");
     let said = |who: &str| std::fs::read_to_string(e.file(&format!("{who}.err"))).unwrap_or_default();
     wait_until("b is told", Duration::from_secs(30), || said("b").contains("was defined by another line to run"));
+    // Only once b has written its definition (a SIGTERM before that could
+    // find b without its handler, and the definition still a's).
+    wait_until("b's definition", Duration::from_secs(30), || said("b").contains("changed to this line's definition"));
     // From now on ticks carry b's command; a is told whenever it runs one.
     signal(&b, "-TERM");
     wait_until("a is told", Duration::from_secs(30), || said("a").contains("had this tick scheduled to run"));
