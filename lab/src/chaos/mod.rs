@@ -379,15 +379,10 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
 
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let spawn = |n: usize| -> Result<tokio::process::Child, String> {
-        tokio::process::Command::new(&exe)
-            .args(["--uri", &uri, "--db", db, "chaos-worker", "--log"])
-            .arg(o.dir.join("logs").join(format!("worker-{n}.log")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| e.to_string())
+        let mut c = tokio::process::Command::new(&exe);
+        c.args(["--uri", &uri, "--db", db, "chaos-worker", "--log"])
+            .arg(o.dir.join("logs").join(format!("worker-{n}.log")));
+        spawn_quiet(c)
     };
     let mut next_log = 0;
     let mut workers: Vec<tokio::process::Child> = Vec::new();
@@ -411,14 +406,9 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             exe.display(),
             log.display()
         );
-        tokio::process::Command::new(bin)
-            .args(["--uri", &uri, "--db", db, "lock", FORK_LOCK, "--ttl", "2", "--", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| e.to_string())
+        let mut c = tokio::process::Command::new(bin);
+        c.args(["--uri", &uri, "--db", db, "lock", FORK_LOCK, "--ttl", "2", "--", "sh", "-c", &script]);
+        spawn_quiet(c)
     };
     let mut forks: Vec<tokio::process::Child> = Vec::new();
     if o.mongocoord.is_some() {
@@ -592,4 +582,15 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
     Ok(if report.violations.is_empty() { 0 } else { 1 })
+}
+
+/// Starts a child process with no standard streams, killed if its handle is
+/// dropped (the driver's processes never outlive the run).
+fn spawn_quiet(mut c: tokio::process::Command) -> Result<tokio::process::Child, String> {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| e.to_string())
 }
