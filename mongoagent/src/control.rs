@@ -5,8 +5,10 @@
 //! How agents learn the state without a read per claim: one task per [`Queue`]
 //! (running while an agent on that queue is idle, shared by all of them)
 //! subscribes to change notifications on the control collection, then reads the
-//! paused names (one `find`), and reads them again after every notification and
-//! every new subscription. While that subscription is live the agents use what
+//! paused names (one `find`), and reads them again after every notification of
+//! a pause document (not of the permits and rate limits the collection also
+//! holds) and every new subscription; idle agents wake only when the paused
+//! names changed. While that subscription is live the agents use what
 //! it read, and a pause or resume wakes the idle ones; without one (every agent
 //! busy, a store without change notifications, a standalone `mongod`, a stream
 //! that ended and is not back yet) each agent reads its own document again

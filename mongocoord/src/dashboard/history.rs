@@ -51,7 +51,7 @@ pub(crate) struct TaskHistory {
 }
 
 #[derive(Debug, Default)]
-struct Task {
+struct TaskEvents {
     events: VecDeque<Seen>,
     /// Earlier events were dropped.
     truncated: bool,
@@ -62,7 +62,7 @@ struct Task {
 #[derive(Debug, Default)]
 struct Book {
     /// By `(queue, task id)`.
-    tasks: HashMap<(String, String), Task>,
+    tasks: HashMap<(String, String), TaskEvents>,
     /// Each task by the number of its latest event: the first is the one
     /// forgotten when the book is full.
     latest: BTreeMap<u64, (String, String)>,
