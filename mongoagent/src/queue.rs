@@ -19,8 +19,9 @@ pub struct Queue<S> {
     pub(crate) store: S,
     pub(crate) coll: Collection,
     indexes: std::sync::Arc<OnceCell<()>>,
-    /// Agents on clones of this queue claim one at a time.
-    pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Agents on clones of this queue claim one at a time, each agent name
+    /// from its one list of candidates (`agent/candidates.rs`).
+    pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<crate::agent::CandidateLists>>,
     /// The pause state its agents see (`control.rs`), shared by its clones.
     pub(crate) control: crate::control::ControlWatch,
 }

@@ -103,6 +103,10 @@ impl Store for Client {
         self.check()?;
         self.store.find_each(c, q).await
     }
+    async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
+        self.check()?;
+        self.store.find_keys(c, q).await
+    }
     async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
         self.check()?;
         self.store.count(c, q).await

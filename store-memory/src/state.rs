@@ -94,13 +94,7 @@ impl Coll {
     }
 
     pub(crate) fn select(&self, q: &Query, now: StoreTime) -> Vec<&Entry> {
-        let mut hits: Vec<&Entry> = self
-            .docs
-            .values()
-            .filter(|e| {
-                semantics::filter_matches(&q.filter, &e.doc) && semantics::eval(&q.condition, Some(&e.doc), now)
-            })
-            .collect();
+        let mut hits: Vec<&Entry> = self.docs.values().filter(|e| semantics::query_matches(q, &e.doc, now)).collect();
         hits.sort_by(|a, b| {
             for (f, order) in &q.sort {
                 let (x, y) = (a.doc.get(f).unwrap_or(&Bson::Null), b.doc.get(f).unwrap_or(&Bson::Null));

@@ -1,5 +1,7 @@
 //! A batch claim in few commands: one `find` of candidate ids (the claim's
-//! filter, sort, and [`WINDOW`] times the limit, served by the claim's index),
+//! filter, sort, and [`WINDOW`] times the limit, served by the claim's index;
+//! none when the claim names no more keys than the limit, [`Query::keys`]:
+//! those are the candidates),
 //! one conditional `update` of the first `limit` of them (the claim's filter
 //! again, so a candidate another caller took in between is passed over; each
 //! document's own fence bumped by the pipeline; the call's nonce stamped into
@@ -17,6 +19,8 @@
 
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
+#[cfg(doc)]
+use store_trait::Query;
 use store_trait::{fields, Claim, Collection, Record, StoreResult};
 
 use crate::{compile, in_coll, map_err, MongoStore};
@@ -40,23 +44,30 @@ impl MongoStore {
         let collection = self.coll(coll);
         let filter = compile::claim_filter(&claim.query);
         let sort = compile::sort(&claim.query);
-        let mut find = collection
-            .find(filter.clone())
-            .projection(doc! { fields::ID: 1 })
-            .limit(i64::try_from(limit.saturating_mul(WINDOW)).unwrap_or(i64::MAX))
-            .max_time(self.op_timeout);
-        if let Some(s) = &sort {
-            find = find.sort(s.clone());
-        }
-        let ids: Vec<Bson> = find
-            .await
-            .map_err(map_err)?
-            .try_collect::<Vec<Document>>()
-            .await
-            .map_err(map_err)?
-            .into_iter()
-            .filter_map(|mut d| d.remove(fields::ID))
-            .collect();
+        let ids: Vec<Bson> = match &claim.query.keys {
+            // The caller named its candidates (a claim by key from its list):
+            // no read of candidates; the update's filter passes over those
+            // another caller took.
+            Some(keys) if keys.len() <= limit => keys.iter().map(|k| k.as_bson().clone()).collect(),
+            _ => {
+                let mut find = collection
+                    .find(filter.clone())
+                    .projection(doc! { fields::ID: 1 })
+                    .limit(i64::try_from(limit.saturating_mul(WINDOW)).unwrap_or(i64::MAX))
+                    .max_time(self.op_timeout);
+                if let Some(s) = &sort {
+                    find = find.sort(s.clone());
+                }
+                find.await
+                    .map_err(map_err)?
+                    .try_collect::<Vec<Document>>()
+                    .await
+                    .map_err(map_err)?
+                    .into_iter()
+                    .filter_map(|mut d| d.remove(fields::ID))
+                    .collect()
+            }
+        };
         if ids.is_empty() {
             return Ok(Vec::new());
         }

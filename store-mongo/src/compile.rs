@@ -86,9 +86,24 @@ pub(crate) fn condition(c: &Condition) -> Bson {
 
 /// A find filter: equality fields plus the condition as `$expr`.
 pub(crate) fn filter(q: &Query) -> Document {
-    let mut f = q.filter.clone();
+    let mut f = keyed(q);
     if q.condition != Condition::Always {
         f.insert("$expr", condition(&q.condition));
+    }
+    f
+}
+
+/// The query's equality fields, and its keys as an `_id` `$in` (served by the
+/// `_id` index; beside an `_id` equality, both must hold).
+fn keyed(q: &Query) -> Document {
+    let mut f = q.filter.clone();
+    if let Some(keys) = &q.keys {
+        let any_of = doc! { "$in": keys.iter().map(|k| k.as_bson().clone()).collect::<Vec<_>>() };
+        if f.contains_key(fields::ID) {
+            f.insert("$and", vec![doc! { fields::ID: any_of }]);
+        } else {
+            f.insert(fields::ID, any_of);
+        }
     }
     f
 }
@@ -97,7 +112,7 @@ pub(crate) fn filter(q: &Query) -> Document {
 /// ([`readable`]). The equality fields stay first, so the index serving them
 /// still selects the candidates; the check runs on those alone.
 pub(crate) fn claim_filter(q: &Query) -> Document {
-    let mut f = q.filter.clone();
+    let mut f = keyed(q);
     let cond = match &q.condition {
         Condition::Always => readable(),
         c => Bson::Document(doc! { "$and": [readable(), condition(c)] }),

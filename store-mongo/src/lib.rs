@@ -379,6 +379,23 @@ impl MongoStore {
         Ok(docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect())
     }
 
+    /// One `find` with the claim's filter (readable documents only), projected
+    /// to `_id`.
+    async fn find_keys_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
+        query.validate()?;
+        let collection = self.coll(coll);
+        let mut op =
+            collection.find(compile::claim_filter(query)).projection(doc! { fields::ID: 1 }).max_time(self.op_timeout);
+        if let Some(sort) = compile::sort(query) {
+            op = op.sort(sort);
+        }
+        if let Some(n) = query.limit {
+            op = op.limit(i64::from(n));
+        }
+        let docs: Vec<Document> = op.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
+        Ok(docs.into_iter().filter_map(|mut d| d.remove(fields::ID)).filter_map(|id| Key::from_bson(id).ok()).collect())
+    }
+
     async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
         query.validate()?;
         self.coll(coll).count_documents(compile::filter(query)).max_time(self.op_timeout).await.map_err(map_err)
@@ -474,6 +491,11 @@ impl Store for MongoStore {
     async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
         let (this, coll, query) = (self.clone(), coll.clone(), query.clone());
         self.bounded("find", async move { this.find_each_op(&coll, &query).await }).await
+    }
+
+    async fn find_keys(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
+        let (this, coll, query) = (self.clone(), coll.clone(), query.clone());
+        self.bounded("find_keys", async move { this.find_keys_op(&coll, &query).await }).await
     }
 
     async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {

@@ -155,7 +155,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// [`Store::claim`].
     ///
     /// A batch, not one atomic operation: on MongoDB it is three commands, a
-    /// `find` of candidates (four times `limit`), one conditional `update` of
+    /// `find` of candidates (four times `limit`; none when the query names at
+    /// most `limit` keys, [`Query::keys`]), one conditional `update` of
     /// the first `limit` of those still matching, and a read back of those this
     /// call changed (by its nonce), whatever `limit` is; plus one `update` of
     /// the next candidates each time concurrent callers took some first, so a
@@ -235,6 +236,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Cancel-safe: a read; dropping the future changes nothing.
     async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>>;
 
+    /// The keys of the readable documents matching `query`, in its order, up to
+    /// its limit: how a claimer reads the candidates it then claims by key
+    /// ([`Query::keys`]). Documents a claim would pass over as unreadable are
+    /// left out. On MongoDB one `find` projected to `_id`, so large documents
+    /// cost nothing to list. The default reads the records with
+    /// [`Store::find_each`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
+    async fn find_keys(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
+        // The limit counts readable documents only.
+        let all = Query { limit: None, ..query.clone() };
+        let found = self.find_each(coll, &all).await?.into_iter().filter_map(Result::ok);
+        let limit = query.limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        Ok(found.take(limit).map(|r| r.key().clone()).collect())
+    }
+
     /// How many documents match `query` (sort and limit ignored).
     ///
     /// # Cancel safety
@@ -296,6 +315,9 @@ macro_rules! forward_store {
             }
             async fn find_each(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
                 (**self).find_each(coll, query).await
+            }
+            async fn find_keys(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
+                (**self).find_keys(coll, query).await
             }
             async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
                 (**self).count(coll, query).await

@@ -67,7 +67,7 @@ macro_rules! conformance_tests {
             foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents,
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
-            claim_many_racers_each_fill_their_batch,
+            claim_many_racers_each_fill_their_batch, claims_by_keys_take_only_those_keys,
             write_many_reports_each_write
         );
     };
@@ -472,6 +472,62 @@ pub async fn claim_orders_by_priority_then_time<H: Harness>(h: &H) {
         assert!(order.len() <= 5, "claimed too many: {order:?}");
     }
     assert_eq!(order, ["high-old", "high-new", "mid", "low-old", "low-new"]);
+}
+
+/// A query with [`Query::keys`] selects only those `_id`s (of every kind a
+/// key has), still under its filter and condition, in its order: what a claim
+/// by id from a list of candidates relies on, so a candidate another caller
+/// took in between is passed over.
+pub async fn claims_by_keys_take_only_those_keys<H: Harness>(h: &H) {
+    let s = h.store("claims_by_keys_take_only_those_keys").await;
+    let c = coll("tasks");
+    let t0 = s.now().await.unwrap().as_millis() - 10_000;
+    let oid = bson::oid::ObjectId::new();
+    let mut docs = vec![task("k1", 0, t0), task("k2", 5, t0), task("k3", 9, t0), task("k4", 1, t0)];
+    docs.push(
+        doc! { "_id": oid, "agent_name": "a", "ready": true, "priority": 3, "run_at": bson::DateTime::from_millis(t0) },
+    );
+    docs.push(doc! { "_id": 7_i64, "agent_name": "b", "ready": true, "priority": 3 });
+    s.insert_many(&c, docs).await.unwrap();
+    let key = |k: &str| Key::new(k).unwrap();
+    let ttl = ttl_of(Duration::from_secs(60));
+    let by_keys = |owner: &str, keys: Vec<Key>| {
+        let mut claim = claim_for(owner, ttl);
+        claim.query = claim.query.keys(keys);
+        claim
+    };
+    // The candidates in claim order, unreadable documents left out.
+    let unreadable = doc! { "_id": "bad", "agent_name": "a", "ready": true, "priority": 9, "fence": "x" };
+    h.insert_raw(&s, &c, unreadable).await;
+    let listed = s.find_keys(&c, &claim_for("w", ttl).query.limit(3)).await.unwrap();
+    assert_eq!(listed, [key("k3"), key("k2"), oid_key_of(oid)]);
+    // No keys: nothing, though every document matches otherwise.
+    assert!(s.claim(&c, &by_keys("w", vec![])).await.unwrap().is_none());
+    assert_eq!(s.find(&c, &Query::all().keys([])).await.unwrap().len(), 0);
+    // The highest priority among the keys, not among the collection (k3).
+    let got = s.claim(&c, &by_keys("w", vec![key("k1"), key("k2")])).await.unwrap().expect("k2");
+    assert_eq!(got.key(), &key("k2"));
+    // Taken: a second claim of the same key passes it over.
+    assert!(s.claim(&c, &by_keys("w2", vec![key("k2")])).await.unwrap().is_none());
+    // An ObjectId key, and an integer key whose document fails the filter.
+    let oid_key = oid_key_of(oid);
+    let int_key = Key::from_bson(Bson::Int64(7)).unwrap();
+    let got = s.claim(&c, &by_keys("w", vec![int_key.clone(), oid_key.clone()])).await.unwrap().expect("the oid");
+    assert_eq!(got.key(), &oid_key);
+    assert!(s.claim(&c, &by_keys("w", vec![int_key.clone()])).await.unwrap().is_none());
+    assert_eq!(s.count(&c, &Query::all().keys([int_key])).await.unwrap(), 1);
+    // A batch among keys: in order, only those, each fenced.
+    let batch = s.claim_many(&c, &by_keys("w3", vec![key("k1"), key("k2"), key("k3")]), 5).await.unwrap();
+    let got: Vec<String> = batch.iter().map(|r| r.key().to_string()).collect();
+    assert_eq!(got, ["k3", "k1"]);
+    assert!(batch.iter().all(|r| r.fence() == 1));
+    // k4 was never among the keys: still claimable.
+    let left = s.claim(&c, &claim_for("w4", ttl)).await.unwrap().expect("k4");
+    assert_eq!(left.key(), &key("k4"));
+}
+
+fn oid_key_of(oid: bson::oid::ObjectId) -> Key {
+    Key::from_bson(Bson::ObjectId(oid)).unwrap()
 }
 
 pub async fn claim_respects_leases_and_due_times<H: Harness>(h: &H) {

@@ -134,7 +134,8 @@ impl Counts {
 }
 
 /// The kind of a command: its name, and for the commands a queue sends, what
-/// it addresses (one document by `_id`, or a filter; a pipeline update or not).
+/// it addresses (one document by `_id`, or a filter; a pipeline update or not;
+/// a `getMore` of the control collection or not).
 fn kind(name: &str, command: &bson::Document) -> String {
     let by_id = |filter: Option<&bson::Document>| match filter {
         Some(f) if f.contains_key("_id") => "by_id",
@@ -168,6 +169,12 @@ fn kind(name: &str, command: &bson::Document) -> String {
                 "aggregate".into()
             }
         }
+        // A cursor's next batch, by what it reads: the control collection
+        // (pause documents, permits, rate slots) or the queue.
+        "getMore" => match command.get_str("collection") {
+            Ok(c) if c.ends_with("_control") => "getMore:control".into(),
+            _ => "getMore".into(),
+        },
         other => other.to_owned(),
     }
 }

@@ -3,15 +3,19 @@
 //!
 //! One concern per file: [`builder`](AgentBuilder) (configuration), `work`
 //! (the loop: concurrency, idle wait, drain), `claim` (claim queries, order,
-//! the claim gate), `run` (the handler), `finish` (outcomes, retry policy,
-//! fencing) and `fan_in` (waiting for follow-ups). This file holds the handle
-//! and its counters.
+//! the claim gate), `candidates` (the keys claims name), `run` (the
+//! handler), `finish` (outcomes, retry policy, fencing) and `fan_in`
+//! (waiting for follow-ups). This file holds the handle and its counters.
 
 mod builder;
+mod candidates;
 mod claim;
 mod commit;
 
 pub(crate) use claim::claim_order;
+
+/// Each agent name's list of candidates on a queue (behind its claim gate).
+pub(crate) type CandidateLists = std::collections::HashMap<String, candidates::Candidates>;
 mod fan_in;
 mod finish;
 mod limits;

@@ -422,19 +422,24 @@ async fn a_cancel_racing_a_completion_leaves_one_final_state() {
     assert!(cancels_won > 0 && completions_won > 0, "both orders happened: {cancels_won} / {completions_won}");
 }
 
-/// The store operations of one plain task, once the agent is warm: its claim and
-/// its outcome, nothing else (no query for follow-ups a first run cannot have).
+/// The store operations of plain tasks, once the agent is warm: a claim and
+/// an outcome each, nothing else (no query for follow-ups a first run cannot
+/// have); the agent's list of candidates, read by the first claim, serves the
+/// next claims without another read.
 #[tokio::test(start_paused = true)]
 async fn a_plain_task_costs_a_claim_and_an_outcome() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
-    q.enqueue(NewTask::new("w", doc! {"n": 0})).await.unwrap();
+    for n in 0..8 {
+        q.enqueue(NewTask::new("w", doc! {"n": n})).await.unwrap();
+    }
     assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
-    q.enqueue(NewTask::new("w", doc! {"n": 1})).await.unwrap();
     let before = store.operation_count();
-    assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
-    assert_eq!(store.operation_count() - before, 2, "one claim, one outcome write");
+    for _ in 1..8 {
+        assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+    }
+    assert_eq!(store.operation_count() - before, 2 * 7, "one claim, one outcome write per task");
 }
 
 /// The control collection also holds permits and rate limits, written at
@@ -513,4 +518,62 @@ async fn a_pause_arrives_by_notification_and_a_resume_wakes_the_agent() {
     assert_eq!(done.load(Ordering::SeqCst), 1, "the resume woke the idle agent");
     agent.shutdown();
     assert_eq!(worker.await.unwrap().unwrap().completed, 1);
+}
+
+/// Claims by key from a list of candidates keep the whole claim filter: an
+/// agent whose list was read before another agent (on its own `Queue`, as in
+/// another process) took and finished those tasks passes them over; every
+/// task runs exactly once.
+#[tokio::test(start_paused = true)]
+async fn a_candidate_taken_by_another_claimer_is_passed_over() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    for n in 0..8 {
+        q.enqueue(NewTask::new("w", doc! {}).id(format!("t{n}"))).await.unwrap();
+    }
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = |runs: Arc<std::sync::Mutex<Vec<String>>>| {
+        move |t: Task| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push(t.id().to_string());
+                true
+            }
+        }
+    };
+    let first = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let second = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    // The first agent's list now holds the other seven.
+    assert!(first.process(handler(runs.clone())).await.unwrap().is_some());
+    for _ in 0..7 {
+        assert!(second.process(handler(runs.clone())).await.unwrap().is_some());
+    }
+    assert_eq!(first.process(handler(runs.clone())).await.unwrap(), None, "a finished task was claimed again");
+    let mut ran = runs.lock().unwrap().clone();
+    ran.sort_unstable();
+    assert_eq!(ran, (0..8).map(|n| format!("t{n}")).collect::<Vec<_>>());
+}
+
+/// A list of candidates is read again once it is `MAX_AGE` (500 ms) old: a
+/// task enqueued ahead of the list (a higher priority) is claimed next after
+/// that, not after the list is spent.
+#[tokio::test(start_paused = true)]
+async fn an_old_candidate_list_is_read_again() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    for n in 0..8 {
+        q.enqueue(NewTask::new("w", doc! {}).id(format!("low-{n}"))).await.unwrap();
+    }
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let next = || async {
+        match agent.process(|_t: Task| async { true }).await.unwrap() {
+            Some(Processed::Completed(k)) => k.to_string(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(next().await, "low-0");
+    q.enqueue(NewTask::new("w", doc! {}).id("high").priority(9)).await.unwrap();
+    assert_eq!(next().await, "low-1", "a fresh list is claimed from");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(next().await, "high");
 }

@@ -90,6 +90,16 @@ pub fn value_eq(a: &Bson, b: &Bson) -> bool {
     compare(a, b) == Ordering::Equal
 }
 
+/// Whether `doc` matches `query`'s selection (its keys, equality filter and
+/// condition) at store time `now`; its sort and limit are not a match's concern.
+pub fn query_matches(query: &crate::Query, doc: &Document, now: StoreTime) -> bool {
+    let keyed = query
+        .keys
+        .as_ref()
+        .is_none_or(|keys| doc.get(fields::ID).is_some_and(|id| keys.iter().any(|k| value_eq(k.as_bson(), id))));
+    keyed && filter_matches(&query.filter, doc) && eval(&query.condition, Some(doc), now)
+}
+
 /// Whether `doc` matches an equality `filter` as a MongoDB find filter does:
 /// `null` matches a missing field too, and an array field matches a value it
 /// contains.

@@ -38,12 +38,15 @@ pub struct Query {
     pub sort: Vec<(String, Order)>,
     /// At most this many documents.
     pub limit: Option<u32>,
+    /// When set, only documents whose `_id` is one of these keys (served by
+    /// the `_id` index): what a claim by id from a list of candidates uses.
+    pub keys: Option<Vec<Key>>,
 }
 
 impl Query {
     /// All documents.
     pub fn all() -> Self {
-        Query { filter: Document::new(), condition: Condition::Always, sort: Vec::new(), limit: None }
+        Query { filter: Document::new(), condition: Condition::Always, sort: Vec::new(), limit: None, keys: None }
     }
 
     /// Documents whose fields equal `filter`.
@@ -66,6 +69,19 @@ impl Query {
     /// Limits the number of results.
     pub fn limit(mut self, n: u32) -> Self {
         self.limit = Some(n);
+        self
+    }
+
+    /// Only documents whose `_id` is one of `keys` (none, when `keys` is empty).
+    ///
+    /// ```
+    /// use store_trait::{Key, Query};
+    ///
+    /// let q = Query::all().keys([Key::new("a").unwrap(), Key::new("b").unwrap()]);
+    /// assert_eq!(q.keys.map(|k| k.len()), Some(2));
+    /// ```
+    pub fn keys(mut self, keys: impl IntoIterator<Item = Key>) -> Self {
+        self.keys = Some(keys.into_iter().collect());
         self
     }
 
