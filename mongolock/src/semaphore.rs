@@ -22,6 +22,14 @@ use crate::{LockError, LockGuard, LockMetrics};
 /// The fewest slot documents created at once when every existing one is held.
 const SLOT_CHUNK: u32 = 8;
 
+/// Rounds of "create slots, claim again" one acquisition makes at most while
+/// slots are missing. Racers that count the same slots create the same ones
+/// (all but one insert are duplicates) and the first to claim takes them: a
+/// racer that lost goes round again, so a free permit is never refused for a
+/// slot another racer was creating. Each round adds slots (someone's), so
+/// the rounds end; the bound only caps a pathological race.
+const SLOT_ROUNDS: u32 = 16;
+
 /// Fields of a slot document.
 mod slot {
     pub(super) const SEMAPHORE: &str = "semaphore";
@@ -200,12 +208,14 @@ impl<S: Store + Clone> Semaphore<S> {
         let claim = self.slot_claim();
         let sent = Instant::now();
         let mut records = first.store.claim_many(&first.coll, &claim, n).await?;
-        if records.len() < n {
-            if let Some(existing) = self.missing_slots().await? {
-                let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
-                self.ensure_slots(existing, more).await?;
-                records.extend(first.store.claim_many(&first.coll, &claim, n - records.len()).await?);
+        for _ in 0..SLOT_ROUNDS {
+            if records.len() >= n {
+                break;
             }
+            let Some(existing) = self.missing_slots().await? else { break };
+            let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
+            self.ensure_slots(existing, more).await?;
+            records.extend(first.store.claim_many(&first.coll, &claim, n - records.len()).await?);
         }
         // Each permit is kept like a lock's acquisition; a failure drops (and so
         // releases) the ones already kept.
@@ -234,7 +244,10 @@ impl<S: Store + Clone> Semaphore<S> {
         let claim = self.slot_claim();
         let sent = Instant::now();
         let mut record = first.store.claim(&first.coll, &claim).await?;
-        if record.is_none() {
+        for _ in 0..SLOT_ROUNDS {
+            if record.is_some() {
+                break;
+            }
             let Some(existing) = self.missing_slots().await? else { return Ok(None) };
             self.ensure_slots(existing, 1).await?;
             record = first.store.claim(&first.coll, &claim).await?;

@@ -264,8 +264,67 @@ mod memory_polling {
     }
 }
 
+/// A global concurrency that never binds leaves every agent working: four
+/// agents on one `Queue` under a limit of 1,000 each run tasks (none is left
+/// idle for want of a permit), and every task runs once.
+async fn a_limit_that_never_binds_idles_nobody<S: Store + Clone>(store: S, tasks: usize) {
+    let q = Queue::new(store.clone(), "never_binds").unwrap();
+    let docs: Vec<NewTask> = (0..tasks).map(|n| NewTask::new("w", doc! {}).id(format!("t{n:04}"))).collect();
+    q.enqueue_all(&docs).await.unwrap();
+    let agents: Vec<Agent<S>> =
+        (0..4).map(|_| Agent::on_queue(&q, "w").concurrency(4).global_concurrency(1000).build().unwrap()).collect();
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut runs = Vec::new();
+    for a in &agents {
+        let (a, done) = (a.clone(), done.clone());
+        runs.push(tokio::spawn(async move {
+            a.work(move |_t: Task| {
+                let done = done.clone();
+                async move {
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Outcome::done()
+                }
+            })
+            .await
+        }));
+    }
+    let started = Instant::now();
+    while done.load(std::sync::atomic::Ordering::SeqCst) < tasks {
+        assert!(started.elapsed() < Duration::from_secs(120), "not done in 2 minutes");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for a in &agents {
+        a.shutdown();
+    }
+    let mut per_agent = Vec::new();
+    for r in runs {
+        per_agent.push(r.await.unwrap().unwrap().completed);
+    }
+    assert_eq!(per_agent.iter().sum::<u64>(), tasks as u64, "{per_agent:?}");
+    let least = (tasks / 16) as u64;
+    assert!(per_agent.iter().all(|&n| n >= least), "an agent was left idle: {per_agent:?}");
+}
+
+mod memory_never_binds {
+    use super::*;
+    use store_memory::MemoryStore;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_that_never_binds_idles_nobody() {
+        let store = MemoryStore::new();
+        store.faults().set_latency(Duration::from_millis(1));
+        super::a_limit_that_never_binds_idles_nobody(store, 200).await;
+    }
+}
+
 mod mongo {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_limit_that_never_binds_idles_nobody() {
+        let Some(store) = store_mongo::testing::test_store("ag_limits_never_binds").await else { return };
+        super::a_limit_that_never_binds_idles_nobody(store, 160).await;
+    }
 
     /// On the real server a crash is the process's tasks dropped at once
     /// (their claims and permits are given back in the background).

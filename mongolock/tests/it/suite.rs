@@ -15,7 +15,7 @@ macro_rules! lock_suite {
             parity_basics, tokens_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
             auto_renew_keeps_the_lock, waiter_wakes_on_release, waiter_wakes_at_expiry_of_a_crashed_holder,
             acquire_times_out_with_the_holder, bad_input_is_rejected, dropped_guard_releases,
-            racers_32_one_holder, semaphore_admits_n, semaphore_waiter_wakes_on_release, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
+            racers_32_one_holder, semaphore_admits_n, semaphore_racers_on_missing_slots_are_not_refused, semaphore_waiter_wakes_on_release, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
             foreign_lock_documents_are_never_taken, lock_documents_never_get_gc_at
         );
     };
@@ -283,6 +283,23 @@ pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
     assert_eq!(next.key(), &freed_key);
     assert!(next.fence() > freed_token, "each permit's token grows");
     assert!(sems[6].try_acquire().await.unwrap().is_none());
+}
+
+/// Slot documents are created as holders need them; racers on a semaphore
+/// whose slots are missing all get what they ask for while permits are free
+/// (a racer whose slots another created and took goes round again): a limit
+/// that does not bind never turns a caller away.
+pub(crate) async fn semaphore_racers_on_missing_slots_are_not_refused<H: Harness>(h: &H) {
+    let store = h.store("lock_semaphore_missing_slots").await;
+    let sem = || Semaphore::new(Lock::builder(store.clone(), "wide").ttl(Duration::from_secs(60)), 1000).unwrap();
+    let (many, single): (Vec<_>, Vec<_>) = ((0..6).map(|_| sem()).collect(), (0..4).map(|_| sem()).collect());
+    let (batches, singles) = futures::join!(
+        join_all(many.iter().map(|s| s.try_acquire_many(4))),
+        join_all(single.iter().map(|s| s.try_acquire()))
+    );
+    let batches: Vec<usize> = batches.into_iter().map(|r| r.unwrap().len()).collect();
+    assert_eq!(batches, [4; 6], "a batch was refused free permits");
+    assert!(singles.into_iter().all(|r| r.unwrap().is_some()), "a single acquisition was refused a free permit");
 }
 
 /// A waiter for a permit wakes when one is released, as a lock's waiter does:
