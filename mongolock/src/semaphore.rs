@@ -26,8 +26,9 @@ const SLOT_CHUNK: u32 = 8;
 /// slots are missing. Racers that count the same slots create the same ones
 /// (all but one insert are duplicates) and the first to claim takes them: a
 /// racer that lost goes round again, so a free permit is never refused for a
-/// slot another racer was creating. Each round adds slots (someone's), so
-/// the rounds end; the bound only caps a pathological race.
+/// slot another racer was creating. The rounds stop when a round added no
+/// slot (slot ids taken by documents of another permit count on the same key,
+/// say during a rolling change of the limit): nothing more can be created.
 const SLOT_ROUNDS: u32 = 16;
 
 /// Fields of a slot document.
@@ -208,11 +209,15 @@ impl<S: Store + Clone> Semaphore<S> {
         let claim = self.slot_claim();
         let sent = Instant::now();
         let mut records = first.store.claim_many(&first.coll, &claim, n).await?;
+        let mut counted = None;
         for _ in 0..SLOT_ROUNDS {
             if records.len() >= n {
                 break;
             }
             let Some(existing) = self.missing_slots().await? else { break };
+            if counted.replace(existing) == Some(existing) {
+                break;
+            }
             let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
             self.ensure_slots(existing, more).await?;
             records.extend(first.store.claim_many(&first.coll, &claim, n - records.len()).await?);
@@ -244,11 +249,15 @@ impl<S: Store + Clone> Semaphore<S> {
         let claim = self.slot_claim();
         let sent = Instant::now();
         let mut record = first.store.claim(&first.coll, &claim).await?;
+        let mut counted = None;
         for _ in 0..SLOT_ROUNDS {
             if record.is_some() {
                 break;
             }
             let Some(existing) = self.missing_slots().await? else { return Ok(None) };
+            if counted.replace(existing) == Some(existing) {
+                return Ok(None);
+            }
             self.ensure_slots(existing, 1).await?;
             record = first.store.claim(&first.coll, &claim).await?;
         }

@@ -516,10 +516,13 @@ pub async fn claims_by_keys_take_only_those_keys<H: Harness>(h: &H) {
     assert_eq!(got.key(), &oid_key);
     assert!(s.claim(&c, &by_keys("w", vec![int_key.clone()])).await.unwrap().is_none());
     assert_eq!(s.count(&c, &Query::all().keys([int_key])).await.unwrap(), 1);
-    // A batch among keys: in order, only those, each fenced.
+    // More keys than the batch's limit: the first in order among them.
+    let one = s.claim_many(&c, &by_keys("w5", vec![key("k1"), key("k3"), key("k4")]), 1).await.unwrap();
+    assert_eq!(one.iter().map(|r| r.key().to_string()).collect::<Vec<_>>(), ["k3"]);
+    // A batch among keys: in order, only those still claimable, each fenced.
     let batch = s.claim_many(&c, &by_keys("w3", vec![key("k1"), key("k2"), key("k3")]), 5).await.unwrap();
     let got: Vec<String> = batch.iter().map(|r| r.key().to_string()).collect();
-    assert_eq!(got, ["k3", "k1"]);
+    assert_eq!(got, ["k1"]);
     assert!(batch.iter().all(|r| r.fence() == 1));
     // k4 was never among the keys: still claimable.
     let left = s.claim(&c, &claim_for("w4", ttl)).await.unwrap().expect("k4");

@@ -14,13 +14,14 @@
 //! write found by `_id` is lighter than one found by filter and sort).
 //!
 //! Order: a claimer takes its list in claim order until it loses a candidate
-//! to another claimer; from then on, until a list is spent without a loss, it
-//! takes candidates from a random place in its list, so racing claimers
-//! spread over the window instead of meeting at its head. So one claimer
-//! claims exactly in claim order; racing claimers, within a window. A list is
-//! read again when spent, after [`MAX_AGE`], or after [`MISSES`] lost
-//! candidates in a row, so a task enqueued ahead of it waits at most that
-//! long.
+//! (another claimer took it, or it was cancelled or rescheduled since the
+//! read); from then on it takes candidates from random places in its lists,
+//! until a list read after a list without a loss, so racing claimers spread
+//! over the window instead of meeting at its head. So a claimer that loses
+//! no candidate claims exactly in claim order; one that does, within its
+//! window, for about a list's life. A list is read again when spent, after
+//! [`MAX_AGE`], or after [`MISSES`] claims in a row that got none of their
+//! keys, so a task enqueued ahead of it waits at most that long.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -34,8 +35,8 @@ use tokio::time::Instant;
 /// reads per task, a second 0.2, and 20 to 60 % more tasks per second.)
 pub(crate) const MAX_AGE: Duration = Duration::from_millis(1000);
 
-/// Lost candidates in a row after which the list is read again: others are
-/// taking it faster than this claimer.
+/// Claims in a row that got none of their keys, after which the list is
+/// read again: others are taking it faster than this claimer.
 pub(crate) const MISSES: u32 = 2;
 
 /// Candidates read per free slot of the claimer (at least [`MIN_WINDOW`],

@@ -48,11 +48,33 @@ pub(super) struct Claimed<S: Store + Clone> {
 }
 
 /// The least free capacity claimed with one batch ([`Store::claim_many`]):
-/// a batch costs three commands on MongoDB (candidates, one conditional
-/// update, the read back) whatever its size, a single claim one; from three
-/// free slots on a batch costs no more commands than single claims, and takes
-/// one turn at the head of the queue instead of one per task.
+/// a batch by query costs three commands on MongoDB (candidates, one
+/// conditional update, the read back) whatever its size, a single claim one;
+/// from three free slots on a batch costs no more commands than single
+/// claims, and takes one turn instead of one per task. (A batch of named
+/// keys costs two: the keys are its candidates.)
 pub(super) const BATCH_FROM: usize = 3;
+
+/// How one claim call takes its tasks.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Take {
+    /// One `Store::claim`.
+    One,
+    /// One `Store::claim_many` of at most this many.
+    Batch(usize),
+}
+
+impl Take {
+    /// For a claim by query with `capacity` free slots: a batch from
+    /// [`BATCH_FROM`] on.
+    fn for_query(capacity: usize) -> Take {
+        if capacity >= BATCH_FROM {
+            Take::Batch(capacity)
+        } else {
+            Take::One
+        }
+    }
+}
 
 /// Reads of a candidate list per claim, at most.
 const READS: u32 = 2;
@@ -63,8 +85,8 @@ impl<S: Store + Clone> Agent<S> {
     /// lapsed (a crashed agent's) when no task is ready, and first on every
     /// sixteenth claim, so recovery never starves under load. One round trip
     /// for one task (and one `find` of keys per list); a batch
-    /// ([`BATCH_FROM`] or more free slots) in three, each task's claim fenced
-    /// and leased on its own.
+    /// ([`BATCH_FROM`] or more free slots) in two by key (three by query),
+    /// each task's claim fenced and leased on its own.
     pub(super) async fn claim(&self, capacity: usize) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
         if self.paused().await? {
@@ -76,7 +98,7 @@ impl<S: Store + Clone> Agent<S> {
         let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
         let lapsed = lapsed_tasks(&inner.name);
         if seq % 16 == 0 {
-            let got = self.claim_from(&lapsed, seq, capacity).await?;
+            let got = self.claim_from(&lapsed, seq, Take::for_query(capacity)).await?;
             if !got.is_empty() {
                 return Ok(got);
             }
@@ -86,7 +108,7 @@ impl<S: Store + Clone> Agent<S> {
         if !got.is_empty() || seq % 16 == 0 {
             return Ok(got);
         }
-        self.claim_from(&lapsed, seq, capacity).await
+        self.claim_from(&lapsed, seq, Take::for_query(capacity)).await
     }
 
     /// Claims ready tasks by key from `list`, reading it again when it needs
@@ -116,7 +138,10 @@ impl<S: Store + Clone> Agent<S> {
                 return Ok(Vec::new());
             }
             let asked = keys.len();
-            let got = self.claim_from(&ready.clone().keys(keys), seq, capacity.min(asked)).await?;
+            // Every key named is tried: a shortfall is a loss, never a key
+            // left untried (a list that ran short of a batch).
+            let take = if asked >= 2 { Take::Batch(asked) } else { Take::One };
+            let got = self.claim_from(&ready.clone().keys(keys), seq, take).await?;
             list.claimed(asked, got.len());
             if !got.is_empty() {
                 return Ok(got);
@@ -156,12 +181,7 @@ impl<S: Store + Clone> Agent<S> {
         Ok(paused)
     }
 
-    pub(super) async fn claim_from(
-        &self,
-        query: &Query,
-        seq: u64,
-        capacity: usize,
-    ) -> Result<Vec<Claimed<S>>, AgentError> {
+    pub(super) async fn claim_from(&self, query: &Query, seq: u64, take: Take) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
         // One owner per call: a batch's tasks share it, each with its own fence.
         let owner = format!("{}/{}/{}", inner.identity, inner.name, seq);
@@ -178,10 +198,9 @@ impl<S: Store + Clone> Agent<S> {
                 .clear_gc(),
         };
         let sent = Instant::now();
-        let records = if capacity >= BATCH_FROM {
-            inner.store.claim_many(&inner.queue.coll, &claim, capacity).await?
-        } else {
-            inner.store.claim(&inner.queue.coll, &claim).await?.into_iter().collect()
+        let records = match take {
+            Take::Batch(n) => inner.store.claim_many(&inner.queue.coll, &claim, n).await?,
+            Take::One => inner.store.claim(&inner.queue.coll, &claim).await?.into_iter().collect(),
         };
         crate::metrics::claimed(&inner.queue.coll, &inner.name, sent.elapsed());
         let mut claimed = Vec::with_capacity(records.len());

@@ -425,7 +425,8 @@ async fn a_cancel_racing_a_completion_leaves_one_final_state() {
 /// The store operations of plain tasks, once the agent is warm: a claim and
 /// an outcome each, nothing else (no query for follow-ups a first run cannot
 /// have); the agent's list of candidates, read by the first claim, serves the
-/// next claims without another read.
+/// next claims without another read (this fails if a list were read per
+/// claim; claims without lists at all would pass it too).
 #[tokio::test(start_paused = true)]
 async fn a_plain_task_costs_a_claim_and_an_outcome() {
     let store = MemoryStore::new();

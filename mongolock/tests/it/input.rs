@@ -57,3 +57,24 @@ async fn a_single_try_takes_no_timeout() {
     assert!(matches!(r, Err(LockError::Config(_))), "{r:?}");
     assert!(!lock.locked().await.unwrap(), "nothing was acquired");
 }
+
+/// Two permit counts on one key (a limit changed while old processes still
+/// run): the slot ids the new count would create are taken by the old
+/// count's documents. A try on the new count gives up after a round that
+/// created nothing, in a few store operations, instead of going round again
+/// and again; a batch likewise.
+#[tokio::test(start_paused = true)]
+async fn slots_of_another_permit_count_end_the_rounds() {
+    let store = MemoryStore::new();
+    let old = Semaphore::new(Lock::builder(store.clone(), "k").ttl(Duration::from_secs(60)), 10).unwrap();
+    let held = old.try_acquire_many(10).await.unwrap();
+    assert_eq!(held.len(), 10);
+    let new = Semaphore::new(Lock::builder(store.clone(), "k").ttl(Duration::from_secs(60)), 20).unwrap();
+    let before = store.operation_count();
+    assert!(new.try_acquire().await.unwrap().is_none());
+    let single = store.operation_count() - before;
+    let before = store.operation_count();
+    assert!(new.try_acquire_many(4).await.unwrap().is_empty());
+    let batch = store.operation_count() - before;
+    assert!(single <= 8 && batch <= 8, "operations: {single} for one try, {batch} for a batch");
+}
