@@ -5,6 +5,10 @@
 //! a candidate another claimer took in between is passed over, never taken
 //! twice.
 //!
+//! Under light load (no list read yet, or the last read came back shorter
+//! than its window) a claim takes the head by query instead, in one round
+//! trip, and a claim that got tasks that way is followed by a list read.
+//!
 //! Why: claimers on separate [`Queue`](crate::Queue)s (separate processes,
 //! or agents built with `Agent::builder`) that each claim "the first ready
 //! task" all write the same document, and the server resolves their write
@@ -57,6 +61,11 @@ pub(crate) struct Candidates {
     /// A loss since the last read.
     lost: bool,
     misses_in_a_row: u32,
+    /// Claim the head by query instead of reading a list: no list was read
+    /// yet, or the last read came back short of its window (fewer ready tasks
+    /// than a window: light load, where claimers do not race for the head, and
+    /// an idle agent's pickup costs one round trip, not two).
+    head_first: bool,
     rng: fastrand::Rng,
 }
 
@@ -69,6 +78,7 @@ impl Candidates {
             spread: false,
             lost: false,
             misses_in_a_row: 0,
+            head_first: true,
             rng: fastrand::Rng::with_seed(seed),
         }
     }
@@ -85,8 +95,24 @@ impl Candidates {
         self.keys.is_empty() || self.misses_in_a_row >= MISSES || self.read_at.is_none_or(|at| at.elapsed() >= MAX_AGE)
     }
 
-    /// Replaces the list with `keys`, read in claim order just now.
-    pub(crate) fn refill(&mut self, keys: Vec<Key>) {
+    /// Whether the next read should be a claim of the head by query instead.
+    pub(crate) fn head_first(&self) -> bool {
+        self.head_first
+    }
+
+    /// Records a claim of the head by query that got `got` tasks: one that
+    /// got some is followed by a list read (the load may be rising); one that
+    /// got none leaves the queue as light as it was.
+    pub(crate) fn head_claimed(&mut self, got: usize) {
+        if got > 0 {
+            self.head_first = false;
+        }
+    }
+
+    /// Replaces the list with `keys`, read in claim order just now with a
+    /// window of `window`.
+    pub(crate) fn refill(&mut self, keys: Vec<Key>, window: u32) {
+        self.head_first = u32::try_from(keys.len()).is_ok_and(|n| n < window);
         self.spread = self.lost;
         self.lost = false;
         self.misses_in_a_row = 0;
@@ -132,7 +158,7 @@ mod tests {
     async fn in_order_until_a_loss_then_spread_until_a_clean_list() {
         let mut c = Candidates::new(7);
         assert!(c.needs_read());
-        c.refill(keys(40));
+        c.refill(keys(40), 64);
         assert!(!c.needs_read());
         assert_eq!(c.take(2), keys(2));
         c.claimed(2, 2);
@@ -143,27 +169,41 @@ mod tests {
         assert_ne!(spread, keys(8)[3..].to_vec(), "still taken in order after a loss");
         // The next list is still spread (this one had a loss); one after a
         // clean list is in order again.
-        c.refill(keys(40));
+        c.refill(keys(40), 64);
         let _ = c.take(1);
         c.claimed(1, 1);
-        c.refill(keys(40));
+        c.refill(keys(40), 64);
         assert_eq!(c.take(3), keys(3));
+    }
+
+    #[test]
+    fn the_head_first_under_light_load() {
+        let mut c = Candidates::new(3);
+        assert!(c.head_first(), "no list read yet");
+        c.head_claimed(0);
+        assert!(c.head_first(), "nothing ready: still light");
+        c.head_claimed(1);
+        assert!(!c.head_first(), "a task taken: read a list next");
+        c.refill(keys(64), 64);
+        assert!(!c.head_first(), "a full window: lists");
+        c.refill(keys(10), 64);
+        assert!(c.head_first(), "a short window: the head again");
     }
 
     #[tokio::test(start_paused = true)]
     async fn read_again_when_old_spent_or_missing() {
         let mut c = Candidates::new(1);
-        c.refill(keys(3));
+        c.refill(keys(3), 64);
         tokio::time::advance(MAX_AGE).await;
         assert!(c.needs_read(), "an old list");
-        c.refill(keys(3));
+        c.refill(keys(3), 64);
         for _ in 0..MISSES {
             assert!(!c.needs_read());
             let _ = c.take(1);
             c.claimed(1, 0);
         }
         assert!(c.needs_read(), "misses in a row");
-        c.refill(keys(1));
+        c.refill(keys(1), 64);
         let _ = c.take(5);
         assert!(c.needs_read(), "a spent list");
         assert_eq!(Candidates::window(1), MIN_WINDOW as u32);

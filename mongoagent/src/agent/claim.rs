@@ -125,13 +125,19 @@ impl<S: Store + Clone> Agent<S> {
         let mut reads = 0;
         loop {
             if list.needs_read() {
+                if list.head_first() {
+                    let got = self.claim_from(&ready, seq, Take::for_query(capacity)).await?;
+                    list.head_claimed(got.len());
+                    return Ok(got);
+                }
                 if reads == READS {
                     return Ok(Vec::new());
                 }
                 reads += 1;
-                let window = ready.clone().limit(Candidates::window(capacity));
+                let window = Candidates::window(capacity);
                 // A failed read leaves the list as it was: still to be read.
-                list.refill(inner.store.find_keys(&inner.queue.coll, &window).await?);
+                let keys = inner.store.find_keys(&inner.queue.coll, &ready.clone().limit(window)).await?;
+                list.refill(keys, window);
             }
             let keys = list.take(if capacity >= BATCH_FROM { capacity } else { 1 });
             if keys.is_empty() {

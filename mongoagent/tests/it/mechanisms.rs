@@ -424,20 +424,23 @@ async fn a_cancel_racing_a_completion_leaves_one_final_state() {
 
 /// The store operations of plain tasks, once the agent is warm: a claim and
 /// an outcome each, nothing else (no query for follow-ups a first run cannot
-/// have); the agent's list of candidates, read by the first claim, serves the
-/// next claims without another read (this fails if a list were read per
+/// have); the agent's list of candidates, read by the second claim (the
+/// first takes the head), serves the next claims without another read (this fails if a list were read per
 /// claim; claims without lists at all would pass it too).
 #[tokio::test(start_paused = true)]
 async fn a_plain_task_costs_a_claim_and_an_outcome() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
-    for n in 0..8 {
+    for n in 0..9 {
         q.enqueue(NewTask::new("w", doc! {"n": n})).await.unwrap();
     }
-    assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+    // The first claim takes the head by query, the second reads the list.
+    for _ in 0..2 {
+        assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+    }
     let before = store.operation_count();
-    for _ in 1..8 {
+    for _ in 2..9 {
         assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
     }
     assert_eq!(store.operation_count() - before, 2 * 7, "one claim, one outcome write per task");
@@ -529,7 +532,7 @@ async fn a_pause_arrives_by_notification_and_a_resume_wakes_the_agent() {
 async fn a_candidate_taken_by_another_claimer_is_passed_over() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
-    for n in 0..8 {
+    for n in 0..10 {
         q.enqueue(NewTask::new("w", doc! {}).id(format!("t{n}"))).await.unwrap();
     }
     let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -544,15 +547,18 @@ async fn a_candidate_taken_by_another_claimer_is_passed_over() {
     };
     let first = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
     let second = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
-    // The first agent's list now holds the other seven.
-    assert!(first.process(handler(runs.clone())).await.unwrap().is_some());
-    for _ in 0..7 {
+    // The first agent takes the head, then reads its list (t1..t9) and
+    // claims t1 from it: its list now holds the other eight.
+    for _ in 0..2 {
+        assert!(first.process(handler(runs.clone())).await.unwrap().is_some());
+    }
+    for _ in 0..8 {
         assert!(second.process(handler(runs.clone())).await.unwrap().is_some());
     }
     assert_eq!(first.process(handler(runs.clone())).await.unwrap(), None, "a finished task was claimed again");
     let mut ran = runs.lock().unwrap().clone();
     ran.sort_unstable();
-    assert_eq!(ran, (0..8).map(|n| format!("t{n}")).collect::<Vec<_>>());
+    assert_eq!(ran, (0..10).map(|n| format!("t{n}")).collect::<Vec<_>>());
 }
 
 /// A list of candidates is read again once it is `MAX_AGE` (1 s) old: a
@@ -572,9 +578,11 @@ async fn an_old_candidate_list_is_read_again() {
             other => panic!("{other:?}"),
         }
     };
+    // The head by query, then a list read.
     assert_eq!(next().await, "low-0");
+    assert_eq!(next().await, "low-1");
     q.enqueue(NewTask::new("w", doc! {}).id("high").priority(9)).await.unwrap();
-    assert_eq!(next().await, "low-1", "a fresh list is claimed from");
+    assert_eq!(next().await, "low-2", "a fresh list is claimed from");
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(next().await, "high");
 }
