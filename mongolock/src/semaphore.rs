@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bson::doc;
 use store_trait::helpers::Watcher;
-use store_trait::{Claim, Condition, Mutation, Order, Query, Store, StoreError};
+use store_trait::{Claim, Condition, Mutation, Order, Query, Record, Store, StoreError};
 use tokio::time::Instant;
 
 use crate::info::data;
@@ -195,20 +195,18 @@ impl<S: Store + Clone> Semaphore<S> {
     /// are held by no guard and lapse at their expiry (a ttl later), as a
     /// crashed holder's do.
     pub async fn try_acquire_many(&self, n: usize) -> Result<Vec<LockGuard<S>>, LockError> {
-        // A batch claim costs three commands on MongoDB, a single claim one:
-        // below three permits single claims cost no more.
-        if n < 3 {
-            let mut got = Vec::with_capacity(n);
-            while got.len() < n {
-                let Some(g) = self.try_once(true).await? else { break };
-                got.push(g);
-            }
-            return Ok(got);
-        }
-        let first = self.config();
-        let claim = self.slot_claim();
         let sent = Instant::now();
-        let mut records = first.store.claim_many(&first.coll, &claim, n).await?;
+        let records = self.claim_slots(n).await?;
+        // Each permit is kept like a lock's acquisition; a failure drops (and so
+        // releases) the ones already kept.
+        records.iter().map(|r| self.lock.inner.leases.start(r, sent, true, None)).collect()
+    }
+
+    /// Claims up to `n` free slots. While fewer are free and slots are
+    /// missing, creates some and claims again, round after round
+    /// ([`SLOT_ROUNDS`]), until a round creates none.
+    async fn claim_slots(&self, n: usize) -> Result<Vec<Record>, StoreError> {
+        let mut records = self.claim_free(n).await?;
         let mut counted = None;
         for _ in 0..SLOT_ROUNDS {
             if records.len() >= n {
@@ -220,11 +218,27 @@ impl<S: Store + Clone> Semaphore<S> {
             }
             let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
             self.ensure_slots(existing, more).await?;
-            records.extend(first.store.claim_many(&first.coll, &claim, n - records.len()).await?);
+            records.extend(self.claim_free(n - records.len()).await?);
         }
-        // Each permit is kept like a lock's acquisition; a failure drops (and so
-        // releases) the ones already kept.
-        records.iter().map(|r| self.lock.inner.leases.start(r, sent, true, None)).collect()
+        Ok(records)
+    }
+
+    /// Claims up to `n` of the existing free slots: one batch from three on
+    /// (three commands on MongoDB whatever `n`), else single claims (one
+    /// command each, each with an owner of its own).
+    async fn claim_free(&self, n: usize) -> Result<Vec<Record>, StoreError> {
+        let first = self.config();
+        if n >= 3 {
+            return first.store.claim_many(&first.coll, &self.slot_claim(), n).await;
+        }
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            match first.store.claim(&first.coll, &self.slot_claim()).await? {
+                Some(r) => got.push(r),
+                None => break,
+            }
+        }
+        Ok(got)
     }
 
     /// The claim of one free slot (the lowest first), for a fresh owner.
@@ -245,23 +259,8 @@ impl<S: Store + Clone> Semaphore<S> {
     }
 
     async fn try_once(&self, auto_renew: bool) -> Result<Option<LockGuard<S>>, LockError> {
-        let first = self.config();
-        let claim = self.slot_claim();
         let sent = Instant::now();
-        let mut record = first.store.claim(&first.coll, &claim).await?;
-        let mut counted = None;
-        for _ in 0..SLOT_ROUNDS {
-            if record.is_some() {
-                break;
-            }
-            let Some(existing) = self.missing_slots().await? else { return Ok(None) };
-            if counted.replace(existing) == Some(existing) {
-                return Ok(None);
-            }
-            self.ensure_slots(existing, 1).await?;
-            record = first.store.claim(&first.coll, &claim).await?;
-        }
-        let Some(record) = record else { return Ok(None) };
+        let Some(record) = self.claim_slots(1).await?.pop() else { return Ok(None) };
         // A permit is kept like a lock's acquisition, by the one keeper: renewed,
         // its loss signalled, its writes fenced. It is no lock instance's
         // current acquisition.

@@ -366,34 +366,39 @@ impl MongoStore {
     }
 
     async fn find_each_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        query.validate()?;
-        let collection = self.coll(coll);
-        let mut op = collection.find(compile::filter(query)).max_time(self.op_timeout);
-        if let Some(sort) = compile::sort(query) {
-            op = op.sort(sort);
-        }
-        if let Some(n) = query.limit {
-            op = op.limit(i64::from(n));
-        }
-        let docs: Vec<Document> = op.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
+        let docs = self.find_docs(coll, query, compile::filter(query), None).await?;
         Ok(docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect())
     }
 
     /// One `find` with the claim's filter (readable documents only), projected
     /// to `_id`.
     async fn find_keys_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
+        let only_id = doc! { fields::ID: 1 };
+        let docs = self.find_docs(coll, query, compile::claim_filter(query), Some(only_id)).await?;
+        Ok(docs.into_iter().filter_map(|mut d| d.remove(fields::ID)).filter_map(|id| Key::from_bson(id).ok()).collect())
+    }
+
+    /// One `find` of `filter` in `query`'s order, up to its limit.
+    async fn find_docs(
+        &self,
+        coll: &Collection,
+        query: &Query,
+        filter: Document,
+        projection: Option<Document>,
+    ) -> StoreResult<Vec<Document>> {
         query.validate()?;
         let collection = self.coll(coll);
-        let mut op =
-            collection.find(compile::claim_filter(query)).projection(doc! { fields::ID: 1 }).max_time(self.op_timeout);
+        let mut op = collection.find(filter).max_time(self.op_timeout);
+        if let Some(p) = projection {
+            op = op.projection(p);
+        }
         if let Some(sort) = compile::sort(query) {
             op = op.sort(sort);
         }
         if let Some(n) = query.limit {
             op = op.limit(i64::from(n));
         }
-        let docs: Vec<Document> = op.await.map_err(map_err)?.try_collect().await.map_err(map_err)?;
-        Ok(docs.into_iter().filter_map(|mut d| d.remove(fields::ID)).filter_map(|id| Key::from_bson(id).ok()).collect())
+        op.await.map_err(map_err)?.try_collect().await.map_err(map_err)
     }
 
     async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {

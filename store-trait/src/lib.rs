@@ -240,8 +240,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// its limit: how a claimer reads the candidates it then claims by key
     /// ([`Query::keys`]). Documents a claim would pass over as unreadable are
     /// left out. On MongoDB one `find` projected to `_id`, so large documents
-    /// cost nothing to list. The default reads the records with
-    /// [`Store::find_each`].
+    /// cost nothing to list. The default reads every matching record with
+    /// [`Store::find_each`] (the limit counts readable documents, which only
+    /// the records tell) and keeps their keys: right, but a backend whose
+    /// queues grow long should override it.
     ///
     /// # Cancel safety
     ///

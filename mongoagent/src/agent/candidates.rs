@@ -37,17 +37,17 @@ use tokio::time::Instant;
 /// ahead of the list (a higher priority, an earlier due time) may wait behind
 /// it. (Measured on SecantusDB, four racing agents: 500 ms cost 0.4 list
 /// reads per task, a second 0.2, and 20 to 60 % more tasks per second.)
-pub(crate) const MAX_AGE: Duration = Duration::from_millis(1000);
+const MAX_AGE: Duration = Duration::from_millis(1000);
 
 /// Claims in a row that got none of their keys, after which the list is
 /// read again: others are taking it faster than this claimer.
-pub(crate) const MISSES: u32 = 2;
+const MISSES: u32 = 2;
 
 /// Candidates read per free slot of the claimer (at least [`MIN_WINDOW`],
 /// at most [`MAX_WINDOW`]): room for racing claimers to spread.
-pub(crate) const PER_SLOT: usize = 8;
-pub(crate) const MIN_WINDOW: usize = 64;
-pub(crate) const MAX_WINDOW: usize = 1000;
+const PER_SLOT: usize = 8;
+const MIN_WINDOW: usize = 64;
+const MAX_WINDOW: usize = 1000;
 
 /// One agent name's list of candidates on one queue (kept by the queue's
 /// claim gate, so agents sharing a `Queue` share the list and never race

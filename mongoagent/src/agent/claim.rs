@@ -74,6 +74,25 @@ impl Take {
             Take::One
         }
     }
+
+    /// For a claim of `n` named keys: every key is tried (a batch costs two
+    /// commands then, whatever its size), so a shortfall is a loss, never a
+    /// key left untried.
+    fn for_keys(n: usize) -> Take {
+        if n >= 2 {
+            Take::Batch(n)
+        } else {
+            Take::One
+        }
+    }
+
+    /// How many tasks it takes at most.
+    fn count(self) -> usize {
+        match self {
+            Take::One => 1,
+            Take::Batch(n) => n,
+        }
+    }
 }
 
 /// Reads of a candidate list per claim, at most.
@@ -139,15 +158,12 @@ impl<S: Store + Clone> Agent<S> {
                 let keys = inner.store.find_keys(&inner.queue.coll, &ready.clone().limit(window)).await?;
                 list.refill(keys, window);
             }
-            let keys = list.take(if capacity >= BATCH_FROM { capacity } else { 1 });
+            let keys = list.take(Take::for_query(capacity).count());
             if keys.is_empty() {
                 return Ok(Vec::new());
             }
             let asked = keys.len();
-            // Every key named is tried: a shortfall is a loss, never a key
-            // left untried (a list that ran short of a batch).
-            let take = if asked >= 2 { Take::Batch(asked) } else { Take::One };
-            let got = self.claim_from(&ready.clone().keys(keys), seq, take).await?;
+            let got = self.claim_from(&ready.clone().keys(keys), seq, Take::for_keys(asked)).await?;
             list.claimed(asked, got.len());
             if !got.is_empty() {
                 return Ok(got);
