@@ -19,11 +19,12 @@
 //!
 //! Order: a claimer takes its list in claim order until it loses a candidate
 //! (another claimer took it, or it was cancelled or rescheduled since the
-//! read); from then on it takes candidates from random places in its lists,
-//! until a list read after a list without a loss, so racing claimers spread
-//! over the window instead of meeting at its head. So a claimer that loses
-//! no candidate claims exactly in claim order; one that does, within its
-//! window, for about a list's life. A list is read again when spent, after
+//! read); then it moves to a random place in its list and walks on from
+//! there, and so after every loss (a list read after a list with a loss
+//! starts at a random place too), so racing claimers walk apart over the
+//! window instead of meeting at its head or at each other's keys. So a
+//! claimer that loses no candidate claims exactly in claim order; one that
+//! does, within its window, for about a list's life. A list is read again when spent, after
 //! [`MAX_AGE`], or after [`MISSES`] claims in a row that got none of their
 //! keys, so a task enqueued ahead of it waits at most that long.
 
@@ -56,8 +57,9 @@ const MAX_WINDOW: usize = 1000;
 pub(crate) struct Candidates {
     keys: VecDeque<Key>,
     read_at: Option<Instant>,
-    /// Take from a random place (a loss in this list or the last one).
-    spread: bool,
+    /// Move to a random place before the next take (a loss just now, or in
+    /// the last list).
+    jump: bool,
     /// A loss since the last read.
     lost: bool,
     misses_in_a_row: u32,
@@ -75,7 +77,7 @@ impl Candidates {
         Candidates {
             keys: VecDeque::new(),
             read_at: None,
-            spread: false,
+            jump: false,
             lost: false,
             misses_in_a_row: 0,
             head_first: true,
@@ -113,18 +115,19 @@ impl Candidates {
     /// window of `window`.
     pub(crate) fn refill(&mut self, keys: Vec<Key>, window: u32) {
         self.head_first = u32::try_from(keys.len()).is_ok_and(|n| n < window);
-        self.spread = self.lost;
+        self.jump = self.lost;
         self.lost = false;
         self.misses_in_a_row = 0;
         self.keys = keys.into();
         self.read_at = Some(Instant::now());
     }
 
-    /// Takes up to `n` candidates off the list: from its front, or after a
-    /// loss from a random place (consecutive keys from there, wrapping).
+    /// Takes up to `n` candidates off the list: consecutive keys from where
+    /// the last take ended (at first the front), or after a loss from a
+    /// random place (wrapping).
     pub(crate) fn take(&mut self, n: usize) -> Vec<Key> {
         let n = n.min(self.keys.len());
-        if self.spread && self.keys.len() > n {
+        if std::mem::take(&mut self.jump) && self.keys.len() > n {
             let start = self.rng.usize(..self.keys.len());
             self.keys.rotate_left(start);
         }
@@ -136,7 +139,7 @@ impl Candidates {
     pub(crate) fn claimed(&mut self, asked: usize, got: usize) {
         if got < asked {
             self.lost = true;
-            self.spread = true;
+            self.jump = true;
         }
         if got == 0 && asked > 0 {
             self.misses_in_a_row = self.misses_in_a_row.saturating_add(1);
@@ -155,7 +158,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn in_order_until_a_loss_then_spread_until_a_clean_list() {
+    async fn in_order_until_a_loss_then_a_walk_from_a_random_place() {
         let mut c = Candidates::new(7);
         assert!(c.needs_read());
         c.refill(keys(40), 64);
@@ -164,11 +167,31 @@ mod tests {
         c.claimed(2, 2);
         assert_eq!(c.take(1), vec![Key::new("k2").unwrap()]);
         c.claimed(1, 0);
-        // Lost one: the next takes come from random places.
-        let spread: Vec<Key> = (0..5).flat_map(|_| c.take(1)).collect();
-        assert_ne!(spread, keys(8)[3..].to_vec(), "still taken in order after a loss");
-        // The next list is still spread (this one had a loss); one after a
-        // clean list is in order again.
+        // Lost one: the next take comes from a random place, and the takes
+        // after it walk on from there (wrapping), until the next loss.
+        let jumped = c.take(1);
+        let at: usize = jumped[0].to_string()[1..].parse().unwrap();
+        let mut walk = Vec::new();
+        for _ in 0..4 {
+            walk.extend(c.take(1));
+            c.claimed(1, 1);
+        }
+        let expected: Vec<Key> =
+            (1..5).map(|i| 3 + (at - 3 + i) % 37).map(|i| Key::new(format!("k{i}")).unwrap()).collect();
+        assert_eq!(walk, expected, "a walk from k{at}");
+        // Several seeds: the jump lands anywhere, not at the next key.
+        let places: std::collections::HashSet<String> = (0..8)
+            .map(|seed| {
+                let mut c = Candidates::new(seed);
+                c.refill(keys(40), 64);
+                let _ = c.take(1);
+                c.claimed(1, 0);
+                c.take(1)[0].to_string()
+            })
+            .collect();
+        assert!(places.len() > 2, "jumps to {places:?}");
+        // The next list starts at a random place too (this one had a loss);
+        // one after a clean list starts at its front.
         c.refill(keys(40), 64);
         let _ = c.take(1);
         c.claimed(1, 1);

@@ -52,6 +52,8 @@ impl<S: Store + Clone> Agent<S> {
         // keeps the control subscription open, and a pause or resume wakes the
         // agent. Dropped with the watcher.
         let mut control = None;
+        // Whether this claim already waited for outcomes landing (at most once).
+        let mut waited = false;
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
@@ -70,6 +72,23 @@ impl<S: Store + Clone> Agent<S> {
                 tokio::task::yield_now().await;
                 continue;
             }
+            // Slots whose tasks' outcomes are being written are claimed with
+            // the slots already free: wait for that batch to land (one round
+            // trip, at most once per claim), so slots freed together take one
+            // batch claim instead of a claim each (`commit.rs`).
+            if !running.is_empty() && !waited {
+                if let Some(landing) = inner.committer.get().and_then(|c| c.landing()) {
+                    waited = true;
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = landing => {}
+                    }
+                    // Let the tasks whose outcomes landed end, so their slots count.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            }
+            waited = false;
             match self.claim_limited(inner.concurrency - running.len()).await {
                 Ok(claimed) if !claimed.is_empty() => {
                     backoff.reset();

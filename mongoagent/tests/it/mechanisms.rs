@@ -586,3 +586,102 @@ async fn an_old_candidate_list_is_read_again() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(next().await, "high");
 }
+
+/// A store that counts claim calls (single or batch) and batch writes.
+#[derive(Debug, Clone)]
+struct Calls {
+    inner: MemoryStore,
+    claims: Arc<AtomicUsize>,
+    write_batches: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Store for Calls {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    async fn now(&self) -> StoreResult<StoreTime> {
+        self.inner.now().await
+    }
+    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
+        self.inner.get(c, k).await
+    }
+    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
+        self.inner.write(c, k, w).await
+    }
+    async fn write_many(&self, c: &Collection, w: &[(Key, Write)]) -> StoreResult<Vec<store_trait::BatchOutcome>> {
+        self.write_batches.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_many(c, w).await
+    }
+    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
+        self.inner.delete(c, k, cond).await
+    }
+    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(c, claim).await
+    }
+    async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim_many(c, claim, limit).await
+    }
+    async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
+        self.inner.insert_many(c, docs).await
+    }
+    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
+        self.inner.find(c, q).await
+    }
+    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
+        self.inner.find_each(c, q).await
+    }
+    async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
+        self.inner.find_keys(c, q).await
+    }
+    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
+        self.inner.count(c, q).await
+    }
+    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
+        self.inner.watch(c, k).await
+    }
+    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
+        self.inner.ensure_indexes(c, i).await
+    }
+}
+
+/// Slots freed together are claimed together: tasks claimed in one batch end
+/// a moment apart (here 0 to 3 ms, against a 5 ms round trip), so the first
+/// one's outcome is written alone and the others' in the next group commit.
+/// The work loop claims for the slot the first one freed once that second
+/// write has landed, with the other three, in one batch claim: one claim and
+/// two outcome writes per four tasks. Fails without the wait for the landing
+/// (the freed slot is claimed alone, the four slots drift apart, and claims
+/// and outcome writes go one or two at a time).
+#[tokio::test(start_paused = true)]
+async fn slots_freed_together_are_claimed_together() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(5));
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    for n in 0..32 {
+        q.enqueue(NewTask::new("w", doc! { "n": n })).await.unwrap();
+    }
+    let calls = Calls { inner: store.clone(), claims: Arc::default(), write_batches: Arc::default() };
+    let agent = Agent::builder(calls.clone(), "w", "tasks")
+        .concurrency(4)
+        .poll_interval(Duration::from_secs(60))
+        .process_while(|l| l.completed < 32)
+        .build()
+        .unwrap();
+    let log = agent
+        .work(|t: Task| async move {
+            let n = t.data().get_i32("n").unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(u64::from(n.unsigned_abs() % 4))).await;
+            true
+        })
+        .await
+        .unwrap();
+    assert_eq!(log.completed, 32);
+    let (claims, writes) = (calls.claims.load(Ordering::SeqCst), calls.write_batches.load(Ordering::SeqCst));
+    // 8 rounds of 4 tasks: a claim each (the last finds nothing more), two
+    // outcome writes each.
+    assert!(claims <= 9, "{claims} claims for 32 tasks, four slots");
+    assert!(writes <= 16, "{writes} outcome writes for 32 tasks, four slots");
+}
