@@ -522,10 +522,24 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     };
     let lcoll = Collection::new(limited::QUEUE).map_err(|e| e.to_string())?;
     let lopen = Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
-    let drain_until = Instant::now() + Duration::from_secs(180);
-    while Instant::now() < drain_until {
-        if store.count(&coll, &open()).await.unwrap_or(1) == 0 && store.count(&lcoll, &lopen).await.unwrap_or(1) == 0 {
+    // Wait while the queues still move: the check then reports a queue that
+    // stopped (no task ended for `STALL`), not one that drains slowly on a
+    // loaded machine (two cores shared by the server, every worker and the
+    // build: the queue has drained at under two tasks a second). Ten minutes
+    // at most.
+    const STALL: Duration = Duration::from_secs(60);
+    let drain_until = Instant::now() + Duration::from_secs(600);
+    let (mut fewest, mut moved_at) = (u64::MAX, Instant::now());
+    while Instant::now() < drain_until && moved_at.elapsed() < STALL {
+        let left = match (store.count(&coll, &open()).await, store.count(&lcoll, &lopen).await) {
+            (Ok(a), Ok(b)) => a + b,
+            _ => u64::MAX,
+        };
+        if left == 0 {
             break;
+        }
+        if left < fewest {
+            (fewest, moved_at) = (left, Instant::now());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
