@@ -79,9 +79,12 @@ impl<S: Store + Clone> Agent<S> {
             if !running.is_empty() && !waited {
                 if let Some(landing) = inner.committer.get().and_then(|c| c.landing()) {
                     waited = true;
+                    // A task ending ends the wait too (one whose outcome went
+                    // another way, or whose batch the committing task dropped).
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
                         _ = landing => {}
+                        Some(done) = running.join_next() => self.reap(done),
                     }
                     // Let the tasks whose outcomes landed end, so their slots count.
                     tokio::task::yield_now().await;
