@@ -166,7 +166,7 @@ async fn a_ready_task_still_held_is_not_claimed() {
 async fn agents_on_one_queue_claim_in_turn() {
     let store = MemoryStore::new();
     store.faults().set_latency(Duration::from_millis(20));
-    let counted = ClaimsInFlight { inner: store.clone(), now: Arc::default(), max: Arc::default() };
+    let counted = Counted::new(store.clone());
     let queue = Queue::new(counted.clone(), "tasks").unwrap();
     let tasks: Vec<_> = (0..24_i64).map(|i| NewTask::new("w", doc! {"i": i})).collect();
     queue.enqueue_all(&tasks).await.unwrap();
@@ -197,16 +197,40 @@ async fn agents_on_one_queue_claim_in_turn() {
     assert_eq!(counted.max.load(Ordering::SeqCst), 1, "one claim in flight at a time");
 }
 
-/// A store that counts `claim` calls in flight.
+/// A store that counts claim calls (single or batch): in flight now, the most
+/// in flight at once, and in all; and batches of writes.
 #[derive(Debug, Clone)]
-struct ClaimsInFlight {
+struct Counted {
     inner: MemoryStore,
     now: Arc<AtomicUsize>,
     max: Arc<AtomicUsize>,
+    claims: Arc<AtomicUsize>,
+    write_batches: Arc<AtomicUsize>,
+}
+
+impl Counted {
+    fn new(inner: MemoryStore) -> Self {
+        Counted {
+            inner,
+            now: Arc::default(),
+            max: Arc::default(),
+            claims: Arc::default(),
+            write_batches: Arc::default(),
+        }
+    }
+
+    async fn counting<T>(&self, claim: impl std::future::Future<Output = T>) -> T {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        let out = claim.await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
 }
 
 #[async_trait::async_trait]
-impl Store for ClaimsInFlight {
+impl Store for Counted {
     fn backend_name(&self) -> &'static str {
         self.inner.backend_name()
     }
@@ -219,15 +243,18 @@ impl Store for ClaimsInFlight {
     async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
         self.inner.write(c, k, w).await
     }
+    async fn write_many(&self, c: &Collection, w: &[(Key, Write)]) -> StoreResult<Vec<store_trait::BatchOutcome>> {
+        self.write_batches.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_many(c, w).await
+    }
     async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
         self.inner.delete(c, k, cond).await
     }
     async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
-        let out = self.inner.claim(c, claim).await;
-        self.now.fetch_sub(1, Ordering::SeqCst);
-        out
+        self.counting(self.inner.claim(c, claim)).await
+    }
+    async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        self.counting(self.inner.claim_many(c, claim, limit)).await
     }
     async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
         self.inner.insert_many(c, docs).await
@@ -237,6 +264,9 @@ impl Store for ClaimsInFlight {
     }
     async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
         self.inner.find_each(c, q).await
+    }
+    async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
+        self.inner.find_keys(c, q).await
     }
     async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
         self.inner.count(c, q).await
@@ -587,66 +617,6 @@ async fn an_old_candidate_list_is_read_again() {
     assert_eq!(next().await, "high");
 }
 
-/// A store that counts claim calls (single or batch) and batch writes.
-#[derive(Debug, Clone)]
-struct Calls {
-    inner: MemoryStore,
-    claims: Arc<AtomicUsize>,
-    write_batches: Arc<AtomicUsize>,
-}
-
-#[async_trait::async_trait]
-impl Store for Calls {
-    fn backend_name(&self) -> &'static str {
-        self.inner.backend_name()
-    }
-    async fn now(&self) -> StoreResult<StoreTime> {
-        self.inner.now().await
-    }
-    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
-        self.inner.get(c, k).await
-    }
-    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
-        self.inner.write(c, k, w).await
-    }
-    async fn write_many(&self, c: &Collection, w: &[(Key, Write)]) -> StoreResult<Vec<store_trait::BatchOutcome>> {
-        self.write_batches.fetch_add(1, Ordering::SeqCst);
-        self.inner.write_many(c, w).await
-    }
-    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
-        self.inner.delete(c, k, cond).await
-    }
-    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(c, claim).await
-    }
-    async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim_many(c, claim, limit).await
-    }
-    async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
-        self.inner.insert_many(c, docs).await
-    }
-    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
-        self.inner.find(c, q).await
-    }
-    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        self.inner.find_each(c, q).await
-    }
-    async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
-        self.inner.find_keys(c, q).await
-    }
-    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
-        self.inner.count(c, q).await
-    }
-    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
-        self.inner.watch(c, k).await
-    }
-    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
-        self.inner.ensure_indexes(c, i).await
-    }
-}
-
 /// Slots freed together are claimed together: tasks claimed in one batch end
 /// a moment apart (here 0 to 3 ms, against a 5 ms round trip), so the first
 /// one's outcome is written alone and the others' in the next group commit.
@@ -663,7 +633,7 @@ async fn slots_freed_together_are_claimed_together() {
     for n in 0..32 {
         q.enqueue(NewTask::new("w", doc! { "n": n })).await.unwrap();
     }
-    let calls = Calls { inner: store.clone(), claims: Arc::default(), write_batches: Arc::default() };
+    let calls = Counted::new(store.clone());
     let agent = Agent::builder(calls.clone(), "w", "tasks")
         .concurrency(4)
         .poll_interval(Duration::from_secs(60))
