@@ -62,6 +62,9 @@ impl<S: Store + Clone> Committer<S> {
     ///
     /// Cancel-safe: dropping the future only stops waiting.
     pub(super) fn landing(&self) -> Option<impl std::future::Future<Output = ()> + '_> {
+        if self.landed.in_flight.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut notified = Box::pin(self.landed.notify.notified());
         // Registered before the count is read, so a batch landing in between
         // is not missed.

@@ -462,9 +462,7 @@ async fn a_plain_task_costs_a_claim_and_an_outcome() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
-    for n in 0..9 {
-        q.enqueue(NewTask::new("w", doc! {"n": n})).await.unwrap();
-    }
+    q.enqueue_all(&(0..9).map(|n| NewTask::new("w", doc! {"n": n})).collect::<Vec<_>>()).await.unwrap();
     // The first claim takes the head by query, the second reads the list.
     for _ in 0..2 {
         assert!(matches!(agent.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
@@ -562,9 +560,7 @@ async fn a_pause_arrives_by_notification_and_a_resume_wakes_the_agent() {
 async fn a_candidate_taken_by_another_claimer_is_passed_over() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
-    for n in 0..10 {
-        q.enqueue(NewTask::new("w", doc! {}).id(format!("t{n}"))).await.unwrap();
-    }
+    q.enqueue_all(&(0..10).map(|n| NewTask::new("w", doc! {}).id(format!("t{n}"))).collect::<Vec<_>>()).await.unwrap();
     let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
     let handler = |runs: Arc<std::sync::Mutex<Vec<String>>>| {
         move |t: Task| {
@@ -598,9 +594,9 @@ async fn a_candidate_taken_by_another_claimer_is_passed_over() {
 async fn an_old_candidate_list_is_read_again() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
-    for n in 0..8 {
-        q.enqueue(NewTask::new("w", doc! {}).id(format!("low-{n}"))).await.unwrap();
-    }
+    q.enqueue_all(&(0..8).map(|n| NewTask::new("w", doc! {}).id(format!("low-{n}"))).collect::<Vec<_>>())
+        .await
+        .unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
     let next = || async {
         match agent.process(|_t: Task| async { true }).await.unwrap() {
@@ -630,9 +626,7 @@ async fn slots_freed_together_are_claimed_together() {
     let store = MemoryStore::new();
     store.faults().set_latency(Duration::from_millis(5));
     let q = Queue::new(store.clone(), "tasks").unwrap();
-    for n in 0..32 {
-        q.enqueue(NewTask::new("w", doc! { "n": n })).await.unwrap();
-    }
+    q.enqueue_all(&(0..32).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
     let calls = Counted::new(store.clone());
     let agent = Agent::builder(calls.clone(), "w", "tasks")
         .concurrency(4)
