@@ -2,7 +2,7 @@
 //! one atomic operation on the memory store.
 
 use store_trait::backend::semantics;
-use store_trait::{ChangeKind, Claim, Collection, Query, Record, StoreResult};
+use store_trait::{Claim, Collection, Query, Record, StoreResult};
 
 use crate::{map_key, to_record, Entry, MemoryStore};
 
@@ -29,8 +29,9 @@ impl MemoryStore {
                 let mk = map_key(&key);
                 c.check_unique(coll.as_str(), &mk, &doc)?;
                 out.push(to_record(coll.as_str(), &doc)?);
+                let detail = crate::state::diff(&entry.doc, &doc);
                 c.docs.insert(mk, Entry { seq: entry.seq, doc });
-                c.notify(&key, ChangeKind::Update);
+                c.notify(Some(key), detail);
             }
             Ok(out)
         })

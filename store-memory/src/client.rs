@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bson::Document;
 use store_trait::{
-    ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Query, Record,
-    Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
+    ChangeFilter, ChangeStream, Claim, Collection, Condition, DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key,
+    Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, Write, WriteOutcome,
 };
 
 use crate::MemoryStore;
@@ -114,6 +114,10 @@ impl Store for Client {
     async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
         self.check()?;
         self.store.watch(c, k).await
+    }
+    async fn watch_filtered(&self, c: &Collection, f: &ChangeFilter) -> StoreResult<ChangeStream> {
+        self.check()?;
+        self.store.watch_filtered(c, f).await
     }
     async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
         self.check()?;

@@ -42,9 +42,9 @@ use bson::{Bson, Document};
 use futures::StreamExt;
 use store_trait::{
     backend::{prepare_inserts, semantics},
-    fields, ChangeEvent, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition, DeleteOutcome, FaultKind,
-    IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime, TokioClock,
-    Write, WriteOutcome,
+    fields, ChangeDetail, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition,
+    DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult,
+    StoreTime, TokioClock, Write, WriteOutcome,
 };
 
 mod batch;
@@ -52,7 +52,7 @@ mod client;
 mod faults;
 mod state;
 
-use state::{map_key, to_record, update_kind, Entry, State};
+use state::{diff, map_key, to_record, Entry, State};
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -125,6 +125,35 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// A stream of the collection's changes that `wanted` keeps (resyncs always).
+    async fn subscribe(
+        &self,
+        coll: &Collection,
+        wanted: impl Fn(&ChangeEvent, &ChangeDetail) -> bool + Send + 'static,
+    ) -> StoreResult<ChangeStream> {
+        if !self.inner.change_streams {
+            return Err(StoreError::Unsupported {
+                feature: "change streams",
+                reason: "disabled on this memory store".into(),
+            });
+        }
+        // Subscribe before returning, so no change after this call is missed.
+        let rx = self.op(|state, _| Ok(state.coll(coll).events.subscribe())).await?;
+        let mut reset = self.inner.faults.streams.subscribe();
+        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
+            let out = match item {
+                Ok((ev, detail)) if wanted(&ev, &detail) => Some(Ok(ev)),
+                Ok(_) => None,
+                Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(_)) => {
+                    Some(Ok(ChangeEvent { key: None, kind: ChangeKind::Resync }))
+                }
+            };
+            futures::future::ready(out)
+        });
+        Ok(Box::pin(stream.take_until(async move {
+            let _ = reset.changed().await;
+        })))
+    }
     /// A store with the default clock and change notifications. Call it inside a
     /// tokio runtime.
     pub fn new() -> Self {
@@ -174,7 +203,7 @@ impl MemoryStore {
                 if let Some(e) = coll.docs.remove(&k) {
                     removed += 1;
                     let key = e.doc.get(fields::ID).cloned().and_then(|b| Key::from_bson(b).ok());
-                    let _ = coll.events.send(ChangeEvent { key, kind: ChangeKind::Delete });
+                    coll.notify(key, ChangeDetail::Delete);
                 }
             }
         }
@@ -287,12 +316,12 @@ impl Store for MemoryStore {
             c.check_unique(coll.as_str(), &mk, &doc)?;
             let record = to_record(coll.as_str(), &doc)?;
             let seq = existing.map_or(seq, |e| e.seq);
-            let kind = match &current {
-                Some(before) => update_kind(before, &doc),
-                None => ChangeKind::Insert,
+            let detail = match &current {
+                Some(before) => diff(before, &doc),
+                None => ChangeDetail::Insert,
             };
             c.docs.insert(mk, Entry { seq, doc });
-            c.notify(key, kind);
+            c.notify(Some(key.clone()), detail);
             Ok(WriteOutcome::Applied(record))
         })
         .await
@@ -309,7 +338,7 @@ impl Store for MemoryStore {
                 return Ok(DeleteOutcome::Rejected(Some(record)));
             }
             c.docs.remove(&mk);
-            c.notify(key, ChangeKind::Delete);
+            c.notify(Some(key.clone()), ChangeDetail::Delete);
             Ok(DeleteOutcome::Deleted(record))
         })
         .await
@@ -330,8 +359,9 @@ impl Store for MemoryStore {
             let mk = map_key(&key);
             c.check_unique(coll.as_str(), &mk, &doc)?;
             let record = to_record(coll.as_str(), &doc)?;
+            let detail = diff(&entry.doc, &doc);
             c.docs.insert(mk, Entry { seq: entry.seq, doc });
-            c.notify(&key, ChangeKind::Update);
+            c.notify(Some(key), detail);
             Ok(Some(record))
         })
         .await
@@ -355,7 +385,7 @@ impl Store for MemoryStore {
                     continue;
                 }
                 c.docs.insert(mk, Entry { seq, doc });
-                c.notify(&key, ChangeKind::Insert);
+                c.notify(Some(key.clone()), ChangeDetail::Insert);
                 out.push(InsertOutcome::Inserted(key));
             }
             Ok(out)
@@ -389,29 +419,14 @@ impl Store for MemoryStore {
     }
 
     async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
-        if !self.inner.change_streams {
-            return Err(StoreError::Unsupported {
-                feature: "change streams",
-                reason: "disabled on this memory store".into(),
-            });
-        }
-        // Subscribe before returning, so no change after this call is missed.
-        let rx = self.op(|state, _| Ok(state.coll(coll).events.subscribe())).await?;
-        let mut reset = self.inner.faults.streams.subscribe();
         let want = key.cloned();
-        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
-            let out = match item {
-                Ok(ev) if want.is_none() || ev.key == want => Some(Ok(ev)),
-                Ok(_) => None,
-                Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(_)) => {
-                    Some(Ok(ChangeEvent { key: None, kind: ChangeKind::Resync }))
-                }
-            };
-            futures::future::ready(out)
-        });
-        Ok(Box::pin(stream.take_until(async move {
-            let _ = reset.changed().await;
-        })))
+        self.subscribe(coll, move |ev, _| want.is_none() || ev.key == want).await
+    }
+
+    async fn watch_filtered(&self, coll: &Collection, filter: &ChangeFilter) -> StoreResult<ChangeStream> {
+        filter.validate()?;
+        let filter = filter.clone();
+        self.subscribe(coll, move |_, detail| semantics::change_admitted(&filter, detail)).await
     }
 
     async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {

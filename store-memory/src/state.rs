@@ -3,11 +3,13 @@
 //! backend semantics give them, and change notifications.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bson::{Bson, Document};
 use store_trait::backend::semantics;
 use store_trait::{
-    ChangeEvent, ChangeKind, Collection, IndexSpec, Key, Order, Query, Record, StoreError, StoreResult, StoreTime,
+    ChangeDetail, ChangeEvent, ChangeKind, Collection, IndexSpec, Key, Order, Query, Record, StoreError, StoreResult,
+    StoreTime,
 };
 use tokio::sync::broadcast;
 
@@ -21,7 +23,7 @@ pub(crate) struct State {
 pub(crate) struct Coll {
     pub(crate) docs: HashMap<String, Entry>,
     pub(crate) indexes: Vec<IndexSpec>,
-    pub(crate) events: broadcast::Sender<ChangeEvent>,
+    pub(crate) events: broadcast::Sender<Noted>,
 }
 
 #[derive(Debug, Clone)]
@@ -37,11 +39,17 @@ impl Default for Coll {
 }
 
 /// What a change stream would report for an update from `before` to `after`.
-pub(crate) fn update_kind(before: &Document, after: &Document) -> ChangeKind {
-    let set = after.iter().filter(|(k, v)| before.get(k.as_str()) != Some(*v)).map(|(k, _)| k.as_str());
-    let removed = before.keys().filter(|k| !after.contains_key(k.as_str())).map(String::as_str);
-    ChangeKind::of_update(set, removed)
+/// What an update from `before` to `after` did: the fields it set to a new
+/// value (or added), and those it removed, as a change stream reports them.
+pub(crate) fn diff(before: &Document, after: &Document) -> ChangeDetail {
+    let set = after.iter().filter(|(k, v)| before.get(k.as_str()) != Some(*v)).map(|(k, v)| (k.clone(), v.clone()));
+    let removed = before.keys().filter(|k| !after.contains_key(k.as_str())).cloned().collect();
+    ChangeDetail::Update { set: set.collect(), removed }
 }
+
+/// A change as the collection broadcasts it: the event watchers get, and what
+/// the change did, for [`Store::watch_filtered`](store_trait::Store::watch_filtered)'s filter.
+pub(crate) type Noted = (ChangeEvent, Arc<ChangeDetail>);
 
 pub(crate) fn map_key(k: &Key) -> String {
     match k.as_bson() {
@@ -89,8 +97,16 @@ impl Coll {
         Ok(())
     }
 
-    pub(crate) fn notify(&self, key: &Key, kind: ChangeKind) {
-        let _ = self.events.send(ChangeEvent { key: Some(key.clone()), kind });
+    pub(crate) fn notify(&self, key: Option<Key>, detail: ChangeDetail) {
+        let kind = match &detail {
+            ChangeDetail::Insert => ChangeKind::Insert,
+            ChangeDetail::Delete => ChangeKind::Delete,
+            ChangeDetail::Update { set, removed } => {
+                ChangeKind::of_update(set.keys().map(String::as_str), removed.iter().map(String::as_str))
+            }
+            _ => ChangeKind::Update,
+        };
+        let _ = self.events.send((ChangeEvent { key, kind }, Arc::new(detail)));
     }
 
     pub(crate) fn select(&self, q: &Query, now: StoreTime) -> Vec<&Entry> {

@@ -6,7 +6,7 @@
 //! and this form is right on all of them.
 
 use bson::{doc, Bson, Document};
-use store_trait::{fields, Condition, LeaseOp, Mutation, Query};
+use store_trait::{fields, ChangeFilter, Condition, LeaseOp, Mutation, Query};
 
 /// The temporary field holding the condition's value during a pipeline update.
 const OK: &str = "__mc_ok";
@@ -200,6 +200,44 @@ pub(crate) fn readable() -> Bson {
             int_like(fields::REV, true),
         ]
     })
+}
+
+/// The `$match` stage of a change stream delivering what `f` lets through
+/// (the reference rule: `store_trait::backend::semantics::change_admitted`).
+/// An update's `updateDescription.updatedFields` lists the fields whose value
+/// changed, `removedFields` those removed.
+pub(crate) fn change_match(f: &ChangeFilter) -> Document {
+    const SET: &str = "updateDescription.updatedFields";
+    // Exact equality of a scalar: never an array holding it (values are
+    // scalars, `ChangeFilter::validate`), and `null` only for null, not missing.
+    let equal = |v: &Bson| match v {
+        Bson::Null => doc! { "$type": "null", "$not": { "$type": "array" } },
+        v => doc! { "$eq": v.clone(), "$not": { "$type": "array" } },
+    };
+    let mut any = vec![Bson::Document(doc! { "operationType": { "$nin": ["insert", "update", "delete"] } })];
+    if f.inserts {
+        any.push(Bson::Document(doc! { "operationType": "insert" }));
+    }
+    if f.deletes {
+        any.push(Bson::Document(doc! { "operationType": "delete" }));
+    }
+    for c in &f.updates {
+        let mut all = vec![Bson::Document(doc! { "operationType": "update" })];
+        for (field, v) in &c.sets {
+            all.push(Bson::Document(doc! { format!("{SET}.{field}"): equal(v) }));
+        }
+        for field in &c.touches {
+            all.push(Bson::Document(doc! { "$or": [
+                { format!("{SET}.{field}"): { "$exists": true } },
+                { "updateDescription.removedFields": field },
+            ] }));
+        }
+        for (field, v) in &c.not_sets {
+            all.push(Bson::Document(doc! { "$nor": [{ format!("{SET}.{field}"): equal(v) }] }));
+        }
+        any.push(Bson::Document(doc! { "$and": all }));
+    }
+    doc! { "$match": { "$or": any } }
 }
 
 /// A sort document.

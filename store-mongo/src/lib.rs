@@ -96,9 +96,9 @@ use mongodb::error::ErrorKind;
 use mongodb::options::{Acknowledgment, CollectionOptions, IndexOptions, ReadConcern, ReturnDocument, WriteConcern};
 use mongodb::{Client, Database, IndexModel};
 use store_trait::{
-    backend::prepare_inserts, fields, BatchOutcome, ChangeStream, Claim, Collection, Condition, DeleteOutcome,
-    FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime,
-    Write, WriteOutcome,
+    backend::prepare_inserts, fields, BatchOutcome, ChangeFilter, ChangeStream, Claim, Collection, Condition,
+    DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult,
+    StoreTime, Write, WriteOutcome,
 };
 
 use connect::{check_db_name, client_options};
@@ -406,9 +406,21 @@ impl MongoStore {
         self.coll(coll).count_documents(compile::filter(query)).max_time(self.op_timeout).await.map_err(map_err)
     }
 
-    async fn watch_op(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
+    async fn watch_op(
+        &self,
+        coll: &Collection,
+        key: Option<&Key>,
+        filter: Option<&ChangeFilter>,
+    ) -> StoreResult<ChangeStream> {
         let collection = self.db.collection::<Document>(coll.as_str());
-        self.hub.subscribe(collection, key.cloned()).await
+        let stage = match filter {
+            Some(f) => {
+                f.validate()?;
+                Some(compile::change_match(f))
+            }
+            None => None,
+        };
+        self.hub.subscribe(collection, key.cloned(), stage).await
     }
 
     async fn ensure_indexes_op(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
@@ -510,7 +522,12 @@ impl Store for MongoStore {
 
     async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
         let (this, coll, key) = (self.clone(), coll.clone(), key.cloned());
-        self.bounded("watch", async move { this.watch_op(&coll, key.as_ref()).await }).await
+        self.bounded("watch", async move { this.watch_op(&coll, key.as_ref(), None).await }).await
+    }
+
+    async fn watch_filtered(&self, coll: &Collection, filter: &ChangeFilter) -> StoreResult<ChangeStream> {
+        let (this, coll, filter) = (self.clone(), coll.clone(), filter.clone());
+        self.bounded("watch", async move { this.watch_op(&coll, None, Some(&filter)).await }).await
     }
 
     async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {

@@ -9,7 +9,8 @@
 //! watcher therefore costs one connection per watcher, and a process with more
 //! watchers than `maxPoolSize` (default 10) stalls every operation, or deadlocks
 //! when the watchers wait for those operations (seen: the demo, with 5 agents,
-//! 3 electors and 4 lock waiters). Here one pump task per collection polls the
+//! 3 electors and 4 lock waiters). Here one pump task per collection (and
+//! server-side filter: a `$match` stage, `Store::watch_filtered`) polls the
 //! stream without pause and fans its events out on a broadcast channel; each
 //! watcher filters by key on its side. A watcher that falls behind gets a
 //! [`ChangeKind::Resync`]. The pump ends when its last watcher is gone.
@@ -36,10 +37,14 @@ const CHECK: Duration = Duration::from_secs(1);
 
 type DriverStream = mongodb::change_stream::ChangeStream<ChangeStreamEvent<Document>>;
 
+/// What a pump serves: a collection's name, and its `$match` stage as extended
+/// JSON (empty for every change).
+type Pump = (String, String);
+
 pub(crate) struct Hub {
-    /// Open pumps by collection; weak, so a pump that ended (or whose runtime
-    /// was shut down) is found gone.
-    pumps: Mutex<HashMap<String, broadcast::WeakSender<ChangeEvent>>>,
+    /// Open pumps by collection and filter ([`Pump`]); weak, so a pump that
+    /// ended (or whose runtime was shut down) is found gone.
+    pumps: Mutex<HashMap<Pump, broadcast::WeakSender<ChangeEvent>>>,
     /// Serialises opening, so two first watchers open one stream.
     opening: tokio::sync::Mutex<()>,
     /// The runtime the store was made on (the driver's own tasks run there).
@@ -48,7 +53,7 @@ pub(crate) struct Hub {
 
 impl std::fmt::Debug for Hub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let open: Vec<String> = self.pumps.lock().keys().cloned().collect();
+        let open: Vec<Pump> = self.pumps.lock().keys().cloned().collect();
         f.debug_struct("Hub").field("open", &open).finish_non_exhaustive()
     }
 }
@@ -62,28 +67,30 @@ impl Hub {
         }
     }
 
-    /// A stream of changes to `coll` (to the document `key` only, if given) from
-    /// now on: the server-side stream is open when this returns.
+    /// A stream of changes to `coll` (to the document `key` only, if given;
+    /// those `stage` lets through only, if given) from now on: the server-side
+    /// stream is open when this returns.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         coll: mongodb::Collection<Document>,
         key: Option<Key>,
+        stage: Option<Document>,
     ) -> StoreResult<ChangeStream> {
-        let name = coll.name().to_owned();
+        let name: Pump = (coll.name().to_owned(), stage.as_ref().map(ToString::to_string).unwrap_or_default());
         let rx = match self.existing(&name) {
             Some(rx) => rx,
             None => {
                 let _one = self.opening.lock().await;
                 match self.existing(&name) {
                     Some(rx) => rx,
-                    None => self.open(coll, name).await?,
+                    None => self.open(coll, name, stage).await?,
                 }
             }
         };
         Ok(filtered(rx, key))
     }
 
-    fn existing(&self, name: &str) -> Option<broadcast::Receiver<ChangeEvent>> {
+    fn existing(&self, name: &Pump) -> Option<broadcast::Receiver<ChangeEvent>> {
         let pumps = self.pumps.lock();
         pumps.get(name).and_then(broadcast::WeakSender::upgrade).map(|tx| tx.subscribe())
     }
@@ -91,9 +98,10 @@ impl Hub {
     async fn open(
         self: &Arc<Self>,
         coll: mongodb::Collection<Document>,
-        name: String,
+        name: Pump,
+        stage: Option<Document>,
     ) -> StoreResult<broadcast::Receiver<ChangeEvent>> {
-        let stream = match coll.watch().await {
+        let stream = match coll.watch().pipeline(stage).await {
             Ok(s) => s,
             Err(e) if is_change_streams_unsupported(&e) => {
                 return Err(StoreError::Unsupported { feature: "change streams", reason: e.to_string() })
@@ -102,7 +110,7 @@ impl Hub {
         };
         let (tx, rx) = broadcast::channel(BUFFER);
         self.pumps.lock().insert(name.clone(), tx.downgrade());
-        tracing::debug!(collection = %name, "change stream opened");
+        tracing::debug!(collection = %name.0, filter = %name.1, "change stream opened");
         let pump = pump(self.clone(), name, stream, tx);
         match &self.runtime {
             Some(rt) => drop(rt.spawn(pump)),
@@ -113,7 +121,7 @@ impl Hub {
 
     /// Forgets the pump `tx` if nobody watches through it; true if so. Under the
     /// registry's lock, so no watcher can join it after this says yes.
-    fn retire_if_unwatched(&self, name: &str, tx: &broadcast::Sender<ChangeEvent>) -> bool {
+    fn retire_if_unwatched(&self, name: &Pump, tx: &broadcast::Sender<ChangeEvent>) -> bool {
         let mut pumps = self.pumps.lock();
         if tx.receiver_count() > 0 {
             return false;
@@ -122,13 +130,13 @@ impl Hub {
         true
     }
 
-    fn retire(&self, name: &str, tx: &broadcast::Sender<ChangeEvent>) {
+    fn retire(&self, name: &Pump, tx: &broadcast::Sender<ChangeEvent>) {
         Self::forget(&mut self.pumps.lock(), name, tx);
     }
 
     fn forget(
-        pumps: &mut HashMap<String, broadcast::WeakSender<ChangeEvent>>,
-        name: &str,
+        pumps: &mut HashMap<Pump, broadcast::WeakSender<ChangeEvent>>,
+        name: &Pump,
         tx: &broadcast::Sender<ChangeEvent>,
     ) {
         if pumps.get(name).and_then(broadcast::WeakSender::upgrade).is_none_or(|t| t.same_channel(tx)) {
@@ -140,7 +148,7 @@ impl Hub {
 /// Polls the driver's stream without pause (so its `getMore` never holds a
 /// connection idle) and broadcasts the events, until nobody watches or the
 /// stream fails; then the watchers' streams end.
-async fn pump(hub: Arc<Hub>, name: String, mut stream: DriverStream, tx: broadcast::Sender<ChangeEvent>) {
+async fn pump(hub: Arc<Hub>, name: Pump, mut stream: DriverStream, tx: broadcast::Sender<ChangeEvent>) {
     let mut check = tokio::time::interval(CHECK);
     loop {
         tokio::select! {
@@ -149,14 +157,14 @@ async fn pump(hub: Arc<Hub>, name: String, mut stream: DriverStream, tx: broadca
                     let _ = tx.send(event(ev));
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(collection = %name, error = %map_err(e), "change stream failed; watchers fall back to polling");
+                    tracing::warn!(collection = %name.0, error = %map_err(e), "change stream failed; watchers fall back to polling");
                     break;
                 }
                 None => break,
             },
             _ = check.tick() => {
                 if hub.retire_if_unwatched(&name, &tx) {
-                    tracing::debug!(collection = %name, "change stream closed: no watchers");
+                    tracing::debug!(collection = %name.0, "change stream closed: no watchers");
                     return;
                 }
             }

@@ -73,8 +73,8 @@ pub use bson;
 pub use error::{FaultKind, StoreError, StoreResult};
 pub use key::{check_field_name, Collection, Key};
 pub use ops::{
-    BatchOutcome, ChangeEvent, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec, InsertOutcome,
-    LeaseOp, Mutation, Nonce, Order, Query, Write, WriteOutcome,
+    BatchOutcome, ChangeDetail, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome,
+    IndexSpec, InsertOutcome, LeaseOp, Mutation, Nonce, Order, Query, UpdateClause, Write, WriteOutcome,
 };
 pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
@@ -272,6 +272,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Cancel-safe: dropping the future drops the subscription being made.
     async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream>;
 
+    /// Change notifications for the collection, only those `filter` delivers
+    /// (and resyncs), decided on the backend's side where it can: on MongoDB a
+    /// `$match` stage, so the others never leave the server. Like
+    /// [`Store::watch`] otherwise. The default delivers every change (the
+    /// notifications are hints to re-read, so more of them is never wrong).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future drops the subscription being made.
+    async fn watch_filtered(&self, coll: &Collection, filter: &ChangeFilter) -> StoreResult<ChangeStream> {
+        filter.validate()?;
+        self.watch(coll, None).await
+    }
+
     /// Creates the indexes if missing (idempotent).
     ///
     /// # Cancel safety
@@ -326,6 +340,9 @@ macro_rules! forward_store {
             }
             async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream> {
                 (**self).watch(coll, key).await
+            }
+            async fn watch_filtered(&self, coll: &Collection, filter: &ChangeFilter) -> StoreResult<ChangeStream> {
+                (**self).watch_filtered(coll, filter).await
             }
             async fn ensure_indexes(&self, coll: &Collection, indexes: &[IndexSpec]) -> StoreResult<()> {
                 (**self).ensure_indexes(coll, indexes).await

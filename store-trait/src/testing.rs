@@ -63,7 +63,8 @@ macro_rules! conformance_tests {
             racers_32_expired_lease_one_winner, claim_orders_by_priority_then_time,
             claim_respects_leases_and_due_times, claim_on_empty_queue, insert_many_reports_duplicates,
             unique_index_dedupes, data_mutations_on_store_clock, find_and_count, field_conditions,
-            due_by_tolerates_malformed_values, watch_or_clean_absence, bad_inputs_are_typed_errors,
+            due_by_tolerates_malformed_values, watch_or_clean_absence, watch_filtered_delivers_what_it_admits,
+            bad_inputs_are_typed_errors,
             foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents,
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
@@ -774,6 +775,79 @@ pub async fn watch_or_clean_absence<H: Harness>(h: &H) {
     let all_stream = all_stream.as_mut().expect("collection watch");
     let first = tokio::time::timeout(Duration::from_secs(10), all_stream.next()).await.unwrap().unwrap().unwrap();
     assert_eq!(first.key, Some(key("other")), "a collection watch sees every key");
+}
+
+/// A filtered subscription delivers the changes its filter admits, in order,
+/// and none of the others: decided on the server by MongoDB, by the reference
+/// rule (`semantics::change_admitted`) in memory. The filter is the queue's
+/// (inserts, tasks made ready, leases let go without finishing, due times moved).
+pub async fn watch_filtered_delivers_what_it_admits<H: Harness>(h: &H) {
+    use crate::{fields, ChangeFilter, UpdateClause};
+    use futures::StreamExt;
+    let s = h.store("watch_filtered_delivers_what_it_admits").await;
+    let c = coll("tasks");
+    let filter = ChangeFilter::new()
+        .inserts()
+        .update(UpdateClause::sets("ready", true))
+        .update(UpdateClause::sets(fields::LEASE_OWNER, Bson::Null).unless_sets("complete", true))
+        .update(UpdateClause::touches("run_at"));
+    let stream = s.watch_filtered(&c, &filter).await;
+    match (&stream, h.change_streams_expected()) {
+        (Err(StoreError::Unsupported { .. }), false) => return,
+        (Ok(_), true) => {}
+        (Err(e), _) => panic!("a filtered watch: {e}"),
+        (Ok(_), false) => panic!("change streams reported where none were expected"),
+    }
+    let mut stream = stream.unwrap();
+    let ttl = ttl_of(Duration::from_secs(30));
+    let w = |m: Mutation| Write::new(Condition::Always, m);
+    let (a, b) = (key("a"), key("b"));
+    // Each write, and whether the filter admits it.
+    let writes: Vec<(&Key, Write, bool)> = vec![
+        (&a, w(Mutation::new().set("ready", false)).upsert(), true),
+        (&a, w(Mutation::new().set("ready", true)), true),
+        // Written with the value it has: not set, so not admitted.
+        (&a, w(Mutation::new().set("ready", true).set("note", 1)), false),
+        // A claim, a renewal, a finish: none makes anything claimable.
+        (&a, w(Mutation::new().grant("x", ttl).set("ready", false)), false),
+        (&a, w(Mutation::new().grant("x", ttl)), false),
+        (&a, w(Mutation::new().release().set("complete", true)), false),
+        (&b, w(Mutation::new().set("ready", false)).upsert(), true),
+        (&b, w(Mutation::new().grant("x", ttl)), false),
+        // Let go without finishing: admitted.
+        (&b, w(Mutation::new().release()), true),
+        (&b, w(Mutation::new().set("run_at", 5_i64)), true),
+        (&b, w(Mutation::new().unset("run_at")), true),
+        (&b, w(Mutation::new().set("other", "x")), false),
+    ];
+    let mut expected = Vec::new();
+    for (i, (k, write, admitted)) in writes.iter().enumerate() {
+        assert!(s.write(&c, k, write).await.unwrap().is_applied(), "write {i}");
+        if *admitted {
+            expected.push(((*k).clone(), i));
+        }
+    }
+    s.delete(&c, &b, &Condition::Always).await.unwrap();
+    let end = key("end");
+    s.write(&c, &end, &w(Mutation::new().set("ready", false)).upsert()).await.unwrap();
+    let mut got = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a change event within 10 s")
+            .expect("stream open")
+            .expect("event");
+        match ev.key {
+            None => continue,
+            Some(k) if k == end => break,
+            Some(k) => got.push(k),
+        }
+    }
+    let want: Vec<Key> = expected.iter().map(|(k, _)| k.clone()).collect();
+    assert_eq!(got, want, "admitted writes (by index): {:?}", expected.iter().map(|(_, i)| i).collect::<Vec<_>>());
+    // An invalid filter is a typed error, never a subscription to everything.
+    let bad = ChangeFilter::new().update(UpdateClause::sets("a.b", true));
+    assert!(matches!(s.watch_filtered(&c, &bad).await, Err(StoreError::InvalidInput { .. })));
 }
 
 pub async fn bad_inputs_are_typed_errors<H: Harness>(h: &H) {

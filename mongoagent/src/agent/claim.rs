@@ -3,9 +3,11 @@
 
 use std::sync::atomic::Ordering;
 
-use bson::doc;
+use bson::{doc, Bson};
 use mongolock::LockGuard;
-use store_trait::{fields as reserved, Claim, Condition, Mutation, Order, Query, Record, Store};
+use store_trait::{
+    fields as reserved, ChangeFilter, Claim, Condition, Mutation, Order, Query, Record, Store, UpdateClause,
+};
 use tokio::time::Instant;
 
 use super::candidates::Candidates;
@@ -32,6 +34,23 @@ pub(crate) fn ready_tasks(agent: &str) -> Query {
 /// step. Served by the `recover` index (`agent_name`, `claimed`).
 pub(crate) fn lapsed_tasks(agent: &str) -> Query {
     claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
+}
+
+/// The changes that may make a task claimable, which wake an idle agent
+/// ([`Store::watch_filtered`]; on MongoDB filtered on the server): a task
+/// inserted, one made ready (a retry, a fan-in's activation, a requeue, a
+/// schedule's held task let go), a lease let go without the task ending in the
+/// same write (a claim given back, a waiting task released), a due time moved.
+/// Claims, renewals, progress and completions (two of a task's three events)
+/// never leave the server. A lapsed lease is no change at all: the idle
+/// agent's timer covers it (`Agent::idle_wait`), and so it covers anything
+/// another program does that this filter does not foresee.
+pub(crate) fn claimable_changes() -> ChangeFilter {
+    ChangeFilter::new()
+        .inserts()
+        .update(UpdateClause::sets(fields::READY, true))
+        .update(UpdateClause::sets(reserved::LEASE_OWNER, Bson::Null).unless_sets(fields::COMPLETE, true))
+        .update(UpdateClause::touches(fields::RUN_AT))
 }
 
 /// The order of claims: priority, then due time, then insertion.

@@ -65,6 +65,12 @@ pub(super) struct Limits<S: Store + Clone> {
 }
 
 impl<S: Store + Clone> Limits<S> {
+    /// Whether the agent name has a global concurrency limit: then a task
+    /// ending anywhere may free a permit.
+    pub(super) fn is_global(&self) -> bool {
+        self.permits.is_some()
+    }
+
     /// Validates the limits: `global` permits, `rate` starts per interval.
     pub(super) fn new(
         store: &S,

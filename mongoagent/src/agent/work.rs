@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Document};
+use store_trait::helpers::Watcher;
 use store_trait::{fields as reserved, Condition, Query, Store};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -104,13 +105,14 @@ impl<S: Store + Clone> Agent<S> {
                 }
                 Ok(_) => {
                     let Some(watcher) = events.as_mut() else {
-                        let watcher = store_trait::helpers::Watcher::open(
-                            inner.store.clone(),
-                            inner.queue.coll.clone(),
-                            None,
-                            inner.poll_interval,
-                        )
-                        .await
+                        let (store, coll, poll) = (inner.store.clone(), inner.queue.coll.clone(), inner.poll_interval);
+                        // Under a global concurrency limit a task ending
+                        // anywhere frees a permit: every change wakes it.
+                        let watcher = if inner.limits.is_global() {
+                            Watcher::open(store, coll, None, poll).await
+                        } else {
+                            Watcher::open_filtered(store, coll, super::claim::claimable_changes(), poll).await
+                        }
                         .ignore_renewals();
                         tracing::debug!(agent = %inner.name, push = watcher.is_live(), "idle: watching for changes");
                         events = Some(watcher);

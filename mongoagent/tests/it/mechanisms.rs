@@ -274,9 +274,72 @@ impl Store for Counted {
     async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
         self.inner.watch(c, k).await
     }
+    async fn watch_filtered(&self, c: &Collection, f: &store_trait::ChangeFilter) -> StoreResult<ChangeStream> {
+        self.inner.watch_filtered(c, f).await
+    }
     async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
         self.inner.ensure_indexes(c, i).await
     }
+}
+
+/// Wake-ups filtered where the changes happen (`claim::claimable_changes`,
+/// `Store::watch_filtered`): an idle agent sleeps through another agent's
+/// claims and completions of its own tasks, and still wakes at once for a task
+/// of its own. Without the filter every claim and completion wakes it into a
+/// claim that finds nothing (about 40 here).
+#[tokio::test(start_paused = true)]
+async fn an_idle_agent_sleeps_through_other_agents_work() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let tasks: Vec<_> = (0..20_i64).map(|i| NewTask::new("busy", doc! {"i": i})).collect();
+    queue.enqueue_all(&tasks).await.unwrap();
+    let counted = Counted::new(store.clone());
+    let idle =
+        Agent::builder(counted.clone(), "idle", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let ran = Arc::new(Notify::new());
+    let idle_run = tokio::spawn({
+        let (idle, ran) = (idle.clone(), ran.clone());
+        async move {
+            idle.work(move |_t: Task| {
+                let ran = ran.clone();
+                async move {
+                    ran.notify_one();
+                    true
+                }
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = counted.claims.load(Ordering::SeqCst);
+    let busy = Agent::builder(store.clone(), "busy", "tasks").build().unwrap();
+    let busy_run = tokio::spawn({
+        let busy = busy.clone();
+        async move {
+            busy.work(|_t: Task| async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                true
+            })
+            .await
+        }
+    });
+    for _ in 0..600 {
+        if busy.counters().completed >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    busy.shutdown();
+    assert_eq!(busy_run.await.unwrap().unwrap().completed, 20);
+    let woken = counted.claims.load(Ordering::SeqCst) - before;
+    assert_eq!(woken, 0, "claims by the idle agent while another agent worked");
+    // A task of its own wakes it at once, long before its 600 s poll.
+    let sent = tokio::time::Instant::now();
+    queue.enqueue(NewTask::new("idle", doc! {})).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), ran.notified()).await.expect("woken by the insert");
+    assert!(sent.elapsed() < Duration::from_secs(1));
+    idle.shutdown();
+    assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
 }
 
 /// A claim is kept through mongolock's one lease seam (`Leases`), like a lock's

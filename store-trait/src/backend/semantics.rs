@@ -243,6 +243,36 @@ pub fn apply(
     Ok(doc)
 }
 
+/// Whether `filter` delivers a change that did `detail`: the reference rule
+/// every backend's [`Store::watch_filtered`](crate::Store::watch_filtered) keeps.
+///
+/// ```
+/// use store_trait::backend::semantics::change_admitted;
+/// use store_trait::{bson::doc, ChangeDetail, ChangeFilter, UpdateClause};
+///
+/// let f = ChangeFilter::new().update(UpdateClause::sets("ready", true).unless_sets("complete", true));
+/// let made_ready = ChangeDetail::Update { set: doc! { "ready": true }, removed: vec![] };
+/// let finished = ChangeDetail::Update { set: doc! { "ready": true, "complete": true }, removed: vec![] };
+/// assert!(change_admitted(&f, &made_ready));
+/// assert!(!change_admitted(&f, &finished));
+/// assert!(!change_admitted(&f, &ChangeDetail::Insert));
+/// assert!(change_admitted(&f, &ChangeDetail::Replace));
+/// ```
+pub fn change_admitted(filter: &crate::ChangeFilter, detail: &crate::ChangeDetail) -> bool {
+    use crate::ChangeDetail;
+    match detail {
+        ChangeDetail::Insert => filter.inserts,
+        ChangeDetail::Delete => filter.deletes,
+        ChangeDetail::Replace => true,
+        ChangeDetail::Update { set, removed } => filter.updates.iter().any(|c| {
+            let sets = |f: &String, v: &Bson| set.get(f).is_some_and(|now| value_eq(now, v));
+            c.sets.iter().all(|(f, v)| sets(f, v))
+                && c.touches.iter().all(|f| set.contains_key(f) || removed.contains(f))
+                && !c.not_sets.iter().any(|(f, v)| sets(f, v))
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{ChangeEvent, ChangeKind, ChangeStream, Collection, Key, Store, StoreError};
+use crate::{ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Collection, Key, Store, StoreError};
 
 /// Change notifications for a collection (or one document of it) that survive
 /// the stream ending: after a failure (a server restart, a dropped
@@ -32,6 +32,7 @@ pub struct Watcher<S> {
     store: S,
     coll: Collection,
     key: Option<Key>,
+    filter: Option<ChangeFilter>,
     stream: Option<ChangeStream>,
     retry: Duration,
     retry_at: Option<Instant>,
@@ -44,6 +45,7 @@ impl<S> std::fmt::Debug for Watcher<S> {
         f.debug_struct("Watcher")
             .field("coll", &self.coll)
             .field("key", &self.key)
+            .field("filter", &self.filter)
             .field("live", &self.stream.is_some())
             .finish_non_exhaustive()
     }
@@ -59,8 +61,40 @@ impl<S: Store> Watcher<S> {
     /// Cancel-safe: dropping the future drops the subscription being made, and
     /// nothing else was changed.
     pub async fn open(store: S, coll: Collection, key: Option<Key>, retry: Duration) -> Self {
-        let mut w =
-            Watcher { store, coll, key, stream: None, retry, retry_at: None, unsupported: false, skip_renewals: false };
+        Self::start(store, coll, key, None, retry).await
+    }
+
+    /// Like [`Watcher::open`] for the whole collection, delivering only the
+    /// changes `filter` lets through ([`Store::watch_filtered`]: decided on the
+    /// server where the backend can). A filter the store rejects as invalid
+    /// ([`ChangeFilter::validate`]) leaves the watcher silent, like a store
+    /// without notifications: a caller's poll timer does the work.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, like [`Watcher::open`].
+    pub async fn open_filtered(store: S, coll: Collection, filter: ChangeFilter, retry: Duration) -> Self {
+        Self::start(store, coll, None, Some(filter), retry).await
+    }
+
+    async fn start(
+        store: S,
+        coll: Collection,
+        key: Option<Key>,
+        filter: Option<ChangeFilter>,
+        retry: Duration,
+    ) -> Self {
+        let mut w = Watcher {
+            store,
+            coll,
+            key,
+            filter,
+            stream: None,
+            retry,
+            retry_at: None,
+            unsupported: false,
+            skip_renewals: false,
+        };
         w.subscribe().await;
         w
     }
@@ -78,13 +112,18 @@ impl<S: Store> Watcher<S> {
     }
 
     async fn subscribe(&mut self) -> bool {
-        match self.store.watch(&self.coll, self.key.as_ref()).await {
+        let subscribed = match &self.filter {
+            Some(f) => self.store.watch_filtered(&self.coll, f).await,
+            None => self.store.watch(&self.coll, self.key.as_ref()).await,
+        };
+        match subscribed {
             Ok(s) => {
                 self.stream = Some(s);
                 self.retry_at = None;
                 true
             }
-            Err(StoreError::Unsupported { .. }) => {
+            // Never to be had: an invalid filter fails the same way every time.
+            Err(StoreError::Unsupported { .. } | StoreError::InvalidInput { .. }) => {
                 self.unsupported = true;
                 false
             }

@@ -59,3 +59,143 @@ pub struct ChangeEvent {
 /// A stream of change notifications. It ends (or yields an error) when the
 /// backend drops the subscription; callers then re-subscribe or poll.
 pub type ChangeStream = std::pin::Pin<Box<dyn Stream<Item = StoreResult<ChangeEvent>> + Send>>;
+
+/// Which changes a subscription delivers ([`Store::watch_filtered`](crate::Store::watch_filtered)):
+/// decided where the changes happen (on MongoDB a `$match` stage of the change
+/// stream, so a filtered-out change never leaves the server), to spare a
+/// watcher the notifications it would only discard.
+///
+/// Replacements (a whole document written by another program: what changed is
+/// unknown) and [`ChangeKind::Resync`]s are always delivered. Inserts and
+/// deletes are delivered if asked for; an update if it matches one of the
+/// [`UpdateClause`]s, by what it set and removed (a field written with the
+/// value it already had is not set).
+///
+/// ```
+/// use store_trait::{fields, ChangeFilter, UpdateClause};
+///
+/// // What may make a task claimable: a new one, one made ready, a lease let go
+/// // without the task being finished in the same write.
+/// let claimable = ChangeFilter::new()
+///     .inserts()
+///     .update(UpdateClause::sets("ready", true))
+///     .update(UpdateClause::sets(fields::LEASE_OWNER, bson::Bson::Null).unless_sets("complete", true));
+/// assert!(claimable.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub struct ChangeFilter {
+    /// Whether inserts are delivered.
+    pub inserts: bool,
+    /// Whether deletes are delivered.
+    pub deletes: bool,
+    /// The updates delivered: those matching any of these.
+    pub updates: Vec<UpdateClause>,
+}
+
+/// One kind of update a [`ChangeFilter`] delivers: every condition holds.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub struct UpdateClause {
+    /// Fields the update sets to these values.
+    pub sets: Vec<(String, bson::Bson)>,
+    /// Fields the update sets (to any value) or removes.
+    pub touches: Vec<String>,
+    /// Fields the update does not set to these values.
+    pub not_sets: Vec<(String, bson::Bson)>,
+}
+
+impl ChangeFilter {
+    /// A filter delivering only replacements and resyncs; add what to deliver.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Delivers inserts too.
+    pub fn inserts(mut self) -> Self {
+        self.inserts = true;
+        self
+    }
+
+    /// Delivers deletes too.
+    pub fn deletes(mut self) -> Self {
+        self.deletes = true;
+        self
+    }
+
+    /// Delivers the updates matching `clause` too.
+    pub fn update(mut self, clause: UpdateClause) -> Self {
+        self.updates.push(clause);
+        self
+    }
+
+    /// Checks the filter: plain top-level field names (reserved ones allowed),
+    /// and values that are neither arrays nor documents (equality of those is
+    /// not the same on every backend).
+    pub fn validate(&self) -> crate::StoreResult<()> {
+        for c in &self.updates {
+            if c.sets.is_empty() && c.touches.is_empty() {
+                return Err(crate::StoreError::invalid(
+                    "change filter",
+                    "an update clause needs a field it sets or touches (else it matches every update)",
+                ));
+            }
+            let named = c.sets.iter().chain(&c.not_sets).map(|(f, _)| f).chain(&c.touches);
+            for f in named {
+                if f.is_empty() || f.starts_with('$') || f.contains('.') || f.contains('\0') {
+                    return Err(crate::StoreError::invalid(
+                        "change filter",
+                        format!("{f:?} is not a plain top-level field name"),
+                    ));
+                }
+            }
+            for (f, v) in c.sets.iter().chain(&c.not_sets) {
+                if matches!(v, bson::Bson::Array(_) | bson::Bson::Document(_)) {
+                    return Err(crate::StoreError::invalid(
+                        "change filter",
+                        format!("the value for {f:?} is an array or a document"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl UpdateClause {
+    /// Updates that set `field` to `value`.
+    pub fn sets(field: impl Into<String>, value: impl Into<bson::Bson>) -> Self {
+        UpdateClause { sets: vec![(field.into(), value.into())], ..Self::default() }
+    }
+
+    /// Updates that set `field` to any value, or remove it.
+    pub fn touches(field: impl Into<String>) -> Self {
+        UpdateClause { touches: vec![field.into()], ..Self::default() }
+    }
+
+    /// Only those that do not also set `field` to `value`.
+    pub fn unless_sets(mut self, field: impl Into<String>, value: impl Into<bson::Bson>) -> Self {
+        self.not_sets.push((field.into(), value.into()));
+        self
+    }
+}
+
+/// What a change did, as a [`ChangeFilter`] sees it: for backends that filter
+/// on their side ([`crate::backend::semantics::change_admitted`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ChangeDetail {
+    /// A document was inserted.
+    Insert,
+    /// A document was updated: the fields it set (with their new values) and removed.
+    Update {
+        /// Fields whose value changed or that were added, with their new values.
+        set: bson::Document,
+        /// Fields removed.
+        removed: Vec<String>,
+    },
+    /// A document was replaced by another program's whole document.
+    Replace,
+    /// A document was deleted.
+    Delete,
+}
