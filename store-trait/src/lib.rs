@@ -12,7 +12,7 @@
 //! | [`Store::claim`] | find the first matching document in a given order and change it, atomically (a task queue's claim) |
 //! | [`Store::insert_many`] | idempotent inserts, duplicates reported per document |
 //! | [`Store::find`] / [`Store::find_each`] / [`Store::count`] | read-only queries |
-//! | [`Store::watch`] | change notifications, or [`StoreError::Unsupported`] so callers poll |
+//! | [`Store::watch`] / [`Store::watch_filtered`] | change notifications (all, or those a [`ChangeFilter`] admits, filtered on the server), or [`StoreError::Unsupported`] so callers poll |
 //! | [`Store::ensure_indexes`] | indexes the caller needs |
 //!
 //! ```

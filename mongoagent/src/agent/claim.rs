@@ -127,6 +127,7 @@ impl<S: Store + Clone> Agent<S> {
     /// each task's claim fenced and leased on its own.
     pub(super) async fn claim(&self, capacity: usize) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
+        inner.outrun.store(false, Ordering::Relaxed);
         if self.paused().await? {
             return Ok(Vec::new());
         }
@@ -151,7 +152,7 @@ impl<S: Store + Clone> Agent<S> {
 
     /// Claims ready tasks by key from `list`, reading it again when it needs
     /// it (at most [`READS`] times per call: a claimer that keeps losing its
-    /// candidates goes idle and is woken by the next change).
+    /// candidates gives up, marked `outrun`, and tries again after a backoff).
     async fn claim_ready(
         &self,
         list: &mut Candidates,
@@ -169,6 +170,7 @@ impl<S: Store + Clone> Agent<S> {
                     return Ok(got);
                 }
                 if reads == READS {
+                    inner.outrun.store(true, Ordering::Relaxed);
                     return Ok(Vec::new());
                 }
                 reads += 1;

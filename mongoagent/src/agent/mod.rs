@@ -103,6 +103,11 @@ struct Inner<S: Store + Clone> {
     process_while: Option<ProcessWhile>,
     log: Mutex<AgentCounters>,
     seq: AtomicU64,
+    /// Set by a claim that gave up because other claimers took every
+    /// candidate it read: ready tasks remain, and since the idle watch passes
+    /// over others' claims (`claim::claimable_changes`), no change need come
+    /// to say so. The work loop tries again after a backoff instead of idling.
+    outrun: std::sync::atomic::AtomicBool,
     /// What the agent last saw of its pause state, and when: without the
     /// queue's control notifications it reads its control document again
     /// after [`crate::CONTROL_REFRESH`].

@@ -103,6 +103,16 @@ impl<S: Store + Clone> Agent<S> {
                         running.spawn(async move { this.run(c, h).await });
                     }
                 }
+                Ok(_) if inner.outrun.swap(false, std::sync::atomic::Ordering::Relaxed) => {
+                    // Others took every candidate: tasks remain, and their
+                    // claims wake no idle watch. Try again after a backoff.
+                    tracing::debug!(agent = %inner.name, "outrun by other claimers: trying again");
+                    tokio::select! {
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                        Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                    }
+                }
                 Ok(_) => {
                     let Some(watcher) = events.as_mut() else {
                         let (store, coll, poll) = (inner.store.clone(), inner.queue.coll.clone(), inner.poll_interval);

@@ -206,6 +206,9 @@ struct Counted {
     max: Arc<AtomicUsize>,
     claims: Arc<AtomicUsize>,
     write_batches: Arc<AtomicUsize>,
+    /// Reads of candidates still to be raced: another claimer takes every
+    /// key such a read returns before the reader can claim it.
+    race: Arc<AtomicUsize>,
 }
 
 impl Counted {
@@ -216,6 +219,7 @@ impl Counted {
             max: Arc::default(),
             claims: Arc::default(),
             write_batches: Arc::default(),
+            race: Arc::default(),
         }
     }
 
@@ -266,7 +270,15 @@ impl Store for Counted {
         self.inner.find_each(c, q).await
     }
     async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
-        self.inner.find_keys(c, q).await
+        let keys = self.inner.find_keys(c, q).await?;
+        if self.race.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            let lease = store_trait::Ttl::new(Duration::from_secs(3600)).unwrap();
+            let racer = store_trait::Mutation::new().grant("racer", lease).set("ready", false).set("claimed", true);
+            for k in &keys {
+                self.inner.write(c, k, &Write::new(Condition::Always, racer.clone())).await?;
+            }
+        }
+        Ok(keys)
     }
     async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
         self.inner.count(c, q).await
@@ -340,6 +352,33 @@ async fn an_idle_agent_sleeps_through_other_agents_work() {
     assert!(sent.elapsed() < Duration::from_secs(1));
     idle.shutdown();
     assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
+}
+
+/// Outrun: a claimer whose candidates others took, read after read, gives up
+/// with ready tasks left, and no change will come to say so (the idle watch
+/// passes over other claimers' claims). It tries again after a backoff
+/// (`outrun` in `claim.rs` and `work.rs`) and takes the rest at once; without
+/// that it sleeps until its 600 s poll.
+#[tokio::test(start_paused = true)]
+async fn an_outrun_claimer_tries_again_soon() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let tasks: Vec<_> = (0..1000_i64).map(|i| NewTask::new("w", doc! {"i": i})).collect();
+    queue.enqueue_all(&tasks).await.unwrap();
+    let counted = Counted::new(store.clone());
+    // Every list read of the first four claims (two each) is raced: 8 × 64 keys.
+    counted.race.store(8, Ordering::SeqCst);
+    let agent = Agent::builder(counted.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let run = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.work(|_t: Task| async { true }).await }
+    });
+    let remaining = 1000 - 1 - 8 * 64;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    agent.shutdown();
+    let done = run.await.unwrap().unwrap().completed;
+    assert_eq!(counted.race.load(Ordering::SeqCst), 0, "every raced read happened");
+    assert_eq!(done, 1 + remaining, "the head, then every task the racer left, within 30 s");
 }
 
 /// A claim is kept through mongolock's one lease seam (`Leases`), like a lock's
