@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use bson::{doc, Bson};
 use mongolock::LockGuard;
 use store_trait::{
-    fields as reserved, ChangeFilter, Claim, Condition, Mutation, Order, Query, Record, Store, UpdateClause,
+    fields as reserved, ChangeEvent, ChangeFilter, ChangeKind, Claim, Condition, Key, Mutation, Order, Query, Record,
+    Store, UpdateClause,
 };
 use tokio::time::Instant;
 
@@ -114,18 +115,48 @@ impl Take {
     }
 }
 
+/// What woke an idle agent ([`claimable_changes`]): the keys of the tasks
+/// inserted meanwhile, which its next claim tries first, by key (the event
+/// carries the key; a task of another name or one already taken is a miss:
+/// one command found by `_id`); and whether anything else changed too.
+/// Woken by inserts alone, an agent whose keyed claim missed claims nothing
+/// else: it was idle, so nothing else was claimable, and an insert makes only
+/// itself claimable. So a burst of idle agents woken by one insert costs one
+/// light command each, not a claim by the queue's filter and sort each.
+#[derive(Debug, Default)]
+pub(super) struct Woken {
+    /// Keys of inserted documents, in the order of their events.
+    pub(super) inserted: Vec<Key>,
+    /// Whether a change other than an insert came too (then the claim goes
+    /// on as usual after the keyed one).
+    pub(super) other: bool,
+}
+
+impl Woken {
+    /// Notes `ev`: an insert's key (at most `room` of them); anything else,
+    /// and inserts past `room`, as other.
+    pub(super) fn saw(&mut self, ev: &ChangeEvent, room: usize) {
+        match (&ev.kind, &ev.key) {
+            (ChangeKind::Insert, Some(k)) if self.inserted.len() < room => self.inserted.push(k.clone()),
+            // Past `room`, or no key: the usual claim follows.
+            _ => self.other = true,
+        }
+    }
+}
+
 /// Reads of a candidate list per claim, at most.
 const READS: u32 = 2;
 
 impl<S: Store + Clone> Agent<S> {
-    /// Claims up to `capacity` tasks: ready tasks first, by key from the
+    /// Claims up to `capacity` tasks: the tasks inserted while it was idle
+    /// first, by key (`woken`: [`Woken`]); then ready tasks, by key from the
     /// agent name's list of candidates (`candidates.rs`); tasks whose claim
     /// lapsed (a crashed agent's) when no task is ready, and first on every
     /// sixteenth claim, so recovery never starves under load. One round trip
     /// for one task (and one `find` of keys per list); a batch
     /// ([`BATCH_FROM`] or more free slots) in two by key (three by query),
     /// each task's claim fenced and leased on its own.
-    pub(super) async fn claim(&self, capacity: usize) -> Result<Vec<Claimed<S>>, AgentError> {
+    pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
         inner.outrun.store(false, Ordering::Relaxed);
         if self.paused().await? {
@@ -135,6 +166,16 @@ impl<S: Store + Clone> Agent<S> {
         // candidates (`candidates.rs`): they never race each other for a key.
         let mut lists = inner.queue.claim_gate.lock().await;
         let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
+        if let Some(woken) = woken {
+            let keys: Vec<Key> = woken.inserted.into_iter().take(capacity).collect();
+            if !keys.is_empty() {
+                let n = keys.len();
+                let got = self.claim_from(&ready_tasks(&inner.name).keys(keys), seq, Take::for_keys(n)).await?;
+                if !got.is_empty() || !woken.other {
+                    return Ok(got);
+                }
+            }
+        }
         let lapsed = lapsed_tasks(&inner.name);
         if seq % 16 == 0 {
             let got = self.claim_from(&lapsed, seq, Take::for_query(capacity)).await?;

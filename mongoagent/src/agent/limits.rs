@@ -22,7 +22,7 @@ use mongolock::{Identity, Lock, LockGuard, Semaphore};
 use store_trait::{Mutation, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::claim::Claimed;
+use super::claim::{Claimed, Woken};
 use super::commit::Committer;
 use super::Agent;
 use crate::rate::{RateGate, RateLimit};
@@ -117,9 +117,13 @@ impl<S: Store + Clone> Agent<S> {
     /// that found nothing), then at most as many tasks (permits left over go
     /// back at once). (A rate limit's start is
     /// taken by each task just before its handler runs: `rate_start`.)
-    pub(super) async fn claim_limited(&self, capacity: usize) -> Result<Vec<Claimed<S>>, AgentError> {
+    pub(super) async fn claim_limited(
+        &self,
+        capacity: usize,
+        woken: Option<Woken>,
+    ) -> Result<Vec<Claimed<S>>, AgentError> {
         let limits = &self.inner.limits;
-        let Some(sem) = &limits.permits else { return self.claim(capacity).await };
+        let Some(sem) = &limits.permits else { return self.claim(capacity, woken).await };
         if self.paused().await? {
             return Ok(Vec::new());
         }
@@ -141,7 +145,7 @@ impl<S: Store + Clone> Agent<S> {
             return Ok(Vec::new());
         }
         // Dropped on an error: the permits are released in the background.
-        let mut claimed = self.claim(permits.len()).await?;
+        let mut claimed = self.claim(permits.len(), woken).await?;
         limits.found_none.store(claimed.is_empty(), Ordering::Relaxed);
         let spare = permits.split_off(claimed.len().min(permits.len()));
         self.release_permits(spare).await;

@@ -202,7 +202,7 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        match self.claim_limited(1).await?.pop() {
+        match self.claim_limited(1, None).await?.pop() {
             Some(c) => {
                 let processed = self.run(c, handler).await;
                 // No next claim follows here: a kept permit goes back now.

@@ -11,6 +11,7 @@ use store_trait::{fields as reserved, Condition, Query, Store};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::claim::Woken;
 use super::{Agent, AgentCounters, Handler, Processed};
 use mongolock::Backoff;
 
@@ -49,6 +50,8 @@ impl<S: Store + Clone> Agent<S> {
         let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
         let mut backoff = Backoff::new(Duration::from_millis(50), inner.poll_interval);
         let mut idle_until: Option<Instant> = None;
+        // What woke the agent from idle, for its next claim (`claim::Woken`).
+        let mut woken = None;
         // While idle, a view of the queue's pause state (`control.rs`): it
         // keeps the control subscription open, and a pause or resume wakes the
         // agent. Dropped with the watcher.
@@ -93,7 +96,7 @@ impl<S: Store + Clone> Agent<S> {
                 }
             }
             waited = false;
-            match self.claim_limited(inner.concurrency - running.len()).await {
+            match self.claim_limited(inner.concurrency - running.len(), woken.take()).await {
                 Ok(claimed) if !claimed.is_empty() => {
                     backoff.reset();
                     events = None;
@@ -153,10 +156,15 @@ impl<S: Store + Clone> Agent<S> {
                                 None => std::future::pending().await,
                             }
                         } => {}
-                        _ = watcher.changed() => {
-                            // Coalesce a burst of notifications into one claim attempt.
+                        ev = watcher.changed() => {
+                            // Coalesce a burst of notifications into one claim
+                            // attempt, which tries the inserted tasks first.
+                            let room = inner.concurrency - running.len();
+                            let mut w = Woken::default();
+                            w.saw(&ev, room);
                             tokio::time::sleep(Duration::from_millis(2)).await;
-                            watcher.drain_ready();
+                            watcher.drain_ready_with(|ev| w.saw(ev, room));
+                            woken = Some(w);
                         }
                     }
                 }

@@ -209,6 +209,9 @@ struct Counted {
     /// Reads of candidates still to be raced: another claimer takes every
     /// key such a read returns before the reader can claim it.
     race: Arc<AtomicUsize>,
+    /// Claims that named their keys, and reads of candidates.
+    keyed: Arc<AtomicUsize>,
+    reads: Arc<AtomicUsize>,
 }
 
 impl Counted {
@@ -220,14 +223,19 @@ impl Counted {
             claims: Arc::default(),
             write_batches: Arc::default(),
             race: Arc::default(),
+            keyed: Arc::default(),
+            reads: Arc::default(),
         }
     }
 
-    async fn counting<T>(&self, claim: impl std::future::Future<Output = T>) -> T {
+    async fn counting<T>(&self, claim: &Claim, run: impl std::future::Future<Output = T>) -> T {
         self.claims.fetch_add(1, Ordering::SeqCst);
+        if claim.query.keys.is_some() {
+            self.keyed.fetch_add(1, Ordering::SeqCst);
+        }
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.max.fetch_max(now, Ordering::SeqCst);
-        let out = claim.await;
+        let out = run.await;
         self.now.fetch_sub(1, Ordering::SeqCst);
         out
     }
@@ -255,10 +263,10 @@ impl Store for Counted {
         self.inner.delete(c, k, cond).await
     }
     async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        self.counting(self.inner.claim(c, claim)).await
+        self.counting(claim, self.inner.claim(c, claim)).await
     }
     async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
-        self.counting(self.inner.claim_many(c, claim, limit)).await
+        self.counting(claim, self.inner.claim_many(c, claim, limit)).await
     }
     async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
         self.inner.insert_many(c, docs).await
@@ -270,6 +278,7 @@ impl Store for Counted {
         self.inner.find_each(c, q).await
     }
     async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         let keys = self.inner.find_keys(c, q).await?;
         if self.race.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             let lease = store_trait::Ttl::new(Duration::from_secs(3600)).unwrap();
@@ -352,6 +361,54 @@ async fn an_idle_agent_sleeps_through_other_agents_work() {
     assert!(sent.elapsed() < Duration::from_secs(1));
     idle.shutdown();
     assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
+}
+
+/// An idle agent woken by inserts claims the inserted tasks by key
+/// (`claim::Woken`): one light claim each, none by the queue's filter and
+/// sort, and nothing more when the insert was another agent's task (it was
+/// idle: nothing else is claimable). Without that, each wake-up claims the
+/// head by query.
+#[tokio::test(start_paused = true)]
+async fn a_woken_agent_claims_the_inserted_task_by_key() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let counted = Counted::new(store.clone());
+    let agent = Agent::builder(counted.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let ran = Arc::new(Notify::new());
+    let run = tokio::spawn({
+        let (agent, ran) = (agent.clone(), ran.clone());
+        async move {
+            agent
+                .work(move |_t: Task| {
+                    let ran = ran.clone();
+                    async move {
+                        ran.notify_one();
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let count = || {
+        (
+            counted.claims.load(Ordering::SeqCst),
+            counted.keyed.load(Ordering::SeqCst),
+            counted.reads.load(Ordering::SeqCst),
+        )
+    };
+    let before = count();
+    for _ in 0..3 {
+        queue.enqueue(NewTask::new("other", doc! {})).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    queue.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), ran.notified()).await.expect("woken by the insert");
+    let after = count();
+    // Four wake-ups, four keyed claims (three misses, one hit), no list read.
+    assert_eq!((after.0 - before.0, after.1 - before.1, after.2 - before.2), (4, 4, 0));
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
 }
 
 /// Outrun: a claimer whose candidates others took, read after read, gives up

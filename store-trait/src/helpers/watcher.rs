@@ -170,12 +170,21 @@ impl<S: Store> Watcher<S> {
     /// Takes every notification already waiting, without blocking; true if
     /// there was any.
     pub fn drain_ready(&mut self) -> bool {
+        self.drain_ready_with(|_| {})
+    }
+
+    /// Like [`Watcher::drain_ready`], showing each notification taken to `seen`.
+    pub fn drain_ready_with(&mut self, mut seen: impl FnMut(&ChangeEvent)) -> bool {
         let Some(s) = self.stream.as_mut() else { return false };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut any = false;
         loop {
             match s.as_mut().poll_next(&mut cx) {
-                std::task::Poll::Ready(Some(Ok(ev))) => any |= !(self.skip_renewals && ev.kind == ChangeKind::Renewed),
+                std::task::Poll::Ready(Some(Ok(ev))) if self.skip_renewals && ev.kind == ChangeKind::Renewed => {}
+                std::task::Poll::Ready(Some(Ok(ev))) => {
+                    seen(&ev);
+                    any = true;
+                }
                 std::task::Poll::Ready(_) => {
                     self.stream = None;
                     self.retry_at = Some(Instant::now() + self.retry);
