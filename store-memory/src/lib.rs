@@ -41,10 +41,10 @@ use async_trait::async_trait;
 use bson::{Bson, Document};
 use futures::StreamExt;
 use store_trait::{
-    backend::{prepare_inserts, semantics},
-    fields, ChangeDetail, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition,
-    DeleteOutcome, FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult,
-    StoreTime, TokioClock, Write, WriteOutcome,
+    backend::{prepare_inserts, semantics, ChangeDetail},
+    fields, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Clock, Collection, Condition, DeleteOutcome,
+    FaultKind, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot, Store, StoreError, StoreResult, StoreTime,
+    TokioClock, Write, WriteOutcome,
 };
 
 mod batch;

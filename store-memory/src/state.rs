@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bson::{Bson, Document};
-use store_trait::backend::semantics;
+use store_trait::backend::{semantics, ChangeDetail};
 use store_trait::{
-    ChangeDetail, ChangeEvent, ChangeKind, Collection, IndexSpec, Key, Order, Query, Record, StoreError, StoreResult,
-    StoreTime,
+    ChangeEvent, ChangeKind, Collection, IndexSpec, Key, Order, Query, Record, StoreError, StoreResult, StoreTime,
 };
 use tokio::sync::broadcast;
 

@@ -157,7 +157,7 @@ async fn pump(hub: Arc<Hub>, name: Pump, mut stream: DriverStream, tx: broadcast
                     let _ = tx.send(event(ev));
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(collection = %name.0, error = %map_err(e), "change stream failed; watchers fall back to polling");
+                    tracing::warn!(collection = %name.0, filter = %name.1, error = %map_err(e), "change stream failed; watchers fall back to polling");
                     break;
                 }
                 None => break,

@@ -73,8 +73,8 @@ pub use bson;
 pub use error::{FaultKind, StoreError, StoreResult};
 pub use key::{check_field_name, Collection, Key};
 pub use ops::{
-    BatchOutcome, ChangeDetail, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome,
-    IndexSpec, InsertOutcome, LeaseOp, Mutation, Nonce, Order, Query, UpdateClause, Write, WriteOutcome,
+    BatchOutcome, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec,
+    InsertOutcome, LeaseOp, Mutation, Nonce, Order, Query, UpdateClause, Write, WriteOutcome,
 };
 pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
@@ -273,10 +273,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn watch(&self, coll: &Collection, key: Option<&Key>) -> StoreResult<ChangeStream>;
 
     /// Change notifications for the collection, only those `filter` delivers
-    /// (and resyncs), decided on the backend's side where it can: on MongoDB a
-    /// `$match` stage, so the others never leave the server. Like
-    /// [`Store::watch`] otherwise. The default delivers every change (the
-    /// notifications are hints to re-read, so more of them is never wrong).
+    /// (and resyncs), decided on the backend's side: on MongoDB a `$match`
+    /// stage, so the others never leave the server. Like [`Store::watch`]
+    /// otherwise. Both backends filter, and the conformance suite checks it
+    /// (`watch_filtered_delivers_what_it_admits`). The default implementation,
+    /// for wrappers that do not forward it, delivers every change: the
+    /// notifications are hints to re-read, so more of them costs wake-ups,
+    /// never correctness.
     ///
     /// # Cancel safety
     ///

@@ -43,7 +43,10 @@ pub(crate) fn lapsed_tasks(agent: &str) -> Query {
 /// schedule's held task let go), a lease let go without the task ending in the
 /// same write (a claim given back, a waiting task released), a due time moved.
 /// Claims, renewals, progress and completions (two of a task's three events)
-/// never leave the server. A lapsed lease is no change at all: the idle
+/// never leave the server, except the releases that let a lease go apart from
+/// `complete: true`: a follow-up's completion that still tells its waiter, a
+/// recovered fan-in step, a waiting task let go with follow-ups still open
+/// (they wake idle agents into a claim, as before the filter). A lapsed lease is no change at all: the idle
 /// agent's timer covers it (`Agent::idle_wait`), and so it covers anything
 /// another program does that this filter does not foresee.
 pub(crate) fn claimable_changes() -> ChangeFilter {
@@ -116,31 +119,44 @@ impl Take {
 }
 
 /// What woke an idle agent ([`claimable_changes`]): the keys of the tasks
-/// inserted meanwhile, which its next claim tries first, by key (the event
-/// carries the key; a task of another name or one already taken is a miss:
-/// one command found by `_id`); and whether anything else changed too.
+/// inserted meanwhile, which its next claim tries first, by key and in claim
+/// order (the event carries the key; a task of another name or one already
+/// taken is a miss, found by `_id`); and whether anything else changed too.
+///
 /// Woken by inserts alone, an agent whose keyed claim missed claims nothing
-/// else: it was idle, so nothing else was claimable, and an insert makes only
+/// else: its last claim found nothing claimable, and an insert makes only
 /// itself claimable. So a burst of idle agents woken by one insert costs one
-/// light command each, not a claim by the queue's filter and sort each.
+/// light command each, not a claim by the queue's filter and sort each. That
+/// premise holds only after a claim that saw the whole queue; so the usual
+/// claim follows after a pause (the last claim saw nothing while paused), and
+/// under a global concurrency limit (the last claim may have found no permit,
+/// and permits free without a queue event: [`Agent::claim_limited`]).
 #[derive(Debug, Default)]
 pub(super) struct Woken {
-    /// Keys of inserted documents, in the order of their events.
+    /// Keys of inserted documents, in the order of their events (at most
+    /// [`WOKEN_KEYS`]).
     pub(super) inserted: Vec<Key>,
-    /// Whether a change other than an insert came too (then the claim goes
-    /// on as usual after the keyed one).
+    /// Whether a change other than an insert came too, or more inserts than
+    /// kept: then the usual claim follows the keyed one.
     pub(super) other: bool,
 }
 
+/// Inserted keys a wake-up keeps for its keyed claim.
+const WOKEN_KEYS: usize = 64;
+
 impl Woken {
-    /// Notes `ev`: an insert's key (at most `room` of them); anything else,
-    /// and inserts past `room`, as other.
-    pub(super) fn saw(&mut self, ev: &ChangeEvent, room: usize) {
+    /// Notes `ev`: an insert's key; anything else, and inserts past
+    /// [`WOKEN_KEYS`], as other.
+    pub(super) fn saw(&mut self, ev: &ChangeEvent) {
         match (&ev.kind, &ev.key) {
-            (ChangeKind::Insert, Some(k)) if self.inserted.len() < room => self.inserted.push(k.clone()),
-            // Past `room`, or no key: the usual claim follows.
+            (ChangeKind::Insert, Some(k)) if self.inserted.len() < WOKEN_KEYS => self.inserted.push(k.clone()),
             _ => self.other = true,
         }
+    }
+
+    /// The same wake-up, with the usual claim to follow the keyed one.
+    pub(super) fn then_claim_as_usual(self) -> Self {
+        Woken { other: true, ..self }
     }
 }
 
@@ -159,6 +175,7 @@ impl<S: Store + Clone> Agent<S> {
     pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Vec<Claimed<S>>, AgentError> {
         let inner = &self.inner;
         inner.outrun.store(false, Ordering::Relaxed);
+        let was_paused = inner.paused.lock().is_none_or(|(_, paused)| paused);
         if self.paused().await? {
             return Ok(Vec::new());
         }
@@ -166,14 +183,13 @@ impl<S: Store + Clone> Agent<S> {
         // candidates (`candidates.rs`): they never race each other for a key.
         let mut lists = inner.queue.claim_gate.lock().await;
         let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
-        if let Some(woken) = woken {
-            let keys: Vec<Key> = woken.inserted.into_iter().take(capacity).collect();
-            if !keys.is_empty() {
-                let n = keys.len();
-                let got = self.claim_from(&ready_tasks(&inner.name).keys(keys), seq, Take::for_keys(n)).await?;
-                if !got.is_empty() || !woken.other {
-                    return Ok(got);
-                }
+        if let Some(Woken { inserted: keys, other }) = woken.filter(|w| !w.inserted.is_empty()) {
+            // More keys than slots: the store picks among them in claim order.
+            let take = if keys.len() > capacity { Take::for_query(capacity) } else { Take::for_keys(keys.len()) };
+            let got = self.claim_from(&ready_tasks(&inner.name).keys(keys), seq, take).await?;
+            // Not after a pause: the claims while paused saw nothing.
+            if !got.is_empty() || !(other || was_paused) {
+                return Ok(got);
             }
         }
         let lapsed = lapsed_tasks(&inner.name);

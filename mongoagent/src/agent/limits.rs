@@ -145,7 +145,9 @@ impl<S: Store + Clone> Agent<S> {
             return Ok(Vec::new());
         }
         // Dropped on an error: the permits are released in the background.
-        let mut claimed = self.claim(permits.len(), woken).await?;
+        // Its last claim may have found no permit, not no task: a keyed
+        // claim of inserted tasks never stands for the usual one here.
+        let mut claimed = self.claim(permits.len(), woken.map(Woken::then_claim_as_usual)).await?;
         limits.found_none.store(claimed.is_empty(), Ordering::Relaxed);
         let spare = permits.split_off(claimed.len().min(permits.len()));
         self.release_permits(spare).await;

@@ -101,6 +101,11 @@ impl<S: Store + Clone> Agent<S> {
                     backoff.reset();
                     events = None;
                     control = None;
+                    // The next idle period reads its due times afresh (a task
+                    // retried or enqueued for later meanwhile is due sooner).
+                    idle_until = None;
+                    // Set by a give-up the same claim recovered from (lapsed tasks).
+                    inner.outrun.store(false, std::sync::atomic::Ordering::Relaxed);
                     for c in claimed {
                         let (this, h) = (self.clone(), handler.clone());
                         running.spawn(async move { this.run(c, h).await });
@@ -159,11 +164,10 @@ impl<S: Store + Clone> Agent<S> {
                         ev = watcher.changed() => {
                             // Coalesce a burst of notifications into one claim
                             // attempt, which tries the inserted tasks first.
-                            let room = inner.concurrency - running.len();
                             let mut w = Woken::default();
-                            w.saw(&ev, room);
+                            w.saw(&ev);
                             tokio::time::sleep(Duration::from_millis(2)).await;
-                            watcher.drain_ready_with(|ev| w.saw(ev, room));
+                            watcher.drain_ready_with(|ev| w.saw(ev));
                             woken = Some(w);
                         }
                     }

@@ -363,6 +363,135 @@ async fn an_idle_agent_sleeps_through_other_agents_work() {
     assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
 }
 
+/// A task made ready by a write that sets `ready: true` and nothing of its
+/// lease (as a schedule lets its held task go, `schedule/mod.rs`) wakes its
+/// idle agent at once: `claim::claimable_changes` admits it. Without that
+/// clause the task waits for the idle agent's 600 s poll.
+#[tokio::test(start_paused = true)]
+async fn a_task_made_ready_wakes_its_idle_agent() {
+    let store = MemoryStore::new();
+    let held = doc! {"_id": "t", "agent_name": "w", "ready": false, "overlap_held": true};
+    store.insert_many(&coll(), vec![held]).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let ran = Arc::new(Notify::new());
+    let run = tokio::spawn({
+        let (agent, ran) = (agent.clone(), ran.clone());
+        async move {
+            agent
+                .work(move |_t: Task| {
+                    let ran = ran.clone();
+                    async move {
+                        ran.notify_one();
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let let_go = Write::new(
+        Condition::FieldEq("overlap_held".into(), true.into()),
+        store_trait::Mutation::new().set("ready", true).unset("overlap_held"),
+    );
+    assert!(store.write(&coll(), &Key::new("t").unwrap(), &let_go).await.unwrap().is_applied());
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("woken by the task made ready");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
+
+/// A claim given back (a drain that timed out) wakes an idle agent of the
+/// same name at once: the give-back lets the lease go without finishing the
+/// task, which `claim::claimable_changes` admits. Without that clause the task
+/// waits for the idle agent's poll or the lease's 60 s.
+#[tokio::test(start_paused = true)]
+async fn a_claim_given_back_wakes_an_idle_peer() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    queue.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let started = Arc::new(Notify::new());
+    let holder = Agent::builder(store.clone(), "w", "tasks")
+        .ttl(Duration::from_secs(60))
+        .drain_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let holder_run = tokio::spawn({
+        let (holder, started) = (holder.clone(), started.clone());
+        async move {
+            holder
+                .work(move |_t: Task| {
+                    let started = started.clone();
+                    async move {
+                        started.notify_one();
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let idle = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let ran = Arc::new(Notify::new());
+    let idle_run = tokio::spawn({
+        let (idle, ran) = (idle.clone(), ran.clone());
+        async move {
+            idle.work(move |_t: Task| {
+                let ran = ran.clone();
+                async move {
+                    ran.notify_one();
+                    true
+                }
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    holder.shutdown();
+    assert_eq!(holder_run.await.unwrap().unwrap().completed, 0);
+    tokio::time::timeout(Duration::from_secs(5), ran.notified())
+        .await
+        .expect("the idle peer takes the task given back");
+    idle.shutdown();
+    assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
+}
+
+/// Each idle period reads its due times afresh (`work.rs`: `idle_until`
+/// cleared by a claim that got tasks): a task this agent retried for a second
+/// later runs a second later, not at the end of the idle period before it
+/// (the 600 s poll), whatever change did or did not wake it.
+#[tokio::test(start_paused = true)]
+async fn a_retry_due_soon_runs_when_due_after_an_earlier_idle_period() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let epoch = tokio::time::Instant::now();
+    let run = tokio::spawn({
+        let (agent, attempts) = (agent.clone(), attempts.clone());
+        async move {
+            agent
+                .work(move |t: Task| {
+                    let attempts = attempts.clone();
+                    async move {
+                        attempts.lock().unwrap().push(epoch.elapsed());
+                        if t.attempt() == 1 {
+                            Outcome::retry_after("once more", Duration::from_secs(1))
+                        } else {
+                            Outcome::done()
+                        }
+                    }
+                })
+                .await
+        }
+    });
+    // Idle first (a 600 s idle period begins), then a task arrives.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    queue.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1, "the retry ran within 10 s: {:?}", attempts.lock().unwrap());
+}
+
 /// An idle agent woken by inserts claims the inserted tasks by key
 /// (`claim::Woken`): one light claim each, none by the queue's filter and
 /// sort, and nothing more when the insert was another agent's task (it was

@@ -8,6 +8,8 @@
 
 pub mod semantics;
 
+pub use crate::ops::ChangeDetail;
+
 use bson::Document;
 
 use crate::{check_field_name, fields, Key, StoreResult};

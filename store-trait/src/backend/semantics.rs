@@ -248,7 +248,8 @@ pub fn apply(
 ///
 /// ```
 /// use store_trait::backend::semantics::change_admitted;
-/// use store_trait::{bson::doc, ChangeDetail, ChangeFilter, UpdateClause};
+/// use store_trait::backend::ChangeDetail;
+/// use store_trait::{bson::doc, ChangeFilter, UpdateClause};
 ///
 /// let f = ChangeFilter::new().update(UpdateClause::sets("ready", true).unless_sets("complete", true));
 /// let made_ready = ChangeDetail::Update { set: doc! { "ready": true }, removed: vec![] };
@@ -258,8 +259,8 @@ pub fn apply(
 /// assert!(!change_admitted(&f, &ChangeDetail::Insert));
 /// assert!(change_admitted(&f, &ChangeDetail::Replace));
 /// ```
-pub fn change_admitted(filter: &crate::ChangeFilter, detail: &crate::ChangeDetail) -> bool {
-    use crate::ChangeDetail;
+pub fn change_admitted(filter: &crate::ChangeFilter, detail: &super::ChangeDetail) -> bool {
+    use super::ChangeDetail;
     match detail {
         ChangeDetail::Insert => filter.inserts,
         ChangeDetail::Delete => filter.deletes,

@@ -129,9 +129,11 @@ impl ChangeFilter {
         self
     }
 
-    /// Checks the filter: plain top-level field names (reserved ones allowed),
-    /// and values that are neither arrays nor documents (equality of those is
-    /// not the same on every backend).
+    /// Checks the filter: plain top-level field names (the rule of
+    /// [`check_field_name`](crate::check_field_name), but reserved names
+    /// allowed: a filter may name the lease fields), and values that are
+    /// neither arrays nor documents (equality of those is not the same on
+    /// every backend).
     pub fn validate(&self) -> crate::StoreResult<()> {
         for c in &self.updates {
             if c.sets.is_empty() && c.touches.is_empty() {
@@ -181,7 +183,8 @@ impl UpdateClause {
 }
 
 /// What a change did, as a [`ChangeFilter`] sees it: for backends that filter
-/// on their side ([`crate::backend::semantics::change_admitted`]).
+/// on their side ([`crate::backend::semantics::change_admitted`]); it is
+/// `store_trait::backend::ChangeDetail`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ChangeDetail {

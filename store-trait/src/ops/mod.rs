@@ -10,7 +10,8 @@ mod mutation;
 mod query;
 mod write;
 
-pub use change::{ChangeDetail, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, UpdateClause};
+pub use change::ChangeDetail;
+pub use change::{ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, UpdateClause};
 pub use condition::Condition;
 pub use mutation::{LeaseOp, Mutation};
 pub use query::{Claim, IndexSpec, InsertOutcome, Order, Query};
