@@ -23,6 +23,29 @@ async fn data(s: &MemoryStore, id: &Key) -> bson::Document {
     s.peek(&coll(), id).unwrap().record.unwrap().into_data()
 }
 
+/// Runs `agent` on its own task with a handler that signals each start on the
+/// returned `Notify` and completes the task at once.
+fn work_signalling<S: Store + Clone>(
+    agent: &Agent<S>,
+) -> (tokio::task::JoinHandle<Result<mongoagent::AgentCounters, mongoagent::AgentError>>, Arc<Notify>) {
+    let ran = Arc::new(Notify::new());
+    let run = tokio::spawn({
+        let (agent, ran) = (agent.clone(), ran.clone());
+        async move {
+            agent
+                .work(move |_t: Task| {
+                    let ran = ran.clone();
+                    async move {
+                        ran.notify_one();
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    (run, ran)
+}
+
 /// Fence check: an agent cut off for longer than its lease finishes its handler
 /// after another agent took the task over and completed it. Its late outcome is
 /// rejected, whatever order the two finish in.
@@ -317,20 +340,7 @@ async fn an_idle_agent_sleeps_through_other_agents_work() {
     let counted = Counted::new(store.clone());
     let idle =
         Agent::builder(counted.clone(), "idle", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
-    let ran = Arc::new(Notify::new());
-    let idle_run = tokio::spawn({
-        let (idle, ran) = (idle.clone(), ran.clone());
-        async move {
-            idle.work(move |_t: Task| {
-                let ran = ran.clone();
-                async move {
-                    ran.notify_one();
-                    true
-                }
-            })
-            .await
-        }
-    });
+    let (idle_run, ran) = work_signalling(&idle);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = counted.claims.load(Ordering::SeqCst);
     let busy = Agent::builder(store.clone(), "busy", "tasks").build().unwrap();
@@ -373,21 +383,7 @@ async fn a_task_made_ready_wakes_its_idle_agent() {
     let held = doc! {"_id": "t", "agent_name": "w", "ready": false, "overlap_held": true};
     store.insert_many(&coll(), vec![held]).await.unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
-    let ran = Arc::new(Notify::new());
-    let run = tokio::spawn({
-        let (agent, ran) = (agent.clone(), ran.clone());
-        async move {
-            agent
-                .work(move |_t: Task| {
-                    let ran = ran.clone();
-                    async move {
-                        ran.notify_one();
-                        true
-                    }
-                })
-                .await
-        }
-    });
+    let (run, ran) = work_signalling(&agent);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let let_go = Write::new(
         Condition::FieldEq("overlap_held".into(), true.into()),
@@ -431,20 +427,7 @@ async fn a_claim_given_back_wakes_an_idle_peer() {
     });
     started.notified().await;
     let idle = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
-    let ran = Arc::new(Notify::new());
-    let idle_run = tokio::spawn({
-        let (idle, ran) = (idle.clone(), ran.clone());
-        async move {
-            idle.work(move |_t: Task| {
-                let ran = ran.clone();
-                async move {
-                    ran.notify_one();
-                    true
-                }
-            })
-            .await
-        }
-    });
+    let (idle_run, ran) = work_signalling(&idle);
     tokio::time::sleep(Duration::from_secs(1)).await;
     holder.shutdown();
     assert_eq!(holder_run.await.unwrap().unwrap().completed, 0);
@@ -503,21 +486,7 @@ async fn a_woken_agent_claims_the_inserted_task_by_key() {
     let queue = Queue::new(store.clone(), "tasks").unwrap();
     let counted = Counted::new(store.clone());
     let agent = Agent::builder(counted.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
-    let ran = Arc::new(Notify::new());
-    let run = tokio::spawn({
-        let (agent, ran) = (agent.clone(), ran.clone());
-        async move {
-            agent
-                .work(move |_t: Task| {
-                    let ran = ran.clone();
-                    async move {
-                        ran.notify_one();
-                        true
-                    }
-                })
-                .await
-        }
-    });
+    let (run, ran) = work_signalling(&agent);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let count = || {
         (
