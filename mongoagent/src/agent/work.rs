@@ -61,7 +61,9 @@ impl<S: Store + Clone> Agent<S> {
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
-                self.reap(done);
+                if self.reap(done) {
+                    idle_until = None;
+                }
             }
             if inner.shutdown.is_cancelled() || !self.keep_going() {
                 break;
@@ -69,7 +71,7 @@ impl<S: Store + Clone> Agent<S> {
             if running.len() >= inner.concurrency {
                 tokio::select! {
                     _ = inner.shutdown.cancelled() => break,
-                    Some(done) = running.join_next() => self.reap(done),
+                    Some(done) = running.join_next() => if self.reap(done) { idle_until = None },
                 }
                 // Tasks whose outcomes went in one group commit end together:
                 // let them all be reaped, so their slots are claimed in one batch.
@@ -88,7 +90,7 @@ impl<S: Store + Clone> Agent<S> {
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
                         _ = landing => {}
-                        Some(done) = running.join_next() => self.reap(done),
+                        Some(done) = running.join_next() => if self.reap(done) { idle_until = None },
                     }
                     // Let the tasks whose outcomes landed end, so their slots count.
                     tokio::task::yield_now().await;
@@ -101,9 +103,6 @@ impl<S: Store + Clone> Agent<S> {
                     backoff.reset();
                     events = None;
                     control = None;
-                    // The next idle period reads its due times afresh (a task
-                    // retried or enqueued for later meanwhile is due sooner).
-                    idle_until = None;
                     // Set by a give-up the same claim recovered from (lapsed tasks).
                     inner.outrun.store(false, std::sync::atomic::Ordering::Relaxed);
                     for c in claimed {
@@ -118,7 +117,7 @@ impl<S: Store + Clone> Agent<S> {
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep(backoff.next_delay()) => {}
-                        Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                        Some(done) = running.join_next(), if !running.is_empty() => if self.reap(done) { idle_until = None },
                     }
                 }
                 Ok(_) => {
@@ -154,7 +153,7 @@ impl<S: Store + Clone> Agent<S> {
                     tokio::select! {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
-                        Some(done) = running.join_next(), if !running.is_empty() => self.reap(done),
+                        Some(done) = running.join_next(), if !running.is_empty() => if self.reap(done) { idle_until = None },
                         Ok(()) = async {
                             match control.as_mut() {
                                 Some(c) => c.changed().await,
@@ -168,6 +167,11 @@ impl<S: Store + Clone> Agent<S> {
                             w.saw(&ev);
                             tokio::time::sleep(Duration::from_millis(2)).await;
                             watcher.drain_ready_with(|ev| w.saw(ev));
+                            // An update may have moved a due time (a retry, a
+                            // requeue): read the idle deadline afresh.
+                            if w.other {
+                                idle_until = None;
+                            }
                             woken = Some(w);
                         }
                     }
@@ -195,14 +199,18 @@ impl<S: Store + Clone> Agent<S> {
         self.inner.process_while.as_ref().is_none_or(|f| f(&log))
     }
 
-    pub(super) fn reap(&self, done: Result<Result<Processed, AgentError>, tokio::task::JoinError>) {
+    /// Logs how a task's run ended; true if it was retried (so a due time
+    /// moved: the idle deadline is read afresh).
+    pub(super) fn reap(&self, done: Result<Result<Processed, AgentError>, tokio::task::JoinError>) -> bool {
         match done {
+            Ok(Ok(Processed::Retried(_))) => return true,
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(agent = %self.inner.name, error = %e, "recording a task outcome failed; its claim will lapse and it will run again")
             }
             Err(e) => tracing::error!(agent = %self.inner.name, error = %e, "task runner failed"),
         }
+        false
     }
 
     /// Lets in-flight tasks finish within the drain timeout; then drops the rest,
@@ -216,7 +224,9 @@ impl<S: Store + Clone> Agent<S> {
         loop {
             tokio::select! {
                 done = running.join_next() => match done {
-                    Some(done) => self.reap(done),
+                    Some(done) => {
+                        self.reap(done);
+                    }
                     None => return,
                 },
                 _ = tokio::time::sleep_until(deadline) => {

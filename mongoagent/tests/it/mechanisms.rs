@@ -438,10 +438,11 @@ async fn a_claim_given_back_wakes_an_idle_peer() {
     assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
 }
 
-/// Each idle period reads its due times afresh (`work.rs`: `idle_until`
-/// cleared by a claim that got tasks): a task this agent retried for a second
-/// later runs a second later, not at the end of the idle period before it
-/// (the 600 s poll), whatever change did or did not wake it.
+/// A retry moves the idle deadline (`work.rs`: `idle_until` cleared when
+/// `reap` sees a retried task): a task this agent retried for a second later
+/// runs a second later, not at the end of the idle period before it (the
+/// 600 s poll); its own retry write is no change it sees (it watches only
+/// while idle).
 #[tokio::test(start_paused = true)]
 async fn a_retry_due_soon_runs_when_due_after_an_earlier_idle_period() {
     let store = MemoryStore::new();
