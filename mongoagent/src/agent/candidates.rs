@@ -68,6 +68,9 @@ pub(crate) struct Candidates {
     /// than a window: light load, where claimers do not race for the head, and
     /// an idle agent's pickup costs one round trip, not two).
     head_first: bool,
+    /// How many candidates the last read found (0 once a claim of the head
+    /// found none after it).
+    seen: usize,
     rng: fastrand::Rng,
 }
 
@@ -81,6 +84,7 @@ impl Candidates {
             lost: false,
             misses_in_a_row: 0,
             head_first: true,
+            seen: 0,
             rng: fastrand::Rng::with_seed(seed),
         }
     }
@@ -104,17 +108,24 @@ impl Candidates {
 
     /// Records a claim of the head by query that got `got` tasks: one that
     /// got some is followed by a list read (the load may be rising); one that
-    /// got none leaves the queue as light as it was.
-    pub(crate) fn head_claimed(&mut self, got: usize) {
+    /// got none leaves the queue as light as it was. True for the first that
+    /// got none after a list read that found some: tasks may remain (another
+    /// claimer's write won, or the server gave up on a write conflict, as
+    /// SecantusDB does), so the claimer tries again soon instead of idling
+    /// (`outrun`): the idle watch passes over other claimers' claims.
+    pub(crate) fn head_claimed(&mut self, got: usize) -> bool {
         if got > 0 {
             self.head_first = false;
+            return false;
         }
+        std::mem::take(&mut self.seen) > 0
     }
 
     /// Replaces the list with `keys`, read in claim order just now with a
     /// window of `window`.
     pub(crate) fn refill(&mut self, keys: Vec<Key>, window: u32) {
         self.head_first = u32::try_from(keys.len()).is_ok_and(|n| n < window);
+        self.seen = keys.len();
         self.jump = self.lost;
         self.lost = false;
         self.misses_in_a_row = 0;
@@ -203,14 +214,16 @@ mod tests {
     fn the_head_first_under_light_load() {
         let mut c = Candidates::new(3);
         assert!(c.head_first(), "no list read yet");
-        c.head_claimed(0);
+        assert!(!c.head_claimed(0), "nothing read, nothing found: idle");
         assert!(c.head_first(), "nothing ready: still light");
-        c.head_claimed(1);
+        assert!(!c.head_claimed(1));
         assert!(!c.head_first(), "a task taken: read a list next");
         c.refill(keys(64), 64);
         assert!(!c.head_first(), "a full window: lists");
         c.refill(keys(10), 64);
         assert!(c.head_first(), "a short window: the head again");
+        assert!(c.head_claimed(0), "none, after a read found ten: try again soon");
+        assert!(!c.head_claimed(0), "none again: idle");
     }
 
     #[tokio::test(start_paused = true)]

@@ -223,7 +223,9 @@ impl<S: Store + Clone> Agent<S> {
             if list.needs_read() {
                 if list.head_first() {
                     let got = self.claim_from(&ready, seq, Take::for_query(capacity)).await?;
-                    list.head_claimed(got.len());
+                    if list.head_claimed(got.len()) {
+                        inner.outrun.store(true, Ordering::Relaxed);
+                    }
                     return Ok(got);
                 }
                 if reads == READS {

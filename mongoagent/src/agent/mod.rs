@@ -104,9 +104,11 @@ struct Inner<S: Store + Clone> {
     log: Mutex<AgentCounters>,
     seq: AtomicU64,
     /// Set by a claim that gave up because other claimers took every
-    /// candidate it read: ready tasks remain, and since the idle watch passes
-    /// over others' claims (`claim::claimable_changes`), no change need come
-    /// to say so. The work loop tries again after a backoff instead of idling.
+    /// candidate it read, or whose claim of the head found none right after a
+    /// list read found some (`Candidates::head_claimed`): ready tasks may
+    /// remain, and since the idle watch passes over others' claims
+    /// (`claim::claimable_changes`), no change need come to say so. The work
+    /// loop tries again after a backoff instead of idling.
     outrun: std::sync::atomic::AtomicBool,
     /// What the agent last saw of its pause state, and when: without the
     /// queue's control notifications it reads its control document again

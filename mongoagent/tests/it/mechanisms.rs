@@ -235,6 +235,9 @@ struct Counted {
     /// Claims that named their keys, and reads of candidates.
     keyed: Arc<AtomicUsize>,
     reads: Arc<AtomicUsize>,
+    /// Claims of the head (by query, no keys) still to come back empty
+    /// whatever the queue holds: a server that gives up on a write conflict.
+    false_empty: Arc<AtomicUsize>,
 }
 
 impl Counted {
@@ -248,6 +251,7 @@ impl Counted {
             race: Arc::default(),
             keyed: Arc::default(),
             reads: Arc::default(),
+            false_empty: Arc::default(),
         }
     }
 
@@ -286,6 +290,10 @@ impl Store for Counted {
         self.inner.delete(c, k, cond).await
     }
     async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
+        let head = claim.query.keys.is_none() && claim.query.filter.get_bool("ready").is_ok_and(|r| r);
+        if head && self.false_empty.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Ok(None);
+        }
         self.counting(claim, self.inner.claim(c, claim)).await
     }
     async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
@@ -508,6 +516,45 @@ async fn a_woken_agent_claims_the_inserted_task_by_key() {
     assert_eq!((after.0 - before.0, after.1 - before.1, after.2 - before.2), (4, 4, 0));
     agent.shutdown();
     assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
+
+/// A claim of the head that finds nothing right after a list read found
+/// some (here the server gave up on it, as SecantusDB does on a write
+/// conflict) is tried again after a backoff (`Candidates::head_claimed`,
+/// `outrun`), not taken for an empty queue: without that the agent idles
+/// until its 600 s poll with tasks left (no change wakes it).
+#[tokio::test(start_paused = true)]
+async fn an_empty_head_claim_after_a_list_with_tasks_is_tried_again() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let tasks: Vec<_> = (0..10_i64).map(|i| NewTask::new("w", doc! {"i": i})).collect();
+    queue.enqueue_all(&tasks).await.unwrap();
+    let counted = Counted::new(store.clone());
+    let agent = Agent::builder(counted.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let run = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            agent
+                .work(|_t: Task| async {
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    true
+                })
+                .await
+        }
+    });
+    // The first claim takes the head, the second reads a short list (nine):
+    // from then on the head again whenever the list is old or spent.
+    while counted.reads.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Four in a row: the work loop claims again when it opens its idle watch,
+    // before it sleeps, and when the pause view first wakes it; those come
+    // back empty too.
+    counted.false_empty.store(4, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    agent.shutdown();
+    assert_eq!(counted.false_empty.load(Ordering::SeqCst), 0, "a claim of the head came back empty");
+    assert_eq!(run.await.unwrap().unwrap().completed, 10, "every task within 30 s");
 }
 
 /// Outrun: a claimer whose candidates others took, read after read, gives up
