@@ -154,9 +154,18 @@ impl<S: Store + Clone> Agent<S> {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
                         Some(done) = running.join_next(), if !running.is_empty() => if self.reap(done) { idle_until = None },
+                        // Only a change of this name's pause state is worth a
+                        // claim: not the view's first read, nor another name's.
                         Ok(()) = async {
                             match control.as_mut() {
-                                Some(c) => c.changed().await,
+                                Some(c) => loop {
+                                    c.changed().await?;
+                                    let now = c.borrow_and_update().as_ref().map(|names| names.contains(&inner.name));
+                                    let seen = inner.paused.lock().map(|(_, paused)| paused);
+                                    if now.is_none() || now != seen {
+                                        break Ok::<(), tokio::sync::watch::error::RecvError>(());
+                                    }
+                                },
                                 None => std::future::pending().await,
                             }
                         } => {}

@@ -547,14 +547,40 @@ async fn an_empty_head_claim_after_a_list_with_tasks_is_tried_again() {
     while counted.reads.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Four in a row: the work loop claims again when it opens its idle watch,
-    // before it sleeps, and when the pause view first wakes it; those come
-    // back empty too.
-    counted.false_empty.store(4, Ordering::SeqCst);
+    // Three in a row: the work loop claims again when it opens its idle
+    // watch and before it sleeps; those come back empty too.
+    counted.false_empty.store(3, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(30)).await;
     agent.shutdown();
     assert_eq!(counted.false_empty.load(Ordering::SeqCst), 0, "a claim of the head came back empty");
     assert_eq!(run.await.unwrap().unwrap().completed, 10, "every task within 30 s");
+}
+
+/// The pause view wakes an idle agent only when its own name's pause state
+/// changed (`work.rs`), not at the view's first read (the control task
+/// starts when the agent goes idle alone) or for another name's pause: each
+/// of those was a claim that found nothing.
+#[tokio::test(start_paused = true)]
+async fn the_pause_view_wakes_an_idle_agent_only_for_its_own_pause() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let counted = Counted::new(store.clone());
+    let agent = Agent::builder(counted.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The claims before sleeping: the first, once the idle watch is open,
+    // once the idle deadline is read; each of ready tasks, then of lapsed ones.
+    assert_eq!(counted.claims.load(Ordering::SeqCst), 6);
+    queue.set_paused("other", true).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(counted.claims.load(Ordering::SeqCst), 6, "another name's pause woke it");
+    queue.set_paused("w", true).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    queue.set_paused("w", false).await.unwrap();
+    queue.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("runs after the resume");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
 }
 
 /// Outrun: a claimer whose candidates others took, read after read, gives up
