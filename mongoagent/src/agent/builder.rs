@@ -228,7 +228,6 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 process_while: self.process_while,
                 log: Mutex::new(AgentCounters::default()),
                 seq: AtomicU64::new(1),
-                outrun: std::sync::atomic::AtomicBool::new(false),
                 paused: Mutex::new(None),
                 shutdown: self.shutdown.unwrap_or_default(),
                 committer: std::sync::OnceLock::new(),

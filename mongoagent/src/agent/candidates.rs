@@ -112,7 +112,7 @@ impl Candidates {
     /// got none after a list read that found some: tasks may remain (another
     /// claimer's write won, or the server gave up on a write conflict, as
     /// SecantusDB does), so the claimer tries again soon instead of idling
-    /// (`outrun`): the idle watch passes over other claimers' claims.
+    /// (`Claims::outrun`): the idle watch passes over other claimers' claims.
     pub(crate) fn head_claimed(&mut self, got: usize) -> bool {
         if got > 0 {
             self.head_first = false;

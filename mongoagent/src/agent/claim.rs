@@ -46,9 +46,10 @@ pub(crate) fn lapsed_tasks(agent: &str) -> Query {
 /// never leave the server, except the releases that let a lease go apart from
 /// `complete: true`: a follow-up's completion that still tells its waiter, a
 /// recovered fan-in step, a waiting task let go with follow-ups still open
-/// (they wake idle agents into a claim, as before the filter). A lapsed lease is no change at all: the idle
-/// agent's timer covers it (`Agent::idle_wait`), and so it covers anything
-/// another program does that this filter does not foresee.
+/// (they wake idle agents into a claim, as before the filter). A lapsed lease
+/// is no change at all: the idle agent's timer covers it (`Agent::idle_wait`),
+/// and so it covers anything another program does that this filter does not
+/// foresee.
 pub(crate) fn claimable_changes() -> ChangeFilter {
     ChangeFilter::new()
         .inserts()
@@ -68,6 +69,29 @@ pub(super) struct Claimed<S: Store + Clone> {
     pub(super) record: Record,
     /// The permit of the agent name's global concurrency it runs under, if limited.
     pub(super) permit: Option<super::limits::Permit<S>>,
+}
+
+/// What one claim call got: its tasks, and whether it gave up with ready
+/// tasks likely left (`outrun`): other claimers took every candidate it read,
+/// or its claim of the head found none right after a list read found some
+/// (`Candidates::head_claimed`). Since the idle watch passes over other
+/// claimers' claims ([`claimable_changes`]), no change need come to say so:
+/// the work loop tries again after a backoff instead of idling.
+pub(super) struct Claims<S: Store + Clone> {
+    pub(super) tasks: Vec<Claimed<S>>,
+    pub(super) outrun: bool,
+}
+
+impl<S: Store + Clone> Claims<S> {
+    /// Nothing claimed, and nothing left to try soon.
+    pub(super) fn none() -> Self {
+        Claims { tasks: Vec::new(), outrun: false }
+    }
+
+    /// These tasks claimed.
+    fn got(tasks: Vec<Claimed<S>>) -> Self {
+        Claims { tasks, outrun: false }
+    }
 }
 
 /// The least free capacity claimed with one batch ([`Store::claim_many`]):
@@ -172,12 +196,11 @@ impl<S: Store + Clone> Agent<S> {
     /// for one task (and one `find` of keys per list); a batch
     /// ([`BATCH_FROM`] or more free slots) in two by key (three by query),
     /// each task's claim fenced and leased on its own.
-    pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Vec<Claimed<S>>, AgentError> {
+    pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Claims<S>, AgentError> {
         let inner = &self.inner;
-        inner.outrun.store(false, Ordering::Relaxed);
         let was_paused = inner.paused.lock().is_none_or(|(_, paused)| paused);
         if self.paused().await? {
-            return Ok(Vec::new());
+            return Ok(Claims::none());
         }
         // Agents sharing a `Queue` take turns, and share their name's list of
         // candidates (`candidates.rs`): they never race each other for a key.
@@ -189,48 +212,41 @@ impl<S: Store + Clone> Agent<S> {
             let got = self.claim_from(&ready_tasks(&inner.name).keys(keys), seq, take).await?;
             // Not after a pause: the claims while paused saw nothing.
             if !got.is_empty() || !(other || was_paused) {
-                return Ok(got);
+                return Ok(Claims::got(got));
             }
         }
         let lapsed = lapsed_tasks(&inner.name);
         if seq % 16 == 0 {
             let got = self.claim_from(&lapsed, seq, Take::for_query(capacity)).await?;
             if !got.is_empty() {
-                return Ok(got);
+                return Ok(Claims::got(got));
             }
         }
         let list = lists.entry(inner.name.clone()).or_insert_with(|| Candidates::new(self.seed()));
-        let got = self.claim_ready(list, seq, capacity).await?;
-        if !got.is_empty() || seq % 16 == 0 {
-            return Ok(got);
+        let ready = self.claim_ready(list, seq, capacity).await?;
+        if !ready.tasks.is_empty() || seq % 16 == 0 {
+            return Ok(ready);
         }
-        self.claim_from(&lapsed, seq, Take::for_query(capacity)).await
+        let tasks = self.claim_from(&lapsed, seq, Take::for_query(capacity)).await?;
+        Ok(Claims { outrun: ready.outrun && tasks.is_empty(), tasks })
     }
 
     /// Claims ready tasks by key from `list`, reading it again when it needs
     /// it (at most [`READS`] times per call: a claimer that keeps losing its
-    /// candidates gives up, marked `outrun`, and tries again after a backoff).
-    async fn claim_ready(
-        &self,
-        list: &mut Candidates,
-        seq: u64,
-        capacity: usize,
-    ) -> Result<Vec<Claimed<S>>, AgentError> {
+    /// candidates gives up, [`Claims::outrun`], and tries again after a backoff).
+    async fn claim_ready(&self, list: &mut Candidates, seq: u64, capacity: usize) -> Result<Claims<S>, AgentError> {
         let inner = &self.inner;
         let ready = ready_tasks(&inner.name);
         let mut reads = 0;
         loop {
             if list.needs_read() {
                 if list.head_first() {
-                    let got = self.claim_from(&ready, seq, Take::for_query(capacity)).await?;
-                    if list.head_claimed(got.len()) {
-                        inner.outrun.store(true, Ordering::Relaxed);
-                    }
-                    return Ok(got);
+                    let tasks = self.claim_from(&ready, seq, Take::for_query(capacity)).await?;
+                    let outrun = list.head_claimed(tasks.len());
+                    return Ok(Claims { tasks, outrun });
                 }
                 if reads == READS {
-                    inner.outrun.store(true, Ordering::Relaxed);
-                    return Ok(Vec::new());
+                    return Ok(Claims { tasks: Vec::new(), outrun: true });
                 }
                 reads += 1;
                 let window = Candidates::window(capacity);
@@ -240,13 +256,13 @@ impl<S: Store + Clone> Agent<S> {
             }
             let keys = list.take(Take::for_query(capacity).count());
             if keys.is_empty() {
-                return Ok(Vec::new());
+                return Ok(Claims::none());
             }
             let asked = keys.len();
             let got = self.claim_from(&ready.clone().keys(keys), seq, Take::for_keys(asked)).await?;
             list.claimed(asked, got.len());
             if !got.is_empty() {
-                return Ok(got);
+                return Ok(Claims::got(got));
             }
         }
     }

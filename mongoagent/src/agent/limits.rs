@@ -22,7 +22,7 @@ use mongolock::{Identity, Lock, LockGuard, Semaphore};
 use store_trait::{Mutation, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::claim::{Claimed, Woken};
+use super::claim::{Claims, Woken};
 use super::commit::Committer;
 use super::Agent;
 use crate::rate::{RateGate, RateLimit};
@@ -117,15 +117,11 @@ impl<S: Store + Clone> Agent<S> {
     /// that found nothing), then at most as many tasks (permits left over go
     /// back at once). (A rate limit's start is
     /// taken by each task just before its handler runs: `rate_start`.)
-    pub(super) async fn claim_limited(
-        &self,
-        capacity: usize,
-        woken: Option<Woken>,
-    ) -> Result<Vec<Claimed<S>>, AgentError> {
+    pub(super) async fn claim_limited(&self, capacity: usize, woken: Option<Woken>) -> Result<Claims<S>, AgentError> {
         let limits = &self.inner.limits;
         let Some(sem) = &limits.permits else { return self.claim(capacity, woken).await };
         if self.paused().await? {
-            return Ok(Vec::new());
+            return Ok(Claims::none());
         }
         let mut permits: Vec<Permit<S>> = {
             let mut pool = limits.pool.lock();
@@ -142,16 +138,16 @@ impl<S: Store + Clone> Agent<S> {
         }
         if permits.is_empty() {
             tracing::debug!(agent = %self.inner.name, "no free permit of the global concurrency: not claiming");
-            return Ok(Vec::new());
+            return Ok(Claims::none());
         }
         // Dropped on an error: the permits are released in the background.
         // Its last claim may have found no permit, not no task: a keyed
         // claim of inserted tasks never stands for the usual one here.
         let mut claimed = self.claim(permits.len(), woken.map(Woken::then_claim_as_usual)).await?;
-        limits.found_none.store(claimed.is_empty(), Ordering::Relaxed);
-        let spare = permits.split_off(claimed.len().min(permits.len()));
+        limits.found_none.store(claimed.tasks.is_empty(), Ordering::Relaxed);
+        let spare = permits.split_off(claimed.tasks.len().min(permits.len()));
         self.release_permits(spare).await;
-        for (c, p) in claimed.iter_mut().zip(permits) {
+        for (c, p) in claimed.tasks.iter_mut().zip(permits) {
             c.permit = Some(p);
         }
         Ok(claimed)

@@ -103,13 +103,6 @@ struct Inner<S: Store + Clone> {
     process_while: Option<ProcessWhile>,
     log: Mutex<AgentCounters>,
     seq: AtomicU64,
-    /// Set by a claim that gave up because other claimers took every
-    /// candidate it read, or whose claim of the head found none right after a
-    /// list read found some (`Candidates::head_claimed`): ready tasks may
-    /// remain, and since the idle watch passes over others' claims
-    /// (`claim::claimable_changes`), no change need come to say so. The work
-    /// loop tries again after a backoff instead of idling.
-    outrun: std::sync::atomic::AtomicBool,
     /// What the agent last saw of its pause state, and when: without the
     /// queue's control notifications it reads its control document again
     /// after [`crate::CONTROL_REFRESH`].
@@ -204,7 +197,7 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        match self.claim_limited(1, None).await?.pop() {
+        match self.claim_limited(1, None).await?.tasks.pop() {
             Some(c) => {
                 let processed = self.run(c, handler).await;
                 // No next claim follows here: a kept permit goes back now.

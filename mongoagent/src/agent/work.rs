@@ -8,6 +8,7 @@ use std::time::Duration;
 use bson::{doc, Document};
 use store_trait::helpers::Watcher;
 use store_trait::{fields as reserved, Condition, Query, Store};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -15,6 +16,7 @@ use super::claim::Woken;
 use super::{Agent, AgentCounters, Handler, Processed};
 use mongolock::Backoff;
 
+use crate::control::ControlView;
 use crate::queue::not_complete;
 use crate::task::fields;
 use crate::AgentError;
@@ -99,18 +101,16 @@ impl<S: Store + Clone> Agent<S> {
             }
             waited = false;
             match self.claim_limited(inner.concurrency - running.len(), woken.take()).await {
-                Ok(claimed) if !claimed.is_empty() => {
+                Ok(claimed) if !claimed.tasks.is_empty() => {
                     backoff.reset();
                     events = None;
                     control = None;
-                    // Set by a give-up the same claim recovered from (lapsed tasks).
-                    inner.outrun.store(false, std::sync::atomic::Ordering::Relaxed);
-                    for c in claimed {
+                    for c in claimed.tasks {
                         let (this, h) = (self.clone(), handler.clone());
                         running.spawn(async move { this.run(c, h).await });
                     }
                 }
-                Ok(_) if inner.outrun.swap(false, std::sync::atomic::Ordering::Relaxed) => {
+                Ok(claimed) if claimed.outrun => {
                     // Others took every candidate: tasks remain, and their
                     // claims wake no idle watch. Try again after a backoff.
                     tracing::debug!(agent = %inner.name, "outrun by other claimers: trying again");
@@ -154,21 +154,7 @@ impl<S: Store + Clone> Agent<S> {
                         _ = inner.shutdown.cancelled() => break,
                         _ = tokio::time::sleep_until(until) => idle_until = None,
                         Some(done) = running.join_next(), if !running.is_empty() => if self.reap(done) { idle_until = None },
-                        // Only a change of this name's pause state is worth a
-                        // claim: not the view's first read, nor another name's.
-                        Ok(()) = async {
-                            match control.as_mut() {
-                                Some(c) => loop {
-                                    c.changed().await?;
-                                    let now = c.borrow_and_update().as_ref().map(|names| names.contains(&inner.name));
-                                    let seen = inner.paused.lock().map(|(_, paused)| paused);
-                                    if now.is_none() || now != seen {
-                                        break Ok::<(), tokio::sync::watch::error::RecvError>(());
-                                    }
-                                },
-                                None => std::future::pending().await,
-                            }
-                        } => {}
+                        Some(()) = self.own_pause_changed(&mut control) => {}
                         ev = watcher.changed() => {
                             // Coalesce a burst of notifications into one claim
                             // attempt, which tries the inserted tasks first.
@@ -201,6 +187,28 @@ impl<S: Store + Clone> Agent<S> {
         self.drain(running).await;
         self.release_pooled_permits().await;
         Ok(self.counters())
+    }
+
+    /// Resolves when the pause view shows this agent's name paused or
+    /// resumed against what the agent last saw, or lost its subscription
+    /// (then the agent reads on its timer): not at the view's first read, nor
+    /// for another name's pause, which are worth no claim. `None` when the
+    /// view's task ended; pending without a view.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a `select!` branch; a change taken and found not to
+    /// matter is not one to wait for again.
+    async fn own_pause_changed(&self, view: &mut Option<watch::Receiver<ControlView>>) -> Option<()> {
+        let Some(view) = view.as_mut() else { return std::future::pending().await };
+        loop {
+            view.changed().await.ok()?;
+            let now = view.borrow_and_update().as_ref().map(|names| names.contains(&self.inner.name));
+            let seen = self.inner.paused.lock().map(|(_, paused)| paused);
+            if now.is_none() || now != seen {
+                return Some(());
+            }
+        }
     }
 
     pub(super) fn keep_going(&self) -> bool {

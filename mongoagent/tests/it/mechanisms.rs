@@ -521,7 +521,7 @@ async fn a_woken_agent_claims_the_inserted_task_by_key() {
 /// A claim of the head that finds nothing right after a list read found
 /// some (here the server gave up on it, as SecantusDB does on a write
 /// conflict) is tried again after a backoff (`Candidates::head_claimed`,
-/// `outrun`), not taken for an empty queue: without that the agent idles
+/// `Claims::outrun`), not taken for an empty queue: without that the agent idles
 /// until its 600 s poll with tasks left (no change wakes it).
 #[tokio::test(start_paused = true)]
 async fn an_empty_head_claim_after_a_list_with_tasks_is_tried_again() {
@@ -586,7 +586,7 @@ async fn the_pause_view_wakes_an_idle_agent_only_for_its_own_pause() {
 /// Outrun: a claimer whose candidates others took, read after read, gives up
 /// with ready tasks left, and no change will come to say so (the idle watch
 /// passes over other claimers' claims). It tries again after a backoff
-/// (`outrun` in `claim.rs` and `work.rs`) and takes the rest at once; without
+/// (`Claims::outrun` in `claim.rs`, read in `work.rs`) and takes the rest at once; without
 /// that it sleeps until its 600 s poll.
 #[tokio::test(start_paused = true)]
 async fn an_outrun_claimer_tries_again_soon() {
