@@ -165,6 +165,10 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
 
     let agent_loop = {
         let (store, log) = (store.clone(), log.clone());
+        // Half the workers run short tasks, so their agents claim ahead of
+        // free slots (`mongoagent`'s `ahead.rs`: runs under 100 ms on
+        // average) and are killed holding tasks claimed ahead.
+        let runs = if fastrand::bool() { 5..60 } else { 20..400 };
         async move {
             let agent = Agent::builder(store, "chaos", QUEUE)
                 .ttl(ttl)
@@ -176,13 +180,13 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                 .map_err(|e| e.to_string())?;
             let joins = log.clone();
             let handler = move |task: Task| {
-                let joins = joins.clone();
+                let (joins, runs) = (joins.clone(), runs.clone());
                 async move {
                     if task.round() > 0 {
                         let ended = task.children().iter().filter(|c| c.data().get_bool("complete").ok() == Some(true));
                         joins.line(format!("joined {} {} {}", task.id(), ended.count(), task.children().len()));
                     }
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(20..400))).await;
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(runs.clone()))).await;
                     if fastrand::u32(..10) == 0 {
                         return Outcome::failed("chaos");
                     }

@@ -25,6 +25,7 @@ pub struct AgentBuilder<S> {
     max_attempts: u32,
     backoff: (Duration, Duration),
     concurrency: usize,
+    prefetch: Option<usize>,
     drain: Duration,
     retain_finished: Option<Duration>,
     identity: Option<Identity>,
@@ -52,6 +53,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             max_attempts: 5,
             backoff: (Duration::from_secs(1), Duration::from_secs(600)),
             concurrency: 1,
+            prefetch: None,
             drain: Duration::from_secs(30),
             retain_finished: None,
             identity: None,
@@ -95,6 +97,21 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// Tasks in flight at once in [`Agent::work`] (default 1).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
+        self
+    }
+
+    /// Tasks a busy agent may claim ahead of its free slots, at most (default:
+    /// its [`concurrency`](Self::concurrency), at most 1,000; 0 turns it off;
+    /// more than 1,000 is a configuration error).
+    /// They start as slots free, without a claim each time, so an agent
+    /// claims half as often under load. Only while its handler runs are short
+    /// (under 100 ms on average), its last claim got every task it asked for,
+    /// and neither a rate limit nor a binding global concurrency stops it: a
+    /// task claimed ahead waits for at most about one short run. A task claimed ahead is claimed, leased
+    /// and fenced like any other, and runs in a stopping agent's drain.
+    #[doc(alias = "claim_ahead")]
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
         self
     }
 
@@ -175,6 +192,13 @@ impl<S: Store + Clone> AgentBuilder<S> {
         if self.concurrency == 0 {
             return bad("concurrency must be at least 1".into());
         }
+        let prefetch = match self.prefetch {
+            Some(n) if n > super::ahead::MAX_PREFETCH => {
+                return bad(format!("prefetch {n} is above {}", super::ahead::MAX_PREFETCH))
+            }
+            Some(n) => n,
+            None => self.concurrency.min(super::ahead::MAX_PREFETCH),
+        };
         if self.max_attempts == 0 {
             return bad("max_attempts must be at least 1".into());
         }
@@ -222,6 +246,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
                 concurrency: self.concurrency,
+                prefetch,
+                run_times: super::ahead::RunTimes::default(),
                 drain: self.drain,
                 retain,
                 identity,

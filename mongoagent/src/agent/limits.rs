@@ -71,6 +71,15 @@ impl<S: Store + Clone> Limits<S> {
         self.permits.is_some()
     }
 
+    /// Whether a cluster-wide limit of the agent name stops claims ahead of
+    /// free slots (`ahead.rs`): a rate limit (a task claimed ahead would wait
+    /// for a start under its lease), or a global concurrency that bound at
+    /// the agent's last acquisition (a task claimed ahead holds a permit it
+    /// does not use yet, which another process waits for).
+    pub(super) fn stops_claims_ahead(&self) -> bool {
+        self.rate.is_some() || (self.permits.is_some() && self.binding.load(Ordering::Relaxed))
+    }
+
     /// Validates the limits: `global` permits, `rate` starts per interval.
     pub(super) fn new(
         store: &S,

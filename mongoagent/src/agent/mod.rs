@@ -3,10 +3,12 @@
 //!
 //! One concern per file: [`builder`](AgentBuilder) (configuration), `work`
 //! (the loop: concurrency, idle wait, drain), `claim` (claim queries, order,
-//! the claim gate), `candidates` (the keys claims name), `run` (the
+//! the claim gate), `candidates` (the keys claims name), `ahead` (claims
+//! ahead of free slots), `run` (the
 //! handler), `finish` (outcomes, retry policy, fencing) and `fan_in`
 //! (waiting for follow-ups). This file holds the handle and its counters.
 
+mod ahead;
 mod builder;
 mod candidates;
 mod claim;
@@ -97,6 +99,10 @@ struct Inner<S: Store + Clone> {
     max_attempts: u32,
     backoff: (Duration, Duration),
     concurrency: usize,
+    /// Tasks claimed ahead of free slots, at most (`ahead.rs`).
+    prefetch: usize,
+    /// The handler's run times, which decide whether to claim ahead.
+    run_times: ahead::RunTimes,
     drain: Duration,
     retain: Option<Ttl>,
     identity: Identity,

@@ -100,11 +100,13 @@ impl<S: Store + Clone> Agent<S> {
         }
         // The handler runs on its own task: a panic is a failure, not a crash. If
         // this future is dropped (drain timeout), the handler is aborted with it.
+        let started = tokio::time::Instant::now();
         let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
         let outcome = match (&mut handle.0).await {
             Ok(o) => o,
             Err(e) => Outcome::failed(format!("the handler panicked: {e}")),
         };
+        self.inner.run_times.record(started.elapsed());
         self.bump(|l| l.tasks_processed += 1);
         if matches!(outcome, Outcome::Fail { .. }) {
             self.bump(|l| l.failed_tasks += 1);

@@ -12,7 +12,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::claim::Woken;
+use super::ahead::Ahead;
+use super::claim::{Claimed, Woken};
 use super::{Agent, AgentCounters, Handler, Processed};
 use mongolock::Backoff;
 
@@ -60,6 +61,8 @@ impl<S: Store + Clone> Agent<S> {
         let mut control = None;
         // Whether this claim already waited for outcomes landing (at most once).
         let mut waited = false;
+        // Tasks claimed ahead of free slots (`ahead.rs`).
+        let mut ahead = Ahead::new();
         tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
         loop {
             while let Some(done) = running.try_join_next() {
@@ -69,6 +72,13 @@ impl<S: Store + Clone> Agent<S> {
             }
             if inner.shutdown.is_cancelled() || !self.keep_going() {
                 break;
+            }
+            // Tasks claimed ahead start as slots free, without a claim.
+            if running.len() < inner.concurrency && !ahead.is_empty() {
+                for c in ahead.start(inner.concurrency - running.len()) {
+                    self.spawn_run(&mut running, c, &handler);
+                }
+                continue;
             }
             if running.len() >= inner.concurrency {
                 tokio::select! {
@@ -100,17 +110,20 @@ impl<S: Store + Clone> Agent<S> {
                 }
             }
             waited = false;
-            match self.claim_limited(inner.concurrency - running.len(), woken.take()).await {
-                Ok(claimed) if !claimed.tasks.is_empty() => {
+            let free = inner.concurrency - running.len();
+            let asked = free + ahead.room(inner.prefetch, inner.run_times.short(), inner.limits.stops_claims_ahead());
+            let claimed =
+                self.claim_limited(asked, woken.take()).await.map(|c| (ahead.claimed(asked, free, c.tasks), c.outrun));
+            match claimed {
+                Ok((start, _)) if !start.is_empty() => {
                     backoff.reset();
                     events = None;
                     control = None;
-                    for c in claimed.tasks {
-                        let (this, h) = (self.clone(), handler.clone());
-                        running.spawn(async move { this.run(c, h).await });
+                    for c in start {
+                        self.spawn_run(&mut running, c, &handler);
                     }
                 }
-                Ok(claimed) if claimed.outrun => {
+                Ok((_, true)) => {
                     // Others took every candidate: tasks remain, and their
                     // claims wake no idle watch. Try again after a backoff.
                     tracing::debug!(agent = %inner.name, "outrun by other claimers: trying again");
@@ -184,7 +197,7 @@ impl<S: Store + Clone> Agent<S> {
                 }
             }
         }
-        self.drain(running).await;
+        self.drain(running, ahead, &handler).await;
         self.release_pooled_permits().await;
         Ok(self.counters())
     }
@@ -230,15 +243,35 @@ impl<S: Store + Clone> Agent<S> {
         false
     }
 
-    /// Lets in-flight tasks finish within the drain timeout; then drops the rest,
-    /// which gives their claims back (their guards release them).
-    pub(super) async fn drain(&self, mut running: JoinSet<Result<Processed, AgentError>>) {
-        if running.is_empty() {
+    /// Runs a claimed task on its own task in `running`.
+    fn spawn_run(
+        &self,
+        running: &mut JoinSet<Result<Processed, AgentError>>,
+        c: Claimed<S>,
+        handler: &Arc<dyn Handler>,
+    ) {
+        let (this, h) = (self.clone(), handler.clone());
+        running.spawn(async move { this.run(c, h).await });
+    }
+
+    /// Lets in-flight tasks finish within the drain timeout, and starts the
+    /// tasks claimed ahead as their slots free; then drops the rest, which
+    /// gives their claims back (their guards release them).
+    async fn drain(
+        &self,
+        mut running: JoinSet<Result<Processed, AgentError>>,
+        mut ahead: Ahead<S>,
+        handler: &Arc<dyn Handler>,
+    ) {
+        if running.is_empty() && ahead.is_empty() {
             return;
         }
-        tracing::info!(agent = %self.inner.name, in_flight = running.len(), "draining");
+        tracing::info!(agent = %self.inner.name, in_flight = running.len(), ahead = ahead.len(), "draining");
         let deadline = Instant::now() + self.inner.drain;
         loop {
+            for c in ahead.start(self.inner.concurrency.saturating_sub(running.len())) {
+                self.spawn_run(&mut running, c, handler);
+            }
             tokio::select! {
                 done = running.join_next() => match done {
                     Some(done) => {
@@ -247,7 +280,7 @@ impl<S: Store + Clone> Agent<S> {
                     None => return,
                 },
                 _ = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(agent = %self.inner.name, abandoned = running.len(), "drain timeout: giving claims back");
+                    tracing::warn!(agent = %self.inner.name, abandoned = running.len() + ahead.len(), "drain timeout: giving claims back");
                     running.shutdown().await;
                     return;
                 }

@@ -238,6 +238,8 @@ struct Counted {
     /// Claims of the head (by query, no keys) still to come back empty
     /// whatever the queue holds: a server that gives up on a write conflict.
     false_empty: Arc<AtomicUsize>,
+    /// The most tasks one claim asked for.
+    asked_max: Arc<AtomicUsize>,
 }
 
 impl Counted {
@@ -252,6 +254,7 @@ impl Counted {
             keyed: Arc::default(),
             reads: Arc::default(),
             false_empty: Arc::default(),
+            asked_max: Arc::default(),
         }
     }
 
@@ -297,6 +300,7 @@ impl Store for Counted {
         self.counting(claim, self.inner.claim(c, claim)).await
     }
     async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
+        self.asked_max.fetch_max(limit, Ordering::SeqCst);
         self.counting(claim, self.inner.claim_many(c, claim, limit)).await
     }
     async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
@@ -979,4 +983,104 @@ async fn slots_freed_together_are_claimed_together() {
     // outcome writes each.
     assert!(claims <= 9, "{claims} claims for 32 tasks, four slots");
     assert!(writes <= 16, "{writes} outcome writes for 32 tasks, four slots");
+}
+
+/// Claims ahead of free slots (`ahead.rs`): a busy agent with short tasks
+/// claims more than its free slots and starts them as slots free, so it claims
+/// about half as often as with `prefetch(0)`; every task runs once.
+#[tokio::test(start_paused = true)]
+async fn a_busy_agent_with_short_tasks_claims_ahead() {
+    let mut claims = Vec::new();
+    for prefetch in [None, Some(0)] {
+        let store = MemoryStore::new();
+        store.faults().set_latency(Duration::from_millis(5));
+        let q = Queue::new(store.clone(), "tasks").unwrap();
+        q.enqueue_all(&(0..64).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+        let calls = Counted::new(store.clone());
+        let mut b = Agent::builder(calls.clone(), "w", "tasks")
+            .concurrency(4)
+            .poll_interval(Duration::from_secs(60))
+            .process_while(|l| l.completed < 64);
+        if let Some(n) = prefetch {
+            b = b.prefetch(n);
+        }
+        let log = b.build().unwrap().work(|_t: Task| async { true }).await.unwrap();
+        assert_eq!((log.completed, log.tasks_processed), (64, 64), "prefetch {prefetch:?}");
+        let asked = calls.asked_max.load(Ordering::SeqCst);
+        assert_eq!(asked > 4, prefetch.is_none(), "prefetch {prefetch:?}: a claim asked for {asked}");
+        claims.push(calls.claims.load(Ordering::SeqCst));
+    }
+    assert!(claims[0] * 3 <= claims[1] * 2, "claims with prefetch and without: {claims:?}");
+}
+
+/// Nothing is claimed ahead of tasks that run long (`ahead::SHORT_RUN`): a
+/// task claimed ahead would wait a long run, while an idle peer could run it.
+#[tokio::test(start_paused = true)]
+async fn long_tasks_are_not_claimed_ahead() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..24).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+    let calls = Counted::new(store.clone());
+    let log = Agent::builder(calls.clone(), "w", "tasks")
+        .concurrency(4)
+        .poll_interval(Duration::from_secs(60))
+        .process_while(|l| l.completed < 24)
+        .build()
+        .unwrap()
+        .work(|_t: Task| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            true
+        })
+        .await
+        .unwrap();
+    assert_eq!(log.completed, 24);
+    assert_eq!(calls.asked_max.load(Ordering::SeqCst), 4, "no claim asked for more than the free slots");
+}
+
+/// A stopping agent runs the tasks it claimed ahead in its drain, as slots
+/// free: none is left claimed, and each ran once.
+#[tokio::test(start_paused = true)]
+async fn a_stopping_agent_runs_the_tasks_it_claimed_ahead() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(5));
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..200).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+    let calls = Counted::new(store.clone());
+    let agent = Agent::builder(calls.clone(), "w", "tasks")
+        .concurrency(4)
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let run = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            agent
+                .work(|_t: Task| async {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    true
+                })
+                .await
+        }
+    });
+    // Stop once claims ahead happen (a claim asked for more than four).
+    let ahead = async {
+        while calls.asked_max.load(Ordering::SeqCst) <= 4 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), ahead).await.expect("no claim ahead within 10 s");
+    tokio::time::sleep(Duration::from_millis(7)).await;
+    agent.shutdown();
+    let log = run.await.unwrap().unwrap();
+    let c = Collection::new("tasks").unwrap();
+    let all = store.find(&c, &Query::all()).await.unwrap();
+    let done = all.iter().filter(|r| r.data().get_bool("complete").unwrap_or(false)).count();
+    let held = all
+        .iter()
+        .filter(|r| r.data().get_bool("claimed").unwrap_or(false) && !r.data().get_bool("complete").unwrap_or(false))
+        .count();
+    assert_eq!(held, 0, "a task claimed and not run");
+    assert_eq!(u64::try_from(done).unwrap(), log.completed);
+    assert_eq!(log.tasks_processed, log.completed);
+    assert!(done > 8 && done < 200, "{done} done");
 }

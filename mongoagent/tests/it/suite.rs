@@ -396,6 +396,9 @@ pub(crate) async fn bad_input_is_rejected<H: Harness>(h: &H) {
     cfg(Agent::builder(s.clone(), "", "tasks").build());
     cfg(Agent::builder(s.clone(), "w", "").build());
     cfg(Agent::builder(s.clone(), "w", "tasks").concurrency(0).build());
+    cfg(Agent::builder(s.clone(), "w", "tasks").prefetch(1001).build());
+    // The default prefetch follows a large concurrency only up to its bound.
+    assert!(Agent::builder(s.clone(), "w", "tasks").concurrency(5000).build().is_ok());
     cfg(Agent::builder(s.clone(), "w", "tasks").max_attempts(0).build());
     cfg(Agent::builder(s.clone(), "w", "tasks").ttl(Duration::ZERO).build());
     let q = Queue::new(s.clone(), "tasks").unwrap();
