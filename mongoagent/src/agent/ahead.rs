@@ -7,15 +7,19 @@
 //! `update` and its read back on MongoDB, [`Store::claim_many`](store_trait::Store::claim_many)),
 //! and an agent whose tasks end a few at a time claims a few at a time. Claimed
 //! ahead, the next tasks start the moment a slot frees, and each claim takes
-//! twice the batch.
+//! up to `prefetch` more (by default twice the agent's concurrency: three
+//! times the batch).
 //!
 //! When: only while claiming ahead delays no task by more than a short run.
 //! - the agent's handler runs are short (a moving average below
 //!   [`SHORT_RUN`]; unknown before the first run ends): a task claimed ahead
 //!   waits for one of them, where an idle peer would have had to claim it,
 //!   which costs about as long;
-//! - its last claim got every task it asked for (more are ready than slots:
-//!   under light load nothing is claimed ahead, so an idle peer takes it);
+//! - its last claim got every task it asked for, by key from a list of
+//!   candidates whose read filled its window (a backlog: more tasks are
+//!   ready than the window holds, at least 64; with fewer, at the end of a
+//!   burst or under light load, nothing is claimed ahead, so idle peers
+//!   share the last tasks);
 //! - no cluster-wide limit of its name stops it: a rate limit does (a task
 //!   claimed ahead would wait for its start under a lease), and so does a
 //!   global concurrency that bound at the agent's last acquisition of
@@ -25,9 +29,11 @@
 //! Architecture Invariant: a task claimed ahead is claimed like any other,
 //! fenced and under a lease the agent's `Leases` keep. It starts only while
 //! its claim is held (one whose lease was lost is let go unstarted). It runs
-//! in the drain of a stopping agent as its slot frees, and is given back with
-//! the tasks still running at the drain's end (its guard's drop releases
-//! it). A crash leaves it to lapse like any claim.
+//! in the drain of an agent stopped by `shutdown` as its slot frees, and is
+//! given back with the tasks still running at the drain's end (its guard's
+//! drop releases it); an agent stopped by `process_while` gives it back at
+//! once, unstarted, so it runs no task past what it was asked for. A crash
+//! leaves it to lapse like any claim.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -66,7 +72,7 @@ impl RunTimes {
 }
 
 /// The tasks an agent claimed ahead, in claim order, and whether its last
-/// claim got all it asked for.
+/// claim got all it asked for from a backlog.
 pub(super) struct Ahead<S: Store + Clone> {
     tasks: VecDeque<Claimed<S>>,
     last_full: bool,
@@ -88,10 +94,17 @@ impl<S: Store + Clone> Ahead<S> {
         }
     }
 
-    /// Records a claim that asked for `asked` tasks and keeps those past the
-    /// first `free` of `got`; returns the ones to start now.
-    pub(super) fn claimed(&mut self, asked: usize, free: usize, mut got: Vec<Claimed<S>>) -> Vec<Claimed<S>> {
-        self.last_full = asked > 0 && got.len() >= asked;
+    /// Records a claim that asked for `asked` tasks and got `got`, from a
+    /// backlog or not (`Claims::backlog`), and keeps those past the first
+    /// `free`; returns the ones to start now.
+    pub(super) fn claimed(
+        &mut self,
+        asked: usize,
+        free: usize,
+        mut got: Vec<Claimed<S>>,
+        backlog: bool,
+    ) -> Vec<Claimed<S>> {
+        self.last_full = backlog && asked > 0 && got.len() >= asked;
         let later = got.split_off(free.min(got.len()));
         if !later.is_empty() {
             tracing::debug!(ahead = later.len(), "tasks claimed ahead of free slots");
@@ -113,6 +126,11 @@ impl<S: Store + Clone> Ahead<S> {
             out.push(c);
         }
         out
+    }
+
+    /// Every task claimed ahead, to give back.
+    pub(super) fn take_all(&mut self) -> Vec<Claimed<S>> {
+        self.tasks.drain(..).collect()
     }
 
     /// Whether no task is claimed ahead.
@@ -149,7 +167,7 @@ mod tests {
     fn room_only_after_a_full_claim_with_short_runs_and_no_limit() {
         let mut a: Ahead<store_memory::MemoryStore> = Ahead::new();
         assert_eq!(a.room(4, true, false), 0, "no claim yet");
-        assert!(a.claimed(4, 4, Vec::new()).is_empty());
+        assert!(a.claimed(4, 4, Vec::new(), true).is_empty());
         assert_eq!(a.room(4, true, false), 0, "the last claim got none of four");
         a.last_full = true;
         assert_eq!(a.room(4, true, false), 4);

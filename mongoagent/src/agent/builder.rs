@@ -101,12 +101,12 @@ impl<S: Store + Clone> AgentBuilder<S> {
     }
 
     /// Tasks a busy agent may claim ahead of its free slots, at most (default:
-    /// its [`concurrency`](Self::concurrency), at most 1,000; 0 turns it off;
-    /// more than 1,000 is a configuration error).
+    /// twice its [`concurrency`](Self::concurrency), at most 1,000; 0 turns
+    /// it off; more than 1,000 is a configuration error).
     /// They start as slots free, without a claim each time, so an agent
-    /// claims half as often under load. Only while its handler runs are short
-    /// (under 100 ms on average), its last claim got every task it asked for,
-    /// and neither a rate limit nor a binding global concurrency stops it: a
+    /// claims a third as often under load. Only while its handler runs are
+    /// short (under 100 ms on average), its last claim got every task it
+    /// asked for from a backlog (at least 64 ready), and neither a rate limit nor a binding global concurrency stops it: a
     /// task claimed ahead waits for at most about one short run. A task claimed ahead is claimed, leased
     /// and fenced like any other, and runs in a stopping agent's drain.
     #[doc(alias = "claim_ahead")]
@@ -197,7 +197,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 return bad(format!("prefetch {n} is above {}", super::ahead::MAX_PREFETCH))
             }
             Some(n) => n,
-            None => self.concurrency.min(super::ahead::MAX_PREFETCH),
+            None => self.concurrency.saturating_mul(2).min(super::ahead::MAX_PREFETCH),
         };
         if self.max_attempts == 0 {
             return bad("max_attempts must be at least 1".into());

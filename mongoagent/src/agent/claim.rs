@@ -77,20 +77,26 @@ pub(super) struct Claimed<S: Store + Clone> {
 /// (`Candidates::head_claimed`). Since the idle watch passes over other
 /// claimers' claims ([`claimable_changes`]), no change need come to say so:
 /// the work loop tries again after a backoff instead of idling.
+///
+/// And whether they came from a backlog (`backlog`): claimed by key from a
+/// list of candidates whose read filled its window, so more tasks are ready
+/// than a window holds; only then does the agent claim ahead of its free
+/// slots (`ahead.rs`).
 pub(super) struct Claims<S: Store + Clone> {
     pub(super) tasks: Vec<Claimed<S>>,
     pub(super) outrun: bool,
+    pub(super) backlog: bool,
 }
 
 impl<S: Store + Clone> Claims<S> {
     /// Nothing claimed, and nothing left to try soon.
     pub(super) fn none() -> Self {
-        Claims { tasks: Vec::new(), outrun: false }
+        Claims { tasks: Vec::new(), outrun: false, backlog: false }
     }
 
     /// These tasks claimed.
     fn got(tasks: Vec<Claimed<S>>) -> Self {
-        Claims { tasks, outrun: false }
+        Claims { tasks, outrun: false, backlog: false }
     }
 }
 
@@ -228,7 +234,7 @@ impl<S: Store + Clone> Agent<S> {
             return Ok(ready);
         }
         let tasks = self.claim_from(&lapsed, seq, Take::for_query(capacity)).await?;
-        Ok(Claims { outrun: ready.outrun && tasks.is_empty(), tasks })
+        Ok(Claims { outrun: ready.outrun && tasks.is_empty(), tasks, backlog: false })
     }
 
     /// Claims ready tasks by key from `list`, reading it again when it needs
@@ -243,10 +249,10 @@ impl<S: Store + Clone> Agent<S> {
                 if list.head_first() {
                     let tasks = self.claim_from(&ready, seq, Take::for_query(capacity)).await?;
                     let outrun = list.head_claimed(tasks.len());
-                    return Ok(Claims { tasks, outrun });
+                    return Ok(Claims { tasks, outrun, backlog: false });
                 }
                 if reads == READS {
-                    return Ok(Claims { tasks: Vec::new(), outrun: true });
+                    return Ok(Claims { tasks: Vec::new(), outrun: true, backlog: false });
                 }
                 reads += 1;
                 let window = Candidates::window(capacity);
@@ -262,7 +268,8 @@ impl<S: Store + Clone> Agent<S> {
             let got = self.claim_from(&ready.clone().keys(keys), seq, Take::for_keys(asked)).await?;
             list.claimed(asked, got.len());
             if !got.is_empty() {
-                return Ok(Claims::got(got));
+                // A list read that filled its window: a backlog.
+                return Ok(Claims { tasks: got, outrun: false, backlog: !list.head_first() });
             }
         }
     }

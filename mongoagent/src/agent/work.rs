@@ -112,8 +112,10 @@ impl<S: Store + Clone> Agent<S> {
             waited = false;
             let free = inner.concurrency - running.len();
             let asked = free + ahead.room(inner.prefetch, inner.run_times.short(), inner.limits.stops_claims_ahead());
-            let claimed =
-                self.claim_limited(asked, woken.take()).await.map(|c| (ahead.claimed(asked, free, c.tasks), c.outrun));
+            let claimed = self
+                .claim_limited(asked, woken.take())
+                .await
+                .map(|c| (ahead.claimed(asked, free, c.tasks, c.backlog), c.outrun));
             match claimed {
                 Ok((start, _)) if !start.is_empty() => {
                     backoff.reset();
@@ -197,6 +199,11 @@ impl<S: Store + Clone> Agent<S> {
                 }
             }
         }
+        if !inner.shutdown.is_cancelled() {
+            // `process_while` said stop: the tasks claimed ahead are not run
+            // past what it asked for; their claims go back now (one command).
+            self.give_back(ahead.take_all()).await;
+        }
         self.drain(running, ahead, &handler).await;
         self.release_pooled_permits().await;
         Ok(self.counters())
@@ -241,6 +248,33 @@ impl<S: Store + Clone> Agent<S> {
             Err(e) => tracing::error!(agent = %self.inner.name, error = %e, "task runner failed"),
         }
         false
+    }
+
+    /// Gives claims back unstarted: one fenced release each, in one batch
+    /// (`LockGuard::release_many`), as a drain's end gives back the tasks it
+    /// abandons: claimable again at once (as lapsed claims), with a higher
+    /// fence. Their permits of the global concurrency go back too.
+    async fn give_back(&self, claimed: Vec<Claimed<S>>) {
+        if claimed.is_empty() {
+            return;
+        }
+        tracing::info!(agent = %self.inner.name, tasks = claimed.len(), "giving back tasks claimed ahead, unstarted");
+        let mut permits = Vec::with_capacity(claimed.len());
+        let items = claimed
+            .into_iter()
+            .map(|c| {
+                permits.push(c.permit);
+                (c.guard, store_trait::Mutation::new())
+            })
+            .collect();
+        for r in mongolock::LockGuard::release_many(items).await {
+            if let Err(e) = r {
+                tracing::debug!(agent = %self.inner.name, error = %e, "a claim given back was not released; it lapses");
+            }
+        }
+        for p in permits {
+            self.return_permit(p).await;
+        }
     }
 
     /// Runs a claimed task on its own task in `running`.

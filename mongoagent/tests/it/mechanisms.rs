@@ -986,8 +986,9 @@ async fn slots_freed_together_are_claimed_together() {
 }
 
 /// Claims ahead of free slots (`ahead.rs`): a busy agent with short tasks
-/// claims more than its free slots and starts them as slots free, so it claims
-/// about half as often as with `prefetch(0)`; every task runs once.
+/// and a backlog (more ready than its list's window of 64) claims more than
+/// its free slots and starts them as slots free, so it claims at most two
+/// thirds as often as with `prefetch(0)`; every task runs once.
 #[tokio::test(start_paused = true)]
 async fn a_busy_agent_with_short_tasks_claims_ahead() {
     let mut claims = Vec::new();
@@ -995,17 +996,17 @@ async fn a_busy_agent_with_short_tasks_claims_ahead() {
         let store = MemoryStore::new();
         store.faults().set_latency(Duration::from_millis(5));
         let q = Queue::new(store.clone(), "tasks").unwrap();
-        q.enqueue_all(&(0..64).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+        q.enqueue_all(&(0..256).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
         let calls = Counted::new(store.clone());
         let mut b = Agent::builder(calls.clone(), "w", "tasks")
             .concurrency(4)
             .poll_interval(Duration::from_secs(60))
-            .process_while(|l| l.completed < 64);
+            .process_while(|l| l.completed < 256);
         if let Some(n) = prefetch {
             b = b.prefetch(n);
         }
         let log = b.build().unwrap().work(|_t: Task| async { true }).await.unwrap();
-        assert_eq!((log.completed, log.tasks_processed), (64, 64), "prefetch {prefetch:?}");
+        assert_eq!((log.completed, log.tasks_processed), (256, 256), "prefetch {prefetch:?}");
         let asked = calls.asked_max.load(Ordering::SeqCst);
         assert_eq!(asked > 4, prefetch.is_none(), "prefetch {prefetch:?}: a claim asked for {asked}");
         claims.push(calls.claims.load(Ordering::SeqCst));
@@ -1083,4 +1084,63 @@ async fn a_stopping_agent_runs_the_tasks_it_claimed_ahead() {
     assert_eq!(u64::try_from(done).unwrap(), log.completed);
     assert_eq!(log.tasks_processed, log.completed);
     assert!(done > 8 && done < 200, "{done} done");
+}
+
+/// Nothing is claimed ahead without a backlog (fewer ready tasks than a list's
+/// window of 64, as at the end of a burst): idle peers share the last tasks.
+#[tokio::test(start_paused = true)]
+async fn without_a_backlog_nothing_is_claimed_ahead() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(5));
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..40).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+    let calls = Counted::new(store.clone());
+    let log = Agent::builder(calls.clone(), "w", "tasks")
+        .concurrency(4)
+        .poll_interval(Duration::from_secs(60))
+        .process_while(|l| l.completed < 40)
+        .build()
+        .unwrap()
+        .work(|_t: Task| async { true })
+        .await
+        .unwrap();
+    assert_eq!(log.completed, 40);
+    assert_eq!(calls.asked_max.load(Ordering::SeqCst), 4, "no claim asked for more than the free slots");
+}
+
+/// An agent stopped by `process_while` gives back the tasks it claimed ahead,
+/// unstarted, instead of running them past what it was asked for; another
+/// agent then runs every task left, each once.
+#[tokio::test(start_paused = true)]
+async fn process_while_gives_back_the_tasks_claimed_ahead() {
+    for stop_at in [100_u64, 101, 102, 103] {
+        let store = MemoryStore::new();
+        store.faults().set_latency(Duration::from_millis(5));
+        let q = Queue::new(store.clone(), "tasks").unwrap();
+        q.enqueue_all(&(0..256).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+        let calls = Counted::new(store.clone());
+        let first = Agent::builder(calls.clone(), "w", "tasks")
+            .concurrency(4)
+            .poll_interval(Duration::from_secs(60))
+            .process_while(move |l| l.completed < stop_at)
+            .build()
+            .unwrap()
+            .work(|_t: Task| async { true })
+            .await
+            .unwrap();
+        assert!(calls.asked_max.load(Ordering::SeqCst) > 4, "claims ahead happened");
+        // At the stop, at most the four tasks in flight finish.
+        assert!(first.tasks_processed < stop_at + 4, "stop at {stop_at}: {} run", first.tasks_processed);
+        let rest = 256 - first.completed;
+        let second = Agent::builder(store.clone(), "w", "tasks")
+            .concurrency(4)
+            .poll_interval(Duration::from_secs(60))
+            .process_while(move |l| l.completed < rest)
+            .build()
+            .unwrap()
+            .work(|_t: Task| async { true })
+            .await
+            .unwrap();
+        assert_eq!((first.tasks_processed + second.tasks_processed, first.completed + second.completed), (256, 256));
+    }
 }
