@@ -205,7 +205,13 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
     if let Upserted::Changed(v) = schedules.upsert(&schedule).await.map_err(|e| e.to_string())? {
         eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})");
     }
-    let opts = AgentOpts { concurrency: a.concurrency, max_attempts: a.max_attempts, max_tasks: None, limits: None };
+    let opts = AgentOpts {
+        concurrency: a.concurrency,
+        prefetch: None,
+        max_attempts: a.max_attempts,
+        max_tasks: None,
+        limits: None,
+    };
     let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(config)?;
     let signal = supervise::on_signal();
     let stop_scheduler = CancellationToken::new();

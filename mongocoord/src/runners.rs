@@ -175,6 +175,8 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AgentOpts {
     pub(crate) concurrency: usize,
+    /// Tasks claimed ahead of free slots, at most (`None`: the default).
+    pub(crate) prefetch: Option<usize>,
     pub(crate) max_attempts: u32,
     pub(crate) max_tasks: Option<u64>,
     /// The agent name's cluster-wide limits, if any.
@@ -253,6 +255,9 @@ pub(crate) fn agent_builder(
         .drain_timeout(run.grace * 2 + Duration::from_secs(5));
     if let Some(n) = o.max_tasks {
         b = b.process_while(move |log| log.tasks_processed < n);
+    }
+    if let Some(n) = o.prefetch {
+        b = b.prefetch(n);
     }
     if let Some(n) = o.limits.and_then(|l| l.global_concurrency) {
         b = b.global_concurrency(n);

@@ -958,11 +958,7 @@ async fn an_old_candidate_list_is_read_again() {
 /// and outcome writes go one or two at a time).
 #[tokio::test(start_paused = true)]
 async fn slots_freed_together_are_claimed_together() {
-    let store = MemoryStore::new();
-    store.faults().set_latency(Duration::from_millis(5));
-    let q = Queue::new(store.clone(), "tasks").unwrap();
-    q.enqueue_all(&(0..32).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
-    let calls = Counted::new(store.clone());
+    let (_, calls) = busy_queue(32).await;
     let agent = Agent::builder(calls.clone(), "w", "tasks")
         .concurrency(4)
         .poll_interval(Duration::from_secs(60))
@@ -985,6 +981,17 @@ async fn slots_freed_together_are_claimed_together() {
     assert!(writes <= 16, "{writes} outcome writes for 32 tasks, four slots");
 }
 
+/// A memory store whose calls take 5 ms, holding `n` tasks of agent `w`,
+/// and a counting wrapper around it.
+async fn busy_queue(n: i32) -> (MemoryStore, Counted) {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(5));
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..n).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+    let calls = Counted::new(store.clone());
+    (store, calls)
+}
+
 /// Claims ahead of free slots (`ahead.rs`): a busy agent with short tasks
 /// and a backlog (more ready than its list's window of 64) claims more than
 /// its free slots and starts them as slots free, so it claims at most two
@@ -993,11 +1000,7 @@ async fn slots_freed_together_are_claimed_together() {
 async fn a_busy_agent_with_short_tasks_claims_ahead() {
     let mut claims = Vec::new();
     for prefetch in [None, Some(0)] {
-        let store = MemoryStore::new();
-        store.faults().set_latency(Duration::from_millis(5));
-        let q = Queue::new(store.clone(), "tasks").unwrap();
-        q.enqueue_all(&(0..256).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
-        let calls = Counted::new(store.clone());
+        let (_, calls) = busy_queue(256).await;
         let mut b = Agent::builder(calls.clone(), "w", "tasks")
             .concurrency(4)
             .poll_interval(Duration::from_secs(60))
@@ -1042,11 +1045,7 @@ async fn long_tasks_are_not_claimed_ahead() {
 /// free: none is left claimed, and each ran once.
 #[tokio::test(start_paused = true)]
 async fn a_stopping_agent_runs_the_tasks_it_claimed_ahead() {
-    let store = MemoryStore::new();
-    store.faults().set_latency(Duration::from_millis(5));
-    let q = Queue::new(store.clone(), "tasks").unwrap();
-    q.enqueue_all(&(0..200).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
-    let calls = Counted::new(store.clone());
+    let (store, calls) = busy_queue(200).await;
     let agent = Agent::builder(calls.clone(), "w", "tasks")
         .concurrency(4)
         .poll_interval(Duration::from_secs(60))
@@ -1090,11 +1089,7 @@ async fn a_stopping_agent_runs_the_tasks_it_claimed_ahead() {
 /// window of 64, as at the end of a burst): idle peers share the last tasks.
 #[tokio::test(start_paused = true)]
 async fn without_a_backlog_nothing_is_claimed_ahead() {
-    let store = MemoryStore::new();
-    store.faults().set_latency(Duration::from_millis(5));
-    let q = Queue::new(store.clone(), "tasks").unwrap();
-    q.enqueue_all(&(0..40).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
-    let calls = Counted::new(store.clone());
+    let (_, calls) = busy_queue(40).await;
     let log = Agent::builder(calls.clone(), "w", "tasks")
         .concurrency(4)
         .poll_interval(Duration::from_secs(60))
@@ -1114,11 +1109,7 @@ async fn without_a_backlog_nothing_is_claimed_ahead() {
 #[tokio::test(start_paused = true)]
 async fn process_while_gives_back_the_tasks_claimed_ahead() {
     for stop_at in [100_u64, 101, 102, 103] {
-        let store = MemoryStore::new();
-        store.faults().set_latency(Duration::from_millis(5));
-        let q = Queue::new(store.clone(), "tasks").unwrap();
-        q.enqueue_all(&(0..256).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
-        let calls = Counted::new(store.clone());
+        let (store, calls) = busy_queue(256).await;
         let first = Agent::builder(calls.clone(), "w", "tasks")
             .concurrency(4)
             .poll_interval(Duration::from_secs(60))

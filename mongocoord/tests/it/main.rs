@@ -228,14 +228,20 @@ fn agent_limits_from_the_command_line() {
     for i in 0..3 {
         e.json(&["enqueue", "--queue", "jobs", "--agent", "lim", &format!(r#"{{"i": {i}}}"#)]);
     }
-    let limited = ["agent", "lim", "--queue", "jobs", "--global-concurrency", "1", "--rate", "2/1"];
+    let limited = ["agent", "lim", "--queue", "jobs", "--global-concurrency", "1", "--rate", "2/1", "--prefetch", "0"];
     let out = e.run(&[&limited[..], &["--max-tasks", "3", "--concurrency", "3", "--", "true"]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(e.json(&["tasks", "--queue", "jobs"])["lim"]["completed"], 3);
     // Strictly parsed: a clear error and a usage status, before connecting.
-    for (flag, value) in
-        [("--rate", "100"), ("--rate", "1e3/60"), ("--rate", "0/60"), ("--rate", "5/0"), ("--global-concurrency", "0")]
-    {
+    for (flag, value) in [
+        ("--rate", "100"),
+        ("--rate", "1e3/60"),
+        ("--rate", "0/60"),
+        ("--rate", "5/0"),
+        ("--global-concurrency", "0"),
+        ("--prefetch", "1001"),
+        ("--prefetch", "lots"),
+    ] {
         let bad = e.run(&["agent", "lim", "--queue", "jobs", flag, value, "--", "true"]);
         let err = String::from_utf8_lossy(&bad.stderr);
         assert_eq!(bad.status.code(), Some(2), "{flag} {value}: {err}");
