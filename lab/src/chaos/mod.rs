@@ -165,9 +165,10 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
 
     let agent_loop = {
         let (store, log) = (store.clone(), log.clone());
-        // Half the workers run short tasks, so their agents claim ahead of
-        // free slots (`mongoagent`'s `ahead.rs`: runs under 100 ms on
-        // average) and are killed holding tasks claimed ahead.
+        // About half the workers (each picks at random) run short tasks, so
+        // their agents claim ahead of free slots (`mongoagent`'s `ahead.rs`:
+        // runs under 100 ms on average) and are killed holding tasks claimed
+        // ahead.
         let runs = if fastrand::bool() { 5..60 } else { 20..400 };
         async move {
             let agent = Agent::builder(store, "chaos", QUEUE)

@@ -29,11 +29,11 @@
 //! Architecture Invariant: a task claimed ahead is claimed like any other,
 //! fenced and under a lease the agent's `Leases` keep. It starts only while
 //! its claim is held (one whose lease was lost is let go unstarted). It runs
-//! in the drain of an agent stopped by `shutdown` as its slot frees, and is
-//! given back with the tasks still running at the drain's end (its guard's
-//! drop releases it); an agent stopped by `process_while` gives it back at
-//! once, unstarted, so it runs no task past what it was asked for. A crash
-//! leaves it to lapse like any claim.
+//! in the drain of an agent stopped by `shutdown` as its slot frees. It is
+//! given back unstarted, in one batch (`work.rs`, `give_back`), when
+//! `process_while` stops the agent (so it runs no task past what it was
+//! asked for) and when the drain times out. A crash leaves it to lapse like
+//! any claim.
 
 use std::collections::VecDeque;
 use std::time::Duration;

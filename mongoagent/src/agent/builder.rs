@@ -103,12 +103,16 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// Tasks a busy agent may claim ahead of its free slots, at most (default:
     /// twice its [`concurrency`](Self::concurrency), at most 1,000; 0 turns
     /// it off; more than 1,000 is a configuration error).
+    ///
     /// They start as slots free, without a claim each time, so an agent
     /// claims a third as often under load. Only while its handler runs are
     /// short (under 100 ms on average), its last claim got every task it
-    /// asked for from a backlog (at least 64 ready), and neither a rate limit nor a binding global concurrency stops it: a
-    /// task claimed ahead waits for at most about one short run. A task claimed ahead is claimed, leased
-    /// and fenced like any other, and runs in a stopping agent's drain.
+    /// asked for from a backlog (at least 64 ready), and neither a rate limit
+    /// nor a binding global concurrency stops it: a task claimed ahead waits
+    /// for at most about one short run. A task claimed ahead is claimed,
+    /// leased and fenced like any other. It runs in the drain after
+    /// [`Agent::shutdown`]; a stop by [`process_while`](Self::process_while)
+    /// gives it back unstarted (its next claim counts one more attempt).
     #[doc(alias = "claim_ahead")]
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);

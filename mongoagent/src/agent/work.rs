@@ -31,12 +31,12 @@ impl<S: Store + Clone> Agent<S> {
     ///
     /// # Cancel safety
     ///
-    /// Not cancel-safe as a whole: dropping the future stops claiming and drops the
-    /// handlers in flight at their next await point. No outcome is written for
-    /// them: their leases are released in the background (a fenced write), and the
-    /// tasks are claimed again with a higher fence, so nothing is lost and a late
-    /// write of the dropped run is rejected. Use [`Agent::shutdown`] to stop with a
-    /// drain.
+    /// Not cancel-safe as a whole: dropping the future stops claiming and drops
+    /// the handlers in flight (and the tasks claimed ahead) at their next await
+    /// point. No outcome is written for them: their leases are released in the
+    /// background (a fenced write), and the tasks are claimed again with a
+    /// higher fence, so nothing is lost and a late write of the dropped run is
+    /// rejected. Use [`Agent::shutdown`] to stop with a drain.
     pub async fn work(&self, handler: impl Handler) -> Result<AgentCounters, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
         let inner = &self.inner;
@@ -250,10 +250,11 @@ impl<S: Store + Clone> Agent<S> {
         false
     }
 
-    /// Gives claims back unstarted: one fenced release each, in one batch
-    /// (`LockGuard::release_many`), as a drain's end gives back the tasks it
-    /// abandons: claimable again at once (as lapsed claims), with a higher
-    /// fence. Their permits of the global concurrency go back too.
+    /// Gives back tasks claimed ahead that a stop does not run (`process_while`
+    /// said stop, or the drain timed out): one fenced release each, in one
+    /// batch (`LockGuard::release_many`), awaited; claimable again at once
+    /// (as lapsed claims), with a higher fence at their next claim. Their
+    /// permits of the global concurrency go back too.
     async fn give_back(&self, claimed: Vec<Claimed<S>>) {
         if claimed.is_empty() {
             return;
@@ -289,8 +290,9 @@ impl<S: Store + Clone> Agent<S> {
     }
 
     /// Lets in-flight tasks finish within the drain timeout, and starts the
-    /// tasks claimed ahead as their slots free; then drops the rest, which
-    /// gives their claims back (their guards release them).
+    /// tasks claimed ahead as their slots free; then drops the tasks still
+    /// running (their guards release their claims) and gives back the tasks
+    /// claimed ahead still unstarted.
     async fn drain(
         &self,
         mut running: JoinSet<Result<Processed, AgentError>>,
@@ -316,6 +318,7 @@ impl<S: Store + Clone> Agent<S> {
                 _ = tokio::time::sleep_until(deadline) => {
                     tracing::warn!(agent = %self.inner.name, abandoned = running.len() + ahead.len(), "drain timeout: giving claims back");
                     running.shutdown().await;
+                    self.give_back(ahead.take_all()).await;
                     return;
                 }
             }
