@@ -217,46 +217,8 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     eprintln!("queue events: one subscriber while 4 agents on one Queue run {tasks} trivial tasks…");
     events::put_figures(&mut f, &store, tasks, "bench_queue_events").await?;
 
-    let queue = Queue::new(store.clone(), "bench_queue").map_err(|e| e.to_string())?;
     let picks = if o.quick { 10 } else { 30 };
-    eprintln!("idle pickup latency ({picks} trials)…");
-    let picked = Arc::new(Mutex::new(Vec::new()));
-    let agent = Agent::builder(store.clone(), "pickup", "bench_queue")
-        .poll_interval(Duration::from_secs(5))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let p2 = picked.clone();
-    let epoch = Instant::now();
-    let worker = tokio::spawn({
-        let agent = agent.clone();
-        async move {
-            agent
-                .work(move |t: Task| {
-                    let p2 = p2.clone();
-                    async move {
-                        let sent = t.data().get_i64("sent_us").unwrap_or_default();
-                        let now = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
-                        p2.lock().push((now - sent) as f64 / 1e3);
-                        Outcome::done()
-                    }
-                })
-                .await
-        }
-    });
-    for _ in 0..picks {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let sent = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
-        queue.enqueue(NewTask::new("pickup", doc! {"sent_us": sent})).await.map_err(|e| e.to_string())?;
-    }
-    let until = Instant::now() + Duration::from_secs(30);
-    while picked.lock().len() < picks && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    agent.shutdown();
-    let _ = worker.await;
-    let pk = sorted(picked.lock().clone());
-    f.put("pickup_ms_p50", pct(&pk, 0.5));
-    f.put("pickup_ms_p99", pct(&pk, 0.99));
+    pickup_figures(&mut f, &store, picks).await?;
 
     if !skip.contains("schedule") {
         let ticks = if o.quick { 10 } else { 30 };
@@ -584,6 +546,53 @@ async fn raw_queue_run(uri: &str, db: &str, store: &MongoStore, tasks: u32, coll
         return Err(format!("raw queue: {completed} completions for {tasks} tasks"));
     }
     Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })
+}
+
+/// Idle pickup: one agent idle on a quiet queue of its own (not one the
+/// throughput runs filled: on SecantusDB each write costs in proportion to
+/// its collection's size), `picks` tasks enqueued 300 ms apart; the time
+/// from each enqueue call to its handler's start.
+async fn pickup_figures(f: &mut Figures, store: &MongoStore, picks: usize) -> Result<(), String> {
+    let queue = Queue::new(store.clone(), "bench_pickup").map_err(|e| e.to_string())?;
+    eprintln!("idle pickup latency ({picks} trials)…");
+    let picked = Arc::new(Mutex::new(Vec::new()));
+    let agent = Agent::builder(store.clone(), "pickup", "bench_pickup")
+        .poll_interval(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let p2 = picked.clone();
+    let epoch = Instant::now();
+    let worker = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            agent
+                .work(move |t: Task| {
+                    let p2 = p2.clone();
+                    async move {
+                        let sent = t.data().get_i64("sent_us").unwrap_or_default();
+                        let now = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
+                        p2.lock().push((now - sent) as f64 / 1e3);
+                        Outcome::done()
+                    }
+                })
+                .await
+        }
+    });
+    for _ in 0..picks {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = i64::try_from(epoch.elapsed().as_micros()).unwrap_or_default();
+        queue.enqueue(NewTask::new("pickup", doc! {"sent_us": sent})).await.map_err(|e| e.to_string())?;
+    }
+    let until = Instant::now() + Duration::from_secs(30);
+    while picked.lock().len() < picks && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    agent.shutdown();
+    let _ = worker.await;
+    let pk = sorted(picked.lock().clone());
+    f.put("pickup_ms_p50", pct(&pk, 0.5));
+    f.put("pickup_ms_p99", pct(&pk, 0.99));
+    Ok(())
 }
 
 /// A minimal DistributedLock.MongoDB-style acquire: one `findAndModify` upsert

@@ -70,7 +70,11 @@ pub(crate) fn condition(c: &Condition) -> Bson {
                 ] },
             ]
         }),
-        Condition::Not(c) => Bson::Document(doc! { "$not": [condition(c)] }),
+        Condition::Not(c) => match &**c {
+            // Absent: the check `Exists` negates, without negating it.
+            Condition::Exists(f) => is_null_or_missing(f),
+            c => Bson::Document(doc! { "$not": [condition(c)] }),
+        },
         Condition::All(cs) if cs.is_empty() => Bson::Boolean(true),
         Condition::Any(cs) if cs.is_empty() => Bson::Boolean(false),
         Condition::All(cs) => Bson::Document(doc! { "$and": cs.iter().map(condition).collect::<Vec<_>>() }),
@@ -248,64 +252,108 @@ pub(crate) fn sort(q: &Query) -> Option<Document> {
     Some(q.sort.iter().map(|(f, o)| (f.clone(), Bson::Int32(o.as_i32()))).collect())
 }
 
+/// True when `c` holding rules out a live lease (of anyone): a grant under it
+/// starts a new lease, whatever the owner.
+fn rules_out_live_lease(c: &Condition) -> bool {
+    match c {
+        Condition::Free => true,
+        Condition::All(cs) => cs.iter().any(rules_out_live_lease),
+        _ => false,
+    }
+}
+
+/// True when `c` holding means `owner` holds a live lease: a grant to `owner`
+/// under it renews that lease.
+fn holds_live_lease(c: &Condition, owner: &str) -> bool {
+    match c {
+        Condition::HeldBy(o) => o == owner,
+        Condition::All(cs) => cs.iter().any(|c| holds_live_lease(c, owner)),
+        _ => false,
+    }
+}
+
 /// A pipeline update applying `m` when `cond` holds (always when `None`), stamping
 /// `nonce` so the caller can tell from the returned document whether it applied.
+///
+/// The condition is evaluated once: a conditional update is one `$replaceWith`
+/// of the document merged with the new values, or the document unchanged
+/// (plus, only when the mutation removes fields, a `$set` removing them from a
+/// document the first stage marked as written). Expressions are kept few: on a
+/// server that interprets them (SecantusDB), each costs time in every write.
 pub(crate) fn update(cond: Option<&Condition>, m: &Mutation, nonce: &str) -> Vec<Document> {
+    let cond = cond.filter(|c| **c != Condition::Always);
     let mut set = Document::new();
-    let mut put = |name: &str, value: Bson| {
-        let value = match cond {
-            None => value,
-            Some(_) => Bson::Document(doc! { "$cond": [format!("${OK}"), value, field(name)] }),
-        };
-        set.insert(name, value);
-    };
     match &m.lease {
         LeaseOp::Keep => {}
         LeaseOp::Grant { owner, ttl } => {
-            let same_live = doc! {
-                "$and": [{ "$eq": [field(fields::LEASE_OWNER), { "$literal": owner }] }, { "$gt": [until_ms(), now_ms()] }]
-            };
-            put(fields::LEASE_OWNER, Bson::Document(doc! { "$literal": owner }));
-            put(
-                fields::LEASE_SINCE,
+            // The lease's start: kept when the owner renews its live lease, else now.
+            let since = if cond.is_some_and(rules_out_live_lease) {
+                now_ms()
+            } else if cond.is_some_and(|c| holds_live_lease(c, owner)) {
+                Bson::Document(doc! { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] })
+            } else {
+                let same_live = doc! {
+                    "$and": [{ "$eq": [field(fields::LEASE_OWNER), { "$literal": owner }] }, { "$gt": [until_ms(), now_ms()] }]
+                };
                 Bson::Document(
                     doc! { "$cond": [same_live, { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] }, now_ms()] },
-                ),
-            );
-            put(fields::LEASE_UNTIL, Bson::Document(doc! { "$add": [now_ms(), ttl.as_millis()] }));
+                )
+            };
+            set.insert(fields::LEASE_OWNER, doc! { "$literal": owner });
+            set.insert(fields::LEASE_SINCE, since);
+            set.insert(fields::LEASE_UNTIL, doc! { "$add": [now_ms(), ttl.as_millis()] });
         }
         LeaseOp::Release => {
             for f in [fields::LEASE_OWNER, fields::LEASE_SINCE, fields::LEASE_UNTIL] {
-                put(f, Bson::Document(doc! { "$literal": Bson::Null }));
+                set.insert(f, doc! { "$literal": Bson::Null });
             }
         }
         _ => {}
     }
-    put(fields::FENCE, Bson::Document(doc! { "$add": [counter(fields::FENCE), i64::from(m.bump_fence)] }));
-    put(fields::REV, Bson::Document(doc! { "$add": [counter(fields::REV), 1_i64] }));
-    put(fields::LAST_OP, Bson::Document(doc! { "$literal": nonce }));
+    let fence = if m.bump_fence {
+        doc! { "$add": [counter(fields::FENCE), 1_i64] }
+    } else {
+        doc! { "$ifNull": [field(fields::FENCE), 0_i64] }
+    };
+    set.insert(fields::FENCE, fence);
+    set.insert(fields::REV, doc! { "$add": [counter(fields::REV), 1_i64] });
+    set.insert(fields::LAST_OP, doc! { "$literal": nonce });
     for (k, v) in &m.set {
-        put(k, Bson::Document(doc! { "$literal": v.clone() }));
-    }
-    for k in &m.unset {
-        put(k, Bson::String("$$REMOVE".into()));
+        set.insert(k, doc! { "$literal": v.clone() });
     }
     for (k, ms) in &m.set_time {
-        put(k, Bson::Document(doc! { "$add": ["$$NOW", *ms] }));
+        set.insert(k, doc! { "$add": ["$$NOW", *ms] });
     }
     for (k, by) in &m.inc {
-        put(k, Bson::Document(doc! { "$add": [{ "$ifNull": [field(k), 0_i64] }, *by] }));
+        set.insert(k, doc! { "$add": [{ "$ifNull": [field(k), 0_i64] }, *by] });
     }
     if let Some(ttl) = m.gc {
-        put(fields::GC_AT, Bson::Document(doc! { "$add": ["$$NOW", ttl.as_millis()] }));
+        set.insert(fields::GC_AT, doc! { "$add": ["$$NOW", ttl.as_millis()] });
     }
+    let mut removed: Vec<&str> = m.unset.iter().map(String::as_str).collect();
     if m.clear_gc {
-        put(fields::GC_AT, Bson::String("$$REMOVE".into()));
+        removed.push(fields::GC_AT);
     }
-    match cond {
-        None => vec![doc! { "$set": set }],
-        Some(c) => vec![doc! { "$set": { OK: condition(c) } }, doc! { "$set": set }, doc! { "$unset": [OK] }],
+    let Some(c) = cond else {
+        for f in removed {
+            set.insert(f, "$$REMOVE");
+        }
+        return vec![doc! { "$set": set }];
+    };
+    if !removed.is_empty() {
+        set.insert(OK, true);
     }
+    let written = doc! { "$mergeObjects": ["$$ROOT", set] };
+    let mut pipeline = vec![doc! { "$replaceWith": { "$cond": [condition(c), written, "$$ROOT"] } }];
+    if !removed.is_empty() {
+        let mut remove = Document::new();
+        for f in removed {
+            remove.insert(f, doc! { "$cond": [format!("${OK}"), "$$REMOVE", field(f)] });
+        }
+        remove.insert(OK, "$$REMOVE");
+        pipeline.push(doc! { "$set": remove });
+    }
+    pipeline
 }
 
 #[cfg(test)]
@@ -315,14 +363,54 @@ mod tests {
     use store_trait::Ttl;
 
     #[test]
-    fn conditional_update_has_three_stages_and_stamps_nonce() {
+    fn conditional_update_is_one_stage_and_stamps_nonce() {
         let m = Mutation::new().grant("me", Ttl::new(Duration::from_secs(1)).unwrap()).bump_fence();
         let p = update(Some(&Condition::Free), &m, "n-1");
-        assert_eq!(p.len(), 3);
-        let set = p[1].get_document("$set").unwrap();
-        assert!(set.contains_key("lease_owner") && set.contains_key("last_op") && set.contains_key("fence"));
-        assert_eq!(p[2], doc! { "$unset": [OK] });
+        assert_eq!(p.len(), 1);
+        let branches = p[0].get_document("$replaceWith").unwrap().get_array("$cond").unwrap();
+        assert_eq!(branches[2], Bson::String("$$ROOT".into()), "rejected: the document unchanged");
+        let merged = branches[1].as_document().unwrap().get_array("$mergeObjects").unwrap();
+        let set = merged[1].as_document().unwrap();
+        assert!(set.contains_key("lease_owner") && set.contains_key("fence"));
+        assert_eq!(set.get_document("last_op").unwrap(), &doc! { "$literal": "n-1" });
+        assert!(!set.contains_key(OK), "no marker without removals");
         assert_eq!(update(None, &m, "n").len(), 1);
+        assert!(update(Some(&Condition::Always), &m, "n")[0].contains_key("$set"), "no condition to evaluate");
+    }
+
+    #[test]
+    fn removals_under_a_condition_take_a_second_stage() {
+        let m = Mutation::new().set("a", 1).unset("b").clear_gc();
+        let p = update(Some(&Condition::FenceIs(3)), &m, "n");
+        assert_eq!(p.len(), 2);
+        let remove = p[1].get_document("$set").unwrap();
+        assert_eq!(remove.get_document("b").unwrap(), &doc! { "$cond": ["$__mc_ok", "$$REMOVE", "$b"] });
+        assert!(remove.contains_key(fields::GC_AT));
+        assert_eq!(remove.get_str(OK).unwrap(), "$$REMOVE");
+    }
+
+    /// A grant's start is decided without evaluating the lease when the
+    /// condition already did: under `Free` it is now, under `HeldBy` its owner
+    /// it is kept.
+    #[test]
+    fn a_grant_starts_or_keeps_its_lease_as_the_condition_implies() {
+        let ttl = Ttl::new(Duration::from_secs(1)).unwrap();
+        let since = |c: Condition| {
+            let p = update(Some(&c), &Mutation::new().grant("me", ttl), "n");
+            let branches = p[0].get_document("$replaceWith").unwrap().get_array("$cond").unwrap().clone();
+            let merged = branches[1].as_document().unwrap().get_array("$mergeObjects").unwrap().clone();
+            merged[1].as_document().unwrap().get(fields::LEASE_SINCE).cloned().unwrap()
+        };
+        assert_eq!(since(Condition::Free.and(Condition::Exists("x".into()).negate())), now_ms());
+        assert_eq!(
+            since(Condition::HeldBy("me".into())),
+            Bson::Document(doc! { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] })
+        );
+        for general in
+            [Condition::HeldBy("other".into()), Condition::Free.or(Condition::FenceIs(1)), Condition::FenceIs(1)]
+        {
+            assert!(since(general).as_document().unwrap().contains_key("$cond"));
+        }
     }
 
     #[test]

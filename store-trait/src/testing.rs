@@ -247,6 +247,12 @@ pub async fn owner_renews_and_keeps_since<H: Harness>(h: &H) {
     // Re-acquiring through the acquire path while live is also a renewal of the same term.
     let third = applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
     assert_eq!(third.lease().unwrap().since, first.lease().unwrap().since);
+    // Handed over under the holder's live lease, the lease is the new owner's
+    // own: it starts now.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let hand_over = Write::new(Condition::HeldBy("a".into()), Mutation::new().grant("b", ttl).bump_fence());
+    let fourth = applied(s.write(&c, &k, &hand_over).await.unwrap());
+    assert!(fourth.lease().unwrap().since > first.lease().unwrap().since, "a new owner's lease starts anew");
 }
 
 pub async fn renew_needs_a_live_lease<H: Harness>(h: &H) {

@@ -7,6 +7,7 @@ mod batches;
 mod claim_many;
 mod lag;
 mod pool;
+mod reference;
 mod round_trips;
 mod versions;
 
