@@ -250,6 +250,16 @@ pub(crate) fn attempt(record: &store_trait::Record) -> u64 {
     record.fence().saturating_sub(from).max(1)
 }
 
+/// The changes that give back a claim of `record` whose handler never started
+/// (a `process_while` stop or a drain's end with tasks claimed ahead, a stop
+/// while waiting for a start under the rate limit): the round's fence moves on
+/// with the claim's, so the next claim is the same attempt as this one. A
+/// give-back is not a try, and must not use up a task's retries.
+pub(crate) fn not_started(record: &store_trait::Record) -> store_trait::Mutation {
+    let from = record.get_i64(fields::ROUND_FENCE).unwrap_or(0);
+    store_trait::Mutation::new().set(fields::ROUND_FENCE, from.saturating_add(1))
+}
+
 /// A claimed task, as the handler sees it.
 #[derive(Debug, Clone)]
 pub struct Task {

@@ -112,7 +112,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// for at most about one short run. A task claimed ahead is claimed,
     /// leased and fenced like any other. It runs in the drain after
     /// [`Agent::shutdown`]; a stop by [`process_while`](Self::process_while)
-    /// gives it back unstarted (its next claim counts one more attempt).
+    /// gives it back unstarted, and its next run is still the same attempt.
     #[doc(alias = "claim_ahead")]
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);

@@ -94,8 +94,9 @@ impl<S: Store + Clone> Agent<S> {
         };
         // A start under the agent name's rate limit, if any: it may wait.
         if !self.rate_start().await? {
-            // The agent stops: the task never started; its claim goes back.
-            guard.release().await?;
+            // The agent stops: the task never started; its claim goes back,
+            // not counted as an attempt.
+            guard.release_with(crate::task::not_started(&record)).await?;
             return Ok(Processed::NotStarted(key));
         }
         // The handler runs on its own task: a panic is a failure, not a crash. If

@@ -265,7 +265,7 @@ impl<S: Store + Clone> Agent<S> {
             .into_iter()
             .map(|c| {
                 permits.push(c.permit);
-                (c.guard, store_trait::Mutation::new())
+                (c.guard, crate::task::not_started(&c.record))
             })
             .collect();
         for r in mongolock::LockGuard::release_many(items).await {

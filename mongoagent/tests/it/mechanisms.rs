@@ -2,7 +2,7 @@
 //! simulation do not pin down on their own (see ARCHITECTURE.md, "Testing"):
 //! each fails when its mechanism is removed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1123,15 +1123,68 @@ async fn process_while_gives_back_the_tasks_claimed_ahead() {
         // At the stop, at most the four tasks in flight finish.
         assert!(first.tasks_processed < stop_at + 4, "stop at {stop_at}: {} run", first.tasks_processed);
         let rest = 256 - first.completed;
+        // A task given back unstarted was not tried: its next run is its first attempt.
+        let retried = Arc::new(AtomicU64::new(0));
         let second = Agent::builder(store.clone(), "w", "tasks")
             .concurrency(4)
             .poll_interval(Duration::from_secs(60))
             .process_while(move |l| l.completed < rest)
             .build()
             .unwrap()
-            .work(|_t: Task| async { true })
+            .work({
+                let retried = retried.clone();
+                move |t: Task| {
+                    if t.attempt() != 1 {
+                        retried.fetch_add(1, Ordering::SeqCst);
+                    }
+                    async { true }
+                }
+            })
             .await
             .unwrap();
         assert_eq!((first.tasks_processed + second.tasks_processed, first.completed + second.completed), (256, 256));
+        assert_eq!(retried.load(Ordering::SeqCst), 0, "stop at {stop_at}: tasks given back ran as later attempts");
     }
+}
+
+/// A stop while a claimed task waits for its start under the rate limit gives
+/// the claim back unspent: the handler never ran, so the task's next run is
+/// still its first attempt (a give-back must not use up its retries).
+#[tokio::test(start_paused = true)]
+async fn a_claim_given_back_before_its_rate_start_is_not_an_attempt() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..3).map(|i| NewTask::new("r", doc! { "i": i })).collect::<Vec<_>>()).await.unwrap();
+    let limited = Agent::builder(store.clone(), "r", "tasks")
+        .concurrency(3)
+        .rate_limit(1, Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let worker = tokio::spawn({
+        let a = limited.clone();
+        async move { a.work(|_t: Task| async { true }).await.unwrap() }
+    });
+    // One task starts; the other two are claimed and wait for a start.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    limited.shutdown();
+    let first = worker.await.unwrap();
+    assert_eq!(first.tasks_processed, 1, "the limit lets one task start in the hour");
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rest = Agent::builder(store.clone(), "r", "tasks")
+        .poll_interval(Duration::from_secs(60))
+        .process_while(|l| l.completed < 2)
+        .build()
+        .unwrap()
+        .work({
+            let attempts = attempts.clone();
+            move |t: Task| {
+                attempts.lock().unwrap().push(t.attempt());
+                async { true }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(rest.completed, 2);
+    assert_eq!(*attempts.lock().unwrap(), [1, 1], "the claims given back were counted as attempts");
 }
