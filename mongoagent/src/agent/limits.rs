@@ -72,12 +72,13 @@ impl<S: Store + Clone> Limits<S> {
     }
 
     /// Whether a cluster-wide limit of the agent name stops claims ahead of
-    /// free slots (`ahead.rs`): a rate limit (a task claimed ahead would wait
-    /// for a start under its lease), or a global concurrency that bound at
-    /// the agent's last acquisition (a task claimed ahead holds a permit it
-    /// does not use yet, which another process waits for).
+    /// free slots (`ahead.rs`): a rate limit does (a task claimed ahead would
+    /// wait for a start under its lease). A global concurrency needs no rule
+    /// here: a claim asks for no more tasks than the permits it got, so under
+    /// a limit that binds it comes back short of what the agent asked, and a
+    /// short claim stops claims ahead (`Ahead::claimed`).
     pub(super) fn stops_claims_ahead(&self) -> bool {
-        self.rate.is_some() || (self.permits.is_some() && self.binding.load(Ordering::Relaxed))
+        self.rate.is_some()
     }
 
     /// Validates the limits: `global` permits, `rate` starts per interval.
