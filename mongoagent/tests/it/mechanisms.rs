@@ -1188,3 +1188,34 @@ async fn a_claim_given_back_before_its_rate_start_is_not_an_attempt() {
     assert_eq!(rest.completed, 2);
     assert_eq!(*attempts.lock().unwrap(), [1, 1], "the claims given back were counted as attempts");
 }
+
+/// After a pause, an insert's keyed claim that misses does not send the agent
+/// back to sleep (`Woken`, `was_paused` in `claim.rs`): the claims while
+/// paused saw nothing, so the tasks enqueued meanwhile are claimed at the
+/// resume, whichever reaches the agent first, the resume or an insert. Here
+/// the insert is of a task not yet due (its keyed claim misses); without
+/// the rule, when the insert comes first, the task enqueued during the pause
+/// waits for the 600 s poll. Repeated, since which comes first is the
+/// runtime's choice.
+#[tokio::test(start_paused = true)]
+async fn tasks_enqueued_during_a_pause_run_at_the_resume() {
+    for round in 0..12 {
+        let store = MemoryStore::new();
+        let queue = Queue::new(store.clone(), "tasks").unwrap();
+        let agent =
+            Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+        let (run, ran) = work_signalling(&agent);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        queue.set_paused("w", true).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        queue.enqueue(NewTask::new("w", doc! {"during": true})).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        queue.set_paused("w", false).await.unwrap();
+        queue.enqueue(NewTask::new("w", doc! {}).delay(Duration::from_secs(3600))).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), ran.notified())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the task enqueued during the pause waits"));
+        agent.shutdown();
+        assert_eq!(run.await.unwrap().unwrap().completed, 1);
+    }
+}
