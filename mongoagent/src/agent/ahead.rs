@@ -20,17 +20,19 @@
 //!   ready than the window holds, at least 64; with fewer, at the end of a
 //!   burst or under light load, nothing is claimed ahead, so idle peers
 //!   share the last tasks);
-//! - no cluster-wide limit of its name stops it: a rate limit does (a task
-//!   claimed ahead would wait for its start under a lease), and so does a
-//!   global concurrency that bound at the agent's last acquisition of
-//!   permits (a task claimed ahead holds its permit while it waits, which
-//!   another process may be waiting for); one that does not bind does not.
+//! - its name has no rate limit (a task claimed ahead would wait for its
+//!   start under a lease). A global concurrency that binds stops it through
+//!   the rule above: a claim asks for no more tasks than the permits it
+//!   got, so it comes back short of what the agent asked (a task claimed
+//!   ahead holds its permit while it waits, which another process may be
+//!   waiting for); one that does not bind does not stop it.
 //!
 //! Architecture Invariant: a task claimed ahead is claimed like any other,
 //! fenced and under a lease the agent's `Leases` keep. It starts only while
 //! its claim is held (one whose lease was lost is let go unstarted). It runs
 //! in the drain of an agent stopped by `shutdown` as its slot frees. It is
-//! given back unstarted, in one batch (`work.rs`, `give_back`), when
+//! given back unstarted, in one batch (`work.rs`, `give_back`; not counted
+//! as an attempt: `task::not_started`), when
 //! `process_while` stops the agent (so it runs no task past what it was
 //! asked for) and when the drain times out. A crash leaves it to lapse like
 //! any claim.

@@ -3,14 +3,18 @@
 //! `store_trait::backend::semantics` (which the in-memory store runs). The
 //! outcome and the document after it must agree, field by field, so a
 //! compilation that evaluates a condition or a mutation differently from the
-//! reference fails here, whatever form the pipeline takes.
+//! reference fails here, whatever form the pipeline takes: a single write's
+//! (the condition inside the update) or a batch's (the condition in the
+//! statement's filter).
 
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 use store_mongo::testing::test_store;
 use store_trait::backend::semantics;
-use store_trait::{fields, Collection, Condition, Key, Mutation, Store, StoreTime, Ttl, Write, WriteOutcome};
+use store_trait::{
+    fields, BatchOutcome, Collection, Condition, Key, Mutation, Store, StoreTime, Ttl, Write, WriteOutcome,
+};
 
 /// Times this far from now: far enough that the few milliseconds between the
 /// server's clock reading and the write never flip a comparison.
@@ -127,6 +131,14 @@ fn random_mutation(rng: &mut fastrand::Rng) -> Mutation {
     m
 }
 
+/// A write's outcome, from `write` or from a batch of one.
+#[derive(Debug)]
+enum Got {
+    Applied,
+    /// Rejected, with the current document or without (none exists).
+    Rejected(bool),
+}
+
 /// Times set from the store's clock may differ by the moments between reading
 /// it and writing; everything else must be equal as MongoDB's `$eq` has it.
 fn same_fields(got: &Document, want: &Document) -> Result<(), String> {
@@ -191,18 +203,33 @@ async fn conditional_writes_agree_with_the_reference_semantics() {
         // holds for it.
         let creates_or_applies = if existing.is_some() { applies } else { write.upsert };
         let reference = creates_or_applies.then(|| semantics::apply(existing.as_ref(), &key, &mutation, now, ""));
-        let outcome = store.write(&c, &key, &write).await;
+        // Half the writes that create nothing go as a batch of one (the
+        // condition in the statement's filter, the mutation unconditional).
+        let batched = !write.upsert && rng.bool();
+        let outcome = if batched {
+            store.write_many(&c, &[(key.clone(), write.clone())]).await.map(|mut out| match out.pop() {
+                Some(BatchOutcome::Applied) => Got::Applied,
+                Some(BatchOutcome::Rejected(current)) => Got::Rejected(current.is_some()),
+                other => panic!("a batch of one reported {other:?}: {what}"),
+            })
+        } else {
+            store.write(&c, &key, &write).await.map(|out| match out {
+                WriteOutcome::Applied(_) => Got::Applied,
+                WriteOutcome::Rejected(current) => Got::Rejected(current.is_some()),
+            })
+        };
+        let what = format!("{what} batched {batched}");
         let after = raw.find_one(doc! { "_id": &name }).await.unwrap();
         match (outcome, reference) {
-            (Ok(WriteOutcome::Applied(_)), Some(Ok(want))) => {
+            (Ok(Got::Applied), Some(Ok(want))) => {
                 assert!(applies, "applied, the reference rejects: {what}");
                 let got = after.expect("an applied write leaves its document");
                 same_fields(&got, &want).unwrap_or_else(|e| panic!("{e}: {what}"));
                 applied += 1;
             }
-            (Ok(WriteOutcome::Rejected(current)), None) => {
+            (Ok(Got::Rejected(current)), None) => {
                 assert_eq!(after, existing, "a rejected write changed the document: {what}");
-                assert_eq!(current.is_some(), existing.is_some(), "rejected with the wrong document: {what}");
+                assert_eq!(current, existing.is_some(), "rejected with the wrong document: {what}");
                 rejected += 1;
             }
             // Both refuse the mutation (an increment of a string).
