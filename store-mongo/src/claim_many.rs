@@ -74,7 +74,7 @@ impl MongoStore {
         // From here on a failure may leave documents stamped for a caller who
         // never learns it: they lapse at the lease's end (see `Store::claim_many`).
         let nonce = self.next_nonce();
-        let update = compile::update(None, &claim.mutation, &nonce);
+        let update = compile::update(compile::Applies::Matched(&claim.query.condition), &claim.mutation, &nonce);
         let (mut got, mut tried) = (0_usize, 0_usize);
         while got < limit && tried < ids.len() {
             let next = &ids[tried..ids.len().min(tried.saturating_add(limit - got))];

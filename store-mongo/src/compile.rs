@@ -272,24 +272,39 @@ fn holds_live_lease(c: &Condition, owner: &str) -> bool {
     }
 }
 
-/// A pipeline update applying `m` when `cond` holds (always when `None`), stamping
-/// `nonce` so the caller can tell from the returned document whether it applied.
+/// When an update's mutation applies to a document.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Applies<'a> {
+    /// When the condition holds: the pipeline evaluates it (a single write,
+    /// which returns the document either way).
+    When(&'a Condition),
+    /// Always: the filter selected the document by this condition (a claim,
+    /// a batch's statement), which therefore holds.
+    Matched(&'a Condition),
+}
+
+/// A pipeline update applying `m` as `applies` says, stamping `nonce` so the
+/// caller can tell from the returned document whether it applied.
 ///
 /// The condition is evaluated once: a conditional update is one `$replaceWith`
 /// of the document merged with the new values, or the document unchanged
 /// (plus, only when the mutation removes fields, a `$set` removing them from a
-/// document the first stage marked as written). Expressions are kept few: on a
-/// server that interprets them (SecantusDB), each costs time in every write.
-pub(crate) fn update(cond: Option<&Condition>, m: &Mutation, nonce: &str) -> Vec<Document> {
-    let cond = cond.filter(|c| **c != Condition::Always);
+/// document the first stage marked as written). What the condition says of
+/// the lease spares the grant's own comparison. Expressions are kept few: on
+/// a server that interprets them (SecantusDB), each costs time in every write.
+pub(crate) fn update(applies: Applies<'_>, m: &Mutation, nonce: &str) -> Vec<Document> {
+    let (evaluate, holds) = match applies {
+        Applies::When(c) => ((*c != Condition::Always).then_some(c), c),
+        Applies::Matched(c) => (None, c),
+    };
     let mut set = Document::new();
     match &m.lease {
         LeaseOp::Keep => {}
         LeaseOp::Grant { owner, ttl } => {
             // The lease's start: kept when the owner renews its live lease, else now.
-            let since = if cond.is_some_and(rules_out_live_lease) {
+            let since = if rules_out_live_lease(holds) {
                 now_ms()
-            } else if cond.is_some_and(|c| holds_live_lease(c, owner)) {
+            } else if holds_live_lease(holds, owner) {
                 Bson::Document(doc! { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] })
             } else {
                 let same_live = doc! {
@@ -334,7 +349,7 @@ pub(crate) fn update(cond: Option<&Condition>, m: &Mutation, nonce: &str) -> Vec
     if m.clear_gc {
         removed.push(fields::GC_AT);
     }
-    let Some(c) = cond else {
+    let Some(c) = evaluate else {
         for f in removed {
             set.insert(f, "$$REMOVE");
         }
@@ -365,7 +380,7 @@ mod tests {
     #[test]
     fn conditional_update_is_one_stage_and_stamps_nonce() {
         let m = Mutation::new().grant("me", Ttl::new(Duration::from_secs(1)).unwrap()).bump_fence();
-        let p = update(Some(&Condition::Free), &m, "n-1");
+        let p = update(Applies::When(&Condition::Free), &m, "n-1");
         assert_eq!(p.len(), 1);
         let branches = p[0].get_document("$replaceWith").unwrap().get_array("$cond").unwrap();
         assert_eq!(branches[2], Bson::String("$$ROOT".into()), "rejected: the document unchanged");
@@ -374,14 +389,14 @@ mod tests {
         assert!(set.contains_key("lease_owner") && set.contains_key("fence"));
         assert_eq!(set.get_document("last_op").unwrap(), &doc! { "$literal": "n-1" });
         assert!(!set.contains_key(OK), "no marker without removals");
-        assert_eq!(update(None, &m, "n").len(), 1);
-        assert!(update(Some(&Condition::Always), &m, "n")[0].contains_key("$set"), "no condition to evaluate");
+        assert_eq!(update(Applies::Matched(&Condition::Free), &m, "n").len(), 1);
+        assert!(update(Applies::When(&Condition::Always), &m, "n")[0].contains_key("$set"), "no condition to evaluate");
     }
 
     #[test]
     fn removals_under_a_condition_take_a_second_stage() {
         let m = Mutation::new().set("a", 1).unset("b").clear_gc();
-        let p = update(Some(&Condition::FenceIs(3)), &m, "n");
+        let p = update(Applies::When(&Condition::FenceIs(3)), &m, "n");
         assert_eq!(p.len(), 2);
         let remove = p[1].get_document("$set").unwrap();
         assert_eq!(remove.get_document("b").unwrap(), &doc! { "$cond": ["$__mc_ok", "$$REMOVE", "$b"] });
@@ -396,7 +411,7 @@ mod tests {
     fn a_grant_starts_or_keeps_its_lease_as_the_condition_implies() {
         let ttl = Ttl::new(Duration::from_secs(1)).unwrap();
         let since = |c: Condition| {
-            let p = update(Some(&c), &Mutation::new().grant("me", ttl), "n");
+            let p = update(Applies::When(&c), &Mutation::new().grant("me", ttl), "n");
             let branches = p[0].get_document("$replaceWith").unwrap().get_array("$cond").unwrap().clone();
             let merged = branches[1].as_document().unwrap().get_array("$mergeObjects").unwrap().clone();
             merged[1].as_document().unwrap().get(fields::LEASE_SINCE).cloned().unwrap()
@@ -411,13 +426,17 @@ mod tests {
         {
             assert!(since(general).as_document().unwrap().contains_key("$cond"));
         }
+        // A claim's update: its filter selected a document without a live lease.
+        let claim = Condition::Exists("ready".into()).and(Condition::DueBy("run_at".into())).and(Condition::Free);
+        let p = update(Applies::Matched(&claim), &Mutation::new().grant("me", ttl).bump_fence(), "n");
+        assert_eq!(p[0].get_document("$set").unwrap().get(fields::LEASE_SINCE), Some(&now_ms()));
     }
 
     #[test]
     fn user_values_are_literals() {
         // A user string starting with '$' must not be read as a field path.
         let m = Mutation::new().set("s", "$lease_owner");
-        let p = update(None, &m, "n");
+        let p = update(Applies::Matched(&Condition::Always), &m, "n");
         assert_eq!(p[0].get_document("$set").unwrap().get_document("s").unwrap(), &doc! { "$literal": "$lease_owner" });
     }
 

@@ -270,7 +270,7 @@ impl MongoStore {
         write: &Write,
         nonce: &str,
     ) -> Result<Option<WriteOutcome>, StoreError> {
-        let pipeline = compile::update(Some(&write.condition), &write.mutation, nonce);
+        let pipeline = compile::update(compile::Applies::When(&write.condition), &write.mutation, nonce);
         let result = self
             .coll(coll)
             .find_one_and_update(doc! { fields::ID: key.as_bson().clone() }, pipeline)
@@ -327,7 +327,10 @@ impl MongoStore {
         let nonce = self.next_nonce();
         let collection = self.coll(coll);
         let mut op = collection
-            .find_one_and_update(compile::claim_filter(&claim.query), compile::update(None, &claim.mutation, &nonce))
+            .find_one_and_update(
+                compile::claim_filter(&claim.query),
+                compile::update(compile::Applies::Matched(&claim.query.condition), &claim.mutation, &nonce),
+            )
             .return_document(ReturnDocument::After)
             .max_time(self.op_timeout);
         if let Some(sort) = compile::sort(&claim.query) {

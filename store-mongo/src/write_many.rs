@@ -45,7 +45,7 @@ impl MongoStore {
                 if w.condition != Condition::Always {
                     q.insert("$expr", compile::condition(&w.condition));
                 }
-                doc! { "q": q, "u": compile::update(None, &w.mutation, stamp), "multi": false, "upsert": false }
+                doc! { "q": q, "u": compile::update(compile::Applies::Matched(&w.condition), &w.mutation, stamp), "multi": false, "upsert": false }
             })
             .collect();
         let collection = self.coll(coll);
