@@ -325,12 +325,9 @@ pub(crate) fn update(applies: Applies<'_>, m: &Mutation, nonce: &str) -> Vec<Doc
         }
         _ => {}
     }
-    let fence = if m.bump_fence {
-        doc! { "$add": [counter(fields::FENCE), 1_i64] }
-    } else {
-        doc! { "$ifNull": [field(fields::FENCE), 0_i64] }
-    };
-    set.insert(fields::FENCE, fence);
+    // `$add` even without a bump: a fence that is not a number fails the
+    // write, whatever it changes.
+    set.insert(fields::FENCE, doc! { "$add": [counter(fields::FENCE), i64::from(m.bump_fence)] });
     set.insert(fields::REV, doc! { "$add": [counter(fields::REV), 1_i64] });
     set.insert(fields::LAST_OP, doc! { "$literal": nonce });
     for (k, v) in &m.set {
