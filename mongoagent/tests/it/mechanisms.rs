@@ -1219,3 +1219,23 @@ async fn tasks_enqueued_during_a_pause_run_at_the_resume() {
         assert_eq!(run.await.unwrap().unwrap().completed, 1);
     }
 }
+
+/// An idle agent wakes when another program moves a task's due time
+/// forward (`claimable_changes`: the clause on `run_at`), not at the due
+/// time it read when it went idle: without the clause, the task below waits
+/// the hour it was first delayed by.
+#[tokio::test(start_paused = true)]
+async fn a_due_time_moved_forward_wakes_an_idle_agent() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = queue.enqueue(NewTask::new("w", doc! {}).delay(Duration::from_secs(3600))).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(7200)).build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Another program (an operator in a shell) makes the task due now.
+    let now = Write::new(Condition::Always, store_trait::Mutation::new().set_now("run_at"));
+    assert!(store.write(&coll(), &id, &now).await.unwrap().is_applied());
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("woken by the due time moved");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
