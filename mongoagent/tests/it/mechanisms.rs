@@ -385,6 +385,21 @@ async fn an_idle_agent_sleeps_through_other_agents_work() {
     assert_eq!(idle_run.await.unwrap().unwrap().completed, 1);
 }
 
+/// An idle agent of `w` (600 s poll) on `store`; a second later `write` is
+/// applied to task `key` by another writer, and the agent must run that
+/// task within five seconds: the write's change woke it (`what`).
+async fn a_write_wakes_the_idle_agent(store: MemoryStore, key: &Key, write: Write, what: &str) {
+    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(store.write(&coll(), key, &write).await.unwrap().is_applied());
+    tokio::time::timeout(Duration::from_secs(5), ran.notified())
+        .await
+        .unwrap_or_else(|_| panic!("not woken by {what}"));
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
+
 /// A task made ready by a write that sets `ready: true` and nothing of its
 /// lease (as a schedule lets its held task go, `schedule/mod.rs`) wakes its
 /// idle agent at once: `claim::claimable_changes` admits it. Without that
@@ -394,17 +409,11 @@ async fn a_task_made_ready_wakes_its_idle_agent() {
     let store = MemoryStore::new();
     let held = doc! {"_id": "t", "agent_name": "w", "ready": false, "overlap_held": true};
     store.insert_many(&coll(), vec![held]).await.unwrap();
-    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
-    let (run, ran) = work_signalling(&agent);
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let let_go = Write::new(
         Condition::FieldEq("overlap_held".into(), true.into()),
         store_trait::Mutation::new().set("ready", true).unset("overlap_held"),
     );
-    assert!(store.write(&coll(), &Key::new("t").unwrap(), &let_go).await.unwrap().is_applied());
-    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("woken by the task made ready");
-    agent.shutdown();
-    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+    a_write_wakes_the_idle_agent(store, &Key::new("t").unwrap(), let_go, "the task made ready").await;
 }
 
 /// A claim given back (a drain that timed out) wakes an idle agent of the
@@ -1229,13 +1238,7 @@ async fn a_due_time_moved_forward_wakes_an_idle_agent() {
     let store = MemoryStore::new();
     let queue = Queue::new(store.clone(), "tasks").unwrap();
     let (id, _) = queue.enqueue(NewTask::new("w", doc! {}).delay(Duration::from_secs(3600))).await.unwrap();
-    let agent = Agent::builder(store.clone(), "w", "tasks").poll_interval(Duration::from_secs(7200)).build().unwrap();
-    let (run, ran) = work_signalling(&agent);
-    tokio::time::sleep(Duration::from_secs(5)).await;
     // Another program (an operator in a shell) makes the task due now.
     let now = Write::new(Condition::Always, store_trait::Mutation::new().set_now("run_at"));
-    assert!(store.write(&coll(), &id, &now).await.unwrap().is_applied());
-    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("woken by the due time moved");
-    agent.shutdown();
-    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+    a_write_wakes_the_idle_agent(store, &id, now, "the due time moved").await;
 }
