@@ -6,6 +6,7 @@
 //! beyond N); acquiring a permit is one `claim` (find a free slot and lease
 //! it, atomically), so N holders can never become N+1.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bson::doc;
@@ -57,6 +58,9 @@ pub struct Semaphore<S> {
     /// The semaphore as one lock configuration: its leases keep every permit
     /// (one counter set, one renewal configuration), its step paces waiters.
     lock: Lock<S>,
+    /// Whether a count has seen every slot document: from then on a claim
+    /// that finds no free slot is not one that missed slots being created.
+    all_slots_seen: AtomicBool,
 }
 
 impl<S: Store + Clone> Semaphore<S> {
@@ -70,7 +74,7 @@ impl<S: Store + Clone> Semaphore<S> {
         let key = lock.key().to_string();
         // Every slot key must be a valid key: rejected here, not at the first claim.
         store_trait::Key::new(format!("{key}#{}", permits - 1)).map_err(|e| LockError::Config(e.to_string()))?;
-        Ok(Semaphore { key, permits, lock })
+        Ok(Semaphore { key, permits, lock, all_slots_seen: AtomicBool::new(false) })
     }
 
     /// The number of permits.
@@ -92,7 +96,8 @@ impl<S: Store + Clone> Semaphore<S> {
     /// a duplicate, passed over). Slots are created as holders need them, so
     /// a large semaphore that is never full keeps few documents (on some
     /// servers every write costs time in proportion to the collection's size).
-    async fn ensure_slots(&self, existing: u64, more: u32) -> Result<(), StoreError> {
+    /// Returns whether it went up to the last slot.
+    async fn ensure_slots(&self, existing: u64, more: u32) -> Result<bool, StoreError> {
         let from = u32::try_from(existing).unwrap_or(u32::MAX).min(self.permits);
         let to = from.saturating_add(more.max(SLOT_CHUNK)).min(self.permits);
         let docs = (from..to)
@@ -100,7 +105,8 @@ impl<S: Store + Clone> Semaphore<S> {
                 doc! { "_id": format!("{}#{i}", self.key), slot::SEMAPHORE: &self.key, slot::SLOT: i64::from(i), slot::PERMITS: i64::from(self.permits) }
             })
             .collect();
-        self.config().store.insert_many(&self.config().coll, docs).await.map(drop)
+        self.config().store.insert_many(&self.config().coll, docs).await?;
+        Ok(to == self.permits)
     }
 
     /// Tries once for a free permit.
@@ -205,19 +211,31 @@ impl<S: Store + Clone> Semaphore<S> {
     /// Claims up to `n` free slots. While fewer are free and slots are
     /// missing, creates some and claims again, round after round
     /// ([`SLOT_ROUNDS`]), until a round creates none.
+    ///
+    /// A claim sent before another racer created the slots finds none free,
+    /// and the count after it finds none missing: those slots, which that
+    /// claim never saw, are claimed once more. Once this semaphore has seen
+    /// every slot, a claim that finds none free means they are all held.
     async fn claim_slots(&self, n: usize) -> Result<Vec<Record>, StoreError> {
+        // Whether every slot existed when the last claim was sent.
+        let mut claimed_on_all = self.all_slots_seen.load(Ordering::Acquire);
         let mut records = self.claim_free(n).await?;
         let mut counted = None;
         for _ in 0..SLOT_ROUNDS {
             if records.len() >= n {
                 break;
             }
-            let Some(existing) = self.missing_slots().await? else { break };
+            let Some(existing) = self.missing_slots().await? else {
+                if !claimed_on_all {
+                    records.extend(self.claim_free(n - records.len()).await?);
+                }
+                break;
+            };
             if counted.replace(existing) == Some(existing) {
                 break;
             }
             let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
-            self.ensure_slots(existing, more).await?;
+            claimed_on_all = self.ensure_slots(existing, more).await?;
             records.extend(self.claim_free(n - records.len()).await?);
         }
         Ok(records)
@@ -272,6 +290,8 @@ impl<S: Store + Clone> Semaphore<S> {
         let first = self.config();
         let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
         let existing = first.store.count(&first.coll, &q).await?;
-        Ok((existing < u64::from(self.permits)).then_some(existing))
+        let all = existing >= u64::from(self.permits);
+        self.all_slots_seen.store(all, Ordering::Release);
+        Ok((!all).then_some(existing))
     }
 }

@@ -295,3 +295,32 @@ async fn a_lost_lease_is_not_renewed_again() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(until(), before, "the lost lease was extended");
 }
+
+/// A racer whose claim was sent before another racer created a semaphore's
+/// slots, and whose count came after, claims once more: the count finds no
+/// slot missing, yet its claim never saw them. Every store call takes 10 ms,
+/// so the interleaving is fixed: `a` claims (none), counts (0), creates the
+/// three slots at 30 ms and takes one; `b`, 15 ms behind, claims at 25 ms
+/// (none yet) and counts at 35 ms (all three). Refusing `b` there would turn
+/// a caller away from a semaphore with two permits free.
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_missed_the_slots_being_created_claims_again() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(10));
+    let sem = || mongolock::Semaphore::new(Lock::builder(store.clone(), "exports"), 3).unwrap();
+    let (a, b) = (sem(), sem());
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        b.try_acquire().await
+    };
+    let (got_a, got_b) = futures::join!(a.try_acquire(), later);
+    let (got_a, got_b) = (got_a.unwrap().expect("the first racer"), got_b.unwrap().expect("the second racer"));
+    assert_ne!(got_a.key(), got_b.key());
+    // Once `b` has seen every slot, a full semaphore costs it a claim and a
+    // count, not a third call.
+    let _third = sem().try_acquire().await.unwrap().expect("the last permit");
+    store.faults().set_latency(Duration::ZERO);
+    let before = store.operation_count();
+    assert!(b.try_acquire().await.unwrap().is_none());
+    assert_eq!(store.operation_count() - before, 2, "a claim and a count");
+}
