@@ -31,7 +31,62 @@ fn counter(f: &str) -> Bson {
 }
 
 fn is_null_or_missing(f: &str) -> Bson {
-    Bson::Document(doc! { "$eq": [{ "$ifNull": [field(f), Bson::Null] }, Bson::Null] })
+    all_null_or_missing(&[f])
+}
+
+/// A constant in an aggregation expression: bare when the server can read
+/// it as nothing else, else wrapped in `$literal` (a string starting with `$`
+/// is a field path or a variable; a document or an array is evaluated). On a
+/// server that interprets expressions (SecantusDB), each wrapper is one more
+/// node to check and evaluate in every write.
+fn constant(v: impl Into<Bson>) -> Bson {
+    let v = v.into();
+    match &v {
+        Bson::String(s) if !s.starts_with('$') => v,
+        Bson::Int32(_)
+        | Bson::Int64(_)
+        | Bson::Double(_)
+        | Bson::Decimal128(_)
+        | Bson::Boolean(_)
+        | Bson::Null
+        | Bson::DateTime(_)
+        | Bson::ObjectId(_)
+        | Bson::Binary(_) => v,
+        _ => Bson::Document(doc! { "$literal": v }),
+    }
+}
+
+/// True when every field of `fs` is null or missing: one chain of `$ifNull`,
+/// not a test per field.
+fn all_null_or_missing(fs: &[&str]) -> Bson {
+    let chain = fs.iter().rev().fold(Bson::Null, |inner, f| Bson::Document(doc! { "$ifNull": [field(f), inner] }));
+    Bson::Document(doc! { "$eq": [chain, Bson::Null] })
+}
+
+/// The conjunction of `cs`, its absent fields (`Not(Exists)`) tested at once.
+fn all(cs: &[Condition]) -> Bson {
+    let absent: Vec<&str> = cs
+        .iter()
+        .filter_map(|c| match c {
+            Condition::Not(c) => match &**c {
+                Condition::Exists(f) => Some(f.as_str()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let mut parts: Vec<Bson> = cs
+        .iter()
+        .filter(|c| !matches!(c, Condition::Not(c) if matches!(&**c, Condition::Exists(_))))
+        .map(condition)
+        .collect();
+    if !absent.is_empty() {
+        parts.push(all_null_or_missing(&absent));
+    }
+    match parts.len() {
+        1 => parts.remove(0),
+        _ => Bson::Document(doc! { "$and": parts }),
+    }
 }
 
 /// Converts an unsigned counter (validated to fit by `Condition::validate`).
@@ -48,13 +103,13 @@ pub(crate) fn condition(c: &Condition) -> Bson {
             "$or": [is_null_or_missing(fields::LEASE_OWNER), { "$lte": [until_ms(), now_ms()] }]
         }),
         Condition::HeldBy(o) => Bson::Document(doc! {
-            "$and": [{ "$eq": [field(fields::LEASE_OWNER), { "$literal": o }] }, { "$gt": [until_ms(), now_ms()] }]
+            "$and": [{ "$eq": [field(fields::LEASE_OWNER), constant(o.as_str())] }, { "$gt": [until_ms(), now_ms()] }]
         }),
-        Condition::OwnedBy(o) => Bson::Document(doc! { "$eq": [field(fields::LEASE_OWNER), { "$literal": o }] }),
+        Condition::OwnedBy(o) => Bson::Document(doc! { "$eq": [field(fields::LEASE_OWNER), constant(o.as_str())] }),
         Condition::FenceIs(n) => Bson::Document(doc! { "$eq": [counter(fields::FENCE), int(*n)] }),
         Condition::RevIs(n) => Bson::Document(doc! { "$eq": [counter(fields::REV), int(*n)] }),
         // A missing field compares unequal to every value in aggregation `$eq`.
-        Condition::FieldEq(f, v) => Bson::Document(doc! { "$eq": [field(f), { "$literal": v.clone() }] }),
+        Condition::FieldEq(f, v) => Bson::Document(doc! { "$eq": [field(f), constant(v.clone())] }),
         Condition::Exists(f) => Bson::Document(doc! { "$not": [is_null_or_missing(f)] }),
         Condition::DueBy(f) => Bson::Document(doc! {
             "$lte": [{ "$convert": { "input": field(f), "to": "long", "onError": 0_i64, "onNull": 0_i64 } }, now_ms()]
@@ -77,7 +132,7 @@ pub(crate) fn condition(c: &Condition) -> Bson {
         },
         Condition::All(cs) if cs.is_empty() => Bson::Boolean(true),
         Condition::Any(cs) if cs.is_empty() => Bson::Boolean(false),
-        Condition::All(cs) => Bson::Document(doc! { "$and": cs.iter().map(condition).collect::<Vec<_>>() }),
+        Condition::All(cs) => all(cs),
         Condition::Any(cs) => Bson::Document(doc! { "$or": cs.iter().map(condition).collect::<Vec<_>>() }),
         other => {
             // `Condition` is non-exhaustive for users; every variant is handled above.
@@ -308,19 +363,19 @@ pub(crate) fn update(applies: Applies<'_>, m: &Mutation, nonce: &str) -> Vec<Doc
                 Bson::Document(doc! { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] })
             } else {
                 let same_live = doc! {
-                    "$and": [{ "$eq": [field(fields::LEASE_OWNER), { "$literal": owner }] }, { "$gt": [until_ms(), now_ms()] }]
+                    "$and": [{ "$eq": [field(fields::LEASE_OWNER), constant(owner.as_str())] }, { "$gt": [until_ms(), now_ms()] }]
                 };
                 Bson::Document(
                     doc! { "$cond": [same_live, { "$ifNull": [field(fields::LEASE_SINCE), now_ms()] }, now_ms()] },
                 )
             };
-            set.insert(fields::LEASE_OWNER, doc! { "$literal": owner });
+            set.insert(fields::LEASE_OWNER, constant(owner.as_str()));
             set.insert(fields::LEASE_SINCE, since);
             set.insert(fields::LEASE_UNTIL, doc! { "$add": [now_ms(), ttl.as_millis()] });
         }
         LeaseOp::Release => {
             for f in [fields::LEASE_OWNER, fields::LEASE_SINCE, fields::LEASE_UNTIL] {
-                set.insert(f, doc! { "$literal": Bson::Null });
+                set.insert(f, Bson::Null);
             }
         }
         _ => {}
@@ -329,9 +384,9 @@ pub(crate) fn update(applies: Applies<'_>, m: &Mutation, nonce: &str) -> Vec<Doc
     // write, whatever it changes.
     set.insert(fields::FENCE, doc! { "$add": [counter(fields::FENCE), i64::from(m.bump_fence)] });
     set.insert(fields::REV, doc! { "$add": [counter(fields::REV), 1_i64] });
-    set.insert(fields::LAST_OP, doc! { "$literal": nonce });
+    set.insert(fields::LAST_OP, constant(nonce));
     for (k, v) in &m.set {
-        set.insert(k, doc! { "$literal": v.clone() });
+        set.insert(k, constant(v.clone()));
     }
     for (k, ms) in &m.set_time {
         set.insert(k, doc! { "$add": ["$$NOW", *ms] });
@@ -384,7 +439,7 @@ mod tests {
         let merged = branches[1].as_document().unwrap().get_array("$mergeObjects").unwrap();
         let set = merged[1].as_document().unwrap();
         assert!(set.contains_key("lease_owner") && set.contains_key("fence"));
-        assert_eq!(set.get_document("last_op").unwrap(), &doc! { "$literal": "n-1" });
+        assert_eq!(set.get_str("last_op").unwrap(), "n-1");
         assert!(!set.contains_key(OK), "no marker without removals");
         assert_eq!(update(Applies::Matched(&Condition::Free), &m, "n").len(), 1);
         assert!(update(Applies::When(&Condition::Always), &m, "n")[0].contains_key("$set"), "no condition to evaluate");
@@ -435,6 +490,31 @@ mod tests {
         let m = Mutation::new().set("s", "$lease_owner");
         let p = update(Applies::Matched(&Condition::Always), &m, "n");
         assert_eq!(p[0].get_document("$set").unwrap().get_document("s").unwrap(), &doc! { "$literal": "$lease_owner" });
+    }
+
+    #[test]
+    fn constants_are_bare_unless_the_server_could_read_them_as_expressions() {
+        assert_eq!(constant("a/1"), Bson::String("a/1".into()));
+        assert_eq!(constant(7_i64), Bson::Int64(7));
+        assert_eq!(constant(Bson::Null), Bson::Null);
+        assert_eq!(constant("$x"), Bson::Document(doc! { "$literal": "$x" }));
+        assert_eq!(constant(doc! { "$add": [1, 2] }), Bson::Document(doc! { "$literal": { "$add": [1, 2] } }));
+        assert_eq!(constant(vec![Bson::Int32(1)]), Bson::Document(doc! { "$literal": [1] }));
+    }
+
+    /// A lock's acquire: free, and none of another program's lock fields.
+    #[test]
+    fn absent_fields_of_a_conjunction_are_tested_at_once() {
+        let c = Condition::Free
+            .and(Condition::Exists("uuid".into()).negate())
+            .and(Condition::Exists("locked".into()).negate());
+        let parts = condition(&c).as_document().unwrap().get_array("$and").unwrap().clone();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            parts[1],
+            Bson::Document(doc! { "$eq": [{ "$ifNull": ["$uuid", { "$ifNull": ["$locked", null] }] }, null] })
+        );
+        assert_eq!(condition(&Condition::All(vec![Condition::Free])), condition(&Condition::Free));
     }
 
     #[test]

@@ -51,7 +51,17 @@ fn random_doc(rng: &mut fastrand::Rng, key: &str, now: i64) -> Document {
             }
         }
     }
-    let x: Option<Bson> = pick(rng, &[None, Some(Bson::Int32(1)), Some(Bson::String("s".into())), Some(Bson::Null)]);
+    let x: Option<Bson> = pick(
+        rng,
+        &[
+            None,
+            Some(Bson::Int32(1)),
+            Some(Bson::String("s".into())),
+            Some(Bson::String("$s".into())),
+            Some(Bson::Null),
+            Some(Bson::Array(vec![Bson::Null])),
+        ],
+    );
     if let Some(x) = x {
         d.insert("x", x);
     }
@@ -80,7 +90,7 @@ fn random_doc(rng: &mut fastrand::Rng, key: &str, now: i64) -> Document {
 
 fn random_condition(rng: &mut fastrand::Rng, depth: u8) -> Condition {
     let leaves = 11;
-    let nodes = if depth == 0 { 0 } else { 3 };
+    let nodes = if depth == 0 { 0 } else { 4 };
     match rng.u8(..leaves + nodes) {
         0 => Condition::Always,
         1 => Condition::Absent,
@@ -89,12 +99,22 @@ fn random_condition(rng: &mut fastrand::Rng, depth: u8) -> Condition {
         4 => Condition::OwnedBy(pick(rng, &["a", "b"]).into()),
         5 => Condition::FenceIs(rng.u64(0..4)),
         6 => Condition::RevIs(rng.u64(0..4)),
-        7 => Condition::FieldEq("x".into(), pick(rng, &[Bson::Int32(1), Bson::String("s".into())])),
+        7 => Condition::FieldEq(
+            "x".into(),
+            pick(rng, &[Bson::Int32(1), Bson::String("s".into()), Bson::String("$s".into())]),
+        ),
         8 => Condition::Exists(pick(rng, &["x", "y"]).into()),
         9 => Condition::DueBy("due".into()),
         10 => Condition::AtMost("n".into(), 5),
         11 => Condition::Not(Box::new(random_condition(rng, depth - 1))),
         12 => Condition::All((0..rng.usize(0..4)).map(|_| random_condition(rng, depth - 1)).collect()),
+        // Fields that must be absent beside another condition, as a lock's
+        // acquire has them (the backend tests them at once).
+        13 => Condition::All(vec![
+            random_condition(rng, depth - 1),
+            Condition::Exists(pick(rng, &["x", "y", "z"]).into()).negate(),
+            Condition::Exists(pick(rng, &["x", "y", "z"]).into()).negate(),
+        ]),
         _ => Condition::Any((0..rng.usize(0..4)).map(|_| random_condition(rng, depth - 1)).collect()),
     }
 }
@@ -110,7 +130,7 @@ fn random_mutation(rng: &mut fastrand::Rng) -> Mutation {
         m = m.bump_fence();
     }
     match rng.u8(..3) {
-        0 => m = m.set("x", pick(rng, &[Bson::Int32(2), Bson::String("t".into())])),
+        0 => m = m.set("x", pick(rng, &[Bson::Int32(2), Bson::String("t".into()), Bson::String("$t".into())])),
         1 => m = m.unset("x"),
         _ => {}
     }
