@@ -1242,3 +1242,29 @@ async fn a_due_time_moved_forward_wakes_an_idle_agent() {
     let now = Write::new(Condition::Always, store_trait::Mutation::new().set_now("run_at"));
     a_write_wakes_the_idle_agent(store, &id, now, "the due time moved").await;
 }
+
+/// A claim makes its task live again, whatever marked it for collection
+/// before (an operator's write, an older version's): the handler runs with no
+/// `gc_at` on its task, so a TTL pass never deletes a running task.
+#[tokio::test(start_paused = true)]
+async fn a_claim_clears_an_earlier_mark_for_collection() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let ttl = store_trait::Ttl::new(Duration::from_millis(1)).unwrap();
+    let mark = Write::new(Condition::Always, store_trait::Mutation::new().gc_after(ttl));
+    assert!(store.write(&coll(), &id, &mark).await.unwrap().is_applied());
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let handler = {
+        let store = store.clone();
+        move |t: Task| {
+            let store = store.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                store.prune_ttl();
+                store.peek(&coll(), t.id()).unwrap().record.is_some()
+            }
+        }
+    };
+    assert_eq!(agent.process(handler).await.unwrap(), Some(Processed::Completed(id)), "collected while it ran");
+}
