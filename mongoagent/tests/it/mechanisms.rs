@@ -1268,3 +1268,37 @@ async fn a_claim_clears_an_earlier_mark_for_collection() {
     };
     assert_eq!(agent.process(handler).await.unwrap(), Some(Processed::Completed(id)), "collected while it ran");
 }
+
+/// A task runs under a permit of its name's global concurrency: when the
+/// permit's lease is lost (here taken away by a write), the handler's
+/// cancellation fires, as for the loss of its claim, before another process
+/// could take the permit and start a task beyond the limit.
+#[tokio::test(start_paused = true)]
+async fn a_lost_permit_cancels_its_task() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent =
+        Agent::builder(store.clone(), "w", "tasks").ttl(Duration::from_secs(6)).global_concurrency(1).build().unwrap();
+    let started = Arc::new(Notify::new());
+    let run = tokio::spawn({
+        let (agent, started) = (agent.clone(), started.clone());
+        async move {
+            // Completes when it saw the cancellation, fails for good when not.
+            agent
+                .process(move |t: Task| {
+                    let started = started.clone();
+                    async move {
+                        started.notify_one();
+                        tokio::time::timeout(Duration::from_secs(30), t.cancellation().cancelled()).await.is_ok()
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let taken = Write::new(Condition::Always, store_trait::Mutation::new().release().bump_fence());
+    let permits = Collection::new("tasks_control").unwrap();
+    assert!(store.write(&permits, &Key::new("permits:w#0").unwrap(), &taken).await.unwrap().is_applied());
+    assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)), "the handler saw its permit's loss");
+}
