@@ -1302,3 +1302,18 @@ async fn a_lost_permit_cancels_its_task() {
     assert!(store.write(&permits, &Key::new("permits:w#0").unwrap(), &taken).await.unwrap().is_applied());
     assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)), "the handler saw its permit's loss");
 }
+
+/// A task's own attempt limit overrides the agent's: a task enqueued with
+/// `max_attempts(2)` fails for good at its second failed attempt under an
+/// agent that allows five.
+#[tokio::test(start_paused = true)]
+async fn a_tasks_own_attempt_limit_overrides_the_agents() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {}).max_attempts(2)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").max_attempts(5).build().unwrap();
+    let fail = |_t: Task| async { Outcome::failed("boom") };
+    assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Retried(id.clone())));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Failed(id)));
+}
