@@ -1317,3 +1317,29 @@ async fn a_tasks_own_attempt_limit_overrides_the_agents() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Failed(id)));
 }
+
+/// Retries back off exponentially from the base up to the maximum, each delay
+/// jittered by ±50%: with a base of 1 s and a maximum of 8 s, the fourth
+/// retry waits at least 4 s (8 s − 50%), the sixth less than 12 s (8 s + 50%).
+#[tokio::test(start_paused = true)]
+async fn retry_delays_double_up_to_the_maximum() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks")
+        .max_attempts(10)
+        .backoff(Duration::from_secs(1), Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        let fail = |_t: Task| async { Outcome::failed("boom") };
+        assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Retried(id.clone())));
+        let run_at = data(&store, &id).await.get_datetime("run_at").unwrap().timestamp_millis();
+        let delay = Duration::from_millis(u64::try_from(run_at - store.now().await.unwrap().as_millis()).unwrap());
+        delays.push(delay);
+        tokio::time::sleep(delay + Duration::from_millis(1)).await;
+    }
+    assert!(delays[3] >= Duration::from_secs(4), "the fourth retry waits 8 s ± 50%: {delays:?}");
+    assert!(delays[5] < Duration::from_secs(12), "capped at 8 s ± 50%: {delays:?}");
+}
