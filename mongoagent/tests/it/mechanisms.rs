@@ -1343,3 +1343,56 @@ async fn retry_delays_double_up_to_the_maximum() {
     assert!(delays[3] >= Duration::from_secs(4), "the fourth retry waits 8 s ± 50%: {delays:?}");
     assert!(delays[5] < Duration::from_secs(12), "capped at 8 s ± 50%: {delays:?}");
 }
+
+/// A task claimed ahead whose claim was lost before a slot freed is let go,
+/// never started: another agent may hold it by then. The agent is cut off
+/// from the store past its lease while its four slots are busy; the running
+/// handlers see the loss and return, and none of the tasks it had claimed
+/// ahead starts under its lost claim.
+#[tokio::test(start_paused = true)]
+async fn a_task_claimed_ahead_whose_claim_was_lost_never_starts() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(5));
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..200).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+    let client = store.client();
+    let agent = Agent::builder(client.clone(), "w", "tasks")
+        .concurrency(4)
+        .ttl(Duration::from_secs(3))
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let (runs, lost_at_start) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let handler = {
+        let (runs, lost_at_start) = (runs.clone(), lost_at_start.clone());
+        move |t: Task| {
+            let (runs, lost_at_start) = (runs.clone(), lost_at_start.clone());
+            async move {
+                if t.cancellation().is_cancelled() {
+                    lost_at_start.fetch_add(1, Ordering::SeqCst);
+                }
+                // From the 21st run on, each holds its slot until its claim is lost.
+                if runs.fetch_add(1, Ordering::SeqCst) >= 20 {
+                    t.cancellation().cancelled().await;
+                }
+                true
+            }
+        }
+    };
+    let work = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.work(handler).await }
+    });
+    while runs.load(Ordering::SeqCst) < 24 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let claimed = Query::eq(doc! { "claimed": true }).when(Condition::FieldEq("complete".into(), true.into()).negate());
+    let held = store.count(&coll(), &claimed).await.unwrap();
+    assert!(held > 4, "{held} claimed: none claimed ahead of the four running");
+    client.set_partitioned(true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    agent.shutdown();
+    work.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 24, "a task claimed ahead started under a lost claim");
+    assert_eq!(lost_at_start.load(Ordering::SeqCst), 0);
+}
