@@ -1396,3 +1396,28 @@ async fn a_task_claimed_ahead_whose_claim_was_lost_never_starts() {
     assert_eq!(runs.load(Ordering::SeqCst), 24, "a task claimed ahead started under a lost claim");
     assert_eq!(lost_at_start.load(Ordering::SeqCst), 0);
 }
+
+/// Cancel leaves a fan-in step to its agents: neither a task waiting for its
+/// follow-ups nor a follow-up something waits for is cancelled. A cancelled
+/// last follow-up would end without telling its waiter, which would wait for
+/// ever; a cancelled waiter would still be woken by its follow-ups.
+#[tokio::test(start_paused = true)]
+async fn a_fan_in_step_is_not_cancelled() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let split_job = |t: Task| async move {
+        match t.round() {
+            0 => Outcome::done().follow_up(NewTask::new("part", doc! {})).wait_for_follow_ups(),
+            _ => Outcome::done(),
+        }
+    };
+    let job = Key::new("job").unwrap();
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Waiting(job.clone())));
+    assert!(q.cancel(doc! {}).dry_run(true).await.unwrap().is_empty(), "nothing to cancel");
+    assert!(q.cancel(doc! {}).await.unwrap().is_empty());
+    assert!(part.process(|_t: Task| async { true }).await.unwrap().is_some());
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Completed(job)));
+}
