@@ -1421,3 +1421,34 @@ async fn a_fan_in_step_is_not_cancelled() {
     assert!(part.process(|_t: Task| async { true }).await.unwrap().is_some());
     assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Completed(job)));
 }
+
+/// Requeue takes tasks failed for good and stuck ones (claimed by an agent
+/// whose lease lapsed), never a running one: its holder's claim is live, and
+/// a requeue would take it away and run the task a second time.
+#[tokio::test(start_paused = true)]
+async fn requeue_leaves_a_running_task_alone() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let run = tokio::spawn({
+        let (agent, started, finish) = (agent.clone(), started.clone(), finish.clone());
+        async move {
+            agent
+                .process(move |_t: Task| {
+                    let (started, finish) = (started.clone(), finish.clone());
+                    async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    assert!(q.requeue(doc! {}).await.unwrap().is_empty(), "a running task is not requeued");
+    finish.notify_one();
+    assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)));
+}
