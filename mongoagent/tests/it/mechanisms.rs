@@ -1452,3 +1452,49 @@ async fn requeue_leaves_a_running_task_alone() {
     finish.notify_one();
     assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)));
 }
+
+/// Under a global concurrency limit an idle agent wakes at every change of
+/// its queue, a completion included: a task ending anywhere frees a permit.
+/// The only permit is held by another agent's run while a second task waits;
+/// when that run ends, the idle agent takes the task at once, not at the
+/// claim's lapse (a minute) or its next poll (ten minutes).
+#[tokio::test(start_paused = true)]
+async fn a_permit_freed_elsewhere_wakes_an_idle_limited_agent() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (first, _) = q.enqueue(NewTask::new("w", doc! {}).priority(1)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let limited = || {
+        Agent::builder(store.clone(), "w", "tasks")
+            .global_concurrency(1)
+            .poll_interval(Duration::from_secs(600))
+            .build()
+            .unwrap()
+    };
+    let (holder, idle) = (limited(), limited());
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let held = tokio::spawn({
+        let (started, finish) = (started.clone(), finish.clone());
+        async move {
+            holder
+                .process(move |_t: Task| {
+                    let (started, finish) = (started.clone(), finish.clone());
+                    async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let (work, ran) = work_signalling(&idle);
+    // The idle agent finds no free permit, and idles.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    finish.notify_one();
+    assert_eq!(held.await.unwrap().unwrap(), Some(Processed::Completed(first)));
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("the freed permit is taken at once");
+    idle.shutdown();
+    assert_eq!(work.await.unwrap().unwrap().completed, 1);
+}
