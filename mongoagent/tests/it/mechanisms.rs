@@ -1498,3 +1498,43 @@ async fn a_permit_freed_elsewhere_wakes_an_idle_limited_agent() {
     idle.shutdown();
     assert_eq!(work.await.unwrap().unwrap().completed, 1);
 }
+
+/// Recovery never starves under load: every sixteenth claim looks for lapsed
+/// claims first. A crashed agent's task runs again while 40 ready tasks still
+/// wait; without that turn it would wait until no task is ready (on a queue
+/// that never empties, for ever).
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_claim_is_recovered_while_ready_tasks_wait() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("crashed")).await.unwrap();
+    let dead = Claim {
+        query: Query::eq(doc! {"_id": "crashed"}),
+        mutation: store_trait::Mutation::new()
+            .grant("dead-agent", store_trait::Ttl::new(Duration::from_secs(2)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    assert!(store.claim(&coll(), &dead).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    q.enqueue_all(&(0..40).map(|i| NewTask::new("w", doc! {}).id(format!("t{i:02}"))).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let order: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let agent = Agent::builder(store.clone(), "w", "tasks").process_while(|l| l.tasks_processed < 41).build().unwrap();
+    let log = agent
+        .work({
+            let order = order.clone();
+            move |t: Task| {
+                order.lock().unwrap().push(t.id().to_string());
+                async { true }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(log.completed, 41);
+    let order = order.lock().unwrap();
+    let at = order.iter().position(|id| id == "crashed").unwrap();
+    assert!(at < 16, "the lapsed claim ran as run {} of 41: {order:?}", at + 1);
+}
