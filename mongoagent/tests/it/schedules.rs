@@ -333,6 +333,46 @@ async fn the_overlap_policy_holds() {
     }
 }
 
+/// A held tick cancelled while it waits its turn never runs. The overlap
+/// policy lets the oldest held task through (`ready: true`) once the one
+/// before it ends, cancelled or not; a cancelled task has ended
+/// (`complete: true`), and a claim takes only tasks not ended. Without that
+/// clause of the claim filter the cancelled tick runs.
+#[tokio::test(start_paused = true)]
+async fn a_held_tick_cancelled_while_it_waits_never_runs() {
+    let (store, _clock) = memory_at("2026-05-04T10:00:00.500Z");
+    let s = Schedules::new(store.clone(), "jobs").unwrap();
+    let sched =
+        Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
+    s.upsert(&sched).await.unwrap();
+    let scheduler = s.scheduler();
+    // A tick a second: the first is let through, the next two are held.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        scheduler.pass().await.unwrap();
+    }
+    let ticks = ticks_of(&s, "q").await;
+    assert_eq!(ticks.len(), 3, "{ticks:?}");
+    let held = s.queue().cancel(doc! { "overlap_held": true }).await.unwrap();
+    assert_eq!(held.len(), 2, "the two held ticks are cancelled");
+    let agent = Agent::builder(store.clone(), "q", "jobs").build().unwrap();
+    let ran: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handler = {
+        let ran = ran.clone();
+        move |t: Task| {
+            ran.lock().unwrap().push(t.id().to_string());
+            async { true }
+        }
+    };
+    assert!(agent.process(handler.clone()).await.unwrap().is_some(), "the tick let through runs");
+    // The next passes let the cancelled ticks through, one after the other.
+    for _ in 0..2 {
+        scheduler.pass().await.unwrap();
+        assert_eq!(agent.process(handler.clone()).await.unwrap(), None, "a cancelled tick is never claimed");
+    }
+    assert_eq!(ran.lock().unwrap().len(), 1, "ran {:?}", ran.lock().unwrap());
+}
+
 #[macro_export]
 macro_rules! schedule_suite {
     ($harness:path, #[$attr:meta]) => {
