@@ -193,7 +193,11 @@ async fn a_stale_runs_fan_in_task_never_runs() {
 
 /// The agent dies after its outcome write, before it activated the follow-ups:
 /// the next agent to claim the task activates them (only those of the claim
-/// whose outcome was written) and ends the task; no handler runs twice.
+/// whose outcome was written) and ends the task; no handler runs twice. The
+/// activation removes an older claim's pending follow-ups, never a newer
+/// one's: a late activation (an agent slow between its outcome write and
+/// its activation, while the task ran its next round) must not take a later
+/// round's follow-ups away before their claim activates them.
 #[tokio::test(start_paused = true)]
 async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
     use store_trait::{Claim, Mutation, Query, Store, Ttl};
@@ -207,6 +211,7 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
         doc! {"_id": "job", "agent_name": "split", "ready": true},
         pending("job/0", 1, "written"),
         pending("job/1", 0, "stale"),
+        pending("job@1/0", 3, "newer"),
     ];
     store.insert_many(&coll, docs).await.unwrap();
     // The crashed agent's claim (fence 1), with its outcome written.
@@ -246,6 +251,7 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
     assert!(d.get("follow_ups_fence").is_none() && job.lease().is_none(), "{d}");
     assert_eq!(parts_run(&store).await, vec!["written".to_owned()]);
     assert!(pending_of(&store, 0).await.is_empty(), "the older claim's pending follow-up is removed");
+    assert_eq!(pending_of(&store, 3).await, ["job@1/0"], "a newer claim's pending follow-up is left to it");
 }
 
 /// As above, for a task that waits for its follow-ups: recovery activates them,
