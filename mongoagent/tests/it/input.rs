@@ -49,3 +49,12 @@ async fn a_lease_too_short_to_keep_is_rejected_before_any_claim() {
     let ok = Agent::builder(store, "a", "q").ttl(Duration::from_secs(1)).build().unwrap();
     assert!(ok.process(|_t: Task| async { true }).await.unwrap().is_some(), "the task was never claimed");
 }
+
+/// A backoff whose maximum is below its base is a configuration error at
+/// `build`, not a retry delay that silently ignores the base.
+#[test]
+fn a_backoff_maximum_below_its_base_is_rejected() {
+    let built =
+        Agent::builder(MemoryStore::new(), "a", "q").backoff(Duration::from_secs(2), Duration::from_secs(1)).build();
+    assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
+}
