@@ -1590,3 +1590,47 @@ async fn a_lapsed_claim_is_recovered_while_ready_tasks_wait() {
     let at = order.iter().position(|id| id == "crashed").unwrap();
     assert!(at < 16, "the lapsed claim ran as run {} of 41: {order:?}", at + 1);
 }
+
+/// A wake-up by an update reads the idle deadline afresh: the update may
+/// have moved a due time sooner. Agent B's run fails and is retried in about
+/// a second; idle agent A, woken by that write, finds it not yet due and
+/// sleeps until it is, not until the deadline it had before (the lapse of
+/// B's claim, a minute later).
+#[tokio::test(start_paused = true)]
+async fn a_retry_written_by_another_agent_runs_when_due() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = || {
+        Agent::builder(store.clone(), "w", "tasks")
+            .poll_interval(Duration::from_secs(600))
+            .backoff(Duration::from_secs(1), Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let (b, a) = (agent(), agent());
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let failing = tokio::spawn({
+        let (started, finish) = (started.clone(), finish.clone());
+        async move {
+            b.process(move |_t: Task| {
+                let (started, finish) = (started.clone(), finish.clone());
+                async move {
+                    started.notify_one();
+                    finish.notified().await;
+                    Outcome::failed("try again")
+                }
+            })
+            .await
+        }
+    });
+    started.notified().await;
+    let (work, ran) = work_signalling(&a);
+    // A finds the task held, and idles until B's claim could lapse.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    finish.notify_one();
+    assert_eq!(failing.await.unwrap().unwrap(), Some(Processed::Retried(id)));
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("the retry runs when due");
+    a.shutdown();
+    assert_eq!(work.await.unwrap().unwrap().completed, 1);
+}
