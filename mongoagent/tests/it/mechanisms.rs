@@ -1574,7 +1574,12 @@ async fn a_lapsed_claim_is_recovered_while_ready_tasks_wait() {
         .await
         .unwrap();
     let order: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
-    let agent = Agent::builder(store.clone(), "w", "tasks").process_while(|l| l.tasks_processed < 41).build().unwrap();
+    // One task per claim (nothing claimed ahead): run n is claim n.
+    let agent = Agent::builder(store.clone(), "w", "tasks")
+        .prefetch(0)
+        .process_while(|l| l.tasks_processed < 41)
+        .build()
+        .unwrap();
     let log = agent
         .work({
             let order = order.clone();
