@@ -104,12 +104,18 @@ async fn pending_of(store: &MemoryStore, fence: i64) -> Vec<String> {
     found.iter().map(|r| r.key().to_string()).collect()
 }
 
-/// A run whose claim lapsed while another agent took the task over returns
-/// `outcome` first (with its own data in the follow-ups), then its outcome
-/// write is rejected; the holder returns the same shape with other data. Only
-/// the holder's follow-ups run. Returns what the follow-ups saw, and the
-/// parent's agent for a second round.
-async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Processed) -> (Vec<String>, MemoryStore) {
+/// Two runs of one task, both held at their gates: agent A's, whose claim
+/// lapsed while it was cut off (it is back now), and agent B's, which took the
+/// task over. Each returns `outcome` with its own data ("stale", "holder").
+struct TakenOver {
+    store: MemoryStore,
+    run_a: tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>,
+    gate_a: Gate,
+    run_b: tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>,
+    gate_b: Gate,
+}
+
+async fn taken_over(outcome: fn(&str, u64) -> Outcome) -> TakenOver {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
@@ -128,9 +134,19 @@ async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Pro
     let b2 = b.clone();
     let run_b = tokio::spawn(async move { b2.process(handler_b.clone()).await });
     gate_b.running.recv().await.unwrap();
-    // A comes back and finishes first: its follow-ups are inserted before its
-    // outcome is rejected.
     client_a.set_partitioned(false);
+    TakenOver { store, run_a, gate_a, run_b, gate_b }
+}
+
+/// A run whose claim lapsed while another agent took the task over returns
+/// `outcome` first (with its own data in the follow-ups), then its outcome
+/// write is rejected; the holder returns the same shape with other data. Only
+/// the holder's follow-ups run. Returns what the follow-ups saw, and the
+/// parent's agent for a second round.
+async fn stale_then_holder(outcome: fn(&str, u64) -> Outcome, holder_result: Processed) -> (Vec<String>, MemoryStore) {
+    let TakenOver { store, run_a, gate_a, run_b, gate_b } = taken_over(outcome).await;
+    // A finishes first: its follow-ups are inserted before its outcome is
+    // rejected.
     gate_a.go.send(()).unwrap();
     assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(Key::new("job").unwrap())));
     // The stale run removed the follow-ups it left pending: nothing could ever
@@ -148,6 +164,31 @@ async fn a_stale_runs_follow_ups_never_run() {
     let outcome = |from: &str, _round: u64| Outcome::done().follow_up(NewTask::new("part", doc! {"from": from}));
     let (seen, _) = stale_then_holder(outcome, Processed::Completed(Key::new("job").unwrap())).await;
     assert_eq!(seen, vec!["holder".to_owned()], "only the holder's follow-up ran");
+}
+
+/// The other order: the holder's follow-ups are enqueued (pending, not yet
+/// activated) when the stale run enqueues the same ids. The stale run
+/// replaces only an older claim's pending copies, never a newer one's: had
+/// it replaced the holder's, its rejected outcome would remove them, and the
+/// holder's activation would find none. Store calls take 5 ms; the stale run
+/// is let go 0 to 19 ms after the holder, so one of its inserts falls between
+/// the holder's insert and the holder's activation.
+#[tokio::test(start_paused = true)]
+async fn a_stale_run_enqueueing_after_the_holder_leaves_the_holders_follow_ups() {
+    fn outcome(from: &str, _round: u64) -> Outcome {
+        Outcome::done().follow_up(NewTask::new("part", doc! {"from": from}))
+    }
+    for delay in 0..20 {
+        let TakenOver { store, run_a, gate_a, run_b, gate_b } = taken_over(outcome).await;
+        store.faults().set_latency(Duration::from_millis(5));
+        gate_b.go.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        gate_a.go.send(()).unwrap();
+        assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(Key::new("job").unwrap())));
+        assert_eq!(run_b.await.unwrap().unwrap(), Some(Processed::Completed(Key::new("job").unwrap())));
+        store.faults().set_latency(Duration::ZERO);
+        assert_eq!(parts_run(&store).await, vec!["holder".to_owned()], "stale run let go {delay} ms after the holder");
+    }
 }
 
 /// The same with a wait for the follow-ups (fan-in): the task resumes once,
@@ -193,7 +234,11 @@ async fn a_stale_runs_fan_in_task_never_runs() {
 
 /// The agent dies after its outcome write, before it activated the follow-ups:
 /// the next agent to claim the task activates them (only those of the claim
-/// whose outcome was written) and ends the task; no handler runs twice.
+/// whose outcome was written) and ends the task; no handler runs twice. The
+/// activation removes an older claim's pending follow-ups, never a newer
+/// one's: a late activation (an agent slow between its outcome write and
+/// its activation, while the task ran its next round) must not take a later
+/// round's follow-ups away before their claim activates them.
 #[tokio::test(start_paused = true)]
 async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
     use store_trait::{Claim, Mutation, Query, Store, Ttl};
@@ -207,6 +252,7 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
         doc! {"_id": "job", "agent_name": "split", "ready": true},
         pending("job/0", 1, "written"),
         pending("job/1", 0, "stale"),
+        pending("job@1/0", 3, "newer"),
     ];
     store.insert_many(&coll, docs).await.unwrap();
     // The crashed agent's claim (fence 1), with its outcome written.
@@ -246,6 +292,7 @@ async fn follow_ups_pending_after_a_crash_are_activated_by_recovery() {
     assert!(d.get("follow_ups_fence").is_none() && job.lease().is_none(), "{d}");
     assert_eq!(parts_run(&store).await, vec!["written".to_owned()]);
     assert!(pending_of(&store, 0).await.is_empty(), "the older claim's pending follow-up is removed");
+    assert_eq!(pending_of(&store, 3).await, ["job@1/0"], "a newer claim's pending follow-up is left to it");
 }
 
 /// As above, for a task that waits for its follow-ups: recovery activates them,

@@ -49,3 +49,25 @@ async fn a_lease_too_short_to_keep_is_rejected_before_any_claim() {
     let ok = Agent::builder(store, "a", "q").ttl(Duration::from_secs(1)).build().unwrap();
     assert!(ok.process(|_t: Task| async { true }).await.unwrap().is_some(), "the task was never claimed");
 }
+
+/// Rejected at `build` with a typed error.
+fn assert_rejected(b: mongoagent::AgentBuilder<MemoryStore>) {
+    let built = b.build();
+    assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
+}
+
+/// A backoff whose maximum is below its base is a configuration error at
+/// `build`, not a retry delay that silently ignores the base.
+#[test]
+fn a_backoff_maximum_below_its_base_is_rejected() {
+    assert_rejected(
+        Agent::builder(MemoryStore::new(), "a", "q").backoff(Duration::from_secs(2), Duration::from_secs(1)),
+    );
+}
+
+/// A rate limit of no starts is a configuration error at `build`: accepted,
+/// the first start would divide by zero (start `k` takes slot `k mod n`).
+#[test]
+fn a_rate_limit_of_no_starts_is_rejected() {
+    assert_rejected(Agent::builder(MemoryStore::new(), "a", "q").rate_limit(0, Duration::from_secs(1)));
+}

@@ -1242,3 +1242,400 @@ async fn a_due_time_moved_forward_wakes_an_idle_agent() {
     let now = Write::new(Condition::Always, store_trait::Mutation::new().set_now("run_at"));
     a_write_wakes_the_idle_agent(store, &id, now, "the due time moved").await;
 }
+
+/// A claim makes its task live again, whatever marked it for collection
+/// before (an operator's write, an older version's): the handler runs with no
+/// `gc_at` on its task, so a TTL pass never deletes a running task.
+#[tokio::test(start_paused = true)]
+async fn a_claim_clears_an_earlier_mark_for_collection() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let ttl = store_trait::Ttl::new(Duration::from_millis(1)).unwrap();
+    let mark = Write::new(Condition::Always, store_trait::Mutation::new().gc_after(ttl));
+    assert!(store.write(&coll(), &id, &mark).await.unwrap().is_applied());
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let handler = {
+        let store = store.clone();
+        move |t: Task| {
+            let store = store.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                store.prune_ttl();
+                store.peek(&coll(), t.id()).unwrap().record.is_some()
+            }
+        }
+    };
+    assert_eq!(agent.process(handler).await.unwrap(), Some(Processed::Completed(id)), "collected while it ran");
+}
+
+/// A task runs under a permit of its name's global concurrency: when the
+/// permit's lease is lost (here taken away by a write), the handler's
+/// cancellation fires, as for the loss of its claim, before another process
+/// could take the permit and start a task beyond the limit.
+#[tokio::test(start_paused = true)]
+async fn a_lost_permit_cancels_its_task() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent =
+        Agent::builder(store.clone(), "w", "tasks").ttl(Duration::from_secs(6)).global_concurrency(1).build().unwrap();
+    let started = Arc::new(Notify::new());
+    let run = tokio::spawn({
+        let (agent, started) = (agent.clone(), started.clone());
+        async move {
+            // Completes when it saw the cancellation, fails for good when not.
+            agent
+                .process(move |t: Task| {
+                    let started = started.clone();
+                    async move {
+                        started.notify_one();
+                        tokio::time::timeout(Duration::from_secs(30), t.cancellation().cancelled()).await.is_ok()
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    take_the_permit_away(&store).await;
+    assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)), "the handler saw its permit's loss");
+}
+
+/// Takes the only permit of agent name `w` (global concurrency 1) away from
+/// its holder, as another process would find it after a lapse: released, its
+/// fence bumped. The holder's next renewal is rejected: the permit is lost.
+async fn take_the_permit_away(store: &MemoryStore) {
+    let taken = Write::new(Condition::Always, store_trait::Mutation::new().release().bump_fence());
+    let permits = Collection::new("tasks_control").unwrap();
+    assert!(store.write(&permits, &Key::new("permits:w#0").unwrap(), &taken).await.unwrap().is_applied());
+}
+
+/// A permit lost while its task ran is not used again: the agent's next task
+/// runs under a fresh permit, its cancellation quiet. Two checks, each enough
+/// alone: a task's lost permit is not kept for the next claim
+/// (`return_permit`), and a claim takes no lost permit from those kept.
+#[tokio::test(start_paused = true)]
+async fn a_lost_permit_is_not_used_for_the_next_task() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("first").priority(1)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("second")).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks")
+        .ttl(Duration::from_secs(6))
+        .global_concurrency(1)
+        .process_while(|l| l.tasks_processed < 2)
+        .build()
+        .unwrap();
+    let (started, second_quiet) = (Arc::new(Notify::new()), Arc::new(AtomicUsize::new(0)));
+    let handler = {
+        let (started, second_quiet) = (started.clone(), second_quiet.clone());
+        move |t: Task| {
+            let (started, second_quiet) = (started.clone(), second_quiet.clone());
+            async move {
+                if t.id().to_string() == "first" {
+                    started.notify_one();
+                    tokio::time::timeout(Duration::from_secs(30), t.cancellation().cancelled()).await.unwrap();
+                } else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if !t.cancellation().is_cancelled() {
+                        second_quiet.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                true
+            }
+        }
+    };
+    let work = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.work(handler).await }
+    });
+    started.notified().await;
+    take_the_permit_away(&store).await;
+    assert_eq!(work.await.unwrap().unwrap().completed, 2);
+    assert_eq!(second_quiet.load(Ordering::SeqCst), 1, "the second task ran under the lost permit");
+}
+
+/// A task's own attempt limit overrides the agent's: a task enqueued with
+/// `max_attempts(2)` fails for good at its second failed attempt under an
+/// agent that allows five.
+#[tokio::test(start_paused = true)]
+async fn a_tasks_own_attempt_limit_overrides_the_agents() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {}).max_attempts(2)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").max_attempts(5).build().unwrap();
+    let fail = |_t: Task| async { Outcome::failed("boom") };
+    assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Retried(id.clone())));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Failed(id)));
+}
+
+/// Retries back off exponentially from the base up to the maximum, each delay
+/// jittered by ±50%: with a base of 1 s and a maximum of 8 s, the fourth
+/// retry waits at least 4 s (8 s − 50%), the sixth less than 12 s (8 s + 50%).
+#[tokio::test(start_paused = true)]
+async fn retry_delays_double_up_to_the_maximum() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks")
+        .max_attempts(10)
+        .backoff(Duration::from_secs(1), Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let mut delays = Vec::new();
+    for _ in 0..6 {
+        let fail = |_t: Task| async { Outcome::failed("boom") };
+        assert_eq!(agent.process(fail).await.unwrap(), Some(Processed::Retried(id.clone())));
+        let run_at = data(&store, &id).await.get_datetime("run_at").unwrap().timestamp_millis();
+        let delay = Duration::from_millis(u64::try_from(run_at - store.now().await.unwrap().as_millis()).unwrap());
+        delays.push(delay);
+        tokio::time::sleep(delay + Duration::from_millis(1)).await;
+    }
+    assert!(delays[3] >= Duration::from_secs(4), "the fourth retry waits 8 s ± 50%: {delays:?}");
+    assert!(delays[5] < Duration::from_secs(12), "capped at 8 s ± 50%: {delays:?}");
+}
+
+/// A task claimed ahead whose claim was lost before a slot freed is let go,
+/// never started: another agent may hold it by then. The agent is cut off
+/// from the store past its lease while its four slots are busy; the running
+/// handlers see the loss and return, and none of the tasks it had claimed
+/// ahead starts under its lost claim.
+#[tokio::test(start_paused = true)]
+async fn a_task_claimed_ahead_whose_claim_was_lost_never_starts() {
+    let store = MemoryStore::new();
+    store.faults().set_latency(Duration::from_millis(5));
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue_all(&(0..200).map(|n| NewTask::new("w", doc! { "n": n })).collect::<Vec<_>>()).await.unwrap();
+    let client = store.client();
+    let agent = Agent::builder(client.clone(), "w", "tasks")
+        .concurrency(4)
+        .ttl(Duration::from_secs(3))
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let (runs, lost_at_start) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let handler = {
+        let (runs, lost_at_start) = (runs.clone(), lost_at_start.clone());
+        move |t: Task| {
+            let (runs, lost_at_start) = (runs.clone(), lost_at_start.clone());
+            async move {
+                if t.cancellation().is_cancelled() {
+                    lost_at_start.fetch_add(1, Ordering::SeqCst);
+                }
+                // From the 21st run on, each holds its slot until its claim is lost.
+                if runs.fetch_add(1, Ordering::SeqCst) >= 20 {
+                    t.cancellation().cancelled().await;
+                }
+                true
+            }
+        }
+    };
+    let work = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.work(handler).await }
+    });
+    while runs.load(Ordering::SeqCst) < 24 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let claimed = Query::eq(doc! { "claimed": true }).when(Condition::FieldEq("complete".into(), true.into()).negate());
+    let held = store.count(&coll(), &claimed).await.unwrap();
+    assert!(held > 4, "{held} claimed: none claimed ahead of the four running");
+    client.set_partitioned(true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    agent.shutdown();
+    work.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 24, "a task claimed ahead started under a lost claim");
+    assert_eq!(lost_at_start.load(Ordering::SeqCst), 0);
+}
+
+/// Cancel leaves a fan-in step to its agents: neither a task waiting for its
+/// follow-ups nor a follow-up something waits for is cancelled. A cancelled
+/// last follow-up would end without telling its waiter, which would wait for
+/// ever; a cancelled waiter would still be woken by its follow-ups.
+#[tokio::test(start_paused = true)]
+async fn a_fan_in_step_is_not_cancelled() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();
+    let part = Agent::builder(store.clone(), "part", "tasks").build().unwrap();
+    let split_job = |t: Task| async move {
+        match t.round() {
+            0 => Outcome::done().follow_up(NewTask::new("part", doc! {})).wait_for_follow_ups(),
+            _ => Outcome::done(),
+        }
+    };
+    let job = Key::new("job").unwrap();
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Waiting(job.clone())));
+    assert!(q.cancel(doc! {}).dry_run(true).await.unwrap().is_empty(), "nothing to cancel");
+    assert!(q.cancel(doc! {}).await.unwrap().is_empty());
+    assert!(part.process(|_t: Task| async { true }).await.unwrap().is_some());
+    assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Completed(job)));
+}
+
+/// Requeue takes tasks failed for good and stuck ones (claimed by an agent
+/// whose lease lapsed), never a running one: its holder's claim is live, and
+/// a requeue would take it away and run the task a second time.
+#[tokio::test(start_paused = true)]
+async fn requeue_leaves_a_running_task_alone() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let run = tokio::spawn({
+        let (agent, started, finish) = (agent.clone(), started.clone(), finish.clone());
+        async move {
+            agent
+                .process(move |_t: Task| {
+                    let (started, finish) = (started.clone(), finish.clone());
+                    async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    assert!(q.requeue(doc! {}).await.unwrap().is_empty(), "a running task is not requeued");
+    finish.notify_one();
+    assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)));
+}
+
+/// Under a global concurrency limit an idle agent wakes at every change of
+/// its queue, a completion included: a task ending anywhere frees a permit.
+/// The only permit is held by another agent's run while a second task waits;
+/// when that run ends, the idle agent takes the task at once, not at the
+/// claim's lapse (a minute) or its next poll (ten minutes).
+#[tokio::test(start_paused = true)]
+async fn a_permit_freed_elsewhere_wakes_an_idle_limited_agent() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (first, _) = q.enqueue(NewTask::new("w", doc! {}).priority(1)).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let limited = || {
+        Agent::builder(store.clone(), "w", "tasks")
+            .global_concurrency(1)
+            .poll_interval(Duration::from_secs(600))
+            .build()
+            .unwrap()
+    };
+    let (holder, idle) = (limited(), limited());
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let held = tokio::spawn({
+        let (started, finish) = (started.clone(), finish.clone());
+        async move {
+            holder
+                .process(move |_t: Task| {
+                    let (started, finish) = (started.clone(), finish.clone());
+                    async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let (work, ran) = work_signalling(&idle);
+    // The idle agent finds no free permit, and idles.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    finish.notify_one();
+    assert_eq!(held.await.unwrap().unwrap(), Some(Processed::Completed(first)));
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("the freed permit is taken at once");
+    idle.shutdown();
+    assert_eq!(work.await.unwrap().unwrap().completed, 1);
+}
+
+/// Recovery never starves under load: every sixteenth claim looks for lapsed
+/// claims first. A crashed agent's task runs again while 40 ready tasks still
+/// wait; without that turn it would wait until no task is ready (on a queue
+/// that never empties, for ever).
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_claim_is_recovered_while_ready_tasks_wait() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("crashed")).await.unwrap();
+    let dead = Claim {
+        query: Query::eq(doc! {"_id": "crashed"}),
+        mutation: store_trait::Mutation::new()
+            .grant("dead-agent", store_trait::Ttl::new(Duration::from_secs(2)).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    assert!(store.claim(&coll(), &dead).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    q.enqueue_all(&(0..40).map(|i| NewTask::new("w", doc! {}).id(format!("t{i:02}"))).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let order: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    // One task per claim (nothing claimed ahead): run n is claim n.
+    let agent = Agent::builder(store.clone(), "w", "tasks")
+        .prefetch(0)
+        .process_while(|l| l.tasks_processed < 41)
+        .build()
+        .unwrap();
+    let log = agent
+        .work({
+            let order = order.clone();
+            move |t: Task| {
+                order.lock().unwrap().push(t.id().to_string());
+                async { true }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(log.completed, 41);
+    let order = order.lock().unwrap();
+    let at = order.iter().position(|id| id == "crashed").unwrap();
+    assert!(at < 16, "the lapsed claim ran as run {} of 41: {order:?}", at + 1);
+}
+
+/// A wake-up by an update reads the idle deadline afresh: the update may
+/// have moved a due time sooner. Agent B's run fails and is retried in about
+/// a second; idle agent A, woken by that write, finds it not yet due and
+/// sleeps until it is, not until the deadline it had before (the lapse of
+/// B's claim, a minute later).
+#[tokio::test(start_paused = true)]
+async fn a_retry_written_by_another_agent_runs_when_due() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = || {
+        Agent::builder(store.clone(), "w", "tasks")
+            .poll_interval(Duration::from_secs(600))
+            .backoff(Duration::from_secs(1), Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let (b, a) = (agent(), agent());
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let failing = tokio::spawn({
+        let (started, finish) = (started.clone(), finish.clone());
+        async move {
+            b.process(move |_t: Task| {
+                let (started, finish) = (started.clone(), finish.clone());
+                async move {
+                    started.notify_one();
+                    finish.notified().await;
+                    Outcome::failed("try again")
+                }
+            })
+            .await
+        }
+    });
+    started.notified().await;
+    let (work, ran) = work_signalling(&a);
+    // A finds the task held, and idles until B's claim could lapse.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    finish.notify_one();
+    assert_eq!(failing.await.unwrap().unwrap(), Some(Processed::Retried(id)));
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("the retry runs when due");
+    a.shutdown();
+    assert_eq!(work.await.unwrap().unwrap().completed, 1);
+}

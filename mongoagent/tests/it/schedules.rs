@@ -333,6 +333,78 @@ async fn the_overlap_policy_holds() {
     }
 }
 
+/// `last_tick` only moves forward: a pass that read the clock before a tick
+/// and writes after another pass recorded that tick leaves it alone (else the
+/// next pass plans the tick again, and runs it twice once its task was
+/// collected). Store calls take 5 ms; a scheduler of every schedule, whose
+/// pass writes "q" only after its work on "a", reads the clock 5 ms before a
+/// tick; a scheduler of "q" alone starts 0 to 39 ms later.
+#[tokio::test(start_paused = true)]
+async fn last_tick_never_moves_back() {
+    for offset in 0..40 {
+        let (store, _clock) = memory_at("2026-05-04T10:00:00Z");
+        let s = Schedules::new(store.clone(), "jobs").unwrap();
+        for (name, overlap) in [("a", Overlap::Skip), ("q", Overlap::Allow)] {
+            let every_second = Schedule::every(name, Duration::from_secs(1), NewTask::new(name, doc! {})).unwrap();
+            s.upsert(&every_second.overlap(overlap)).await.unwrap();
+        }
+        s.queue().ensure_indexes().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(4_985)).await;
+        store.faults().set_latency(Duration::from_millis(5));
+        let all = tokio::spawn({
+            let all = s.scheduler();
+            async move { all.pass().await }
+        });
+        tokio::time::sleep(Duration::from_millis(offset)).await;
+        s.scheduler().only("q").pass().await.unwrap();
+        all.await.unwrap().unwrap();
+        store.faults().set_latency(Duration::ZERO);
+        let newest = *ticks_of(&s, "q").await.last().unwrap();
+        let last_tick = s.get("q").await.unwrap().unwrap().last_tick.unwrap();
+        assert_eq!(last_tick.as_millis(), newest, "the scheduler of q alone started {offset} ms later");
+    }
+}
+
+/// A held tick cancelled while it waits its turn never runs. The overlap
+/// policy lets the oldest held task through (`ready: true`) once the one
+/// before it ends, cancelled or not; a cancelled task has ended
+/// (`complete: true`), and a claim takes only tasks not ended. Without that
+/// clause of the claim filter the cancelled tick runs.
+#[tokio::test(start_paused = true)]
+async fn a_held_tick_cancelled_while_it_waits_never_runs() {
+    let (store, _clock) = memory_at("2026-05-04T10:00:00.500Z");
+    let s = Schedules::new(store.clone(), "jobs").unwrap();
+    let sched =
+        Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
+    s.upsert(&sched).await.unwrap();
+    let scheduler = s.scheduler();
+    // A tick a second: the first is let through, the next two are held.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        scheduler.pass().await.unwrap();
+    }
+    let ticks = ticks_of(&s, "q").await;
+    assert_eq!(ticks.len(), 3, "{ticks:?}");
+    let held = s.queue().cancel(doc! { "overlap_held": true }).await.unwrap();
+    assert_eq!(held.len(), 2, "the two held ticks are cancelled");
+    let agent = Agent::builder(store.clone(), "q", "jobs").build().unwrap();
+    let ran: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handler = {
+        let ran = ran.clone();
+        move |t: Task| {
+            ran.lock().unwrap().push(t.id().to_string());
+            async { true }
+        }
+    };
+    assert!(agent.process(handler.clone()).await.unwrap().is_some(), "the tick let through runs");
+    // The next passes let the cancelled ticks through, one after the other.
+    for _ in 0..2 {
+        scheduler.pass().await.unwrap();
+        assert_eq!(agent.process(handler.clone()).await.unwrap(), None, "a cancelled tick is never claimed");
+    }
+    assert_eq!(ran.lock().unwrap().len(), 1, "ran {:?}", ran.lock().unwrap());
+}
+
 #[macro_export]
 macro_rules! schedule_suite {
     ($harness:path, #[$attr:meta]) => {
