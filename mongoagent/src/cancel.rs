@@ -53,6 +53,9 @@ impl<S: Store + Clone> Queue<S> {
                     .set(fields::LAST_ERROR, "cancelled")
                     .set(fields::READY, false)
                     .set(fields::CLAIMED, false)
+                    // A held tick cancelled no longer waits its turn: the
+                    // schedule lets the next one through, never this one.
+                    .unset(fields::OVERLAP_HELD)
                     .set_now(fields::COMPLETED_AT),
             );
             match self.store.write(&self.coll, r.key(), &w).await? {

@@ -1269,6 +1269,31 @@ async fn a_claim_clears_an_earlier_mark_for_collection() {
     assert_eq!(agent.process(handler).await.unwrap(), Some(Processed::Completed(id)), "collected while it ran");
 }
 
+/// A task that ended is never claimed again, whatever another program
+/// writes of its readiness: an operator's `ready: true` on a completed task
+/// (the claim filter's `not_complete` clause; `Queue::requeue` is the way to
+/// run it again). Without the clause it runs twice.
+#[tokio::test(start_paused = true)]
+async fn an_ended_task_marked_ready_by_another_program_is_not_run_again() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        move |_t: Task| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { true }
+        }
+    };
+    assert_eq!(agent.process(handler.clone()).await.unwrap(), Some(Processed::Completed(id.clone())));
+    let ready = Write::new(Condition::Always, store_trait::Mutation::new().set("ready", true));
+    assert!(store.write(&coll(), &id, &ready).await.unwrap().is_applied());
+    assert_eq!(agent.process(handler).await.unwrap(), None, "an ended task was claimed");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// A task runs under a permit of its name's global concurrency: when the
 /// permit's lease is lost (here taken away by a write), the handler's
 /// cancellation fires, as for the loss of its claim, before another process

@@ -365,11 +365,12 @@ async fn last_tick_never_moves_back() {
     }
 }
 
-/// A held tick cancelled while it waits its turn never runs. The overlap
-/// policy lets the oldest held task through (`ready: true`) once the one
-/// before it ends, cancelled or not; a cancelled task has ended
-/// (`complete: true`), and a claim takes only tasks not ended. Without that
-/// clause of the claim filter the cancelled tick runs.
+/// A held tick cancelled while it waits its turn never runs, and is not
+/// waiting any more: a cancel ends its hold (`cancel.rs`), so the overlap
+/// policy never lets it through (`ready: true` on an ended task). A claim
+/// takes only tasks not ended besides: with the hold kept and without that
+/// clause of the claim filter, the cancelled tick runs; with the hold kept,
+/// a cancelled tick is made ready.
 #[tokio::test(start_paused = true)]
 async fn a_held_tick_cancelled_while_it_waits_never_runs() {
     let (store, _clock) = memory_at("2026-05-04T10:00:00.500Z");
@@ -397,10 +398,15 @@ async fn a_held_tick_cancelled_while_it_waits_never_runs() {
         }
     };
     assert!(agent.process(handler.clone()).await.unwrap().is_some(), "the tick let through runs");
-    // The next passes let the cancelled ticks through, one after the other.
+    let jobs = store_trait::Collection::new("jobs").unwrap();
     for _ in 0..2 {
         scheduler.pass().await.unwrap();
         assert_eq!(agent.process(handler.clone()).await.unwrap(), None, "a cancelled tick is never claimed");
+        let cancelled = store.find(&jobs, &store_trait::Query::eq(doc! { "cancelled": true })).await.unwrap();
+        assert_eq!(cancelled.len(), 2);
+        for t in &cancelled {
+            assert_eq!(t.get_bool("ready"), Some(false), "a cancelled tick let through: {:?}", t.data());
+        }
     }
     assert_eq!(ran.lock().unwrap().len(), 1, "ran {:?}", ran.lock().unwrap());
 }
