@@ -19,7 +19,19 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             cmd.args(["--db", "mongocoord_chaos", "chaos", "--server-bin"]).arg(venv.join("bin").join("secantusd-py"));
         }
     }
+    let dir = root().join("target").join("chaos");
     cmd.arg("--mongocoord").arg(root().join("target").join("debug").join("mongocoord"));
-    cmd.arg("--dir").arg(root().join("target").join("chaos")).args(args);
-    run_cmd(&mut cmd)
+    cmd.arg("--dir").arg(&dir).args(args);
+    run_cmd(&mut cmd).inspect_err(|_| keep_failed_run(&dir))
+}
+
+/// Moves a failed run's directory (every worker's log, the server's data, the
+/// summary) aside, so the next run does not overwrite what shows the failure.
+fn keep_failed_run(dir: &std::path::Path) {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let kept = dir.with_file_name(format!("chaos-failed-{secs}"));
+    match std::fs::rename(dir, &kept) {
+        Ok(()) => eprintln!("xtask chaos: the failed run's logs are kept in {}", kept.display()),
+        Err(e) => eprintln!("xtask chaos: could not keep the failed run's logs ({e})"),
+    }
 }
