@@ -46,6 +46,31 @@ fn work_signalling<S: Store + Clone>(
     (run, ran)
 }
 
+/// Processes one task of `agent` on a task of its own, whose handler tells
+/// the first `Notify` when it starts and holds its slot until the second is
+/// told.
+fn a_held_run<S: Store + Clone>(
+    agent: &Agent<S>,
+) -> (tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>, Arc<Notify>, Arc<Notify>) {
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let run = tokio::spawn({
+        let (agent, started, finish) = (agent.clone(), started.clone(), finish.clone());
+        async move {
+            agent
+                .process(move |_t: Task| {
+                    let (started, finish) = (started.clone(), finish.clone());
+                    async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        true
+                    }
+                })
+                .await
+        }
+    });
+    (run, started, finish)
+}
+
 /// Fence check: an agent cut off for longer than its lease finishes its handler
 /// after another agent took the task over and completed it. Its late outcome is
 /// rejected, whatever order the two finish in.
@@ -1508,22 +1533,7 @@ async fn requeue_leaves_a_running_task_alone() {
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let (id, _) = q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
-    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let run = tokio::spawn({
-        let (agent, started, finish) = (agent.clone(), started.clone(), finish.clone());
-        async move {
-            agent
-                .process(move |_t: Task| {
-                    let (started, finish) = (started.clone(), finish.clone());
-                    async move {
-                        started.notify_one();
-                        finish.notified().await;
-                        true
-                    }
-                })
-                .await
-        }
-    });
+    let (run, started, finish) = a_held_run(&agent);
     started.notified().await;
     assert!(q.requeue(doc! {}).await.unwrap().is_empty(), "a running task is not requeued");
     finish.notify_one();
@@ -1549,22 +1559,7 @@ async fn a_permit_freed_elsewhere_wakes_an_idle_limited_agent() {
             .unwrap()
     };
     let (holder, idle) = (limited(), limited());
-    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let held = tokio::spawn({
-        let (started, finish) = (started.clone(), finish.clone());
-        async move {
-            holder
-                .process(move |_t: Task| {
-                    let (started, finish) = (started.clone(), finish.clone());
-                    async move {
-                        started.notify_one();
-                        finish.notified().await;
-                        true
-                    }
-                })
-                .await
-        }
-    });
+    let (held, started, finish) = a_held_run(&holder);
     started.notified().await;
     let (work, ran) = work_signalling(&idle);
     // The idle agent finds no free permit, and idles.
