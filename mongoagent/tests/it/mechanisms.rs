@@ -46,12 +46,13 @@ fn work_signalling<S: Store + Clone>(
     (run, ran)
 }
 
+/// A run started by [`a_held_run`], its start signal and its release.
+type HeldRun = (tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>, Arc<Notify>, Arc<Notify>);
+
 /// Processes one task of `agent` on a task of its own, whose handler tells
 /// the first `Notify` when it starts and holds its slot until the second is
 /// told.
-fn a_held_run<S: Store + Clone>(
-    agent: &Agent<S>,
-) -> (tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>, Arc<Notify>, Arc<Notify>) {
+fn a_held_run<S: Store + Clone>(agent: &Agent<S>) -> HeldRun {
     let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let run = tokio::spawn({
         let (agent, started, finish) = (agent.clone(), started.clone(), finish.clone());
