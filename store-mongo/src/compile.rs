@@ -63,23 +63,21 @@ fn all_null_or_missing(fs: &[&str]) -> Bson {
     Bson::Document(doc! { "$eq": [chain, Bson::Null] })
 }
 
+/// The field `c` requires absent, when it is `Not(Exists(field))`.
+fn absent_field(c: &Condition) -> Option<&str> {
+    match c {
+        Condition::Not(c) => match &**c {
+            Condition::Exists(f) => Some(f),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The conjunction of `cs`, its absent fields (`Not(Exists)`) tested at once.
 fn all(cs: &[Condition]) -> Bson {
-    let absent: Vec<&str> = cs
-        .iter()
-        .filter_map(|c| match c {
-            Condition::Not(c) => match &**c {
-                Condition::Exists(f) => Some(f.as_str()),
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect();
-    let mut parts: Vec<Bson> = cs
-        .iter()
-        .filter(|c| !matches!(c, Condition::Not(c) if matches!(&**c, Condition::Exists(_))))
-        .map(condition)
-        .collect();
+    let absent: Vec<&str> = cs.iter().filter_map(absent_field).collect();
+    let mut parts: Vec<Bson> = cs.iter().filter(|c| absent_field(c).is_none()).map(condition).collect();
     if !absent.is_empty() {
         parts.push(all_null_or_missing(&absent));
     }
@@ -125,10 +123,10 @@ pub(crate) fn condition(c: &Condition) -> Bson {
                 ] },
             ]
         }),
-        Condition::Not(c) => match &**c {
+        Condition::Not(inner) => match absent_field(c) {
             // Absent: the check `Exists` negates, without negating it.
-            Condition::Exists(f) => is_null_or_missing(f),
-            c => Bson::Document(doc! { "$not": [condition(c)] }),
+            Some(f) => is_null_or_missing(f),
+            None => Bson::Document(doc! { "$not": [condition(inner)] }),
         },
         Condition::All(cs) if cs.is_empty() => Bson::Boolean(true),
         Condition::Any(cs) if cs.is_empty() => Bson::Boolean(false),
