@@ -13,6 +13,13 @@
 //! busy, a store without change notifications, a standalone `mongod`, a stream
 //! that ended and is not back yet) each agent reads its own document again
 //! once per [`CONTROL_REFRESH`].
+//!
+//! A notification may come late, or not at all from a stream that stalls
+//! without ending (a loaded server, a connection half gone). So what the task
+//! read is trusted for [`CONTROL_REFRESH`] only: the task reads again when no
+//! notification made it read for [`REREAD`], and an agent that finds the view
+//! older than that reads its own document instead. A pause is seen within
+//! [`CONTROL_REFRESH`] of being written, whatever the notifications do.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -23,6 +30,7 @@ use std::time::Duration;
 use bson::{doc, Bson};
 use store_trait::{ChangeEvent, ChangeKind, Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::{AgentError, Queue};
 
@@ -30,6 +38,12 @@ use crate::{AgentError, Queue};
 /// it reads it again: a pause is seen within this long of being written, and
 /// a busy agent reads it at most once per period, not once per claim.
 pub const CONTROL_REFRESH: Duration = Duration::from_secs(1);
+
+/// How long the control task goes without reading the paused names (when no
+/// notification made it read): under [`CONTROL_REFRESH`], so that while it
+/// runs its view is never too old to trust.
+const REREAD: Duration = Duration::from_millis(750);
+const _: () = assert!(REREAD.as_millis() < CONTROL_REFRESH.as_millis());
 
 /// The key of an agent name's control document is this and the name.
 const KEY_PREFIX: &str = "agent:";
@@ -50,7 +64,12 @@ pub(crate) type ControlView = Option<Arc<HashSet<String>>>;
 /// (SecantusDB does), a subscription held while busy costs more commands than
 /// the timed read.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ControlWatch(Arc<Mutex<Option<watch::Sender<ControlView>>>>);
+pub(crate) struct ControlWatch {
+    task: Arc<Mutex<Option<watch::Sender<ControlView>>>>,
+    /// When the read behind the published view was sent: the view is trusted
+    /// until [`CONTROL_REFRESH`] after it.
+    read_at: Arc<Mutex<Option<Instant>>>,
+}
 
 impl ControlWatch {
     /// A view, starting the control task if none runs (inside a runtime).
@@ -59,7 +78,7 @@ impl ControlWatch {
         store: &S,
         coll: Result<Collection, AgentError>,
     ) -> watch::Receiver<ControlView> {
-        let mut slot = self.0.lock();
+        let mut slot = self.task.lock();
         if let Some(tx) = slot.as_ref() {
             return tx.subscribe();
         }
@@ -71,9 +90,15 @@ impl ControlWatch {
         rx
     }
 
-    /// What the running control task last published, without holding a view.
+    /// What the running control task last published, without holding a
+    /// view; `None` (read your own document) when its read is
+    /// [`CONTROL_REFRESH`] old.
     pub(crate) fn peek(&self) -> ControlView {
-        self.0.lock().as_ref().and_then(|tx| tx.borrow().clone())
+        let fresh = (*self.read_at.lock()).is_some_and(|at| at.elapsed() < CONTROL_REFRESH);
+        if !fresh {
+            return None;
+        }
+        self.task.lock().as_ref().and_then(|tx| tx.borrow().clone())
     }
 
     /// Returns once nobody holds a view, having forgotten the task's sender
@@ -81,7 +106,7 @@ impl ControlWatch {
     async fn unwatched(&self, tx: &watch::Sender<ControlView>) {
         loop {
             tx.closed().await;
-            let mut slot = self.0.lock();
+            let mut slot = self.task.lock();
             if tx.receiver_count() == 0 {
                 *slot = None;
                 return;
@@ -91,9 +116,10 @@ impl ControlWatch {
 }
 
 /// The control task: subscribe, read the paused names, read them again after
-/// each notification (a burst read once); when the stream ends or a read
-/// fails, tell the agents to read on their timer, and subscribe again after
-/// [`CONTROL_REFRESH`]. Ends when no agent holds a view.
+/// each notification (a burst read once) and after [`REREAD`] without one;
+/// when the stream ends or a read fails, tell the agents to read on their
+/// timer, and subscribe again after [`CONTROL_REFRESH`]. Ends when no agent
+/// holds a view.
 async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>, control: ControlWatch) {
     loop {
         match store.watch(&coll, None).await {
@@ -102,17 +128,26 @@ async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<
                 let mut read = true;
                 loop {
                     if read {
+                        let sent = Instant::now();
                         match paused_names(&store, &coll).await {
-                            Ok(names) => publish(&tx, names),
+                            Ok(names) => {
+                                publish(&tx, names);
+                                *control.read_at.lock() = Some(sent);
+                            }
                             Err(e) => {
                                 tracing::warn!(collection = %coll, error = %e, "reading the control documents failed; agents read them on a timer");
                                 break;
                             }
                         }
                     }
+                    let reread_at = (*control.read_at.lock()).map_or_else(Instant::now, |at| at + REREAD);
                     let next = tokio::select! {
                         _ = control.unwatched(&tx) => return,
                         ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
+                        _ = tokio::time::sleep_until(reread_at) => {
+                            read = true;
+                            continue;
+                        }
                     };
                     let Some(Ok(ev)) = next else {
                         tracing::debug!(collection = %coll, "control notifications ended; agents read on a timer");
@@ -151,16 +186,12 @@ fn about_pause(ev: &ChangeEvent) -> bool {
     ev.kind == ChangeKind::Resync || ev.key.as_ref().is_none_or(|k| k.to_string().starts_with(KEY_PREFIX))
 }
 
-/// Publishes the paused names if they changed: a view's holder (an idle
-/// agent) wakes only when they did.
+/// Publishes the paused names read, changed or not: a view's holder (an idle
+/// agent) claims only when its own name's state differs from what it last
+/// saw (`work.rs`), which may have come from its own read while this view
+/// was too old to trust.
 fn publish(tx: &watch::Sender<ControlView>, names: HashSet<String>) {
-    tx.send_if_modified(|view| {
-        if view.as_deref() == Some(&names) {
-            return false;
-        }
-        *view = Some(Arc::new(names));
-        true
-    });
+    tx.send_replace(Some(Arc::new(names)));
 }
 
 /// The paused agent names: one `find` of the control documents that say so.
@@ -181,8 +212,9 @@ impl<S: Store + Clone> Queue<S> {
 
     /// Pauses (`true`) or resumes (`false`) every agent named `agent` on this
     /// queue, in every process: they stop claiming (tasks they run finish) or
-    /// claim again as soon as the change notification reaches them, or within
-    /// [`CONTROL_REFRESH`] on a store without change notifications.
+    /// claim again as soon as the change notification reaches them, and
+    /// within [`CONTROL_REFRESH`] when none does (a store without change
+    /// notifications, a notification late or lost).
     ///
     /// # Cancel safety
     ///

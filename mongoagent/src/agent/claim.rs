@@ -204,13 +204,15 @@ impl<S: Store + Clone> Agent<S> {
     /// each task's claim fenced and leased on its own.
     pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Claims<S>, AgentError> {
         let inner = &self.inner;
+        // Agents sharing a `Queue` take turns, and share their name's list of
+        // candidates (`candidates.rs`): they never race each other for a key.
+        let mut lists = inner.queue.claim_gate.lock().await;
+        // The pause state once it is this agent's turn: a turn waited for is
+        // no time for a pause to go unseen in.
         let was_paused = inner.paused.lock().is_none_or(|(_, paused)| paused);
         if self.paused().await? {
             return Ok(Claims::none());
         }
-        // Agents sharing a `Queue` take turns, and share their name's list of
-        // candidates (`candidates.rs`): they never race each other for a key.
-        let mut lists = inner.queue.claim_gate.lock().await;
         let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
         if let Some(Woken { inserted: keys, other }) = woken.filter(|w| !w.inserted.is_empty()) {
             // More keys than slots: the store picks among them in claim order.

@@ -5,6 +5,7 @@
 
 mod events;
 mod fencing;
+mod gate;
 mod input;
 mod limits;
 mod mechanisms;

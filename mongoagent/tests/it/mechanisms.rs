@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
+use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task, CONTROL_REFRESH};
 use store_memory::MemoryStore;
 use store_trait::{
     ChangeStream, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot,
     Store, StoreResult, StoreTime, Write, WriteOutcome,
 };
 use tokio::sync::Notify;
+
+use crate::gate::{Gate, Op};
 
 fn coll() -> Collection {
     Collection::new("tasks").unwrap()
@@ -620,6 +622,77 @@ async fn the_pause_view_wakes_an_idle_agent_only_for_its_own_pause() {
     tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("runs after the resume");
     agent.shutdown();
     assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
+
+/// A pause is seen within `CONTROL_REFRESH` of being written, whatever the
+/// control collection's notifications do (`control.rs`). Here they stall:
+/// the subscription opens, then says nothing. The control task reads the
+/// paused names again when no notification made it read for a while, so an
+/// idle agent learns of a resume; and an agent trusts the task's view only
+/// while its read is younger than `CONTROL_REFRESH`, so one woken for a new
+/// task while that read hangs reads its own document, and claims nothing
+/// while paused; and each read is published, changed or not, so an agent
+/// that learned of the pause by its own read wakes at the resume. Without the
+/// rereads, or without publishing an unchanged read, the resumed agent sleeps
+/// through its 600 s poll; without the age check it claims while paused.
+#[tokio::test(start_paused = true)]
+async fn a_pause_is_seen_though_its_notifications_stall() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let gate = Gate::new(store.clone());
+    gate.stall_watches("tasks_control");
+    let agent = Agent::builder(gate.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    let runs = |within: u64| tokio::time::timeout(Duration::from_secs(within), ran.notified());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    queue.set_paused("w", true).await.unwrap();
+    tokio::time::sleep(CONTROL_REFRESH).await;
+    queue.enqueue(NewTask::new("w", doc! {"n": 1})).await.unwrap();
+    assert!(runs(5).await.is_err(), "claimed while paused");
+    queue.set_paused("w", false).await.unwrap();
+    runs(5).await.expect("runs after the resume");
+    // Idle again (a new control task has read), then paused while the
+    // task's next read hangs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    gate.hold_next(|c, op| {
+        c.as_str() == "tasks_control" && matches!(op, Op::Find(q) if q.filter.contains_key("paused"))
+    });
+    gate.reached().await;
+    queue.set_paused("w", true).await.unwrap();
+    tokio::time::sleep(CONTROL_REFRESH).await;
+    queue.enqueue(NewTask::new("w", doc! {"n": 2})).await.unwrap();
+    assert!(runs(5).await.is_err(), "claimed while paused, on a view too old to trust");
+    queue.set_paused("w", false).await.unwrap();
+    gate.open();
+    runs(5).await.expect("runs after the resume");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 2);
+}
+
+/// Agents sharing a `Queue` take turns claiming; each reads the pause state
+/// once it is its turn (`claim.rs`), not before waiting for it. Here agent A's
+/// claim is held back two seconds while B waits its turn, and the name is
+/// paused meanwhile: B, whose read before waiting said "not paused", claims
+/// nothing. Checked before the wait, B claims a task two seconds after the
+/// pause.
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_waited_its_turn_sees_a_pause_written_meanwhile() {
+    let store = MemoryStore::new();
+    let gate = Gate::new(store.clone());
+    let queue = Queue::new(gate.clone(), "tasks").unwrap();
+    queue.enqueue_all(&[NewTask::new("w", doc! {"n": 1}), NewTask::new("w", doc! {"n": 2})]).await.unwrap();
+    let a = Agent::on_queue(&queue, "w").build().unwrap();
+    let b = Agent::on_queue(&queue, "w").build().unwrap();
+    gate.hold_next(|_, op| matches!(op, Op::Claim(c) if c.query.filter.get_bool("ready").is_ok_and(|r| r)));
+    let first = tokio::spawn(async move { a.process(|_: Task| async { true }).await });
+    gate.reached().await;
+    let second = tokio::spawn(async move { b.process(|_: Task| async { true }).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    queue.set_paused("w", true).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    gate.open();
+    assert!(first.await.unwrap().unwrap().is_some(), "A's claim was sent before the pause");
+    assert_eq!(second.await.unwrap().unwrap(), None, "B claimed two seconds after the pause");
 }
 
 /// Outrun: a claimer whose candidates others took, read after read, gives up
@@ -1539,6 +1612,41 @@ async fn requeue_leaves_a_running_task_alone() {
     assert!(q.requeue(doc! {}).await.unwrap().is_empty(), "a running task is not requeued");
     finish.notify_one();
     assert_eq!(run.await.unwrap().unwrap(), Some(Processed::Completed(id)));
+}
+
+/// A requeue writes only over the state it read (`queue.rs`: `FenceIs` the
+/// fence read): its attempts start over from that fence. Here operator X read
+/// a failed task and its write is held back while operator Y requeues the
+/// task, and an agent runs it and it fails again. X's write then finds a task
+/// it did not read, and leaves it alone. Without the fence in the condition
+/// X revives it, and its next run counts attempts from the fence X read: it
+/// starts at attempt 3 of 1.
+#[tokio::test(start_paused = true)]
+async fn a_requeue_over_a_task_changed_since_it_was_read_is_not_applied() {
+    let store = MemoryStore::new();
+    let gate = Gate::new(store.clone());
+    let y = Queue::new(store.clone(), "tasks").unwrap();
+    let x = Queue::new(gate.clone(), "tasks").unwrap();
+    let (id, _) = y.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").max_attempts(1).build().unwrap();
+    let attempts: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
+    let failing = || {
+        let attempts = attempts.clone();
+        move |t: Task| {
+            attempts.lock().unwrap().push(t.attempt());
+            async { false }
+        }
+    };
+    assert_eq!(agent.process(failing()).await.unwrap(), Some(Processed::Failed(id.clone())));
+    gate.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("round_fence")));
+    let stale = tokio::spawn(async move { x.requeue(doc! {}).await });
+    gate.reached().await;
+    assert_eq!(y.requeue(doc! {}).await.unwrap(), vec![id.clone()]);
+    assert_eq!(agent.process(failing()).await.unwrap(), Some(Processed::Failed(id.clone())));
+    gate.open();
+    assert!(stale.await.unwrap().unwrap().is_empty(), "a requeue written over a task it did not read");
+    assert_eq!(agent.process(failing()).await.unwrap(), None, "nothing was requeued");
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 1], "each round starts at attempt 1");
 }
 
 /// Under a global concurrency limit an idle agent wakes at every change of

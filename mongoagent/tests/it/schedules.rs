@@ -14,6 +14,8 @@ use store_memory::MemoryStore;
 use store_trait::testing::Harness;
 use store_trait::{Store, StoreTime, TestClock};
 
+use crate::gate::{Gate, Op};
+
 fn at(rfc3339: &str) -> StoreTime {
     StoreTime::from_millis(chrono::DateTime::parse_from_rfc3339(rfc3339).unwrap().timestamp_millis())
 }
@@ -409,6 +411,92 @@ async fn a_held_tick_cancelled_while_it_waits_never_runs() {
         }
     }
     assert_eq!(ran.lock().unwrap().len(), 1, "ran {:?}", ran.lock().unwrap());
+}
+
+/// One held tick at a time across schedulers: under [`Overlap::Queue`] a
+/// pass moves the schedule's `running` from an ended tick to the next by a
+/// compare-and-set (`Schedules::let_through`). Here scheduler B read
+/// `running` (tick 1, ended) and its move to tick 2 is held back while
+/// scheduler A lets tick 2 through, tick 2 runs and ends, and A lets tick 3
+/// through. B's stale move then lands: without the compare-and-set it sets
+/// `running` back to tick 2, which has ended, and the next pass lets tick 4
+/// through while tick 3 has not run.
+#[tokio::test(start_paused = true)]
+async fn a_stale_let_through_never_lets_a_second_tick_out() {
+    let (store, _clock) = memory_at("2026-05-04T10:00:00.500Z");
+    let gate = Gate::new(store.clone());
+    let a = Schedules::new(store.clone(), "jobs").unwrap();
+    let b = Schedules::new(gate.clone(), "jobs").unwrap();
+    let sched =
+        Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
+    a.upsert(&sched).await.unwrap();
+    // A tick a second: the first is let through, the next three are held.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        a.scheduler().pass().await.unwrap();
+    }
+    let agent = Agent::builder(store.clone(), "q", "jobs").build().unwrap();
+    let run_one = || agent.process(|_: Task| async { true });
+    assert!(run_one().await.unwrap().is_some(), "tick 1 runs");
+    gate.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("running")));
+    let stale = tokio::spawn({
+        let b = b.scheduler();
+        async move { b.pass().await }
+    });
+    gate.reached().await;
+    a.scheduler().pass().await.unwrap();
+    assert!(run_one().await.unwrap().is_some(), "tick 2 runs");
+    a.scheduler().pass().await.unwrap();
+    gate.open();
+    stale.await.unwrap().unwrap();
+    a.scheduler().pass().await.unwrap();
+    let out: Vec<String> = a
+        .queue()
+        .tasks(doc! { "schedule": "q" }, None)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|t| t.get_bool("complete") != Some(true) && t.get_bool("overlap_held") != Some(true))
+        .map(|t| t.key().to_string())
+        .collect();
+    let tick = |s: u32| format!("sched/q/{}", at(&format!("2026-05-04T10:00:0{s}Z")).as_millis());
+    assert_eq!(out, vec![tick(3)], "let through and not ended: only tick 3");
+}
+
+/// A pass records `last_tick` only over the definition it read (the version
+/// in `scheduler.rs`'s write condition). Here a pass read an every-second
+/// schedule and its record of tick 5 is held back while the schedule is
+/// changed to a one-off tick at 4.5, due already: the change keeps
+/// `last_tick` (1), so the one-off tick is to run. Without the version in the
+/// condition the stale pass records 5 over the new definition, and the
+/// one-off tick, older than that, never runs.
+#[tokio::test(start_paused = true)]
+async fn a_pass_over_an_old_definition_does_not_record_its_tick_on_the_new_one() {
+    let (store, _clock) = memory_at("2026-05-04T10:00:00Z");
+    let gate = Gate::new(store.clone());
+    let a = Schedules::new(store.clone(), "jobs").unwrap();
+    let b = Schedules::new(gate.clone(), "jobs").unwrap();
+    let task = NewTask::new("s", doc! {});
+    a.upsert(&Schedule::every("s", Duration::from_secs(1), task.clone()).unwrap().overlap(Overlap::Allow))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.scheduler().pass().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    gate.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("last_tick")));
+    let stale = tokio::spawn({
+        let b = b.scheduler();
+        async move { b.pass().await }
+    });
+    gate.reached().await;
+    let once = at("2026-05-04T10:00:04.500Z");
+    let changed = a.upsert(&Schedule::at("s", once, task).unwrap().overlap(Overlap::Allow)).await.unwrap();
+    assert!(matches!(changed, Upserted::Changed(2)), "{changed:?}");
+    gate.open();
+    stale.await.unwrap().unwrap();
+    a.scheduler().pass().await.unwrap();
+    let ticks = ticks_of(&a, "s").await;
+    assert!(ticks.contains(&once.as_millis()), "the one-off tick never ran: {ticks:?}");
 }
 
 #[macro_export]
