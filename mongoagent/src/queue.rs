@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 use store_trait::{
-    fields as reserved, Collection, Condition, IndexSpec, InsertOutcome, Key, Mutation, Order, Query, Record, Store,
-    StoreError, StoreTime, Write,
+    fields as reserved, Collection, Condition, FaultKind, IndexSpec, InsertOutcome, Key, Mutation, Order, Query,
+    Record, Store, StoreError, StoreTime, Write,
 };
 use tokio::sync::OnceCell;
 
@@ -198,26 +198,39 @@ impl<S: Store + Clone> Queue<S> {
         let docs: Vec<Document> = self.documents(tasks).await?.into_iter().map(|d| pending::stash(d, fence)).collect();
         let out = self.store.insert_many(&self.coll, docs.clone()).await?;
         for (doc, outcome) in docs.into_iter().zip(out) {
-            let InsertOutcome::Duplicate(key) = outcome else { continue };
-            // A stale run may insert again between our delete and our insert; it
-            // inserts once, so a few rounds settle it.
-            for _ in 0..4 {
-                let Some(current) = self.store.get(&self.coll, &key).await?.record else { break };
-                let theirs = current.get_i64(pending::FENCE);
-                // Ours, an active task, or a newer claim's: leave it.
-                let Some(theirs) = theirs.filter(|&t| t < fence) else { break };
-                // An older claim's follow-up that was never activated (that claim's
-                // outcome was never written): ours replaces it.
-                let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
-                self.store.delete(&self.coll, &key, &cond).await?;
-                let again = self.store.insert_many(&self.coll, vec![doc.clone()]).await?;
-                tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
-                if matches!(again.first(), Some(InsertOutcome::Inserted(_))) {
-                    break;
-                }
+            if let InsertOutcome::Duplicate(key) = outcome {
+                self.place_pending(&key, doc, fence).await?;
             }
         }
         Ok(())
+    }
+
+    /// Puts `doc`, a follow-up pending with `fence`, where a copy with its id
+    /// was found: an older claim's pending copy is replaced, and a copy that
+    /// is gone by the time it is read (its stale run removed it) is no reason
+    /// to give up: ours goes in. Ours, an active task, or a newer claim's copy
+    /// is left. A stale run may insert again between a removal and our insert;
+    /// it inserts once, so a few rounds settle it. Unsettled, an error: the
+    /// outcome that needs this follow-up is not written without it.
+    async fn place_pending(&self, key: &Key, doc: Document, fence: i64) -> Result<(), AgentError> {
+        for _ in 0..4 {
+            if let Some(current) = self.store.get(&self.coll, key).await?.record {
+                let Some(theirs) = current.get_i64(pending::FENCE).filter(|&t| t < fence) else { return Ok(()) };
+                let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
+                self.store.delete(&self.coll, key, &cond).await?;
+                tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
+            }
+            if matches!(
+                self.store.insert_many(&self.coll, vec![doc.clone()]).await?.first(),
+                Some(InsertOutcome::Inserted(_))
+            ) {
+                return Ok(());
+            }
+        }
+        Err(AgentError::Store(StoreError::backend(
+            FaultKind::Transient,
+            format!("follow-up {key} in {} kept being replaced by other runs; try again", self.coll),
+        )))
     }
 
     /// The documents to insert for `tasks`.

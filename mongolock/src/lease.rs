@@ -254,6 +254,7 @@ impl<S: Store + Clone> Leases<S> {
             wall: config.clock.now(),
             wall_mono: config.clock.monotonic(),
         };
+        let round_trip = confirmed.replied.saturating_duration_since(sent);
         let term = Arc::new(KeptLease {
             leases: config.clone(),
             key: record.key().clone(),
@@ -279,6 +280,17 @@ impl<S: Store + Clone> Leases<S> {
         tracing::info!(key = %term.key, owner = %term.owner, fence = term.fence, auto_renew, "lock acquired");
         if let Some(c) = &term.current {
             c.set(Some(&term));
+        }
+        // A reply that came after the lease could lapse: lost at once, and
+        // said so (not as a renewal that failed): the store's round trips are
+        // too slow for this ttl, which only a longer ttl or a faster store mends.
+        if round_trip >= config.ttl.as_duration().saturating_sub(config.margin) {
+            term.mark_lost(&format!(
+                "the grant's reply took {round_trip:?}, past the point its lease ({:?}, margin {:?}) could lapse: \
+                 the ttl is too short for the store's round trips",
+                config.ttl.as_duration(),
+                config.margin
+            ));
         }
         tokio::spawn(keeper(term.clone(), auto_renew));
         Ok(LockGuard { term })

@@ -286,10 +286,10 @@ impl<S: Store + Clone> Agent<S> {
     }
 
     /// Whether this agent's name is paused on its queue ([`Queue::set_paused`](crate::Queue::set_paused)):
-    /// what the queue's control task read after its last change notification
-    /// while its subscription is live (an agent of the queue is idle; no read
-    /// here); else the agent's own read
-    /// of its control document, at most [`crate::CONTROL_REFRESH`] old.
+    /// what the queue's control task last read while its subscription is live
+    /// (an agent of the queue is idle; no read here) and that read is younger
+    /// than [`crate::CONTROL_REFRESH`]; else the agent's own read of its
+    /// control document, at most [`crate::CONTROL_REFRESH`] old.
     pub(super) async fn paused(&self) -> Result<bool, AgentError> {
         let inner = &self.inner;
         let cached = *inner.paused.lock();

@@ -8,6 +8,8 @@ use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
 use store_memory::MemoryStore;
 use store_trait::{Collection, Key};
 
+use crate::gate::{Gate as Held, Op};
+
 fn record(store: &MemoryStore, id: &str) -> store_trait::Record {
     store.peek(&Collection::new("tasks").unwrap(), &Key::new(id).unwrap()).unwrap().record.unwrap()
 }
@@ -164,6 +166,52 @@ async fn a_stale_runs_follow_ups_never_run() {
     let outcome = |from: &str, _round: u64| Outcome::done().follow_up(NewTask::new("part", doc! {"from": from}));
     let (seen, _) = stale_then_holder(outcome, Processed::Completed(Key::new("job").unwrap())).await;
     assert_eq!(seen, vec!["holder".to_owned()], "only the holder's follow-up ran");
+}
+
+/// A follow-up the holder could not insert, because a stale run's pending
+/// copy was in its place, is inserted once that copy is gone
+/// (`Queue::enqueue_pending`). Here the stale run's two follow-ups go in
+/// first and its outcome write waits; the holder's inserts find them, and its
+/// read of the first waits while the stale run's rejected outcome removes
+/// them. Without the insert after a vanished copy the holder gives up on both
+/// and its outcome goes through without them: two follow-ups lost.
+#[tokio::test(start_paused = true)]
+async fn a_follow_up_whose_stale_copy_vanished_is_inserted_all_the_same() {
+    fn outcome(from: &str, _round: u64) -> Outcome {
+        let part = NewTask::new("part", doc! {"from": from});
+        Outcome::done().follow_up(part.clone()).follow_up(part)
+    }
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
+    let (client_a, client_b) = (store.client(), store.client());
+    let (held_a, held_b) = (Held::new(client_a.clone()), Held::new(client_b.clone()));
+    let agent = |s: Held<store_memory::Client>| {
+        Agent::builder(s, "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600))
+    };
+    let (a, b) = (agent(held_a.clone()).build().unwrap(), agent(held_b.clone()).build().unwrap());
+    let (handler_a, mut gate_a) = gated(outcome, "stale");
+    let (handler_b, mut gate_b) = gated(outcome, "holder");
+    let run_a = tokio::spawn(async move { a.process(handler_a).await });
+    gate_a.running.recv().await.unwrap();
+    // Agent A is cut off until its claim lapses; agent B takes the task over.
+    client_a.set_partitioned(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let run_b = tokio::spawn(async move { b.process(handler_b).await });
+    gate_b.running.recv().await.unwrap();
+    client_a.set_partitioned(false);
+    held_a.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("follow_ups_fence")));
+    gate_a.go.send(()).unwrap();
+    held_a.reached().await;
+    held_b.hold_next(|_, op| matches!(op, Op::Get(k) if k.to_string().starts_with("job/")));
+    gate_b.go.send(()).unwrap();
+    held_b.reached().await;
+    held_a.open();
+    let job = Key::new("job").unwrap();
+    assert_eq!(run_a.await.unwrap().unwrap(), Some(Processed::Stale(job.clone())));
+    held_b.open();
+    assert_eq!(run_b.await.unwrap().unwrap(), Some(Processed::Completed(job)));
+    assert_eq!(parts_run(&store).await, vec!["holder".to_owned(); 2], "the holder's two follow-ups ran");
 }
 
 /// The other order: the holder's follow-ups are enqueued (pending, not yet

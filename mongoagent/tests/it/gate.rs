@@ -16,6 +16,7 @@ use tokio::sync::{Notify, Semaphore};
 
 /// A call [`Gate::hold_next`] may hold.
 pub(crate) enum Op<'a> {
+    Get(&'a Key),
     Write(&'a Write),
     Find(&'a Query),
     Claim(&'a Claim),
@@ -99,6 +100,7 @@ impl<S: Store> Store for Gate<S> {
         self.inner.now().await
     }
     async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
+        self.pass(c, Op::Get(k)).await;
         self.inner.get(c, k).await
     }
     async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
