@@ -214,7 +214,10 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                     Ok(Some(Processed::Stale(k))) => log.line(format!("stale {k} 0")),
                     Ok(Some(_)) => {}
                     Ok(None) => tokio::time::sleep(Duration::from_millis(200)).await,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "chaos worker: processing a task failed");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
             }
             #[allow(unreachable_code)]
@@ -356,7 +359,16 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             let mut s = Server { bin: bin.clone(), data: o.dir.join("data"), port, child: None };
             s.start().await?;
             server = Some(s);
-            format!("mongodb://127.0.0.1:{port}/?directConnection=true&serverSelectionTimeoutMS=2000&heartbeatFrequencyMS=500")
+            // retryWrites=false: SecantusDB keeps a record of every retryable
+            // write and slows down twentyfold after some 10,000 of them
+            // (`test-server.md`); the workers pass that within a minute, and
+            // the drain then crawled until the stall check tripped (claims
+            // answered after their 2 s leases could lapse). The store's own
+            // handling of ambiguous writes (nonces, read-backs) is what the
+            // run checks anyway; the driver's retry would only hide some of it.
+            format!(
+                "mongodb://127.0.0.1:{port}/?directConnection=true&retryWrites=false&serverSelectionTimeoutMS=2000&heartbeatFrequencyMS=500"
+            )
         }
         (Some(u), None) => u,
         (None, None) => return Err("chaos needs --server-bin (to own a restartable server) or --uri".into()),
@@ -387,7 +399,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         let mut c = tokio::process::Command::new(&exe);
         c.args(["--uri", &uri, "--db", db, "chaos-worker", "--log"])
             .arg(o.dir.join("logs").join(format!("worker-{n}.log")));
-        spawn_quiet(c)
+        spawn_traced(c, &o.dir.join("logs").join(format!("worker-{n}.trace")))
     };
     let mut next_log = 0;
     let mut workers: Vec<tokio::process::Child> = Vec::new();
@@ -601,6 +613,21 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
     Ok(if report.violations.is_empty() { 0 } else { 1 })
+}
+
+/// Starts a child process as [`spawn_quiet`] does, its tracing (the agents'
+/// and the leases' state changes, every warning) going to `trace`: what a
+/// failed run's post-mortem reads.
+fn spawn_traced(mut c: tokio::process::Command, trace: &Path) -> Result<tokio::process::Child, String> {
+    let file = std::fs::File::create(trace).map_err(|e| format!("cannot create {}: {e}", trace.display()))?;
+    c.env("RUST_LOG", "warn,mongoagent=info,mongolock=info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| e.to_string())
 }
 
 /// Starts a child process with no standard streams, killed if its handle is
