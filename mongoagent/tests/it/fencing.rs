@@ -6,7 +6,7 @@ use std::time::Duration;
 use bson::doc;
 use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
 use store_memory::MemoryStore;
-use store_trait::{Collection, Key};
+use store_trait::{Collection, Key, Store};
 
 use crate::gate::{Gate as Held, Op};
 
@@ -119,24 +119,34 @@ struct TakenOver {
 
 async fn taken_over(outcome: fn(&str, u64) -> Outcome) -> TakenOver {
     let store = MemoryStore::new();
+    let (client_a, client_b) = (store.client(), store.client());
+    taken_over_on(outcome, store, client_a.clone(), client_b, &client_a).await
+}
+
+/// As [`taken_over`], agent A on `a` and agent B on `b`: clients of `store`,
+/// or wrappers of them; `a_client` is the client A's calls go through.
+async fn taken_over_on<S: Store + Clone>(
+    outcome: fn(&str, u64) -> Outcome,
+    store: MemoryStore,
+    a: S,
+    b: S,
+    a_client: &store_memory::Client,
+) -> TakenOver {
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
-    let (client_a, client_b) = (store.client(), store.client());
-    let builder = |c: &store_memory::Client| {
-        Agent::builder(c.clone(), "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600))
-    };
-    let (a, b) = (builder(&client_a).build().unwrap(), builder(&client_b).build().unwrap());
+    let builder =
+        |s: S| Agent::builder(s, "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600));
+    let (a, b) = (builder(a).build().unwrap(), builder(b).build().unwrap());
     let (handler_a, mut gate_a) = gated(outcome, "stale");
     let (handler_b, mut gate_b) = gated(outcome, "holder");
     let run_a = tokio::spawn(async move { a.process(handler_a).await });
     gate_a.running.recv().await.unwrap();
     // Agent A is cut off until its claim lapses; agent B takes the task over.
-    client_a.set_partitioned(true);
+    a_client.set_partitioned(true);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let b2 = b.clone();
-    let run_b = tokio::spawn(async move { b2.process(handler_b.clone()).await });
+    let run_b = tokio::spawn(async move { b.process(handler_b).await });
     gate_b.running.recv().await.unwrap();
-    client_a.set_partitioned(false);
+    a_client.set_partitioned(false);
     TakenOver { store, run_a, gate_a, run_b, gate_b }
 }
 
@@ -182,24 +192,10 @@ async fn a_follow_up_whose_stale_copy_vanished_is_inserted_all_the_same() {
         Outcome::done().follow_up(part.clone()).follow_up(part)
     }
     let store = MemoryStore::new();
-    let q = Queue::new(store.clone(), "tasks").unwrap();
-    q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
     let (client_a, client_b) = (store.client(), store.client());
-    let (held_a, held_b) = (Held::new(client_a.clone()), Held::new(client_b.clone()));
-    let agent = |s: Held<store_memory::Client>| {
-        Agent::builder(s, "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600))
-    };
-    let (a, b) = (agent(held_a.clone()).build().unwrap(), agent(held_b.clone()).build().unwrap());
-    let (handler_a, mut gate_a) = gated(outcome, "stale");
-    let (handler_b, mut gate_b) = gated(outcome, "holder");
-    let run_a = tokio::spawn(async move { a.process(handler_a).await });
-    gate_a.running.recv().await.unwrap();
-    // Agent A is cut off until its claim lapses; agent B takes the task over.
-    client_a.set_partitioned(true);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let run_b = tokio::spawn(async move { b.process(handler_b).await });
-    gate_b.running.recv().await.unwrap();
-    client_a.set_partitioned(false);
+    let (held_a, held_b) = (Held::new(client_a.clone()), Held::new(client_b));
+    let TakenOver { store, run_a, gate_a, run_b, gate_b } =
+        taken_over_on(outcome, store, held_a.clone(), held_b.clone(), &client_a).await;
     held_a.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("follow_ups_fence")));
     gate_a.go.send(()).unwrap();
     held_a.reached().await;
