@@ -620,23 +620,16 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
 /// failed run's post-mortem reads.
 fn spawn_traced(mut c: tokio::process::Command, trace: &Path) -> Result<tokio::process::Child, String> {
     let file = std::fs::File::create(trace).map_err(|e| format!("cannot create {}: {e}", trace.display()))?;
-    c.env("RUST_LOG", "warn,mongoagent=info,mongolock=info")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(file)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| e.to_string())
+    c.env("RUST_LOG", "warn,mongoagent=info,mongolock=info").env("NO_COLOR", "1");
+    spawn_with(c, file.into())
 }
 
 /// Starts a child process with no standard streams, killed if its handle is
 /// dropped (the driver's processes never outlive the run).
-fn spawn_quiet(mut c: tokio::process::Command) -> Result<tokio::process::Child, String> {
-    c.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| e.to_string())
+fn spawn_quiet(c: tokio::process::Command) -> Result<tokio::process::Child, String> {
+    spawn_with(c, Stdio::null())
+}
+
+fn spawn_with(mut c: tokio::process::Command, stderr: Stdio) -> Result<tokio::process::Child, String> {
+    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).kill_on_drop(true).spawn().map_err(|e| e.to_string())
 }
