@@ -1680,6 +1680,39 @@ async fn a_permit_freed_elsewhere_wakes_an_idle_limited_agent() {
     assert_eq!(work.await.unwrap().unwrap().completed, 1);
 }
 
+/// Under a global limit an idle agent woken by an insert claims as usual after
+/// the keyed claim of what was inserted (`Woken::then_claim_as_usual` in
+/// `limits.rs`): its last claim may have found no free permit rather than no
+/// task. Here the only permit is held by a process that died, so the agent
+/// idles with a task of its own ready; the permit lapses (which writes
+/// nothing), and a task of another name is inserted: without the usual
+/// claim the agent claims nothing and its task waits for the 600 s poll.
+#[tokio::test(start_paused = true)]
+async fn a_limited_agent_woken_by_another_names_insert_claims_its_own_task() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    // A process takes the permit (10 s lease) and dies: cut off, it never
+    // renews nor releases it.
+    let dead = store.client();
+    let lock =
+        mongolock::Lock::builder(dead.clone(), "permits:w").collection("tasks_control").ttl(Duration::from_secs(10));
+    let permit = mongolock::Semaphore::new(lock, 1).unwrap().try_acquire().await.unwrap().unwrap();
+    dead.set_partitioned(true);
+    std::mem::forget(permit);
+    q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks")
+        .global_concurrency(1)
+        .poll_interval(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let (work, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    q.enqueue(NewTask::new("other", doc! {})).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("its own task runs at the wake-up");
+    agent.shutdown();
+    assert_eq!(work.await.unwrap().unwrap().completed, 1);
+}
+
 /// Recovery never starves under load: every sixteenth claim looks for lapsed
 /// claims first. A crashed agent's task runs again while 40 ready tasks still
 /// wait; without that turn it would wait until no task is ready (on a queue
