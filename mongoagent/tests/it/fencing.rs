@@ -8,7 +8,7 @@ use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
 use store_memory::MemoryStore;
 use store_trait::{Collection, Key, Store};
 
-use crate::gate::{Gate as Held, Op};
+use crate::hold_back::{HoldBack, Op};
 
 fn record(store: &MemoryStore, id: &str) -> store_trait::Record {
     store.peek(&Collection::new("tasks").unwrap(), &Key::new(id).unwrap()).unwrap().record.unwrap()
@@ -193,7 +193,7 @@ async fn a_follow_up_whose_stale_copy_vanished_is_inserted_all_the_same() {
     }
     let store = MemoryStore::new();
     let (client_a, client_b) = (store.client(), store.client());
-    let (held_a, held_b) = (Held::new(client_a.clone()), Held::new(client_b));
+    let (held_a, held_b) = (HoldBack::new(client_a.clone()), HoldBack::new(client_b));
     let TakenOver { store, run_a, gate_a, run_b, gate_b } =
         taken_over_on(outcome, store, held_a.clone(), held_b.clone(), &client_a).await;
     held_a.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("follow_ups_fence")));

@@ -5,7 +5,7 @@
 
 mod events;
 mod fencing;
-mod gate;
+mod hold_back;
 mod input;
 mod limits;
 mod mechanisms;

@@ -15,7 +15,7 @@ use store_trait::{
 };
 use tokio::sync::Notify;
 
-use crate::gate::{Gate, Op};
+use crate::hold_back::{HoldBack, Op};
 
 fn coll() -> Collection {
     Collection::new("tasks").unwrap()
@@ -639,9 +639,9 @@ async fn the_pause_view_wakes_an_idle_agent_only_for_its_own_pause() {
 async fn a_pause_is_seen_though_its_notifications_stall() {
     let store = MemoryStore::new();
     let queue = Queue::new(store.clone(), "tasks").unwrap();
-    let gate = Gate::new(store.clone());
-    gate.stall_watches("tasks_control");
-    let agent = Agent::builder(gate.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
+    let held = HoldBack::new(store.clone());
+    held.stall_watches("tasks_control");
+    let agent = Agent::builder(held.clone(), "w", "tasks").poll_interval(Duration::from_secs(600)).build().unwrap();
     let (run, ran) = work_signalling(&agent);
     let runs = |within: u64| tokio::time::timeout(Duration::from_secs(within), ran.notified());
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -654,16 +654,16 @@ async fn a_pause_is_seen_though_its_notifications_stall() {
     // Idle again (a new control task has read), then paused while the
     // task's next read hangs.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    gate.hold_next(|c, op| {
+    held.hold_next(|c, op| {
         c.as_str() == "tasks_control" && matches!(op, Op::Find(q) if q.filter.contains_key("paused"))
     });
-    gate.reached().await;
+    held.reached().await;
     queue.set_paused("w", true).await.unwrap();
     tokio::time::sleep(CONTROL_REFRESH).await;
     queue.enqueue(NewTask::new("w", doc! {"n": 2})).await.unwrap();
     assert!(runs(5).await.is_err(), "claimed while paused, on a view too old to trust");
     queue.set_paused("w", false).await.unwrap();
-    gate.open();
+    held.open();
     runs(5).await.expect("runs after the resume");
     agent.shutdown();
     assert_eq!(run.await.unwrap().unwrap().completed, 2);
@@ -678,19 +678,19 @@ async fn a_pause_is_seen_though_its_notifications_stall() {
 #[tokio::test(start_paused = true)]
 async fn a_claim_that_waited_its_turn_sees_a_pause_written_meanwhile() {
     let store = MemoryStore::new();
-    let gate = Gate::new(store.clone());
-    let queue = Queue::new(gate.clone(), "tasks").unwrap();
+    let held = HoldBack::new(store.clone());
+    let queue = Queue::new(held.clone(), "tasks").unwrap();
     queue.enqueue_all(&[NewTask::new("w", doc! {"n": 1}), NewTask::new("w", doc! {"n": 2})]).await.unwrap();
     let a = Agent::on_queue(&queue, "w").build().unwrap();
     let b = Agent::on_queue(&queue, "w").build().unwrap();
-    gate.hold_next(|_, op| matches!(op, Op::Claim(c) if c.query.filter.get_bool("ready").is_ok_and(|r| r)));
+    held.hold_next(|_, op| matches!(op, Op::Claim(c) if c.query.filter.get_bool("ready").is_ok_and(|r| r)));
     let first = tokio::spawn(async move { a.process(|_: Task| async { true }).await });
-    gate.reached().await;
+    held.reached().await;
     let second = tokio::spawn(async move { b.process(|_: Task| async { true }).await });
     tokio::time::sleep(Duration::from_millis(10)).await;
     queue.set_paused("w", true).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    gate.open();
+    held.open();
     assert!(first.await.unwrap().unwrap().is_some(), "A's claim was sent before the pause");
     assert_eq!(second.await.unwrap().unwrap(), None, "B claimed two seconds after the pause");
 }
@@ -1624,9 +1624,9 @@ async fn requeue_leaves_a_running_task_alone() {
 #[tokio::test(start_paused = true)]
 async fn a_requeue_over_a_task_changed_since_it_was_read_is_not_applied() {
     let store = MemoryStore::new();
-    let gate = Gate::new(store.clone());
+    let held = HoldBack::new(store.clone());
     let y = Queue::new(store.clone(), "tasks").unwrap();
-    let x = Queue::new(gate.clone(), "tasks").unwrap();
+    let x = Queue::new(held.clone(), "tasks").unwrap();
     let (id, _) = y.enqueue(NewTask::new("w", doc! {})).await.unwrap();
     let agent = Agent::builder(store.clone(), "w", "tasks").max_attempts(1).build().unwrap();
     let attempts: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
@@ -1638,12 +1638,12 @@ async fn a_requeue_over_a_task_changed_since_it_was_read_is_not_applied() {
         }
     };
     assert_eq!(agent.process(failing()).await.unwrap(), Some(Processed::Failed(id.clone())));
-    gate.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("round_fence")));
+    held.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("round_fence")));
     let stale = tokio::spawn(async move { x.requeue(doc! {}).await });
-    gate.reached().await;
+    held.reached().await;
     assert_eq!(y.requeue(doc! {}).await.unwrap(), vec![id.clone()]);
     assert_eq!(agent.process(failing()).await.unwrap(), Some(Processed::Failed(id.clone())));
-    gate.open();
+    held.open();
     assert!(stale.await.unwrap().unwrap().is_empty(), "a requeue written over a task it did not read");
     assert_eq!(agent.process(failing()).await.unwrap(), None, "nothing was requeued");
     assert_eq!(*attempts.lock().unwrap(), vec![1, 1], "each round starts at attempt 1");

@@ -14,7 +14,7 @@ use store_memory::MemoryStore;
 use store_trait::testing::Harness;
 use store_trait::{Store, StoreTime, TestClock};
 
-use crate::gate::{Gate, Op};
+use crate::hold_back::{HoldBack, Op};
 
 fn at(rfc3339: &str) -> StoreTime {
     StoreTime::from_millis(chrono::DateTime::parse_from_rfc3339(rfc3339).unwrap().timestamp_millis())
@@ -413,6 +413,21 @@ async fn a_held_tick_cancelled_while_it_waits_never_runs() {
     assert_eq!(ran.lock().unwrap().len(), 1, "ran {:?}", ran.lock().unwrap());
 }
 
+/// A scheduler pass over `store` (of the "jobs" schedules) that another
+/// process runs, started now and held back at its first write that sets
+/// `field`: returns once it waits there; [`HoldBack::open`] lets it go on.
+async fn a_pass_held_at_its_write_of(
+    store: &MemoryStore,
+    field: &'static str,
+) -> (HoldBack<MemoryStore>, tokio::task::JoinHandle<Result<(), mongoagent::AgentError>>) {
+    let held = HoldBack::new(store.clone());
+    let other = Schedules::new(held.clone(), "jobs").unwrap().scheduler();
+    held.hold_next(move |_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key(field)));
+    let pass = tokio::spawn(async move { other.pass().await.map(drop) });
+    held.reached().await;
+    (held, pass)
+}
+
 /// One held tick at a time across schedulers: under [`Overlap::Queue`] a
 /// pass moves the schedule's `running` from an ended tick to the next by a
 /// compare-and-set (`Schedules::let_through`). Here scheduler B read
@@ -424,9 +439,7 @@ async fn a_held_tick_cancelled_while_it_waits_never_runs() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_let_through_never_lets_a_second_tick_out() {
     let (store, _clock) = memory_at("2026-05-04T10:00:00.500Z");
-    let gate = Gate::new(store.clone());
     let a = Schedules::new(store.clone(), "jobs").unwrap();
-    let b = Schedules::new(gate.clone(), "jobs").unwrap();
     let sched =
         Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
     a.upsert(&sched).await.unwrap();
@@ -438,16 +451,11 @@ async fn a_stale_let_through_never_lets_a_second_tick_out() {
     let agent = Agent::builder(store.clone(), "q", "jobs").build().unwrap();
     let run_one = || agent.process(|_: Task| async { true });
     assert!(run_one().await.unwrap().is_some(), "tick 1 runs");
-    gate.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("running")));
-    let stale = tokio::spawn({
-        let b = b.scheduler();
-        async move { b.pass().await }
-    });
-    gate.reached().await;
+    let (held, stale) = a_pass_held_at_its_write_of(&store, "running").await;
     a.scheduler().pass().await.unwrap();
     assert!(run_one().await.unwrap().is_some(), "tick 2 runs");
     a.scheduler().pass().await.unwrap();
-    gate.open();
+    held.open();
     stale.await.unwrap().unwrap();
     a.scheduler().pass().await.unwrap();
     let out: Vec<String> = a
@@ -473,9 +481,7 @@ async fn a_stale_let_through_never_lets_a_second_tick_out() {
 #[tokio::test(start_paused = true)]
 async fn a_pass_over_an_old_definition_does_not_record_its_tick_on_the_new_one() {
     let (store, _clock) = memory_at("2026-05-04T10:00:00Z");
-    let gate = Gate::new(store.clone());
     let a = Schedules::new(store.clone(), "jobs").unwrap();
-    let b = Schedules::new(gate.clone(), "jobs").unwrap();
     let task = NewTask::new("s", doc! {});
     a.upsert(&Schedule::every("s", Duration::from_secs(1), task.clone()).unwrap().overlap(Overlap::Allow))
         .await
@@ -483,16 +489,11 @@ async fn a_pass_over_an_old_definition_does_not_record_its_tick_on_the_new_one()
     tokio::time::sleep(Duration::from_secs(1)).await;
     a.scheduler().pass().await.unwrap();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    gate.hold_next(|_, op| matches!(op, Op::Write(w) if w.mutation.set.contains_key("last_tick")));
-    let stale = tokio::spawn({
-        let b = b.scheduler();
-        async move { b.pass().await }
-    });
-    gate.reached().await;
+    let (held, stale) = a_pass_held_at_its_write_of(&store, "last_tick").await;
     let once = at("2026-05-04T10:00:04.500Z");
     let changed = a.upsert(&Schedule::at("s", once, task).unwrap().overlap(Overlap::Allow)).await.unwrap();
     assert!(matches!(changed, Upserted::Changed(2)), "{changed:?}");
-    gate.open();
+    held.open();
     stale.await.unwrap().unwrap();
     a.scheduler().pass().await.unwrap();
     let ticks = ticks_of(&a, "s").await;

@@ -14,7 +14,7 @@ use store_trait::{
 };
 use tokio::sync::{Notify, Semaphore};
 
-/// A call [`Gate::hold_next`] may hold.
+/// A call [`HoldBack::hold_next`] may hold.
 pub(crate) enum Op<'a> {
     Get(&'a Key),
     Write(&'a Write),
@@ -24,9 +24,9 @@ pub(crate) enum Op<'a> {
 
 type Matches = Box<dyn Fn(&Collection, Op<'_>) -> bool + Send + Sync>;
 
-/// Wraps a store; [`Gate::hold_next`] arms it for one call.
+/// Wraps a store; [`HoldBack::hold_next`] arms it for one call.
 #[derive(Clone)]
-pub(crate) struct Gate<S> {
+pub(crate) struct HoldBack<S> {
     inner: S,
     armed: Arc<Mutex<Option<Matches>>>,
     reached: Arc<Notify>,
@@ -34,9 +34,9 @@ pub(crate) struct Gate<S> {
     stalled: Arc<Mutex<Vec<String>>>,
 }
 
-impl<S> Gate<S> {
+impl<S> HoldBack<S> {
     pub(crate) fn new(inner: S) -> Self {
-        Gate {
+        HoldBack {
             inner,
             armed: Arc::default(),
             reached: Arc::default(),
@@ -45,7 +45,7 @@ impl<S> Gate<S> {
         }
     }
 
-    /// The next call for which `matches` holds waits for [`Gate::open`].
+    /// The next call for which `matches` holds waits for [`HoldBack::open`].
     pub(crate) fn hold_next(&self, matches: impl Fn(&Collection, Op<'_>) -> bool + Send + Sync + 'static) {
         *self.armed.lock().unwrap() = Some(Box::new(matches));
     }
@@ -85,14 +85,14 @@ impl<S> Gate<S> {
     }
 }
 
-impl<S: std::fmt::Debug> std::fmt::Debug for Gate<S> {
+impl<S: std::fmt::Debug> std::fmt::Debug for HoldBack<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gate").field("inner", &self.inner).finish_non_exhaustive()
+        f.debug_struct("HoldBack").field("inner", &self.inner).finish_non_exhaustive()
     }
 }
 
 #[async_trait::async_trait]
-impl<S: Store> Store for Gate<S> {
+impl<S: Store> Store for HoldBack<S> {
     fn backend_name(&self) -> &'static str {
         self.inner.backend_name()
     }
