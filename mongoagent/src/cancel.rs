@@ -5,8 +5,7 @@
 use bson::{Bson, Document};
 use store_trait::{Condition, DeleteOutcome, Key, Mutation, Record, Store, Write};
 
-use crate::queue::{not_complete, pending};
-use crate::task::fields;
+use crate::schema::{fields, not_complete, pending};
 use crate::{AgentError, Queue};
 
 /// What a task's state must be for [`Queue::cancel`] to cancel it: not ended,

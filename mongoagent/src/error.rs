@@ -25,6 +25,14 @@ pub enum AgentError {
         /// The task's fence now (`None` if it was deleted).
         current: Option<u64>,
     },
+    /// User data (a new task's, a follow-up's, or a handler's merge) named a
+    /// field the queue keeps for itself ([`crate::fields::RESERVED`]): the task
+    /// is not enqueued, or the outcome fails for good, saying which.
+    #[error("field {field:?} is the queue's own (see mongoagent::fields::RESERVED); use the NewTask methods, or another name")]
+    ReservedField {
+        /// The field.
+        field: String,
+    },
     /// A progress value was rejected (not a number or a small document).
     #[error("invalid progress: {0}")]
     InvalidProgress(String),

@@ -68,6 +68,7 @@ mod progress;
 mod queue;
 mod rate;
 pub mod schedule;
+mod schema;
 mod task;
 
 pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
@@ -80,7 +81,8 @@ pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
 pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
-pub use task::{fields, Child, NewTask, Task};
+pub use schema::fields;
+pub use task::{Child, NewTask, Task};
 
 pub use mongolock;
 pub use store_trait;

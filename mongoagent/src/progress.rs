@@ -5,8 +5,7 @@ use std::sync::Arc;
 use bson::{Bson, Document};
 use store_trait::{Collection, Condition, Mutation, Store, Write, WriteOutcome};
 
-use crate::queue::not_complete;
-use crate::task::fields;
+use crate::schema::{fields, not_complete};
 use crate::{AgentError, Task};
 
 /// The largest progress value accepted, as BSON: progress is written on every

@@ -10,7 +10,7 @@ use store_trait::{
 use tokio::sync::OnceCell;
 
 use crate::agent::claim_order;
-use crate::task::fields;
+use crate::schema::{fields, not_complete, pending};
 use crate::{AgentError, NewTask};
 
 /// A queue collection, shared by producers and agents.
@@ -24,58 +24,6 @@ pub struct Queue<S> {
     pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<crate::agent::CandidateLists>>,
     /// The pause state its agents see (`control.rs`), shared by its clones.
     pub(crate) control: crate::control::ControlWatch,
-}
-
-/// Follow-ups that wait for their parent's fenced outcome write before they
-/// exist for anyone: the fields that mark them, and what activation does.
-pub(crate) mod pending {
-    use bson::{Bson, Document};
-    use store_trait::{Condition, Mutation, Write};
-
-    use crate::task::fields;
-
-    /// On a pending follow-up: the fence of the parent's claim that enqueued it.
-    pub(crate) const FENCE: &str = "pending_parent_fence";
-    /// On a pending follow-up: the fields activation sets (`ready`, and `join`,
-    /// `join_round`, `waiting` where the follow-up has them).
-    pub(crate) const FIELDS: &str = "pending_fields";
-    /// On a parent whose outcome is written and whose follow-ups may still be
-    /// pending: the fence they carry.
-    pub(crate) const PARENT_FENCE: &str = "follow_ups_fence";
-    /// On such a parent: how it ends once they are active (`complete`, `wait`).
-    pub(crate) const PARENT_FINISH: &str = "follow_ups_finish";
-    /// Fields neither a handler's merge nor a new task may set.
-    pub(crate) const ALL: [&str; 4] = [FENCE, FIELDS, PARENT_FENCE, PARENT_FINISH];
-
-    /// Turns a follow-up's document into its pending form.
-    pub(crate) fn stash(mut d: Document, fence: i64) -> Document {
-        let mut stashed = Document::new();
-        for f in [fields::READY, fields::JOIN, fields::JOIN_ROUND, fields::WAITING] {
-            if let Some(v) = d.remove(f) {
-                stashed.insert(f, v);
-            }
-        }
-        d.insert(fields::READY, false);
-        d.insert(FENCE, fence);
-        d.insert(FIELDS, stashed);
-        d
-    }
-
-    /// Whether a pending follow-up is a fan-in task (it waits for others, so it
-    /// is activated after them).
-    pub(crate) fn is_fan_in(d: &Document) -> bool {
-        d.get_document(FIELDS).is_ok_and(|s| s.contains_key(fields::WAITING))
-    }
-
-    /// The write that activates a pending follow-up of the claim with `fence`;
-    /// idempotent (it applies only while the follow-up is pending with that fence).
-    pub(crate) fn activation(d: &Document, fence: i64) -> Write {
-        let stashed = d.get_document(FIELDS).cloned().unwrap_or_default();
-        Write::new(
-            Condition::FieldEq(FENCE.into(), Bson::Int64(fence)),
-            Mutation::new().set_all(stashed).unset(FENCE).unset(FIELDS),
-        )
-    }
 }
 
 /// Counts of one agent's tasks by state.
@@ -109,10 +57,6 @@ fn failed_for_good() -> Condition {
     Condition::FieldEq(fields::ERROR_ENCOUNTERED.into(), Bson::Boolean(true))
         .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))
         .and(Condition::FieldEq(fields::CANCELLED.into(), Bson::Boolean(true)).negate())
-}
-
-pub(crate) fn not_complete() -> Condition {
-    Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
 }
 
 impl<S: Store + Clone> Queue<S> {
@@ -205,20 +149,37 @@ impl<S: Store + Clone> Queue<S> {
         Ok(())
     }
 
-    /// Puts `doc`, a follow-up pending with `fence`, where a copy with its id
-    /// was found: an older claim's pending copy is replaced, and a copy that
-    /// is gone by the time it is read (its stale run removed it) is no reason
-    /// to give up: ours goes in. Ours, an active task, or a newer claim's copy
-    /// is left. A stale run may insert again between a removal and our insert;
-    /// it inserts once, so a few rounds settle it. Unsettled, an error: the
-    /// outcome that needs this follow-up is not written without it.
+    /// Puts `doc`, a follow-up pending with `fence`, where its insert found a
+    /// duplicate. At its id: an older claim's pending copy is replaced; a copy
+    /// that is gone by the time it is read (its stale run removed it) is no
+    /// reason to give up: ours goes in; ours, a newer claim's copy, or the
+    /// follow-up already active settle it, and they are known by their
+    /// `parent`: a task of another parent at that id (enqueued by hand with
+    /// that id) is an error, never taken for ours. Nothing at its id: its
+    /// dedupe key is another task's, which stands for it as any enqueue's
+    /// duplicate does, unless something waits for this follow-up (it must be
+    /// its own task) or that task is itself pending (it may yet be removed:
+    /// try again later). A stale run may insert again between a removal and
+    /// our insert; it inserts once, so a few rounds settle it. Unsettled, an
+    /// error: the outcome that needs this follow-up is not written without it.
     async fn place_pending(&self, key: &Key, doc: Document, fence: i64) -> Result<(), AgentError> {
+        let transient = |why: String| AgentError::Store(StoreError::backend(FaultKind::Transient, why));
         for _ in 0..4 {
             if let Some(current) = self.store.get(&self.coll, key).await?.record {
-                let Some(theirs) = current.get_i64(pending::FENCE).filter(|&t| t < fence) else { return Ok(()) };
-                let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
-                self.store.delete(&self.coll, key, &cond).await?;
-                tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
+                match current.get_i64(pending::FENCE) {
+                    Some(theirs) if theirs < fence => {
+                        let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
+                        self.store.delete(&self.coll, key, &cond).await?;
+                        tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
+                    }
+                    _ if current.get(fields::PARENT) == doc.get(fields::PARENT) => return Ok(()),
+                    _ => {
+                        return Err(AgentError::InvalidTask(format!(
+                            "follow-up {key}: its id is taken by a task of another parent in {}",
+                            self.coll
+                        )))
+                    }
+                }
             }
             if matches!(
                 self.store.insert_many(&self.coll, vec![doc.clone()]).await?.first(),
@@ -226,11 +187,32 @@ impl<S: Store + Clone> Queue<S> {
             ) {
                 return Ok(());
             }
+            if self.store.get(&self.coll, key).await?.record.is_some() {
+                continue;
+            }
+            // Nothing at its id, yet a duplicate: its dedupe key is taken.
+            let Ok(dedupe) = doc.get_str(fields::DEDUPE_KEY) else { continue };
+            let joined = doc.get_document(pending::FIELDS).is_ok_and(|f| f.contains_key(fields::JOIN));
+            if joined {
+                return Err(AgentError::InvalidTask(format!(
+                    "follow-up {key}: its dedupe key {dedupe:?} is another task's, and a follow-up something waits for must be its own task"
+                )));
+            }
+            let holder = self.store.find(&self.coll, &Query::eq(doc! { fields::DEDUPE_KEY: dedupe }).limit(1)).await?;
+            match holder.first() {
+                Some(h) if h.get_i64(pending::FENCE).is_some() => {
+                    return Err(transient(format!(
+                        "follow-up {key}: its dedupe key {dedupe:?} is held by a pending task; try again"
+                    )))
+                }
+                Some(h) => {
+                    tracing::info!(queue = %self.coll, task = %key, dedupe, existing = %h.key(), "follow-up deduplicated against an existing task");
+                    return Ok(());
+                }
+                None => {}
+            }
         }
-        Err(AgentError::Store(StoreError::backend(
-            FaultKind::Transient,
-            format!("follow-up {key} in {} kept being replaced by other runs; try again", self.coll),
-        )))
+        Err(transient(format!("follow-up {key} in {} kept being replaced by other runs; try again", self.coll)))
     }
 
     /// The documents to insert for `tasks`.

@@ -7,93 +7,8 @@ use serde::de::DeserializeOwned;
 use store_trait::Key;
 use tokio_util::sync::CancellationToken;
 
+use crate::schema::fields;
 use crate::AgentError;
-
-/// Field names of a task document. The first seven are the original
-/// `mongo_agent`'s, so queues written for it keep working.
-pub mod fields {
-    /// Which agent takes the task.
-    pub const AGENT_NAME: &str = "agent_name";
-    /// Whether the task waits to be processed.
-    pub const READY: &str = "ready";
-    /// When an agent registered itself on the task (store clock).
-    pub const STARTED_AT: &str = "started_at";
-    /// The host of the agent that took it.
-    pub const AGENT_HOST: &str = "agent_host";
-    /// Whether processing ended (completed or failed for good).
-    pub const COMPLETE: &str = "complete";
-    /// When processing ended (store clock).
-    pub const COMPLETED_AT: &str = "completed_at";
-    /// Whether processing ended in failure.
-    pub const ERROR_ENCOUNTERED: &str = "error_encountered";
-    /// Higher runs first (default 0; tasks without it run after those with it).
-    pub const PRIORITY: &str = "priority";
-    /// Not before this time (a date; missing means now).
-    pub const RUN_AT: &str = "run_at";
-    /// Set while an agent holds the task (its lease may have lapsed).
-    pub const CLAIMED: &str = "claimed";
-    /// How many times the task was claimed (the claim token).
-    pub const ATTEMPTS: &str = "attempts";
-    /// The last failure's message.
-    pub const LAST_ERROR: &str = "last_error";
-    /// A per-task override of the agent's attempt limit.
-    pub const MAX_ATTEMPTS: &str = "max_attempts";
-    /// Enqueuing two tasks with the same dedupe key yields one task.
-    pub const DEDUPE_KEY: &str = "dedupe_key";
-    /// The task whose handler produced this one.
-    pub const PARENT: &str = "parent";
-    /// On a follow-up: the task that waits for it to finish (fan-in).
-    pub const JOIN: &str = "join";
-    /// On a follow-up: which of the waiting task's rounds it belongs to.
-    pub const JOIN_ROUND: &str = "join_round";
-    /// On a task waiting for its follow-ups: the round it waits on.
-    pub const WAITING: &str = "waiting";
-    /// How many times the task's follow-ups all finished and it was made ready
-    /// again (missing means 0).
-    pub const ROUND: &str = "round";
-    /// On a task a schedule enqueued: the schedule's name.
-    pub const SCHEDULE: &str = "schedule";
-    /// On a task a schedule enqueued: the tick it was enqueued for (a date).
-    pub const SCHEDULED_FOR: &str = "scheduled_for";
-    /// On a task of a schedule with [`crate::Overlap::Queue`]: held back (not
-    /// ready) until the schedule's previous task ends.
-    pub const OVERLAP_HELD: &str = "overlap_held";
-    /// The fence from which attempts count (missing means 0): that of the run
-    /// whose handler waited for follow-ups (a new round starts with a full set of
-    /// attempts), or the one a requeue gave the task (so do requeued tasks).
-    pub const ROUND_FENCE: &str = "round_fence";
-    /// How far a running task got, as its handler last reported
-    /// ([`Task::progress`](crate::Task::progress)): a number or a small document.
-    pub const PROGRESS: &str = "progress";
-    /// When the last progress was reported (store clock).
-    pub const PROGRESS_AT: &str = "progress_at";
-    /// Set when an operator cancelled the task ([`Queue::cancel`](crate::Queue::cancel)):
-    /// it ended (`complete: true, error_encountered: true`) without a result.
-    pub const CANCELLED: &str = "cancelled";
-
-    /// Fields a handler's merge may not set: the queue's own bookkeeping.
-    pub const CONTROL: [&str; 19] = [
-        AGENT_NAME,
-        READY,
-        STARTED_AT,
-        AGENT_HOST,
-        COMPLETE,
-        COMPLETED_AT,
-        ERROR_ENCOUNTERED,
-        CLAIMED,
-        ATTEMPTS,
-        RUN_AT,
-        PARENT,
-        JOIN,
-        JOIN_ROUND,
-        WAITING,
-        ROUND,
-        ROUND_FENCE,
-        PROGRESS,
-        PROGRESS_AT,
-        CANCELLED,
-    ];
-}
 
 /// A task to enqueue.
 ///
@@ -131,7 +46,11 @@ pub struct NewTask {
 }
 
 impl NewTask {
-    /// A task for `agent_name` carrying `data` (any fields but the queue's own).
+    /// A task for `agent_name` carrying `data`: any plain top-level fields but
+    /// the queue's own ([`fields::RESERVED`](crate::fields::RESERVED), `_id`
+    /// included: use [`NewTask::id`]). A reserved field is refused at enqueue
+    /// with [`AgentError::ReservedField`]; in a follow-up, it fails the
+    /// handler's outcome for good.
     pub fn new(agent_name: impl Into<String>, data: Document) -> Self {
         NewTask {
             agent_name: agent_name.into(),
@@ -192,16 +111,7 @@ impl NewTask {
         if self.agent_name.is_empty() {
             return Err(AgentError::InvalidTask("a task needs a non-empty agent_name".into()));
         }
-        for k in self.data.keys() {
-            if fields::CONTROL.contains(&k.as_str())
-                || [fields::PRIORITY, fields::DEDUPE_KEY, fields::SCHEDULE, fields::SCHEDULED_FOR, fields::OVERLAP_HELD]
-                    .contains(&k.as_str())
-            {
-                return Err(AgentError::InvalidTask(format!(
-                    "field {k:?} is set by the queue; use the NewTask methods"
-                )));
-            }
-        }
+        crate::schema::check_user_fields(&self.data)?;
         if self.max_attempts == Some(0) {
             return Err(AgentError::InvalidTask("max_attempts must be at least 1".into()));
         }

@@ -13,8 +13,7 @@ use tokio::time::Instant;
 
 use super::candidates::Candidates;
 use super::Agent;
-use crate::queue::not_complete;
-use crate::task::fields;
+use crate::schema::{fields, not_complete};
 use crate::AgentError;
 
 /// Ready tasks of `agent` that are due and not held: the common claim. The

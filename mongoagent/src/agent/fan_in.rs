@@ -6,8 +6,8 @@ use mongolock::{LockError, LockGuard};
 use store_trait::{Condition, Key, Mutation, Query, Record, Store, StoreError};
 
 use super::{Agent, Processed};
-use crate::queue::{not_complete, pending};
-use crate::task::{fields, Child};
+use crate::schema::{fields, not_complete, pending};
+use crate::task::Child;
 use crate::{AgentError, NewTask};
 
 /// The follow-ups of `waiter`'s round `round`, in the order they were returned.

@@ -9,7 +9,7 @@ use store_trait::{Key, Mutation, Record, Store};
 
 use super::fan_in::{task_round, Finish};
 use super::{Agent, Processed};
-use crate::task::fields;
+use crate::schema::fields;
 use crate::{AgentError, Outcome, Retry};
 
 impl<S: Store + Clone> Agent<S> {
@@ -24,32 +24,36 @@ impl<S: Store + Clone> Agent<S> {
         let token = guard.fence();
         let round = task_round(record);
         let outcome = match outcome {
-            Outcome::Complete { merge, follow_ups, then } => match check_merge(&merge) {
-                Err(e) => Outcome::failed_permanently(e),
-                Ok(()) if follow_ups.is_empty() && then.is_none() => Outcome::done_with(merge),
-                // Follow-ups are enqueued pending and activated only after this
-                // claim's fenced outcome write: a stale run's never run.
-                Ok(()) => {
-                    let finish = if then.is_some() { Finish::CompleteThen } else { Finish::Complete };
-                    match self.enqueue_follow_ups(record, round, token, follow_ups, then.map(|t| *t)).await {
-                        Ok(()) => return self.hand_over(guard, record, merge, finish).await,
-                        Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+            Outcome::Complete { merge, follow_ups, then } => {
+                match check_merge(&merge).and_then(|()| check_follow_ups(follow_ups.iter().chain(then.as_deref()))) {
+                    Err(e) => Outcome::failed_permanently(e),
+                    Ok(()) if follow_ups.is_empty() && then.is_none() => Outcome::done_with(merge),
+                    // Follow-ups are enqueued pending and activated only after this
+                    // claim's fenced outcome write: a stale run's never run.
+                    Ok(()) => {
+                        let finish = if then.is_some() { Finish::CompleteThen } else { Finish::Complete };
+                        match self.enqueue_follow_ups(record, round, token, follow_ups, then.map(|t| *t)).await {
+                            Ok(()) => return self.hand_over(guard, record, merge, finish).await,
+                            Err(e) => follow_ups_not_enqueued(&e),
+                        }
                     }
                 }
-            },
+            }
             Outcome::Wait { follow_ups, .. } if follow_ups.is_empty() => {
                 Outcome::failed_permanently("the handler waits for follow-ups but returned none")
             }
-            Outcome::Wait { merge, follow_ups } => match check_merge(&merge) {
-                Err(e) => Outcome::failed_permanently(e),
-                Ok(()) => {
-                    let join = (key.as_bson().clone(), round);
-                    match self.enqueue_children(&key, round, token, follow_ups, Some(join)).await {
-                        Ok(()) => return self.hand_over(guard, record, merge, Finish::Wait).await,
-                        Err(e) => Outcome::failed(format!("could not enqueue follow-up tasks: {e}")),
+            Outcome::Wait { merge, follow_ups } => {
+                match check_merge(&merge).and_then(|()| check_follow_ups(&follow_ups)) {
+                    Err(e) => Outcome::failed_permanently(e),
+                    Ok(()) => {
+                        let join = (key.as_bson().clone(), round);
+                        match self.enqueue_children(&key, round, token, follow_ups, Some(join)).await {
+                            Ok(()) => return self.hand_over(guard, record, merge, Finish::Wait).await,
+                            Err(e) => follow_ups_not_enqueued(&e),
+                        }
                     }
                 }
-            },
+            }
             fail => fail,
         };
         let limit = record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
@@ -163,14 +167,30 @@ impl<S: Store + Clone> Agent<S> {
     }
 }
 
+/// A handler's merge is checked against the schema before anything is
+/// written: a reserved or malformed field fails the outcome for good, saying
+/// which, and is never applied nor silently dropped.
 pub(super) fn check_merge(merge: &Document) -> Result<(), String> {
-    for k in merge.keys() {
-        if fields::CONTROL.contains(&k.as_str()) || crate::queue::pending::ALL.contains(&k.as_str()) {
-            return Err(format!("the handler tried to set the queue's own field {k:?}"));
-        }
-        if let Err(e) = store_trait::check_field_name(k) {
-            return Err(format!("the handler returned a bad field: {e}"));
-        }
+    crate::schema::check_user_fields(merge).map_err(|e| format!("the handler's result cannot be merged: {e}"))
+}
+
+/// What a failure to enqueue follow-ups makes of the outcome: tried again
+/// later, unless the follow-ups themselves cannot be (bad data, an id or a
+/// dedupe key that is another task's), which fails it for good, saying why.
+fn follow_ups_not_enqueued(e: &AgentError) -> Outcome {
+    let why = format!("could not enqueue follow-up tasks: {e}");
+    match e {
+        AgentError::InvalidTask(_) | AgentError::ReservedField { .. } => Outcome::failed_permanently(why),
+        _ => Outcome::failed(why),
+    }
+}
+
+/// Every follow-up is checked before the first is enqueued, so a bad one
+/// fails the outcome for good (saying which and why) and leaves no pending
+/// sibling behind: a follow-up is never dropped while its parent completes.
+pub(super) fn check_follow_ups<'a>(follow_ups: impl IntoIterator<Item = &'a crate::NewTask>) -> Result<(), String> {
+    for (i, t) in follow_ups.into_iter().enumerate() {
+        t.to_document().map_err(|e| format!("follow-up {i} (for {:?}) cannot be enqueued: {e}", t.agent_name))?;
     }
     Ok(())
 }

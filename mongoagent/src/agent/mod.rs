@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 pub use builder::AgentBuilder;
 pub use run::Handler;
 
-use crate::task::fields;
+use crate::schema::fields;
 use crate::{AgentError, Queue};
 use builder::ProcessWhile;
 

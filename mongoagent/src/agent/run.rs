@@ -12,8 +12,7 @@ use store_trait::{Key, Mutation, Record, Store};
 use super::claim::Claimed;
 use super::fan_in::{task_round, Finish};
 use super::{Agent, Processed};
-use crate::queue::pending;
-use crate::task::fields;
+use crate::schema::{fields, pending};
 use crate::{AgentError, Outcome, Task};
 
 /// A task handler: an async function from a [`Task`] to an [`Outcome`].
@@ -59,8 +58,14 @@ impl<S: Store + Clone> Agent<S> {
         let key = record.key().clone();
         let data = record.data();
         if let Some(fence) = record.get_i64(pending::PARENT_FENCE) {
-            // The outcome was written; its follow-ups may still be pending.
-            let fence = u64::try_from(fence).unwrap_or(0);
+            // The outcome was written; its follow-ups may still be pending. Only
+            // an earlier claim of this task writes the mark, so it is below this
+            // claim's fence; any other was written past the queue (which refuses
+            // the field in user data), and is not taken as an outcome.
+            let Some(fence) = u64::try_from(fence).ok().filter(|f| (1..record.fence()).contains(f)) else {
+                let why = format!("its {} mark was not written by a claim of it", pending::PARENT_FENCE);
+                return self.finish(guard, &record, Outcome::failed_permanently(why)).await;
+            };
             self.end_with_follow_ups(guard, &key, &record, fence, Finish::of(data)).await?;
             return self.recovered(Ok(record.clone()), key);
         }

@@ -18,8 +18,7 @@ use super::{Agent, AgentCounters, Handler, Processed};
 use mongolock::Backoff;
 
 use crate::control::ControlView;
-use crate::queue::not_complete;
-use crate::task::fields;
+use crate::schema::{fields, not_complete};
 use crate::AgentError;
 
 impl<S: Store + Clone> Agent<S> {

@@ -7,8 +7,7 @@ use bson::Bson;
 use store_trait::{Record, StoreTime};
 
 use super::EventKind;
-use crate::queue::pending;
-use crate::task::fields;
+use crate::schema::{fields, pending};
 
 /// Where a task is, as far as its events go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

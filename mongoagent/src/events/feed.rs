@@ -14,8 +14,7 @@ use tokio::sync::broadcast;
 
 use super::derive::{transitions, Phase, TaskState};
 use super::{EventFilter, EventKind, QueueEvent, TaskEvent};
-use crate::queue::not_complete;
-use crate::task::fields;
+use crate::schema::{fields, not_complete};
 use crate::AgentError;
 
 /// How many ended tasks a full read looks at (the latest by `completed_at`):

@@ -33,8 +33,8 @@ use store_trait::{Collection, Condition, InsertOutcome, Key, Mutation, Query, Re
 pub use definition::{fields, Missed, Overlap, Schedule, When};
 pub use scheduler::{Pass, Scheduler, SchedulerHandle};
 
-use crate::queue::not_complete;
-use crate::task::fields as task_fields;
+use crate::schema::fields as task_fields;
+use crate::schema::not_complete;
 use crate::{AgentError, Queue};
 
 /// The ticks one pass handles for one schedule.

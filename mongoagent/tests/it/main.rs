@@ -9,6 +9,7 @@ mod hold_back;
 mod input;
 mod limits;
 mod mechanisms;
+mod reserved;
 mod schedules;
 mod simulation;
 mod suite;
@@ -18,6 +19,11 @@ store_trait::on_all_backends!(crate::agent_suite, std::time::Duration::from_secs
 mod schedule_backends {
     //! The schedule suite on every backend (on the real server, a one-second interval).
     store_trait::on_all_backends!(crate::schedule_suite, std::time::Duration::from_secs(2));
+}
+
+mod reserved_backends {
+    //! User data against the reserved fields, on every backend.
+    store_trait::on_all_backends!(crate::reserved_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

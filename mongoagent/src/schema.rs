@@ -1,0 +1,215 @@
+//! The task document's schema, in one place: its field names, the fields the
+//! queue reserves for itself (and the one check of user data against them),
+//! the pending marks of follow-ups, and the condition "not ended".
+
+use bson::{Bson, Document};
+use store_trait::Condition;
+
+use crate::AgentError;
+
+/// Field names of a task document. The first seven are the original
+/// `mongo_agent`'s, so queues written for it keep working.
+pub mod fields {
+    /// Which agent takes the task.
+    pub const AGENT_NAME: &str = "agent_name";
+    /// Whether the task waits to be processed.
+    pub const READY: &str = "ready";
+    /// When an agent registered itself on the task (store clock).
+    pub const STARTED_AT: &str = "started_at";
+    /// The host of the agent that took it.
+    pub const AGENT_HOST: &str = "agent_host";
+    /// Whether processing ended (completed or failed for good).
+    pub const COMPLETE: &str = "complete";
+    /// When processing ended (store clock).
+    pub const COMPLETED_AT: &str = "completed_at";
+    /// Whether processing ended in failure.
+    pub const ERROR_ENCOUNTERED: &str = "error_encountered";
+    /// Higher runs first (default 0; tasks without it run after those with it).
+    pub const PRIORITY: &str = "priority";
+    /// Not before this time (a date; missing means now).
+    pub const RUN_AT: &str = "run_at";
+    /// Set while an agent holds the task (its lease may have lapsed).
+    pub const CLAIMED: &str = "claimed";
+    /// How many times the task was claimed (the claim token).
+    pub const ATTEMPTS: &str = "attempts";
+    /// The last failure's message.
+    pub const LAST_ERROR: &str = "last_error";
+    /// A per-task override of the agent's attempt limit.
+    pub const MAX_ATTEMPTS: &str = "max_attempts";
+    /// Enqueuing two tasks with the same dedupe key yields one task.
+    pub const DEDUPE_KEY: &str = "dedupe_key";
+    /// The task whose handler produced this one.
+    pub const PARENT: &str = "parent";
+    /// On a follow-up: the task that waits for it to finish (fan-in).
+    pub const JOIN: &str = "join";
+    /// On a follow-up: which of the waiting task's rounds it belongs to.
+    pub const JOIN_ROUND: &str = "join_round";
+    /// On a task waiting for its follow-ups: the round it waits on.
+    pub const WAITING: &str = "waiting";
+    /// How many times the task's follow-ups all finished and it was made ready
+    /// again (missing means 0).
+    pub const ROUND: &str = "round";
+    /// On a task a schedule enqueued: the schedule's name.
+    pub const SCHEDULE: &str = "schedule";
+    /// On a task a schedule enqueued: the tick it was enqueued for (a date).
+    pub const SCHEDULED_FOR: &str = "scheduled_for";
+    /// On a task of a schedule with [`crate::Overlap::Queue`]: held back (not
+    /// ready) until the schedule's previous task ends.
+    pub const OVERLAP_HELD: &str = "overlap_held";
+    /// The fence from which attempts count (missing means 0): that of the run
+    /// whose handler waited for follow-ups (a new round starts with a full set of
+    /// attempts), or the one a requeue gave the task (so do requeued tasks).
+    pub const ROUND_FENCE: &str = "round_fence";
+    /// How far a running task got, as its handler last reported
+    /// ([`Task::progress`](crate::Task::progress)): a number or a small document.
+    pub const PROGRESS: &str = "progress";
+    /// When the last progress was reported (store clock).
+    pub const PROGRESS_AT: &str = "progress_at";
+    /// Set when an operator cancelled the task ([`Queue::cancel`](crate::Queue::cancel)):
+    /// it ended (`complete: true, error_encountered: true`) without a result.
+    pub const CANCELLED: &str = "cancelled";
+
+    /// The fields the queue keeps for itself: the store's (`_id`, the lease,
+    /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
+    /// those of follow-ups pending their parent's outcome. A new task's data, a
+    /// follow-up's, and a handler's merge may set none of them
+    /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
+    /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
+    pub const RESERVED: [&str; 36] = [
+        store_trait::fields::ID,
+        store_trait::fields::LEASE_OWNER,
+        store_trait::fields::LEASE_SINCE,
+        store_trait::fields::LEASE_UNTIL,
+        store_trait::fields::FENCE,
+        store_trait::fields::REV,
+        store_trait::fields::LAST_OP,
+        store_trait::fields::GC_AT,
+        AGENT_NAME,
+        READY,
+        STARTED_AT,
+        AGENT_HOST,
+        COMPLETE,
+        COMPLETED_AT,
+        ERROR_ENCOUNTERED,
+        PRIORITY,
+        RUN_AT,
+        CLAIMED,
+        ATTEMPTS,
+        LAST_ERROR,
+        MAX_ATTEMPTS,
+        DEDUPE_KEY,
+        PARENT,
+        JOIN,
+        JOIN_ROUND,
+        WAITING,
+        ROUND,
+        SCHEDULE,
+        SCHEDULED_FOR,
+        OVERLAP_HELD,
+        ROUND_FENCE,
+        PROGRESS,
+        PROGRESS_AT,
+        CANCELLED,
+        super::pending::FENCE,
+        super::pending::FIELDS,
+    ];
+
+    /// Whether `name` is one of the [`RESERVED`] fields, or one of the
+    /// pending-parent fields only the queue writes on a parent.
+    pub fn is_reserved(name: &str) -> bool {
+        RESERVED.contains(&name) || super::pending::PARENT.contains(&name)
+    }
+}
+
+/// Follow-ups that wait for their parent's fenced outcome write before they
+/// exist for anyone: the fields that mark them, and what activation does.
+pub(crate) mod pending {
+    use bson::{Bson, Document};
+    use store_trait::{Condition, Mutation, Write};
+
+    use super::fields;
+
+    /// On a pending follow-up: the fence of the parent's claim that enqueued it.
+    pub(crate) const FENCE: &str = "pending_parent_fence";
+    /// On a pending follow-up: the fields activation sets (`ready`, and `join`,
+    /// `join_round`, `waiting` where the follow-up has them).
+    pub(crate) const FIELDS: &str = "pending_fields";
+    /// On a parent whose outcome is written and whose follow-ups may still be
+    /// pending: the fence they carry.
+    pub(crate) const PARENT_FENCE: &str = "follow_ups_fence";
+    /// On such a parent: how it ends once they are active (`complete`, `wait`).
+    pub(crate) const PARENT_FINISH: &str = "follow_ups_finish";
+    /// The fields only the queue writes on a parent (beside [`FENCE`] and
+    /// [`FIELDS`] on its follow-ups; all four are reserved).
+    pub(crate) const PARENT: [&str; 2] = [PARENT_FENCE, PARENT_FINISH];
+
+    /// Turns a follow-up's document into its pending form.
+    pub(crate) fn stash(mut d: Document, fence: i64) -> Document {
+        let mut stashed = Document::new();
+        for f in [fields::READY, fields::JOIN, fields::JOIN_ROUND, fields::WAITING] {
+            if let Some(v) = d.remove(f) {
+                stashed.insert(f, v);
+            }
+        }
+        d.insert(fields::READY, false);
+        d.insert(FENCE, fence);
+        d.insert(FIELDS, stashed);
+        d
+    }
+
+    /// Whether a pending follow-up is a fan-in task (it waits for others, so it
+    /// is activated after them).
+    pub(crate) fn is_fan_in(d: &Document) -> bool {
+        d.get_document(FIELDS).is_ok_and(|s| s.contains_key(fields::WAITING))
+    }
+
+    /// The write that activates a pending follow-up of the claim with `fence`;
+    /// idempotent (it applies only while the follow-up is pending with that fence).
+    pub(crate) fn activation(d: &Document, fence: i64) -> Write {
+        let stashed = d.get_document(FIELDS).cloned().unwrap_or_default();
+        Write::new(
+            Condition::FieldEq(FENCE.into(), Bson::Int64(fence)),
+            Mutation::new().set_all(stashed).unset(FENCE).unset(FIELDS),
+        )
+    }
+}
+
+/// Tasks that have not ended (`complete` is not `true`).
+pub(crate) fn not_complete() -> Condition {
+    Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
+}
+
+/// The one check of user data (a new task's, a follow-up's, a handler's
+/// merge) against the schema: every top-level field a plain name
+/// (`store_trait::check_field_name`: not empty, no `$` prefix, no `.`, no NUL)
+/// and none of the queue's own ([`fields::RESERVED`]).
+pub(crate) fn check_user_fields(data: &Document) -> Result<(), AgentError> {
+    for k in data.keys() {
+        if fields::is_reserved(k) {
+            return Err(AgentError::ReservedField { field: k.clone() });
+        }
+        store_trait::check_field_name(k)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    /// Every field the queue writes is reserved, the store's included; a
+    /// near-reserved or operator-like name is refused as malformed.
+    #[test]
+    fn user_fields() {
+        for f in fields::RESERVED.iter().chain(&pending::PARENT).chain(&store_trait::fields::ALL) {
+            let e = check_user_fields(&doc! { *f: 1 }).unwrap_err();
+            assert!(matches!(&e, AgentError::ReservedField { field } if field == f), "{f}: {e}");
+        }
+        for f in ["$set", "a.b", "", "x\0"] {
+            let e = check_user_fields(&doc! { f: 1 }).unwrap_err();
+            assert!(matches!(e, AgentError::Store(store_trait::StoreError::InvalidInput { .. })), "{f:?}: {e}");
+        }
+        check_user_fields(&doc! { "image": "cat.png", "ID": 1, "readyish": true }).unwrap();
+    }
+}
