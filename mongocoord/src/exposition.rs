@@ -381,11 +381,14 @@ pub(crate) mod tests {
         text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
+    /// A sample's name and its labels, unescaped.
+    pub(crate) type Sample = (String, Vec<(String, String)>);
+
     /// Checks `text` line by line as a scraper reads it: comments, and
     /// samples `name{label="value",…} number` whose label values escape
     /// backslash, double quote and line feed. The label sets of each sample,
     /// by name, are returned.
-    pub(crate) fn check_exposition(text: &str) -> Result<Vec<(String, Vec<(String, String)>)>, String> {
+    pub(crate) fn check_exposition(text: &str) -> Result<Vec<Sample>, String> {
         let name_ok = |n: &str| {
             !n.is_empty()
                 && n.chars()
