@@ -135,8 +135,8 @@ impl fmt::Display for ConnectionConfig {
 /// use store_mongo::redact_uri;
 /// assert_eq!(redact_uri("mongodb://u:p%40ss@127.0.0.1:1/"), "mongodb://u:***@127.0.0.1:1/");
 /// assert_eq!(
-///     redact_uri("mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:abc"),
-///     "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=***"
+///     redact_uri("mongodb://h/?tls=true&tlsCertificateKeyFile=/etc/k.pem&w=1"),
+///     "mongodb://h/?tls=true&tlsCertificateKeyFile=***&w=1"
 /// );
 /// // Unparsable: an unescaped `?` in the password.
 /// assert_eq!(redact_uri("mongodb://u:pa?ss@h:1/"), "mongodb://***@h:1/***");
