@@ -168,8 +168,11 @@ fn command_of(data: &bson::Document) -> Option<Vec<String>> {
 /// line runs that was scheduled with another command.
 fn warn_of_another_command(name: &str, theirs: &[String], ours: &[String], when: &str) {
     tracing::warn!(schedule = name, ?theirs, ?ours, "a schedule shared by lines with different commands");
+    // The name may come from a tick's stored data; the commands are written
+    // with `{:?}`, which escapes control characters.
     eprintln!(
-        "mongocoord: schedule {name} {when} {theirs:?}, but this line runs {ours:?}: lines that share a schedule's name should run the same command"
+        "mongocoord: schedule {} {when} {theirs:?}, but this line runs {ours:?}: lines that share a schedule's name should run the same command",
+        crate::terminal::safe(name)
     );
 }
 

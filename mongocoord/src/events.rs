@@ -38,7 +38,7 @@ pub(crate) async fn watch(store: &MongoStore, w: WatchEvents<'_>) -> Result<u8, 
         if w.json {
             println!("{}", event_json(&ev));
         } else {
-            println!("{}", event_line(&ev));
+            println!("{}", crate::terminal::safe(&event_line(&ev)));
         }
         n += 1;
     }

@@ -6,23 +6,135 @@
 //! these) in one format. The figures are this process's: the dashboard runs
 //! no agent, so they fill in on the `/metrics` of the processes that run
 //! agents, locks and elections (`--metrics-bind` of the runners, [`serve`]).
+//!
+//! Every label value of `/metrics`, these and the dashboard's, is a
+//! [`LabelValue`], escaped as the text format asks; every family is a
+//! [`Capped`] one, so names read from the database can neither forge a line
+//! nor grow a scrape without bound.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use metrics::{CounterFn, GaugeFn, HistogramFn, Key, KeyName, Metadata, SharedString, Unit};
 use parking_lot::Mutex;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(String, String)>;
-type Counters = Family<Labels, Counter>;
-type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
-type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+/// The most label sets a family keeps in one exposition. Names come from the
+/// database (agent names, lock keys, elections) and from whatever a process
+/// records, so without a cap one scrape could grow without bound; what is
+/// left out is counted (`mongocoord_metrics_series_truncated`,
+/// `mongocoord_metrics_series_dropped_total`).
+pub(crate) const MAX_SERIES: usize = 1000;
+
+/// A label value, written escaped as the Prometheus and OpenMetrics text
+/// formats ask (backslash, double quote and line feed as `\\`, `\"`, `\n`):
+/// `prometheus-client` writes values as given, so a value holding `"` or a
+/// line feed would end the label set early, or forge a series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct LabelValue(String);
+
+impl LabelValue {
+    /// The value `v`, escaped when written.
+    pub(crate) fn new(v: &str) -> Self {
+        LabelValue(v.to_owned())
+    }
+}
+
+impl EncodeLabelValue for LabelValue {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A label set: names chosen by code, values escaped.
+pub(crate) type Labels = Vec<(String, LabelValue)>;
+
+/// `labels(&[("queue", q)])`: the label set of these pairs.
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), LabelValue::new(v))).collect()
+}
+
+/// A family of at most [`MAX_SERIES`] label sets: a new label set past the
+/// cap gets no series, and is counted instead.
+pub(crate) struct Capped<M, C = fn() -> M> {
+    family: Family<Labels, M, C>,
+    len: usize,
+    left_out: u64,
+}
+
+impl<M: Default> Default for Capped<M> {
+    fn default() -> Self {
+        Capped::with(Family::new_with_constructor(M::default as fn() -> M))
+    }
+}
+
+impl<M, C: MetricConstructor<M> + Clone> Capped<M, C> {
+    fn with(family: Family<Labels, M, C>) -> Self {
+        Capped { family, len: 0, left_out: 0 }
+    }
+
+    /// The metric of `labels`, or `None` past the cap (counted as left out).
+    pub(crate) fn get_or_create(&mut self, labels: &Labels) -> Option<M>
+    where
+        M: Clone,
+    {
+        if let Some(m) = self.family.get(labels) {
+            return Some(m.clone());
+        }
+        if self.len >= MAX_SERIES {
+            self.left_out += 1;
+            return None;
+        }
+        self.len += 1;
+        Some(self.family.get_or_create(labels).clone())
+    }
+
+    /// How many times a label set was left out.
+    pub(crate) fn left_out(&self) -> u64 {
+        self.left_out
+    }
+
+    /// How many label sets were left out, and the family to register.
+    pub(crate) fn parts(&self) -> (u64, Family<Labels, M, C>)
+    where
+        Family<Labels, M, C>: Clone,
+    {
+        (self.left_out, self.family.clone())
+    }
+
+    /// The family, to register (it shares its metrics with this one).
+    pub(crate) fn family(&self) -> Family<Labels, M, C>
+    where
+        Family<Labels, M, C>: Clone,
+    {
+        self.family.clone()
+    }
+}
+
+impl<M, C> std::fmt::Debug for Capped<M, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capped").field("len", &self.len).field("left_out", &self.left_out).finish_non_exhaustive()
+    }
+}
+
+type Counters = Capped<Counter>;
+type Gauges = Capped<Gauge<f64, AtomicU64>>;
+type Histograms = Capped<Histogram>;
 
 /// The buckets of every histogram: 1 ms to about 33 s, doubling (the
 /// libraries' histograms are durations in seconds).
@@ -39,6 +151,22 @@ struct Figures {
     help: BTreeMap<String, String>,
 }
 
+impl Figures {
+    /// Recordings left out by name, for `mongocoord_metrics_series_dropped_total`.
+    fn dropped(&self) -> Counters {
+        let mut out = Counters::default();
+        let counters = self.counters.iter().map(|(n, f)| (n, f.left_out()));
+        let gauges = self.gauges.iter().map(|(n, f)| (n, f.left_out()));
+        let histograms = self.histograms.iter().map(|(n, f)| (n, f.left_out()));
+        for (name, n) in counters.chain(gauges).chain(histograms).filter(|(_, n)| *n > 0) {
+            if let Some(c) = out.get_or_create(&labels(&[("metric", name)])) {
+                c.inc_by(n);
+            }
+        }
+        out
+    }
+}
+
 /// A `metrics` recorder whose figures `prometheus-client` encodes. Cheap to
 /// clone (the clones share the figures).
 #[derive(Clone, Default)]
@@ -52,8 +180,16 @@ impl std::fmt::Debug for Bridge {
     }
 }
 
-fn labels(key: &Key) -> Labels {
-    key.labels().map(|l| (l.key().to_owned(), l.value().to_owned())).collect()
+/// The label set of `key`: names as the text format allows them (others
+/// become `_`), values escaped.
+fn key_labels(key: &Key) -> Labels {
+    let name = |k: &str| -> String {
+        k.chars()
+            .enumerate()
+            .map(|(i, c)| if c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()) { c } else { '_' })
+            .collect()
+    };
+    key.labels().map(|l| (name(l.key()), LabelValue::new(l.value()))).collect()
 }
 
 /// `prometheus-client` appends `_total` to a counter's name itself; the
@@ -111,18 +247,24 @@ impl metrics::Recorder for Bridge {
         self.figures.lock().help.insert(key.as_str().to_owned(), description.into_owned());
     }
 
+    // Past the cap a recording goes nowhere (a no-op handle), and is counted.
+
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> metrics::Counter {
         let mut f = self.figures.lock();
         let family = f.counters.entry(counter_name(key.name()).to_owned()).or_default();
-        let handle = family.get_or_create(&labels(key)).clone();
-        metrics::Counter::from_arc(Arc::new(CounterHandle(handle)))
+        match family.get_or_create(&key_labels(key)) {
+            Some(handle) => metrics::Counter::from_arc(Arc::new(CounterHandle(handle))),
+            None => metrics::Counter::noop(),
+        }
     }
 
     fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> metrics::Gauge {
         let mut f = self.figures.lock();
         let family = f.gauges.entry(key.name().to_owned()).or_default();
-        let handle = family.get_or_create(&labels(key)).clone();
-        metrics::Gauge::from_arc(Arc::new(GaugeHandle(handle)))
+        match family.get_or_create(&key_labels(key)) {
+            Some(handle) => metrics::Gauge::from_arc(Arc::new(GaugeHandle(handle))),
+            None => metrics::Gauge::noop(),
+        }
     }
 
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> metrics::Histogram {
@@ -130,9 +272,11 @@ impl metrics::Recorder for Bridge {
         let family = f
             .histograms
             .entry(key.name().to_owned())
-            .or_insert_with(|| Family::new_with_constructor(histogram as fn() -> Histogram));
-        let handle = family.get_or_create(&labels(key)).clone();
-        metrics::Histogram::from_arc(Arc::new(HistogramHandle(handle)))
+            .or_insert_with(|| Capped::with(Family::new_with_constructor(histogram as fn() -> Histogram)));
+        match family.get_or_create(&key_labels(key)) {
+            Some(handle) => metrics::Histogram::from_arc(Arc::new(HistogramHandle(handle))),
+            None => metrics::Histogram::noop(),
+        }
     }
 }
 
@@ -144,13 +288,21 @@ impl Bridge {
         let mut reg = Registry::default();
         let help = |name: &str| f.help.get(name).cloned().unwrap_or_default();
         for (name, family) in &f.counters {
-            reg.register(name.clone(), help(name), family.clone());
+            reg.register(name.clone(), help(name), family.family());
         }
         for (name, family) in &f.gauges {
-            reg.register(name.clone(), help(name), family.clone());
+            reg.register(name.clone(), help(name), family.family());
         }
         for (name, family) in &f.histograms {
-            reg.register(name.clone(), help(name), family.clone());
+            reg.register(name.clone(), help(name), family.family());
+        }
+        let dropped = f.dropped();
+        if dropped.len > 0 {
+            reg.register(
+                "mongocoord_metrics_series_dropped",
+                format!("Recordings left out because their figure already had {MAX_SERIES} label sets"),
+                dropped.family(),
+            );
         }
         reg
     }
@@ -214,7 +366,7 @@ async fn metrics_text() -> axum::response::Response {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use std::time::Duration;
 
@@ -227,6 +379,105 @@ mod tests {
     /// The line of `name{labels}` in `text`, and its value.
     fn value(text: &str, series: &str) -> Option<f64> {
         text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// A sample's name and its labels, unescaped.
+    pub(crate) type Sample = (String, Vec<(String, String)>);
+
+    /// Checks `text` line by line as a scraper reads it: comments, and
+    /// samples `name{label="value",…} number` whose label values escape
+    /// backslash, double quote and line feed. The label sets of each sample,
+    /// by name, are returned.
+    pub(crate) fn check_exposition(text: &str) -> Result<Vec<Sample>, String> {
+        let name_ok = |n: &str| {
+            !n.is_empty()
+                && n.chars()
+                    .enumerate()
+                    .all(|(i, c)| c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
+        };
+        let mut samples = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let bad = |why: &str| Err(format!("line {}: {why}: {line:?}", i + 1));
+            if line.starts_with("# ") {
+                continue;
+            }
+            let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+            let name = &line[..name_end];
+            if !name_ok(name) {
+                return bad("not a metric name");
+            }
+            let mut rest = &line[name_end..];
+            let mut labels = Vec::new();
+            if let Some(after) = rest.strip_prefix('{') {
+                rest = after;
+                loop {
+                    if let Some(after) = rest.strip_prefix('}') {
+                        rest = after;
+                        break;
+                    }
+                    let Some((key, after)) = rest.split_once("=\"") else { return bad("a label without =\"") };
+                    if !name_ok(key) || key.contains(':') {
+                        return bad("not a label name");
+                    }
+                    let mut value = String::new();
+                    let mut chars = after.char_indices();
+                    let end = loop {
+                        match chars.next() {
+                            Some((j, '"')) => break j,
+                            Some((_, '\\')) => match chars.next() {
+                                Some((_, '\\')) => value.push('\\'),
+                                Some((_, '"')) => value.push('"'),
+                                Some((_, 'n')) => value.push('\n'),
+                                _ => return bad("an unknown escape"),
+                            },
+                            Some((_, c)) => value.push(c),
+                            None => return bad("an unterminated label value"),
+                        }
+                    };
+                    labels.push((key.to_owned(), value));
+                    rest = &after[end + 1..];
+                    rest = rest.strip_prefix(',').unwrap_or(rest);
+                }
+            }
+            let Some(number) = rest.strip_prefix(' ') else { return bad("no value") };
+            let number = number.split(' ').next().unwrap_or_default();
+            if number.parse::<f64>().is_err() && !["+Inf", "-Inf", "NaN"].contains(&number) {
+                return bad("not a number");
+            }
+            samples.push((name.to_owned(), labels));
+        }
+        Ok(samples)
+    }
+
+    #[test]
+    fn the_checker_refuses_forged_and_broken_lines() {
+        assert!(check_exposition("# TYPE a gauge\na{x=\"1\\\"\\n\\\\\"} 2\nb 1.5\n# EOF\n").is_ok());
+        for bad in ["a{x=\"1\"\"} 1", "a{x=\"1} 1", "a{x=\"\\q\"} 1", "a 1x", "\"} 1", "a{x=\"1\"}"] {
+            assert!(check_exposition(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Label values holding quotes, backslashes and line feeds are written
+    /// escaped; a family keeps at most `MAX_SERIES` label sets and counts the
+    /// rest.
+    #[test]
+    fn label_values_are_escaped_and_families_capped() {
+        let bridge = Bridge::default();
+        let forged = "x\"} 1\nforged_series_total 1\n#\\";
+        metrics::with_local_recorder(&bridge, || {
+            metrics::counter!("exp_escape_total", "agent" => forged, "bad-name" => "v").increment(2);
+            for n in 0..MAX_SERIES + 5 {
+                metrics::gauge!("exp_many", "n" => n.to_string()).set(1.0);
+            }
+        });
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &bridge.registry()).unwrap();
+        let samples = check_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert!(!text.lines().any(|l| l.starts_with("forged_series_total")), "{text}");
+        let escape = samples.iter().find(|(n, _)| n == "exp_escape_total").unwrap();
+        assert_eq!(escape.1, [("agent".to_owned(), forged.to_owned()), ("bad_name".to_owned(), "v".to_owned())]);
+        assert_eq!(samples.iter().filter(|(n, _)| n == "exp_many").count(), MAX_SERIES);
+        assert_eq!(value(&text, r#"mongocoord_metrics_series_dropped_total{metric="exp_many"}"#), Some(5.0), "{text}");
     }
 
     /// What each library emits reaches the exposition, named and labelled as

@@ -18,6 +18,7 @@ mod queue_ops;
 mod runners;
 mod schedules;
 mod supervise;
+mod terminal;
 mod views;
 
 use std::process::ExitCode;

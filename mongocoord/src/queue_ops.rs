@@ -9,6 +9,7 @@ use store_mongo::MongoStore;
 use store_trait::Key;
 
 use crate::data::{parse_object, task_id};
+use crate::terminal::safe;
 
 /// Which tasks an action applies to, in which queue: these ids, or those
 /// matching a filter; the options `cancel` and `delete` share.
@@ -44,9 +45,9 @@ fn print(action: &str, done: &[Key], dry_run: bool, json: bool) {
     if json {
         println!("{}", json!({ "dry_run": dry_run, "ids": ids }));
     } else if dry_run {
-        println!("{} task(s) would be {action}: {}", ids.len(), ids.join(" "));
+        println!("{} task(s) would be {action}: {}", ids.len(), safe(&ids.join(" ")));
     } else {
-        println!("{action} {} task(s): {}", ids.len(), ids.join(" "));
+        println!("{action} {} task(s): {}", ids.len(), safe(&ids.join(" ")));
     }
 }
 
@@ -88,7 +89,7 @@ pub(crate) async fn set_paused(
     if json {
         println!("{}", json!({ "agent": agent, "paused": paused }));
     } else {
-        println!("{agent} {} on {queue}", if paused { "paused" } else { "resumed" });
+        println!("{} {} on {queue}", safe(agent), if paused { "paused" } else { "resumed" });
     }
     Ok(0)
 }

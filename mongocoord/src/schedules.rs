@@ -111,19 +111,7 @@ pub(crate) async fn list<S: Store + Clone>(
     let header = ["NAME", "SPEC", "ZONE", "NEXT TICK", "LAST TICK", "OUTCOME", "PAUSED"];
     let keys = ["name", "spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"];
     let table: Vec<Vec<String>> = rows.iter().map(|r| keys.iter().map(|k| cell(&r[*k])).collect()).collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in &table {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect::<Vec<_>>().join("  ")
-    };
-    println!("{}", line(header.to_vec()).trim_end());
-    for r in &table {
-        println!("{}", line(r.iter().map(String::as_str).collect()).trim_end());
-    }
+    crate::terminal::print_table(&header, &table);
     Ok(0)
 }
 
@@ -163,9 +151,9 @@ pub(crate) async fn act<S: Store + Clone>(
     if json {
         println!("{}", json!({ "name": name, "found": found, "action": verb }));
     } else if found {
-        println!("{name}: {verb}");
+        println!("{}: {verb}", crate::terminal::safe(name));
     } else {
-        println!("{name}: no such schedule");
+        println!("{}: no such schedule", crate::terminal::safe(name));
     }
     Ok(if found { 0 } else { 1 })
 }

@@ -11,6 +11,7 @@ use store_mongo::MongoStore;
 use store_trait::Store;
 
 use crate::data::{self, parse_object, StatsRow};
+use crate::terminal::{print_table, safe};
 
 fn parse_filter(text: &str) -> Result<bson::Document, String> {
     parse_object("filter", text)
@@ -20,22 +21,6 @@ fn ms(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect::<Vec<_>>().join("  ")
-    };
-    println!("{}", line(header.to_vec()).trim_end());
-    for r in rows {
-        println!("{}", line(r.iter().map(String::as_str).collect()).trim_end());
-    }
-}
-
 /// Tells the operator, on stderr, which documents a view skipped.
 fn report_skipped(what: &str, skipped: &[Value]) {
     if skipped.is_empty() {
@@ -43,7 +28,8 @@ fn report_skipped(what: &str, skipped: &[Value]) {
     }
     eprintln!("skipped {} {what} document(s) that cannot be read:", skipped.len());
     for s in skipped {
-        eprintln!("  {}: {}", s["key"].as_str().unwrap_or("?"), s["error"].as_str().unwrap_or_default());
+        let (key, error) = (s["key"].as_str().unwrap_or("?"), s["error"].as_str().unwrap_or_default());
+        eprintln!("  {}: {}", safe(key), safe(error));
     }
 }
 
@@ -82,7 +68,7 @@ pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> R
 pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, json: bool) -> Result<u8, String> {
     let out = data::elections(store, collection, status).await?;
     for bad in &out.skipped {
-        eprintln!("mongocoord: skipped {}", bad["error"].as_str().unwrap_or_default());
+        eprintln!("mongocoord: skipped {}", safe(bad["error"].as_str().unwrap_or_default()));
     }
     if json {
         println!("{}", to_json(&out));
@@ -145,7 +131,8 @@ pub(crate) async fn tasks(
             println!("{}", Value::Array(docs));
         } else {
             for d in docs {
-                println!("{d}");
+                // JSON escapes C0 controls but not DEL, C1 or bidi controls.
+                println!("{}", safe(&d.to_string()));
             }
         }
         return Ok(0);
@@ -259,7 +246,7 @@ pub(crate) async fn enqueue(
     if json {
         println!("{}", json!({ "id": id.to_string(), "inserted": new }));
     } else {
-        println!("{} {id}", if new { "enqueued" } else { "duplicate, not enqueued:" });
+        println!("{} {}", if new { "enqueued" } else { "duplicate, not enqueued:" }, safe(&id.to_string()));
     }
     Ok(0)
 }
@@ -281,7 +268,7 @@ pub(crate) async fn requeue(
         if json {
             println!("{}", json!({ "dry_run": dry_run, "ids": ids }));
         } else {
-            println!("{} task(s) would be requeued: {}", ids.len(), ids.join(" "));
+            println!("{} task(s) would be requeued: {}", ids.len(), safe(&ids.join(" ")));
         }
         return Ok(0);
     }
@@ -308,9 +295,14 @@ pub(crate) async fn requeue(
 /// leaders (with `--queue`, the queue's events: `events::watch`).
 pub(crate) async fn watch(store: &MongoStore, interval: f64, count: Option<u64>) -> Result<u8, String> {
     let interval = crate::args::seconds("interval", interval, false)?;
+    // The screen is cleared only on a terminal: piped, the refreshes follow
+    // one another.
+    let clear = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut n = 0;
     loop {
-        print!("\x1b[2J\x1b[H");
+        if clear {
+            print!("\x1b[2J\x1b[H");
+        }
         println!("mongocoord watch — {}", store.now().await.map_err(|e| e.to_string())?);
         println!("\nLOCKS");
         locks(store, mongolock::DEFAULT_COLLECTION, false).await?;

@@ -16,9 +16,17 @@ use crate::{MongoStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT};
 /// `MONGO_DB`).
 pub const DEFAULT_DATABASE: &str = "mongocoord";
 
-/// Connection options whose values are secrets, redacted by [`redact_uri`].
-const SECRET_OPTIONS: [&str; 4] =
-    ["authmechanismproperties", "tlscertificatekeyfilepassword", "sslpemkeypassword", "password"];
+/// Words that make a connection option's value a secret, matched
+/// case-insensitively anywhere in its name: `proxyPassword`,
+/// `tlsCertificateKeyFilePassword`, `authMechanismProperties` (which may hold
+/// `AWS_SESSION_TOKEN`), and any option a later driver adds along those lines.
+const SECRET_WORDS: [&str; 7] =
+    ["password", "secret", "token", "key", "credential", "sessiontoken", "authmechanismproperties"];
+
+fn is_secret_option(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|w| name.contains(w))
+}
 
 /// A MongoDB URI and a database name. Its `Debug` and `Display` never show a
 /// password.
@@ -112,91 +120,206 @@ impl fmt::Display for ConnectionConfig {
     }
 }
 
-/// The URI with its password and secret option values replaced by `***`,
-/// split the way the driver splits it: the credentials run from the scheme to
-/// the **last** `@` before the options, and the password from the first `:` of
-/// the credentials (so `u:p@ss@host` hides all of `p@ss`).
+/// The URI with its password and secret option values replaced by `***`.
+///
+/// A URI the driver parses is split the way the driver splits it: the
+/// credentials run from the scheme to the **last** `@` before the options, the
+/// password from the first `:` of the credentials; the value of every option
+/// whose name contains `password`, `secret`, `token`, `key` or `credential`
+/// (or is `authMechanismProperties`) is hidden. A URI the driver cannot parse
+/// may be split anywhere (a `?` or `@` in a password), so only its scheme and
+/// hosts are shown, the hosts only when they look like hosts: the credentials
+/// and everything after the hosts become `***`.
 ///
 /// ```
 /// use store_mongo::redact_uri;
-/// assert_eq!(redact_uri("mongodb://u:p@ss@127.0.0.1:1/"), "mongodb://u:***@127.0.0.1:1/");
+/// assert_eq!(redact_uri("mongodb://u:p%40ss@127.0.0.1:1/"), "mongodb://u:***@127.0.0.1:1/");
 /// assert_eq!(
-///     redact_uri("mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:abc"),
-///     "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=***"
+///     redact_uri("mongodb://h/?tls=true&tlsCertificateKeyFile=/etc/k.pem&w=1"),
+///     "mongodb://h/?tls=true&tlsCertificateKeyFile=***&w=1"
 /// );
+/// // Unparsable: an unescaped `?` in the password.
+/// assert_eq!(redact_uri("mongodb://u:pa?ss@h:1/"), "mongodb://***@h:1/***");
 /// assert_eq!(redact_uri("mongodb://host:27017"), "mongodb://host:27017");
 /// ```
 pub fn redact_uri(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://").map(|i| i + 3) else {
-        // Not a URI: it may be anything, a password among it.
-        return "***".to_owned();
-    };
-    let (scheme, rest) = uri.split_at(scheme_end);
-    let (before_options, options) = match rest.find('?') {
-        Some(q) => (&rest[..q], Some(&rest[q + 1..])),
-        None => (rest, None),
-    };
-    let mut out = String::from(scheme);
-    match before_options.rfind('@') {
-        Some(at) => {
-            let (creds, hosts) = before_options.split_at(at);
-            match creds.find(':') {
-                Some(colon) => {
-                    out.push_str(&creds[..colon]);
-                    out.push_str(":***");
-                }
-                None => out.push_str(creds),
-            }
-            out.push_str(hosts);
-        }
-        None => out.push_str(before_options),
-    }
-    if let Some(options) = options {
-        out.push('?');
-        let redacted: Vec<String> = options
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((name, _)) if SECRET_OPTIONS.contains(&name.to_ascii_lowercase().as_str()) => {
-                    format!("{name}=***")
-                }
-                _ => pair.to_owned(),
-            })
-            .collect();
-        out.push_str(&redacted.join("&"));
-    }
-    out
+    Split::of(uri).shown
 }
 
-/// The secrets of a URI, for checking that a message does not quote them.
-fn secrets(uri: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let Some(scheme_end) = uri.find("://").map(|i| i + 3) else { return vec![uri] };
-    let rest = &uri[scheme_end..];
-    let (before_options, options) = rest.split_once('?').map_or((rest, None), |(b, o)| (b, Some(o)));
-    if let Some(at) = before_options.rfind('@') {
-        if let Some((_, password)) = before_options[..at].split_once(':') {
-            out.push(password);
+/// A URI as it may be shown, and what no message about it may quote.
+struct Split {
+    shown: String,
+    /// Text a message may not contain.
+    secrets: Vec<String>,
+    /// Text a message may not contain as a whole word (between characters
+    /// that are not letters or digits).
+    words: Vec<String>,
+}
+
+impl Split {
+    fn of(uri: &str) -> Split {
+        let Some((scheme, rest)) = uri.split_once("://") else {
+            // Not a URI: it may be anything, a password among it.
+            return Split { shown: "***".to_owned(), secrets: with_decoded(vec![uri.to_owned()]), words: Vec::new() };
+        };
+        if ConnectionString::parse(uri).is_err() {
+            return Split::unparsable(scheme, rest);
         }
-    }
-    for pair in options.unwrap_or_default().split('&') {
-        if let Some((name, value)) = pair.split_once('=') {
-            if SECRET_OPTIONS.contains(&name.to_ascii_lowercase().as_str()) {
-                out.push(value);
+        let mut shown = format!("{scheme}://");
+        let mut secrets = Vec::new();
+        let (before_options, options) = rest.split_once('?').map_or((rest, None), |(b, o)| (b, Some(o)));
+        match before_options.rsplit_once('@') {
+            Some((creds, hosts)) => {
+                match creds.split_once(':') {
+                    Some((user, password)) => {
+                        shown.push_str(user);
+                        shown.push_str(":***");
+                        secrets.push(password.to_owned());
+                    }
+                    None => shown.push_str(creds),
+                }
+                shown.push('@');
+                shown.push_str(hosts);
             }
+            None => shown.push_str(before_options),
         }
+        if let Some(options) = options {
+            let redacted: Vec<String> = options
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, value)) if is_secret_option(name) => {
+                        secrets.push(value.to_owned());
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            shown.push('?');
+            shown.push_str(&redacted.join("&"));
+        }
+        Split { shown, secrets: with_decoded(secrets), words: Vec::new() }
+    }
+
+    /// `scheme://***@hosts/***`: the credentials, when there is an `@`, run to
+    /// the last one; the hosts are shown only when each is `name[:port]` or
+    /// `[address][:port]`; whatever follows them is hidden. A message may
+    /// quote none of what is hidden: no three characters of the URI in a row
+    /// that touch it, and no piece of it between delimiters as a word.
+    fn unparsable(scheme: &str, rest: &str) -> Split {
+        let creds_end = rest.rfind('@');
+        let hosts_start = creds_end.map_or(0, |at| at + 1);
+        let hosts_end = rest[hosts_start..].find(['/', '?']).map_or(rest.len(), |i| hosts_start + i);
+        let hosts = &rest[hosts_start..hosts_end];
+        let hosts_ok = !hosts.is_empty() && hosts.split(',').all(looks_like_host);
+        let mut shown = format!("{scheme}://");
+        let mut hidden = Vec::new();
+        if let Some(at) = creds_end {
+            shown.push_str("***@");
+            hidden.push(0..at);
+        }
+        if hosts_ok {
+            shown.push_str(hosts);
+        } else {
+            shown.push_str("***");
+            hidden.push(hosts_start..hosts_end);
+        }
+        if hosts_end < rest.len() {
+            shown.push_str("/***");
+            hidden.push(hosts_end..rest.len());
+        }
+        let starts: Vec<usize> = rest.char_indices().map(|(i, _)| i).chain([rest.len()]).collect();
+        let windows = starts.windows(4).map(|w| w[0]..w[3]);
+        let touching = windows.filter(|w| hidden.iter().any(|h| w.start < h.end && h.start < w.end));
+        let secrets = touching.map(|w| rest[w].to_owned()).collect();
+        let pieces = hidden.iter().flat_map(|h| rest[h.clone()].split([':', '/', '?', '@', '&', '=', ',', ';']));
+        Split { shown, secrets: with_decoded(secrets), words: with_decoded(pieces.map(str::to_owned).collect()) }
+    }
+
+    /// Whether `message` quotes something this URI's shown form hides.
+    fn quoted_in(&self, message: &str) -> bool {
+        let word_at = |w: &str| {
+            message.match_indices(w).any(|(i, _)| {
+                let before = message[..i].chars().next_back();
+                let after = message[i + w.len()..].chars().next();
+                !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+            })
+        };
+        self.secrets.iter().any(|s| message.contains(s.as_str())) || self.words.iter().any(|w| word_at(w))
+    }
+}
+
+/// `host`, `host:port` or `[address]:port`, in the characters a host name or
+/// address has.
+fn looks_like_host(h: &str) -> bool {
+    let (name, port) = match h.strip_prefix('[') {
+        Some(bracketed) => match bracketed.split_once(']') {
+            Some((address, rest)) => (address, rest.strip_prefix(':')),
+            None => return false,
+        },
+        None => h.rsplit_once(':').map_or((h, None), |(n, p)| (n, Some(p))),
+    };
+    let name_ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_:%".contains(c));
+    name_ok && port.is_none_or(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// The secrets as written and percent-decoded (the driver quotes decoded
+/// values), without empty ones.
+fn with_decoded(secrets: Vec<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in secrets {
+        let decoded = percent_decoded(&s);
+        if decoded != s {
+            out.push(decoded);
+        }
+        out.push(s);
     }
     out.retain(|s| !s.is_empty());
     out
+}
+
+/// `s` with each `%XX` decoded (invalid UTF-8 replaced), as the driver
+/// decodes passwords and option values.
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A driver message about `uri`, or a stand-in when the message quotes one of
 /// its secrets: never a message with the secret cut out by string replacement
 /// (which also mangles the rest of the text).
 pub(crate) fn driver_message(message: &str, uri: &str) -> String {
-    if secrets(uri).iter().any(|s| message.contains(s)) {
+    if Split::of(uri).quoted_in(message) {
         "the driver's message is withheld because it may quote the credentials".to_owned()
     } else {
         message.to_owned()
+    }
+}
+
+/// `e`, from connecting to `uri`, with a driver message that quotes a secret
+/// of `uri` withheld (its source, which would show it again, dropped).
+pub(crate) fn redact_error(e: StoreError, uri: &str) -> StoreError {
+    match e {
+        StoreError::Backend { kind, code, message, source } => {
+            let shown = driver_message(&message, uri);
+            let source = if shown == message { source } else { None };
+            StoreError::Backend { kind, code, message: shown, source }
+        }
+        other => other,
     }
 }
 
@@ -232,21 +355,85 @@ pub(crate) fn check_db_name(db: &str) -> StoreResult<&str> {
 
 #[cfg(test)]
 mod tests {
+    use store_trait::FaultKind;
+
     use super::*;
 
     #[test]
     fn passwords_are_hidden_the_way_the_driver_splits() {
         for (uri, shown) in [
             ("mongodb://user:s3cr%40t@host:27017/db", "mongodb://user:***@host:27017/db"),
-            ("mongodb://u:p@ss@127.0.0.1:1/", "mongodb://u:***@127.0.0.1:1/"),
-            ("mongodb+srv://u:a:b@c@cluster.example/?w=1", "mongodb+srv://u:***@cluster.example/?w=1"),
+            ("mongodb://u:p%40ss@127.0.0.1:1/", "mongodb://u:***@127.0.0.1:1/"),
+            ("mongodb://u:a%3Ab@h1:1,h2:2/db?w=1", "mongodb://u:***@h1:1,h2:2/db?w=1"),
             ("mongodb://user@host/", "mongodb://user@host/"),
             ("mongodb://host", "mongodb://host"),
-            ("mongodb://h/?tlsCertificateKeyFilePassword=pw&w=1", "mongodb://h/?tlsCertificateKeyFilePassword=***&w=1"),
+            // Refused by this driver build (rustls), so shown as unparsable.
+            ("mongodb://h/?tlsCertificateKeyFilePassword=pw&w=1", "mongodb://h/***"),
             ("not a uri u:p@h", "***"),
+            // Options whose names say secret, in any case; the driver refuses
+            // options it does not know (this build, the proxy ones too).
+            ("mongodb://h/?TLS=true&tlsCertificateKeyFile=/k.pem", "mongodb://h/?TLS=true&tlsCertificateKeyFile=***"),
+            ("mongodb://h/?someApiToken=t1&w=1", "mongodb://h/***"),
+            ("mongodb://h/?proxyHost=p&proxyUsername=u&proxyPassword=hunter2", "mongodb://h/***"),
+            // URIs the driver cannot parse: scheme and hosts only.
+            ("mongodb://u:p@ss@127.0.0.1:1/", "mongodb://***@127.0.0.1:1/***"),
+            ("mongodb+srv://u:a:b@c@cluster.example/?w=1", "mongodb+srv://***@cluster.example/***"),
+            ("mongodb://u:pa?ss@h:1/", "mongodb://***@h:1/***"),
+            ("mongodb://u:pa?ss@h:1", "mongodb://***@h:1"),
+            ("mongodb://u:p%3Fss@127.0.0.1:1/?proxyPassword=hunter2", "mongodb://***@127.0.0.1:1/***"),
+            ("mongodb://u:secret/", "mongodb://***/***"),
+            ("mongodb://h:1/?w", "mongodb://h:1/***"),
+            ("mongodb://[::1]:27017,h2/?tlsInsecure=yes", "mongodb://[::1]:27017,h2/***"),
+            ("http://u:p@h/", "http://***@h/***"),
         ] {
             assert_eq!(redact_uri(uri), shown, "{uri}");
         }
+    }
+
+    #[test]
+    fn secret_options_are_named_so() {
+        for name in [
+            "password",
+            "proxyPassword",
+            "tlsCertificateKeyFilePassword",
+            "sslPEMKeyPassword",
+            "authMechanismProperties",
+            "AWS_SESSION_TOKEN",
+            "clientSecret",
+            "apiKey",
+            "credentials",
+        ] {
+            assert!(is_secret_option(name), "{name}");
+        }
+        for name in ["w", "appName", "proxyHost", "serverSelectionTimeoutMS", "authSource"] {
+            assert!(!is_secret_option(name), "{name}");
+        }
+    }
+
+    /// A message from parsing a URI that quotes any piece of what its shown
+    /// form hides is withheld, decoded or not.
+    #[tokio::test]
+    async fn messages_about_a_uri_never_quote_its_secrets() {
+        for (uri, secret) in [
+            ("mongodb://u:pa?ss@h:1/", "ss@"),
+            ("mongodb://u:pa?ss@h:1/", "?ss"),
+            ("mongodb://u:p%3Fss@127.0.0.1:1/?proxyPassword=hunter2&serverSelectionTimeoutMS=200", "hunter2"),
+            ("mongodb://u:p%3Fss@127.0.0.1:1/?proxyPassword=hunter2&serverSelectionTimeoutMS=200", "p?ss"),
+            ("mongodb://u:p@ss@127.0.0.1:1/", "p@ss"),
+            ("mongodb://u:hunter2/", "hunter2"),
+            ("mongodb://h/?w=hunter2&w=1", "hunter2"),
+            ("mongodb://h/?proxyHost=p&proxyUsername=u&proxyPassword=hunter2&proxyPort=x", "hunter2"),
+        ] {
+            let Err(e) = client_options(uri).await else { panic!("{uri} parses") };
+            let text = e.to_string();
+            assert!(!text.contains(secret), "{uri}: {text}");
+            let redacted = redact_error(StoreError::backend(FaultKind::Permanent, format!("at {uri}")), uri);
+            assert!(!redacted.to_string().contains(secret), "{uri}: {redacted}");
+        }
+        // A message that quotes nothing hidden is kept whole.
+        let e = client_options("mongodb://u:p@h:1/?w=1&w=2").await.unwrap_err().to_string();
+        assert!(e.contains("repeated options"), "{e}");
+        assert_eq!(percent_decoded("p%3Fss%zz%4"), "p?ss%zz%4");
     }
 
     #[test]

@@ -101,7 +101,7 @@ use store_trait::{
     StoreTime, Write, WriteOutcome,
 };
 
-use connect::{check_db_name, client_options};
+use connect::{check_db_name, client_options, redact_error};
 pub use connect::{redact_uri, ConnectionConfig, DEFAULT_DATABASE};
 pub(crate) use errors::{in_coll, is_change_streams_unsupported, map_err};
 pub use mongodb;
@@ -164,10 +164,12 @@ impl MongoStore {
     /// Cancel-safe: nothing is written; dropping the future drops the client.
     pub async fn connect(uri: &str, db: &str) -> StoreResult<MongoStore> {
         let (opts, op_timeout) = client_options(uri).await?;
-        let client = Client::with_options(opts).map_err(map_err)?;
+        // The driver's messages may quote the URI: none that quotes one of
+        // its secrets is passed on.
+        let client = Client::with_options(opts).map_err(|e| redact_error(map_err(e), uri))?;
         let store = MongoStore::new(client.database(check_db_name(db)?)).with_operation_timeout(op_timeout);
         // One round trip now, so a wrong address fails here with a clear error.
-        store.now().await?;
+        store.now().await.map_err(|e| redact_error(e, uri))?;
         Ok(store)
     }
 

@@ -491,8 +491,65 @@ async fn task_events_seen<S: Store + Clone + 'static>(store: S) {
     assert!(!other.contains(r#"<tr class="failed">"#), "{other}");
 }
 
+/// What `x"} 1\nforged_series_total 1\n#` would make of an exposition that
+/// wrote it unescaped.
+const FORGED: &str = "x\"} 1\nforged_series_total 1\n#";
+
+/// Names from the database (an agent, a lock key and holder, an election)
+/// that hold quotes, backslashes and line feeds reach `/metrics` escaped: the
+/// scrape parses, and forges no series. Past the cap, label sets are left
+/// out and counted.
+async fn metrics_escape_and_cap_names_from_the_database<S: Store + Clone + 'static>(store: S) {
+    crate::exposition::installed();
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    q.enqueue(NewTask::new(FORGED, doc! {}).id("forged")).await.unwrap();
+    // A cancel is counted by the library (`mongoagent_tasks_total`) under
+    // the task's agent name: the bridged figures are escaped too.
+    q.enqueue(NewTask::new(FORGED, doc! {}).id("forged-cancelled")).await.unwrap();
+    q.cancel(doc! { "_id": "forged-cancelled" }).await.unwrap();
+    let key = "k\"ey\\\nforged_series_total 2\n";
+    let host = mongolock::Identity::new(FORGED, 1);
+    let lock = mongolock::Lock::builder(store.clone(), key).identity(host).build().unwrap();
+    let _guard = lock.try_acquire().await.unwrap().unwrap();
+    let elector = mongoelector::Elector::builder(store.clone(), "e\"\nforged_series_total 3").build().unwrap();
+    elector.poll().await.unwrap();
+    let r = router(app(store.clone(), true));
+
+    let text = send(&r, get("/metrics")).await.body;
+    let samples = crate::exposition::tests::check_exposition(&text).unwrap_or_else(|e| panic!("{e} in\n{text}"));
+    assert!(!text.lines().any(|l| l.starts_with("forged_series_total")), "{text}");
+    let has = |name: &str, label: &str, value: &str| {
+        samples.iter().any(|(n, ls)| n == name && ls.iter().any(|(k, v)| k == label && v == value))
+    };
+    assert!(has("mongocoord_queue_tasks", "agent", FORGED), "{text}");
+    assert!(has("mongoagent_tasks_total", "agent", FORGED), "{text}");
+    let holder = samples.iter().flat_map(|(_, ls)| ls).any(|(k, v)| k == "holder" && v.starts_with(FORGED));
+    assert!(has("mongocoord_lock_held", "key", key) && holder, "{text}");
+    assert!(has("mongocoord_election_has_leader", "election", "e\"\nforged_series_total 3"), "{text}");
+    assert!(!text.contains("mongocoord_metrics_series_truncated{"), "nothing left out yet: {text}");
+
+    // 150 agent names make 1,050 label sets of `queue_tasks` (seven states).
+    for n in 0..150 {
+        q.enqueue(NewTask::new(format!("agent-{n}"), doc! {})).await.unwrap();
+    }
+    // The overview is read at most every 250 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let text = send(&r, get("/metrics")).await.body;
+    let samples = crate::exposition::tests::check_exposition(&text).unwrap_or_else(|e| panic!("{e} in\n{text}"));
+    let max = crate::exposition::MAX_SERIES;
+    assert_eq!(samples.iter().filter(|(n, _)| n == "mongocoord_queue_tasks").count(), max);
+    let left_out =
+        format!(r#"mongocoord_metrics_series_truncated{{metric="mongocoord_queue_tasks"}} {}"#, 151 * 7 - max);
+    assert!(text.contains(&left_out), "{left_out} in\n{text}");
+}
+
 mod memory {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn metrics_escape_and_cap_names_from_the_database() {
+        super::metrics_escape_and_cap_names_from_the_database(MemoryStore::new()).await;
+    }
 
     #[tokio::test(start_paused = true)]
     async fn pages_json_and_metrics() {
@@ -533,6 +590,12 @@ mod memory {
 }
 
 mod mongo {
+    #[tokio::test]
+    async fn metrics_escape_and_cap_names_from_the_database() {
+        let Some(s) = store_mongo::testing::test_store("dash_metrics_escape").await else { return };
+        super::metrics_escape_and_cap_names_from_the_database(s).await;
+    }
+
     #[tokio::test]
     async fn pages_json_and_metrics() {
         let Some(s) = store_mongo::testing::test_store("dash_pages").await else { return };

@@ -67,3 +67,58 @@ fn tasks_failed_lists_failed_tasks_with_their_last_error() {
     e.json(&["requeue", "--queue", "jobs", "--yes"]);
     assert!(e.json(&["tasks", "--queue", "jobs", "--failed"]).as_array().unwrap().is_empty());
 }
+
+/// Escape sequences in stored data (an agent name, a task id, a lock key, a
+/// failed command's stderr) reach no terminal: every human-readable view
+/// shows them as visible escapes, and `--json` keeps them exact.
+#[test]
+fn views_print_no_escape_sequences_from_stored_data() {
+    let Some(e) = env("terminal_escapes") else { return };
+    let evil = "a\x1b]0;pwned\x07\x1b[2J\u{202e}";
+    let task = "t\x1b[2J";
+    let mut watch = e
+        .cmd(&["watch", "--queue", "jobs", "--count", "3", "--interval", "0.2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = String::new();
+    BufReader::new(watch.stderr.take().unwrap()).read_line(&mut started).unwrap();
+    assert!(started.contains("watching the tasks of jobs"), "{started}");
+    e.json(&["enqueue", "--queue", "jobs", "--agent", evil, "{}", "--id", task]);
+    let script = r"printf '\033]0;pwned\007\033[2Jfailed\n' >&2; exit 1";
+    let out =
+        e.run(&["agent", evil, "--queue", "jobs", "--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = e.run(&["lock", "k\x1b[2J\x07", "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let failed = e.json(&["tasks", "--queue", "jobs", "--failed"]);
+    assert_eq!(failed[0]["agent_name"], evil, "--json is exact: {failed}");
+    assert!(failed[0]["last_error"].as_str().unwrap().contains("\x1b]0;pwned\x07"), "{failed}");
+
+    let clean = |args: &[&str], shows: &str| {
+        let out = e.run(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.stdout.iter().any(|b| matches!(b, 0x1b | 0x07)), "{args:?}: {text:?}");
+        assert!(!text.contains('\u{202e}'), "{args:?}: {text:?}");
+        assert!(text.contains(shows), "{args:?}: {shows} in {text:?}");
+    };
+    clean(&["tasks", "--queue", "jobs", "--failed"], r"a\u001b]0;pwned\u0007\u001b[2J\u202e");
+    clean(&["tasks", "--queue", "jobs", "--failed"], r"\u001b]0;pwned\u0007\u001b[2Jfailed");
+    clean(&["tasks", "--queue", "jobs", "--list"], r"\u001b]0;pwned");
+    clean(&["tasks", "--queue", "jobs"], r"a\u001b]0;pwned\u0007\u001b[2J\u202e");
+    clean(&["locks"], r"k\u001b[2J\u0007");
+    // Piped, plain `watch` does not clear the screen either.
+    clean(&["watch", "--count", "1"], r"k\u001b[2J\u0007");
+
+    // Enqueued, claimed, failed.
+    wait_until("watch to print three events", Duration::from_secs(60), || watch.try_wait().unwrap().is_some());
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.lines().count() == 3, "{text:?}");
+    assert!(!out.stdout.iter().any(|b| matches!(b, 0x1b | 0x07)) && !text.contains('\u{202e}'), "{text:?}");
+    assert!(text.contains(r"t\u001b[2J") && text.contains(r"a\u001b]0;pwned\u0007"), "{text:?}");
+}

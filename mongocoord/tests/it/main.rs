@@ -338,15 +338,51 @@ fn unreachable_server_is_a_clear_error_without_the_password() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot use") && !err.contains("s3cret"), "{err}");
-    // A password with an '@' in it: the driver splits at the last '@', and so
-    // does the redaction; no other text is rewritten.
+    // A password with an '@' in it, which the driver refuses (not URL
+    // encoded): only the scheme and host are shown; no other text is
+    // rewritten.
     let out = Command::new(BIN)
         .args(["--uri", &format!("mongodb://u:p@ss@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"), "locks"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("mongodb://u:***@127.0.0.1") && !err.contains("ss@") && !err.contains("***rovided"), "{err}");
+    assert!(
+        err.contains(&format!("mongodb://***@127.0.0.1:{port}/***"))
+            && !err.contains("ss@")
+            && !err.contains("***rovided"),
+        "{err}"
+    );
+}
+
+/// Secrets in a URI are printed neither on stdout nor on stderr: a secret
+/// option (`proxyPassword`), a percent-encoded password, and a URI the driver
+/// cannot parse (a `?` in the password), whose message quotes a piece of it.
+/// Bad input and an unreachable server both exit with status 2.
+#[test]
+fn uri_secrets_are_never_printed() {
+    let port = store_mongo::testing::free_port().unwrap();
+    for (uri, secrets) in [
+        (
+            format!("mongodb://u:p%3Fss@127.0.0.1:{port}/?proxyPassword=hunter2&serverSelectionTimeoutMS=200"),
+            &["hunter2", "p%3Fss", "p?ss"][..],
+        ),
+        (
+            format!(
+                "mongodb://u:p%3Fss@127.0.0.1:{port}/?proxyHost=127.0.0.1&proxyUsername=u&proxyPassword=hunter2&serverSelectionTimeoutMS=200"
+            ),
+            &["hunter2", "p%3Fss", "p?ss"][..],
+        ),
+        ("mongodb://u:pa?ss@h:1/".to_owned(), &["pa?ss", "ss@", "?ss"][..]),
+    ] {
+        let out = Command::new(BIN).args(["locks", "--uri", &uri]).env_remove("MONGODB_URI").output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(2), "{uri}: {stderr}");
+        assert!(stderr.contains("mongocoord: ") && stderr.contains("mongodb://"), "{uri}: {stderr}");
+        for s in secrets {
+            assert!(!stdout.contains(s) && !stderr.contains(s), "{uri}: {s} in\n{stdout}\n{stderr}");
+        }
+    }
 }
 
 #[test]
