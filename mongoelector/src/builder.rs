@@ -198,6 +198,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             lifetime: lifetime.clone(),
             run: Mutex::new(None),
             running: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             term: tokio::sync::Mutex::new(None),
             snapshot: Mutex::new(None),
             leadership: watch::channel(Leadership::default()).0,

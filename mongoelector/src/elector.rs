@@ -39,6 +39,11 @@ pub(crate) struct Inner<S: Store + Clone> {
     pub(crate) lifetime: CancellationToken,
     pub(crate) run: Mutex<Option<RunState>>,
     pub(crate) running: AtomicBool,
+    /// Set by [`Elector::stop`], cleared by [`Elector::start`]: a stopped
+    /// elector's [`Elector::poll`] never campaigns (the seed's shutdown flag).
+    /// Apart from `running`, which is also false for an elector never started
+    /// and driven by `poll` alone.
+    pub(crate) stopped: AtomicBool,
     /// The current term; held across a renewal or release.
     pub(crate) term: tokio::sync::Mutex<Option<Term<S>>>,
     /// The current term, readable without awaiting (`is_leader`).
@@ -99,6 +104,7 @@ impl<S: Store + Clone> Elector<S> {
         if run.is_some() {
             return Ok(());
         }
+        self.inner.stopped.store(false, Ordering::SeqCst);
         let stop = self.inner.lifetime.child_token();
         let main = tokio::spawn(campaign::main_loop(self.inner.clone(), stop.clone()));
         tokio::spawn(observer::observer(self.inner.clone(), stop.clone()));
@@ -141,6 +147,7 @@ impl<S: Store + Clone> Elector<S> {
         let inner = &self.inner;
         let deadline = tokio::time::Instant::now() + inner.stop_timeout;
         let run = inner.run.lock().take();
+        inner.stopped.store(true, Ordering::SeqCst);
         inner.running.store(false, Ordering::SeqCst);
         if let Some(run) = run {
             run.stop.cancel();
@@ -176,7 +183,9 @@ impl<S: Store + Clone> Elector<S> {
 
     /// One round by hand instead of `start`, as the Python `MongoElector`'s `poll()`: lease
     /// maintenance — renew if leading, else try once to become leader — then
-    /// `on_loop`, then the status report.
+    /// `on_loop`, then the status report. After [`Elector::stop`] (until the
+    /// next [`Elector::start`]) it never tries to become leader, as the seed's
+    /// `poll` checks its shutdown flag: it still runs `on_loop` and reports.
     ///
     /// # Cancel safety
     ///
@@ -197,6 +206,7 @@ impl<S: Store + Clone> Elector<S> {
                     Err(LockError::Lost { .. }) => Role::Follower,
                     Err(e) => return Err(e.into()),
                 },
+                None if inner.stopped.load(Ordering::SeqCst) => Role::Follower,
                 None => match inner.lock.try_acquire().await? {
                     Some(guard) => {
                         inner.become_leader(&mut term, guard);

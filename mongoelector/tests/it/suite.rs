@@ -266,6 +266,37 @@ pub(crate) async fn manual_poll<H: Harness>(h: &H) {
     a.stop().await;
     assert_eq!(b.poll().await.unwrap(), Role::Leader);
     b.stop().await;
+    // Stopped, neither campaigns again by `poll` (the seed's `poll` checks its
+    // shutdown flag), yet each still runs its round's `on_loop`; `start`
+    // clears the stop.
+    let loops = Arc::new(AtomicUsize::new(0));
+    let (l, won) = (loops.clone(), Arc::new(AtomicUsize::new(0)));
+    let w = won.clone();
+    let c = Elector::builder(store.clone(), "scheduler")
+        .ttl(ttl(h))
+        .on_leader(move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        })
+        .on_loop(move || {
+            l.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .unwrap();
+    c.stop().await;
+    for e in [&a, &b, &c] {
+        assert_eq!(e.poll().await.unwrap(), Role::Follower, "a stopped elector's poll does not campaign");
+        assert!(!e.is_leader());
+    }
+    assert!(!a.leader_exists().await.unwrap(), "no node leads after every one stopped");
+    c.start().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !c.is_leader() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(ttl(h) / 10).await;
+    }
+    assert!(c.is_leader(), "started again, it campaigns");
+    c.stop().await;
+    assert!(loops.load(Ordering::SeqCst) >= 1, "the stopped poll ran on_loop");
+    assert_eq!(won.load(Ordering::SeqCst), 1, "on_leader only for the term won after start");
 }
 
 pub(crate) async fn dropping_the_handle_releases<H: Harness>(h: &H) {
