@@ -22,6 +22,13 @@
 //!   signal, does not leave the command running past its lease.
 //! - It runs in its own process group (the runner starts it so), so a Ctrl-Z
 //!   to the runner's group does not stop it.
+//! - It blocks every signal it does not handle ([`before_runtime`]: SIGQUIT,
+//!   SIGALRM, SIGXCPU, SIGTSTP, real-time signals, ...), so no signal but
+//!   SIGKILL ends it before its tree; should SIGKILL come, the runner kills the
+//!   tree itself ([`super::adopted`]).
+//! - Its process name is [`NAME`], not `mongocoord`, so that an operator's
+//!   `pkill mongocoord` (meant for runners, whose supervisors then kill their
+//!   trees) does not kill it too.
 //!
 //! It exits once no descendant is left, with the main process's exit code (128 +
 //! the signal that ended it); 127 or 126 when the command could not be started,
@@ -30,7 +37,7 @@
 use std::time::Duration;
 
 use nix::sys::prctl;
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigSet, Signal};
 use nix::unistd::{getppid, Pid};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
@@ -43,6 +50,36 @@ pub(crate) const PARENT_DIED: Signal = Signal::SIGUSR2;
 /// What a runner sends to have the tree killed at once.
 pub(crate) const KILL_NOW: Signal = Signal::SIGUSR1;
 
+/// The supervisor's process name, its comm (which `pkill` and `pgrep` match,
+/// by a regular expression, against at most 15 bytes) and its `argv[0]`: it
+/// does not contain `mongocoord`, so neither `pkill mongocoord` nor `pkill -x
+/// mongocoord` hits a supervisor (only `pkill -f` with its arguments would).
+pub(crate) const NAME: &str = "mcoord-sup";
+
+/// The signals the supervisor handles; [`before_runtime`] blocks every other.
+const HANDLED: [Signal; 6] = [Signal::SIGCHLD, Signal::SIGTERM, KILL_NOW, PARENT_DIED, Signal::SIGINT, Signal::SIGHUP];
+
+/// Prepares the supervisor's process before its runtime starts: names it
+/// [`NAME`] and blocks every signal but [`HANDLED`]. A signal's default action
+/// (SIGQUIT, SIGALRM, SIGXCPU, SIGPWR, real-time signals, ... end a process;
+/// SIGTSTP stops it) would orphan the command's tree; blocked, the signal stays
+/// pending and does nothing. Blocking rather than handling covers the signals
+/// that a handler cannot be set for (SIGSEGV, SIGILL, SIGFPE sent by `kill`),
+/// and rather than ignoring: the command starts with an empty mask (the
+/// standard library clears it in the child) and, as handlers are reset on
+/// exec, with every signal's default action, where an ignored signal would
+/// stay ignored in it. It must run before any other thread starts, as each
+/// thread inherits its mask from the one that creates it.
+pub(crate) fn before_runtime() -> Result<(), String> {
+    let name = std::ffi::CString::new(NAME).map_err(|e| e.to_string())?;
+    prctl::set_name(&name).map_err(|e| format!("cannot set the process name: {e}"))?;
+    let mut blocked = SigSet::all();
+    for sig in HANDLED {
+        blocked.remove(sig);
+    }
+    blocked.thread_block().map_err(|e| format!("cannot block signals: {e}"))
+}
+
 /// How often the parent is checked besides the parent-death signal.
 const PARENT_CHECK: Duration = Duration::from_millis(500);
 
@@ -53,7 +90,8 @@ pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, 
     let (program, args) = argv.split_first().ok_or("no command given")?;
     prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a child subreaper: {e}"))?;
     // Handlers first, so that no signal below takes its default action (which
-    // would end this process and orphan the tree).
+    // would end this process and orphan the tree); every other signal is
+    // blocked ([`before_runtime`]). Each listened-to signal is in `HANDLED`.
     let listen = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot handle signals: {e}"));
     let mut chld = listen(SignalKind::child())?;
     let mut term = listen(SignalKind::terminate())?;
