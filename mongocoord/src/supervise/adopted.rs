@@ -1,9 +1,10 @@
 //! The runner's side of a supervisor that died: what is left of its command's
 //! tree is killed and reaped by the runner itself before the lease is let go.
 //!
-//! The supervisor blocks or handles every signal it can, so only SIGKILL (or a
-//! crash of its own) ends it early. Then its children (the command's main
-//! process, and the descendants it had adopted as a subreaper) are re-parented
+//! The supervisor handles every signal it can, so only SIGKILL (or SIGSEGV,
+//! SIGILL, SIGFPE, or a crash of its own) ends it early. Then its children (the
+//! command's main process, and the descendants it had adopted as a subreaper)
+//! are re-parented
 //! to the nearest subreaper above it, and the runner is one
 //! ([`become_subreaper`]): they become the runner's children, and a descendant
 //! whose parent dies later comes to the runner too. So the orphaned tree is

@@ -8,10 +8,10 @@
 //! once; it learns that the tree is gone (and reaped) when the supervisor exits,
 //! and only then releases the lock, the leadership, or records a task's outcome.
 //!
-//! The supervisor blocks or handles every signal it can (module `supervisor`),
-//! so only SIGKILL, or a crash of its own, ends it before its tree. Then the
-//! runner, a child subreaper too, adopts what is left of the tree, kills it and
-//! reaps it before it lets anything go ([`adopted`]).
+//! The supervisor handles every signal it can (module `supervisor`), so only
+//! SIGKILL (or SIGSEGV, SIGILL, SIGFPE), or a crash of its own, ends it before
+//! its tree. Then the runner, a child subreaper too, adopts what is left of the
+//! tree, kills it and reaps it before it lets anything go ([`adopted`]).
 //!
 //! [`Stops`] says when to stop: on a signal, when the lease's confirmed time
 //! drops below the grace period ([`mongolock::Validity::expiring`]), and at the
@@ -340,7 +340,7 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     let supervisor_acted = feed.as_ref().is_some_and(deadline::Feed::supervisor_acted);
     drop(feed);
     // A supervisor exits by itself only once its tree is reaped; one that was
-    // killed (only SIGKILL can) or crashed left it to this process. It is killed
+    // killed (by SIGKILL, say) or crashed left it to this process. It is killed
     // and reaped here, before anything is let go; the lease is renewed meanwhile.
     let killed_by = {
         use std::os::unix::process::ExitStatusExt;
