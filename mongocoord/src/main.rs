@@ -354,6 +354,13 @@ pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<Mongo
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Supervise { .. }) {
+        // Before the runtime's threads exist: they inherit the signal mask.
+        if let Err(e) = supervise::before_supervisor_runtime() {
+            eprintln!("mongocoord supervise: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let filter = if cli.verbose { "info" } else { "warn" };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))

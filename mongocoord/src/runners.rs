@@ -109,6 +109,9 @@ pub(crate) async fn lock(
         eprintln!("mongocoord: lock {key}: {e}");
         return Ok(EXIT_LOST);
     }
+    if done.stopped == Some(Why::SupervisorKilled) {
+        eprintln!("mongocoord: lock {key}: the command's supervisor was killed; its process tree was killed first");
+    }
     Ok(exit_code(done.status))
 }
 
@@ -160,6 +163,12 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
         match done.stopped {
             None => {
                 // The command ended by itself: give up leadership and report its status.
+                elector.stop().await;
+                return Ok(exit_code(done.status));
+            }
+            Some(Why::SupervisorKilled) => {
+                // The tree is gone; this runner ends as if the command had.
+                eprintln!("mongocoord: the command's supervisor was killed; its process tree was killed first");
                 elector.stop().await;
                 return Ok(exit_code(done.status));
             }
@@ -324,6 +333,10 @@ fn task_outcome(argv0: &str, done: std::io::Result<supervise::Finished>) -> Outc
         Ok(done) => match done.stopped {
             Some(Why::Signal | Why::Output) => Outcome::failed("stopped: the agent is shutting down"),
             Some(Why::LeaseLost | Why::LeaseAtRisk) => Outcome::failed("stopped: the claim was lost"),
+            // Retried, as a crash would be, but only now that its tree is gone.
+            Some(Why::SupervisorKilled) => {
+                Outcome::failed("the command's supervisor was killed; its process tree was killed first")
+            }
             None if done.status.success() => {
                 parse_output(&done.stdout.bytes).unwrap_or_else(Outcome::failed_permanently)
             }

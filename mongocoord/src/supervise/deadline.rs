@@ -24,6 +24,8 @@ use tokio::net::unix::pipe;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::adopted::Live;
+
 /// How much earlier than the runner's local deadline the supervisor acts: it
 /// comes first, and its SIGKILL is in before the runner's own.
 pub(crate) const ALLOWANCE: Duration = Duration::from_millis(10);
@@ -97,10 +99,7 @@ impl Prepared {
 impl Feed {
     /// Spawns `cmd` (the supervisor, given `--deadline-fd` [`Prepared::fd`])
     /// with the read end, and passes each renewal's deadline on until dropped.
-    pub(crate) fn spawn(
-        cmd: &mut tokio::process::Command,
-        prepared: Prepared,
-    ) -> std::io::Result<(tokio::process::Child, Self)> {
+    pub(crate) fn spawn(cmd: &mut tokio::process::Command, prepared: Prepared) -> std::io::Result<(Spawned, Self)> {
         let Prepared { read, mut write, validity, grace, sent } = prepared;
         let child = spawn_with(cmd, Some(read))?;
         let task = tokio::spawn({
@@ -130,19 +129,20 @@ impl Drop for Feed {
     }
 }
 
+/// A supervisor just spawned, counted as live until the [`Live`] is dropped.
+pub(crate) type Spawned = (tokio::process::Child, Live);
+
 /// Spawns `cmd` with `fd` inherited (not close-on-exec), and closes `fd` here.
-/// Every supervisor is spawned through here, so none inherits another's pipe.
-pub(crate) fn spawn_with(
-    cmd: &mut tokio::process::Command,
-    fd: Option<OwnedFd>,
-) -> std::io::Result<tokio::process::Child> {
+/// Every supervisor is spawned through here, so none inherits another's pipe,
+/// and each is recorded as live ([`super::adopted::spawn`]).
+pub(crate) fn spawn_with(cmd: &mut tokio::process::Command, fd: Option<OwnedFd>) -> std::io::Result<Spawned> {
     let _one_at_a_time = SPAWN.lock();
     if let Some(fd) = &fd {
         fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
     }
-    let child = cmd.spawn();
+    let spawned = super::adopted::spawn(cmd);
     drop(fd);
-    child
+    spawned
 }
 
 /// Passes the lease's deadline on if it moved (a renewal was confirmed).

@@ -8,10 +8,16 @@
 //! once; it learns that the tree is gone (and reaped) when the supervisor exits,
 //! and only then releases the lock, the leadership, or records a task's outcome.
 //!
+//! The supervisor handles every signal it can (module `supervisor`), so only
+//! SIGKILL (or SIGSEGV, SIGILL, SIGFPE), or a crash of its own, ends it before
+//! its tree. Then the runner, a child subreaper too, adopts what is left of the
+//! tree, kills it and reaps it before it lets anything go ([`adopted`]).
+//!
 //! [`Stops`] says when to stop: on a signal, when the lease's confirmed time
 //! drops below the grace period ([`mongolock::Validity::expiring`]), and at the
 //! latest when the lease counts as lost.
 
+mod adopted;
 mod capture;
 mod deadline;
 mod supervisor;
@@ -32,12 +38,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use capture::{Captured, STDOUT_LIMIT};
-pub(crate) use supervisor::run as supervisor;
+pub(crate) use supervisor::{before_runtime as before_supervisor_runtime, run as supervisor};
 pub(crate) use timing::grace;
 
 /// How long output is still read after the supervisor exited. Every process that
-/// could write to the pipes is gone by then, unless the supervisor itself was
-/// killed and left its tree behind.
+/// could write to the pipes is gone by then (the runner kills what a killed
+/// supervisor left), unless a descendant escaped the tree with them.
 const DRAIN: Duration = Duration::from_secs(1);
 
 /// What to run, and how.
@@ -68,6 +74,8 @@ pub(crate) enum Why {
     LeaseLost,
     /// Its stdout went past [`STDOUT_LIMIT`].
     Output,
+    /// Its supervisor was killed (SIGKILL): the runner killed the tree itself.
+    SupervisorKilled,
 }
 
 /// When to stop a command: gracefully (SIGTERM, then SIGKILL after the grace
@@ -210,12 +218,16 @@ fn this_binary() -> std::io::Result<std::path::PathBuf> {
 
 /// The supervisor process, as the runner holds it. Dropped before it exited (a
 /// drain timeout aborting a task, say), it has the tree killed.
-struct Job(tokio::process::Child);
+struct Job {
+    child: tokio::process::Child,
+    /// Counts it as live, not as an orphan to kill, until it was reaped.
+    live: Option<adopted::Live>,
+}
 
 impl Job {
     fn send(&self, sig: Signal) {
         // `id` is `None` once the supervisor was reaped: its pid may be reused.
-        if let Some(pid) = self.0.id().and_then(|id| i32::try_from(id).ok()) {
+        if let Some(pid) = self.child.id().and_then(|id| i32::try_from(id).ok()) {
             let _ = kill(Pid::from_raw(pid), sig);
         }
     }
@@ -233,11 +245,14 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     if spec.argv.is_empty() {
         return Err(std::io::Error::other("no command given"));
     }
+    // Should the supervisor die before its tree, the tree comes back here.
+    adopted::become_subreaper()?;
     let mut cmd = tokio::process::Command::new(this_binary()?);
     // Its own process group: a Ctrl-Z or SIGSTOP to the runner's group does not
     // stop it, so it still enforces the lease's deadline. (Ctrl-C reaches the
-    // runner, which tells it.)
-    cmd.arg0("mongocoord")
+    // runner, which tells it.) Its own name, so that `pkill mongocoord`, meant
+    // for runners, does not hit it (it sets its comm too).
+    cmd.arg0(supervisor::NAME)
         .process_group(0)
         .args(["supervise", "--parent", &std::process::id().to_string()])
         .args(["--grace-ms", &spec.grace.as_millis().to_string()]);
@@ -262,12 +277,12 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     if spec.capture {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
-    let (child, feed) = match prepared {
+    let ((child, live), feed) = match prepared {
         Some(p) => deadline::Feed::spawn(&mut cmd, p).map(|(c, f)| (c, Some(f)))?,
         None => (deadline::spawn_with(&mut cmd, None)?, None),
     };
-    let mut job = Job(child);
-    if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), job.0.stdin.take()) {
+    let mut job = Job { child, live: Some(live) };
+    if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), job.child.stdin.take()) {
         tokio::spawn(async move {
             let _ = pipe.write_all(&data).await;
         });
@@ -283,9 +298,10 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
             }
         })
     };
-    let out = read(job.0.stdout.take().map(|p| Box::new(p) as _), capture::Keep::Head(STDOUT_LIMIT), overflow.clone());
+    let out =
+        read(job.child.stdout.take().map(|p| Box::new(p) as _), capture::Keep::Head(STDOUT_LIMIT), overflow.clone());
     let err = read(
-        job.0.stderr.take().map(|p| Box::new(p) as _),
+        job.child.stderr.take().map(|p| Box::new(p) as _),
         capture::Keep::Tail(capture::STDERR_TAIL),
         CancellationToken::new(),
     );
@@ -294,7 +310,7 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     let status = loop {
         let graceful = kill_at.is_none() && !killed;
         tokio::select! {
-            s = job.0.wait() => break s?,
+            s = job.child.wait() => break s?,
             _ = stops.terminate.cancelled(), if graceful => {
                 tracing::info!(why = ?stops.why(), grace = ?spec.grace, "stopping the command: SIGTERM to its process tree");
                 job.send(Signal::SIGTERM);
@@ -318,16 +334,27 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
             }
         }
     };
+    // Reaped: from now on a child of this process with its pid is an orphan.
+    job.live = None;
     // Whether the supervisor's own deadline came, before the runner's.
     let supervisor_acted = feed.as_ref().is_some_and(deadline::Feed::supervisor_acted);
     drop(feed);
-    {
+    // A supervisor exits by itself only once its tree is reaped; one that was
+    // killed (by SIGKILL, say) or crashed left it to this process. It is killed
+    // and reaped here, before anything is let go; the lease is renewed meanwhile.
+    let killed_by = {
         use std::os::unix::process::ExitStatusExt;
-        if let Some(sig) = status.signal() {
-            // Only someone else kills the supervisor by a signal; its tree is then
-            // left to init and cannot be found from here.
-            tracing::warn!(signal = sig, "the command's supervisor was killed: processes it started may still run");
-        }
+        status.signal()
+    };
+    if let Some(sig) = killed_by {
+        tracing::warn!(signal = sig, "the command's supervisor was killed: the runner kills its tree");
+    }
+    // Orphans found here may be another command's, whose supervisor died too
+    // (`agent --concurrency`): they are killed all the same, and that command's
+    // runner waits for them as well.
+    adopted::kill_orphans().await;
+    if killed_by.is_some() {
+        Stops::note(&stops.why, Why::SupervisorKilled);
     }
     let timer = {
         let stop_reading = stop_reading.clone();
@@ -339,7 +366,11 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     let stdout = out.await.unwrap_or_default();
     let stderr = err.await.unwrap_or_default();
     timer.abort();
-    let mut stopped = if kill_at.is_some() || killed { Some(stops.why().unwrap_or(Why::Signal)) } else { None };
+    let mut stopped = if kill_at.is_some() || killed || killed_by.is_some() {
+        Some(stops.why().unwrap_or(Why::Signal))
+    } else {
+        None
+    };
     if stopped.is_none() && supervisor_acted {
         // The supervisor stopped the tree on the lease's deadline before the
         // runner did (it acts a little earlier).
@@ -383,6 +414,9 @@ pub(crate) fn on_signal() -> CancellationToken {
         t.cancel();
         let second = next_signal(&mut term, &mut int).await;
         eprintln!("mongocoord: second {second}: exiting now; the command's process tree is killed");
+        // The supervisors kill their trees when this process dies; what a dead
+        // supervisor left here gets SIGKILL now, as this process cannot wait.
+        adopted::kill_round();
         std::process::exit(128 + second as i32);
     });
     token

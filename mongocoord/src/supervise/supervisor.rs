@@ -22,6 +22,14 @@
 //!   signal, does not leave the command running past its lease.
 //! - It runs in its own process group (the runner starts it so), so a Ctrl-Z
 //!   to the runner's group does not stop it.
+//! - It handles every signal a handler can be set for ([`ignore_the_rest`]:
+//!   SIGQUIT, SIGALRM, SIGXCPU, SIGTSTP, real-time signals, ...), so none of
+//!   them ends or stops it before its tree; should one that cannot be handled
+//!   come (SIGKILL; SIGSEGV, SIGILL or SIGFPE sent by `kill`), the runner kills
+//!   the tree itself ([`super::adopted`]).
+//! - Its process name is [`NAME`], not `mongocoord`, so that an operator's
+//!   `pkill mongocoord` (meant for runners, whose supervisors then kill their
+//!   trees) does not kill it too.
 //!
 //! It exits once no descendant is left, with the main process's exit code (128 +
 //! the signal that ended it); 127 or 126 when the command could not be started,
@@ -43,6 +51,51 @@ pub(crate) const PARENT_DIED: Signal = Signal::SIGUSR2;
 /// What a runner sends to have the tree killed at once.
 pub(crate) const KILL_NOW: Signal = Signal::SIGUSR1;
 
+/// The supervisor's process name, its comm (which `pkill` and `pgrep` match,
+/// by a regular expression, against at most 15 bytes) and its `argv[0]`: it
+/// does not contain `mongocoord`, so neither `pkill mongocoord` nor `pkill -x
+/// mongocoord` hits a supervisor (only `pkill -f` with its arguments would).
+pub(crate) const NAME: &str = "mcoord-sup";
+
+/// The signals the supervisor acts on (or looks at its parent on).
+const HANDLED: [Signal; 6] = [Signal::SIGCHLD, Signal::SIGTERM, KILL_NOW, PARENT_DIED, Signal::SIGINT, Signal::SIGHUP];
+
+/// Names the supervisor's process [`NAME`]. Run on the main thread, whose name
+/// is the process's comm, before the runtime's threads start.
+pub(crate) fn before_runtime() -> Result<(), String> {
+    let name = std::ffi::CString::new(NAME).map_err(|e| e.to_string())?;
+    prctl::set_name(&name).map_err(|e| format!("cannot set the process name: {e}"))
+}
+
+/// Sets a handler that does nothing for every signal but [`HANDLED`] that can
+/// have one. A signal's default action (SIGQUIT, SIGALRM, SIGXCPU, SIGPWR,
+/// real-time signals, ... end a process; SIGTSTP stops it) would orphan the
+/// command's tree. A handler, not a blocked signal or an ignored one: the
+/// command inherits the mask (the standard library passes it on) and ignored
+/// signals, but every handler goes back to the default action at exec, so the
+/// command starts as it would without a supervisor. A handler stays set for the
+/// life of the process, whether or not its stream is read. Left out: SIGKILL
+/// and SIGSTOP, which cannot be caught; SIGSEGV, SIGILL and SIGFPE, which the
+/// runtime refuses (a handler that returns from a real fault would loop); and
+/// SIGPIPE, which the standard library already ignores. Real-time numbers the C
+/// library keeps for itself (32, 33) refuse a handler and are passed over.
+fn ignore_the_rest() -> Result<Vec<tokio::signal::unix::Signal>, String> {
+    let skip = [Signal::SIGKILL, Signal::SIGSTOP, Signal::SIGSEGV, Signal::SIGILL, Signal::SIGFPE, Signal::SIGPIPE];
+    let mut streams = Vec::new();
+    for n in 1..=64 {
+        if skip.iter().chain(&HANDLED).any(|&s| s as i32 == n) {
+            continue;
+        }
+        match signal(SignalKind::from_raw(n)) {
+            Ok(s) => streams.push(s),
+            // 1 to 31 are the standard signals: each must take.
+            Err(e) if n < 32 => return Err(format!("cannot handle signal {n}: {e}")),
+            Err(e) => tracing::debug!(signal = n, error = %e, "no handler for this signal number"),
+        }
+    }
+    Ok(streams)
+}
+
 /// How often the parent is checked besides the parent-death signal.
 const PARENT_CHECK: Duration = Duration::from_millis(500);
 
@@ -52,8 +105,10 @@ pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, 
     let parent = Pid::from_raw(parent);
     let (program, args) = argv.split_first().ok_or("no command given")?;
     prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a child subreaper: {e}"))?;
-    // Handlers first, so that no signal below takes its default action (which
-    // would end this process and orphan the tree).
+    // Handlers first, so that no signal takes its default action (which would
+    // end this process and orphan the tree). Each listened-to signal is in
+    // `HANDLED`; the rest do nothing.
+    let _the_rest = ignore_the_rest()?;
     let listen = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot handle signals: {e}"));
     let mut chld = listen(SignalKind::child())?;
     let mut term = listen(SignalKind::terminate())?;

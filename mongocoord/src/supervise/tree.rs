@@ -1,6 +1,7 @@
 //! A supervisor's process tree: every descendant found through `/proc`,
 //! signalled, and reaped (the supervisor is a child subreaper, so a descendant
-//! whose parent dies becomes its child).
+//! whose parent dies becomes its child). The runner reads `/proc` the same way
+//! for what a dead supervisor left ([`super::adopted`]).
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -9,10 +10,10 @@ use nix::unistd::Pid;
 
 /// One process as `/proc/PID/stat` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Proc {
-    pid: i32,
-    ppid: i32,
-    pgrp: i32,
+pub(super) struct Proc {
+    pub(super) pid: i32,
+    pub(super) ppid: i32,
+    pub(super) pgrp: i32,
 }
 
 /// Reads pid, parent and process group from the text of `/proc/PID/stat`. The
@@ -28,7 +29,8 @@ fn parse_stat(stat: &str) -> Option<Proc> {
     Some(Proc { pid, ppid, pgrp })
 }
 
-fn processes() -> Vec<Proc> {
+/// Every process `/proc` shows.
+pub(super) fn processes() -> Vec<Proc> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| {
         let e = e.ok()?;
@@ -39,7 +41,7 @@ fn processes() -> Vec<Proc> {
 }
 
 /// Every descendant of `root` in `procs`, parents before children.
-fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
+pub(super) fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
     let mut found = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {

@@ -333,3 +333,216 @@ fn agent_gives_the_command_sigterm_when_its_claim_is_at_risk() {
     drop(blocked);
     assert!(exits_within(&mut agent, Duration::from_secs(60), "the agent").success());
 }
+
+/// A shell loop that writes to `out` each pid listed in the files `pid_files`
+/// whose process still runs (a zombie has ended): run by a second holder as it
+/// starts, it says whether the first holder's tree outlived its lease.
+fn still_running(pid_files: &[&Path], out: &Path) -> String {
+    let files: Vec<String> = pid_files.iter().map(|p| p.display().to_string()).collect();
+    format!(
+        "for p in $(cat {} 2>/dev/null); do \
+           if [ -r /proc/$p/status ] && ! grep -q '^State:[[:space:]]*Z' /proc/$p/status; then echo $p; fi; \
+         done > {}.tmp; mv {1}.tmp {1}",
+        files.join(" "),
+        out.display()
+    )
+}
+
+/// This process's blocked and ignored signals, as `/proc/self/status` shows them.
+fn signal_masks() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let mask = |name: &str| {
+        let line = status.lines().find_map(|l| l.strip_prefix(name)).unwrap();
+        u64::from_str_radix(line.trim(), 16).unwrap()
+    };
+    (mask("SigBlk:"), mask("SigIgn:"))
+}
+
+/// SIGKILLs each listed process that still runs, and returns their pids: what
+/// a test left behind should not outlive it.
+fn kill_leftovers(pids: &[&str]) -> Vec<String> {
+    let left: Vec<String> = pids.iter().filter(|p| alive(p)).map(|p| (*p).to_owned()).collect();
+    for p in &left {
+        let _ = Command::new("kill").args(["-KILL", p]).status();
+    }
+    left
+}
+
+/// The supervisor blocks or handles every signal it can: a command that sends
+/// its supervisor SIGQUIT, SIGALRM, SIGXCPU, SIGPWR or a real-time signal (each of which
+/// ended it, and freed the lock beside a running tree) runs on to its end, and
+/// SIGUSR1, the runner's own word, has the tree killed. Either way a second
+/// `lock` gets the lock only once the first command's whole tree is gone.
+#[test]
+fn a_signal_to_the_supervisor_does_not_free_the_lock_before_the_tree_is_gone() {
+    let Some(e) = env("supervise_signals") else { return };
+    // The signal, and the first runner's status: the command's own, or 137 when
+    // the signal had its tree killed. 36 is SIGRTMIN+2 (glibc keeps 32 and 33).
+    let cases = [("QUIT", 0), ("ALRM", 0), ("XCPU", 0), ("PWR", 0), ("36", 0), ("USR1", 137)];
+    let files =
+        |sig: &str| (e.file(&format!("{sig}-main")), e.file(&format!("{sig}-gc")), e.file(&format!("{sig}-2nd")));
+    let mut firsts: Vec<Child> = cases
+        .iter()
+        .map(|(sig, _)| {
+            let (main, gc, _) = files(sig);
+            let masks = e.file(&format!("{sig}-masks"));
+            // Its masks read by `grep` as it replaces the shell, outside the
+            // shell's own wait (which blocks every signal meanwhile).
+            let script = format!(
+                "echo $$ > {}; sleep 6 & echo $! > {}; kill -{sig} $PPID; wait; \
+                 exec grep -E '^Sig(Blk|Ign)' /proc/self/status > {}",
+                main.display(),
+                gc.display(),
+                masks.display()
+            );
+            e.spawn(&["lock", &format!("k{sig}"), "--ttl", "5", "--", "sh", "-c", &script])
+        })
+        .collect();
+    let mut tree_pids = Vec::new();
+    let mut seconds: Vec<Child> = cases
+        .iter()
+        .map(|(sig, _)| {
+            let (main, gc, second) = files(sig);
+            tree_pids.extend([pid_in(&main), pid_in(&gc)]);
+            let check = still_running(&[&main, &gc], &second);
+            e.spawn(&["lock", &format!("k{sig}"), "--ttl", "5", "--timeout", "60", "--", "sh", "-c", &check])
+        })
+        .collect();
+    // Every case is looked at before the test fails, so a failure names them all.
+    let mut wrong = Vec::new();
+    let ours = signal_masks();
+    for (((sig, code), first), second) in cases.iter().zip(&mut firsts).zip(&mut seconds) {
+        let status = exits_within(second, Duration::from_secs(90), "the second holder");
+        assert!(status.success(), "SIG{sig}: the second holder: {status}");
+        let overlap = lines(&files(sig).2);
+        if !overlap.is_empty() {
+            wrong.push(format!("SIG{sig}: the first command's tree ran beside the second holder: {overlap:?}"));
+        }
+        let status = exits_within(first, Duration::from_secs(30), "the first holder");
+        if status.code() != Some(*code) {
+            wrong.push(format!("SIG{sig}: the first holder: {status}, not {code}"));
+        }
+        // The command starts with the signals this test blocks, and ignores no
+        // more than it does (the supervisor's handlers go back to the default
+        // at exec); 32 and 33, the C library's own, come ignored from its
+        // posix_spawn. SIGUSR1 had it killed before it could tell.
+        let masks = lines(&e.file(&format!("{sig}-masks")));
+        let mask = |i: usize| masks.get(i).and_then(|l| u64::from_str_radix(l.split(':').nth(1)?.trim(), 16).ok());
+        let told = (mask(0), mask(1));
+        let as_ours = told.0 == Some(ours.0) && told.1.is_some_and(|ign| ign & !(ours.1 | 0x1_8000_0000) == 0);
+        if *code == 0 && !as_ours {
+            wrong.push(format!("SIG{sig}: the command's signal masks: {masks:?}, this test's {ours:x?}"));
+        }
+    }
+    let pids: Vec<&str> = tree_pids.iter().map(String::as_str).collect();
+    let left = kill_leftovers(&pids);
+    assert!(wrong.is_empty() && left.is_empty(), "{wrong:#?}; left running: {left:?}");
+}
+
+/// SIGKILL cannot be blocked: when the supervisor gets it, the runner (a child
+/// subreaper too) adopts the tree, kills the command's group and every
+/// descendant, a daemon in a session of its own included, and reaps them
+/// before it frees the lock. The supervisor's process name is not
+/// `mongocoord`, so `pkill mongocoord`, meant for runners, spares it.
+#[test]
+fn a_sigkilled_supervisors_tree_is_killed_before_the_lock_is_free() {
+    let Some(e) = env("supervise_supervisor_sigkill") else { return };
+    let (main, gc, daemon, second) = (e.file("main"), e.file("gc"), e.file("daemon"), e.file("second"));
+    let script = format!(
+        "echo $$ > {}; (setsid sh -c 'echo $$ > {}; exec sleep 60' &); sleep 60 & echo $! > {}; wait",
+        main.display(),
+        daemon.display(),
+        gc.display()
+    );
+    let mut first = e.spawn(&["lock", "k", "--ttl", "5", "--", "sh", "-c", &script]);
+    let pids = [pid_in(&main), pid_in(&gc), pid_in(&daemon)];
+    wait_until("the lock held", Duration::from_secs(20), || held(&e, "k"));
+    let supervisor = parent_of(&pids[0]);
+    assert_eq!(parent_of(&pids[2]), supervisor, "the daemon was adopted by the supervisor");
+    let comm = std::fs::read_to_string(format!("/proc/{supervisor}/comm")).unwrap();
+    assert!(!comm.contains("mongocoord"), "the supervisor's process name: {comm}");
+    let pgrep = Command::new("pgrep").args(["-x", "mongocoord"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&pgrep.stdout).lines().any(|p| p == supervisor), "pgrep -x mongocoord");
+    assert!(Command::new("kill").args(["-KILL", &supervisor]).status().unwrap().success());
+    let check = still_running(&[&main, &gc, &daemon], &second);
+    let mut next = e.spawn(&["lock", "k", "--ttl", "5", "--timeout", "60", "--", "sh", "-c", &check]);
+    assert!(exits_within(&mut next, Duration::from_secs(90), "the second holder").success());
+    let overlap = lines(&second);
+    let status = exits_within(&mut first, Duration::from_secs(30), "the first holder");
+    let left = kill_leftovers(&[&pids[0], &pids[1], &pids[2]]);
+    assert!(overlap.is_empty(), "the first command's tree ran beside the second holder: {overlap:?}");
+    assert!(left.is_empty(), "outlived the killed supervisor: {left:?}");
+    assert_eq!(status.code(), Some(137), "the first holder reports the supervisor's SIGKILL");
+}
+
+/// `agent`: a task whose supervisor is killed (SIGKILL) is failed and retried
+/// only once its run's tree is gone, and one whose supervisor gets SIGQUIT runs
+/// once, to its end. Each run records whether an earlier run of its task
+/// still runs as it starts.
+#[test]
+fn agent_never_runs_a_task_again_while_an_earlier_run_lives() {
+    let Some(e) = env("supervise_agent_retry") else { return };
+    // The signal, and how many runs it takes: the first two runs signal their
+    // supervisor, and a run that survives that ends the task.
+    let cases = [("KILL", 3), ("QUIT", 1)];
+    let files =
+        |sig: &str| (e.file(&format!("{sig}-pids")), e.file(&format!("{sig}-runs")), e.file(&format!("{sig}-overlap")));
+    let mut agents: Vec<Child> = cases
+        .iter()
+        .map(|(sig, _)| {
+            let name = format!("sig{sig}");
+            e.json(&["enqueue", "--queue", "jobs", "--agent", &name, "{}"]);
+            let (pids, runs, overlap) = files(sig);
+            let script = format!(
+                "cat > /dev/null; {check}; cat {overlap}.now >> {overlap}; \
+                 echo run >> {runs}; sleep 8 & echo \"$$ $!\" >> {pids}; \
+                 if [ $(wc -l < {runs}) -le 2 ]; then kill -{sig} $PPID; fi; wait",
+                check = still_running(&[&pids], &e.file(&format!("{sig}-overlap.now"))),
+                overlap = overlap.display(),
+                runs = runs.display(),
+                pids = pids.display(),
+            );
+            e.spawn(&[
+                "agent",
+                &name,
+                "--queue",
+                "jobs",
+                "--ttl",
+                "5",
+                "--max-attempts",
+                "3",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+        })
+        .collect();
+    let mut wrong = Vec::new();
+    for (sig, runs) in cases {
+        let name = format!("sig{sig}");
+        let task = || e.json(&["tasks", "--queue", "jobs", "--agent", &name, "--list"])[0].clone();
+        wait_until(&format!("the {name} task to end"), Duration::from_secs(90), || task()["complete"] == true);
+        let (pids, run_log, overlap) = files(sig);
+        let overlap = lines(&overlap);
+        let pids: Vec<String> =
+            lines(&pids).iter().flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>()).collect();
+        let left = kill_leftovers(&pids.iter().map(String::as_str).collect::<Vec<_>>());
+        let (ran, task) = (lines(&run_log).len(), task());
+        for (bad, what) in [
+            (!overlap.is_empty(), format!("a run started while an earlier one ran: {overlap:?}")),
+            (!left.is_empty(), format!("runs outlived their task: {left:?}")),
+            (ran != runs, format!("{ran} runs, not {runs}")),
+            (task["error_encountered"] == true, format!("it failed: {task}")),
+        ] {
+            if bad {
+                wrong.push(format!("SIG{sig}: {what}"));
+            }
+        }
+    }
+    for a in &mut agents {
+        signal(a, "-TERM");
+        assert!(exits_within(a, Duration::from_secs(30), "an agent").success());
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
