@@ -164,10 +164,23 @@ pub(crate) fn attempt(record: &store_trait::Record) -> u64 {
 /// (a `process_while` stop or a drain's end with tasks claimed ahead, a stop
 /// while waiting for a start under the rate limit): the round's fence moves on
 /// with the claim's, so the next claim is the same attempt as this one. A
-/// give-back is not a try, and must not use up a task's retries.
+/// give-back is not a try, and must not use up a task's retries. Nor is it a
+/// crashed agent's claim: a task claimed to run is made ready and unclaimed
+/// again, as it was (no view shows it stuck); one claimed to finish a crashed
+/// agent's fan-in step stays claimed, to be finished as a lapsed claim.
 pub(crate) fn not_started(record: &store_trait::Record) -> store_trait::Mutation {
     let from = record.get_i64(fields::ROUND_FENCE).unwrap_or(0);
-    store_trait::Mutation::new().set(fields::ROUND_FENCE, from.saturating_add(1))
+    let m = store_trait::Mutation::new().set(fields::ROUND_FENCE, from.saturating_add(1));
+    let d = record.data();
+    let mid_step = d.get_bool(fields::COMPLETE).ok() == Some(true)
+        || d.contains_key(fields::WAITING)
+        || d.contains_key(crate::schema::pending::PARENT_FENCE);
+    if mid_step {
+        // A crashed agent's fan-in step: claimed again as the lapsed claim it is.
+        return m;
+    }
+    // Ready and unclaimed again, as before its claim: not a crashed agent's.
+    m.set(fields::READY, true).set(fields::CLAIMED, false)
 }
 
 /// A claimed task, as the handler sees it.

@@ -327,6 +327,18 @@ pub(crate) struct TaskDetail {
     pub(crate) children: Vec<Value>,
 }
 
+/// A string id the command line would read back as an `ObjectId` ([`task_id`]):
+/// refused where ids are given to new tasks, so that an id typed in an
+/// operator's command always names the task it was shown for.
+pub(crate) fn check_new_task_id(id: &str) -> Result<(), String> {
+    match task_id(id) {
+        Bson::ObjectId(_) => Err(format!(
+            "the id {id:?} is 24 hex digits, which the command line reads as an ObjectId: give another id, or none for a fresh ObjectId"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A task id as typed: a 24-digit hex string is an `ObjectId`, anything else a
 /// string id.
 pub(crate) fn task_id(id: &str) -> Bson {

@@ -240,6 +240,7 @@ pub(crate) async fn enqueue(
         t = t.dedupe_key(k);
     }
     if let Some(id) = o.id {
+        data::check_new_task_id(&id)?;
         t = t.id(id);
     }
     let (id, new) = q.enqueue(t).await.map_err(|e| e.to_string())?;

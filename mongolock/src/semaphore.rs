@@ -232,7 +232,12 @@ impl<S: Store + Clone> Semaphore<S> {
                 break;
             };
             if counted.replace(existing) == Some(existing) {
-                break;
+                // No slot could be created: its id is another document's.
+                if self.adopt_slots().await? == 0 {
+                    break;
+                }
+                records.extend(self.claim_free(n - records.len()).await?);
+                continue;
             }
             let more = u32::try_from(n - records.len()).unwrap_or(u32::MAX);
             claimed_on_all = self.ensure_slots(existing, more).await?;
@@ -283,6 +288,46 @@ impl<S: Store + Clone> Semaphore<S> {
         // its loss signalled, its writes fenced. It is no lock instance's
         // current acquisition.
         self.lock.inner.leases.start(&record, sent, auto_renew, None).map(Some)
+    }
+
+    /// Makes ours the documents at our slot ids that are no slot of this
+    /// semaphore (written by another program, or a slot of another permit
+    /// count on the same key, left by a change of the limit), which would
+    /// otherwise block that permit for ever: a slot can be neither claimed
+    /// (the claim matches on the slot fields) nor created (the id is taken).
+    /// Each is adopted only while free and unchanged since it was read (one
+    /// conditional write, keeping its fence, which never decreases); a
+    /// foreign lock document (the Python `MongoLocker`'s) is never adopted.
+    /// Returns how many were adopted. Off the hot path: only when a round
+    /// could create no slot.
+    async fn adopt_slots(&self) -> Result<u64, StoreError> {
+        let first = self.config();
+        let mut keys = Vec::new();
+        for i in 0..self.permits {
+            keys.push(store_trait::Key::new(format!("{}#{i}", self.key))?);
+        }
+        let found = first.store.find_each(&first.coll, &Query::all().keys(keys)).await?;
+        let mut adopted = 0;
+        for r in found.into_iter().flatten() {
+            let ours = r.get_str(slot::SEMAPHORE) == Some(self.key.as_str())
+                && r.get_i64(slot::PERMITS) == Some(i64::from(self.permits));
+            if ours || !crate::info::foreign_fields(r.data()).is_empty() {
+                continue;
+            }
+            let Some(i) = r.key().to_string().rsplit('#').next().and_then(|i| i.parse::<u32>().ok()) else { continue };
+            let w = store_trait::Write::new(
+                Condition::Free.and(Condition::FenceIs(r.fence())).and(Condition::RevIs(r.rev())),
+                Mutation::new()
+                    .set(slot::SEMAPHORE, self.key.as_str())
+                    .set(slot::SLOT, i64::from(i))
+                    .set(slot::PERMITS, i64::from(self.permits)),
+            );
+            if first.store.write(&first.coll, r.key(), &w).await?.is_applied() {
+                tracing::warn!(collection = %first.coll, slot = %r.key(), permits = self.permits, "adopted a document at a slot id that was no slot of this semaphore");
+                adopted += 1;
+            }
+        }
+        Ok(adopted)
     }
 
     /// The number of slot documents when fewer than the permits exist.

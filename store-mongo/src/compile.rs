@@ -8,9 +8,6 @@
 use bson::{doc, Bson, Document};
 use store_trait::{fields, ChangeFilter, Condition, LeaseOp, Mutation, Query};
 
-/// The temporary field holding the condition's value during a pipeline update.
-const OK: &str = "__mc_ok";
-
 fn now_ms() -> Bson {
     Bson::Document(doc! { "$toLong": "$$NOW" })
 }
@@ -199,7 +196,10 @@ fn int_like(f: &str, unsigned: bool) -> Bson {
         doc! { "$gt": [field(f), -9.0e15] }
     };
     let number_ok = if unsigned {
-        doc! { "$gte": [field(f), 0_i64] }
+        // Up to `store_trait::MAX_COUNTER`, as a record reads it: a counter a
+        // write could not bump without overflowing is unreadable.
+        let max = i64::try_from(store_trait::MAX_COUNTER).unwrap_or(i64::MAX);
+        doc! { "$and": [{ "$gte": [field(f), 0_i64] }, { "$lte": [field(f), max] }] }
     } else {
         doc! { "$literal": true }
     };
@@ -405,17 +405,18 @@ pub(crate) fn update(applies: Applies<'_>, m: &Mutation, nonce: &str) -> Vec<Doc
         }
         return vec![doc! { "$set": set }];
     };
-    if !removed.is_empty() {
-        set.insert(OK, true);
-    }
     let written = doc! { "$mergeObjects": ["$$ROOT", set] };
     let mut pipeline = vec![doc! { "$replaceWith": { "$cond": [condition(c), written, "$$ROOT"] } }];
     if !removed.is_empty() {
+        // Written by the first stage exactly when it stamped this call's
+        // nonce: a mark in a field of its own could be set by the document
+        // itself (a user's field of that name), and a rejected write would
+        // then still remove fields.
+        let written = doc! { "$eq": [field(fields::LAST_OP), constant(nonce)] };
         let mut remove = Document::new();
         for f in removed {
-            remove.insert(f, doc! { "$cond": [format!("${OK}"), "$$REMOVE", field(f)] });
+            remove.insert(f, doc! { "$cond": [written.clone(), "$$REMOVE", field(f)] });
         }
-        remove.insert(OK, "$$REMOVE");
         pipeline.push(doc! { "$set": remove });
     }
     pipeline
@@ -438,7 +439,6 @@ mod tests {
         let set = merged[1].as_document().unwrap();
         assert!(set.contains_key("lease_owner") && set.contains_key("fence"));
         assert_eq!(set.get_str("last_op").unwrap(), "n-1");
-        assert!(!set.contains_key(OK), "no marker without removals");
         assert_eq!(update(Applies::Matched(&Condition::Free), &m, "n").len(), 1);
         assert!(update(Applies::When(&Condition::Always), &m, "n")[0].contains_key("$set"), "no condition to evaluate");
     }
@@ -449,9 +449,10 @@ mod tests {
         let p = update(Applies::When(&Condition::FenceIs(3)), &m, "n");
         assert_eq!(p.len(), 2);
         let remove = p[1].get_document("$set").unwrap();
-        assert_eq!(remove.get_document("b").unwrap(), &doc! { "$cond": ["$__mc_ok", "$$REMOVE", "$b"] });
+        let written = doc! { "$eq": ["$last_op", "n"] };
+        assert_eq!(remove.get_document("b").unwrap(), &doc! { "$cond": [written, "$$REMOVE", "$b"] });
         assert!(remove.contains_key(fields::GC_AT));
-        assert_eq!(remove.get_str(OK).unwrap(), "$$REMOVE");
+        assert_eq!(remove.len(), 2, "no marker field of its own");
     }
 
     /// A grant's start is decided without evaluating the lease when the

@@ -76,7 +76,7 @@ pub use ops::{
     BatchOutcome, ChangeEvent, ChangeFilter, ChangeKind, ChangeStream, Claim, Condition, DeleteOutcome, IndexSpec,
     InsertOutcome, LeaseOp, Mutation, Nonce, Order, Query, UpdateClause, Write, WriteOutcome,
 };
-pub use record::{fields, render_raw_id, Lease, Record, Snapshot};
+pub use record::{fields, render_raw_id, Lease, Record, Snapshot, MAX_COUNTER};
 pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
 
 use bson::Document;

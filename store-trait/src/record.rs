@@ -42,6 +42,12 @@ pub mod fields {
     }
 }
 
+/// The largest `fence` or `rev` a record is read with (9·10¹⁵, as for a
+/// double): far beyond any count of writes, and far enough below `i64::MAX`
+/// that bumping it never overflows. A document with a larger one is
+/// malformed, so a claim passes over it ([`crate::backend::semantics::readable`]).
+pub const MAX_COUNTER: u64 = 9_000_000_000_000_000;
+
 /// A lease on a record: who holds it, since when, until when (store clock).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
@@ -147,7 +153,12 @@ impl Record {
             }
             (None, _) => None,
         };
-        let to_u64 = |field: &str, v: i64| u64::try_from(v).map_err(|_| bad(field, &Bson::Int64(v)));
+        // A counter is read up to `MAX_COUNTER`, below which every increment
+        // still fits: one a write could not bump (it would overflow into a
+        // double on MongoDB) is another program's value, never claimed.
+        let to_u64 = |field: &str, v: i64| {
+            u64::try_from(v).ok().filter(|&c| c <= MAX_COUNTER).ok_or_else(|| bad(field, &Bson::Int64(v)))
+        };
         Ok(Record {
             fence: to_u64(fields::FENCE, fence)?,
             rev: to_u64(fields::REV, rev)?,

@@ -69,7 +69,7 @@ macro_rules! conformance_tests {
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
             claim_many_racers_each_fill_their_batch, claims_by_keys_take_only_those_keys,
-            write_many_reports_each_write
+            write_many_reports_each_write, rejected_writes_remove_nothing
         );
     };
 }
@@ -887,11 +887,40 @@ pub async fn bad_inputs_are_typed_errors<H: Harness>(h: &H) {
     invalid(s.insert_many(&c, vec![doc! {"_id": 1.5}]).await.map(drop), "float id");
     invalid(s.insert_many(&c, vec![doc! {"_id": ""}]).await.map(drop), "empty id");
     invalid(s.find(&c, &Query::eq(doc! {"n": {"$gt": 1}})).await.map(drop), "operator in filter");
+    // Read from JSON as a regular expression, which a find filter matches by
+    // pattern: an "equality" filter that would select every agent name.
+    let regex = Bson::RegularExpression(bson::Regex {
+        pattern: ".*".to_owned().try_into().unwrap(),
+        options: String::new().try_into().unwrap(),
+    });
+    invalid(s.find(&c, &Query::eq(doc! {"agent_name": regex.clone()})).await.map(drop), "regex in filter");
+    invalid(s.count(&c, &Query::eq(doc! {"agent_name": regex})).await.map(drop), "regex in count filter");
+    invalid(s.find(&c, &Query::eq(doc! {"n": Bson::MinKey})).await.map(drop), "min key in filter");
     invalid(s.ensure_indexes(&c, &[IndexSpec::new("", vec![])]).await, "empty index");
     let claim = Claim { query: Query::all(), mutation: Mutation::new().set("_id", 1) };
     invalid(s.claim(&c, &claim).await.map(drop), "claim changing _id");
     // Nothing was written by any of the rejected calls.
     assert_eq!(s.count(&c, &Query::all()).await.unwrap(), 0);
+}
+
+/// A rejected write changes nothing, removals included, whatever fields the
+/// document holds: a field named like a backend's own working field (the
+/// MongoDB backend once marked a written document with `__mc_ok`, which a
+/// user's field of that name faked) must not make a rejected write remove.
+pub async fn rejected_writes_remove_nothing<H: Harness>(h: &H) {
+    let s = h.store("rejected_writes_remove_nothing").await;
+    let c = coll("tasks");
+    let k = key("k");
+    let d = doc! { "_id": "k", "__mc_ok": true, "ok": true, "written": true, "a": 1, "b": 2 };
+    s.insert_many(&c, vec![d]).await.unwrap();
+    let w = Write::new(Condition::FenceIs(99), Mutation::new().set("c", 3).unset("a").unset("b").clear_gc());
+    assert!(!s.write(&c, &k, &w).await.unwrap().is_applied());
+    let after = s.get(&c, &k).await.unwrap().record.unwrap();
+    assert_eq!((after.get_i64("a"), after.get_i64("b"), after.get_i64("c")), (Some(1), Some(2), None), "{after:?}");
+    let w = Write::new(Condition::FenceIs(0), Mutation::new().unset("a"));
+    assert!(s.write(&c, &k, &w).await.unwrap().is_applied());
+    let after = s.get(&c, &k).await.unwrap().record.unwrap();
+    assert_eq!((after.get_i64("a"), after.get_i64("b")), (None, Some(2)), "an applied write removes: {after:?}");
 }
 
 pub async fn foreign_documents_are_readable<H: Harness>(h: &H) {
@@ -969,6 +998,10 @@ pub async fn claims_pass_over_unreadable_documents<H: Harness>(h: &H) {
         with(task("number-owner".into(), 9), doc! {"lease_owner": 7, "lease_until": 0_i64}),
         with(task("owner-without-until".into(), 9), doc! {"lease_owner": "x"}),
         with(task("text-until".into(), 9), doc! {"lease_owner": "x", "lease_until": "soon"}),
+        // A fence no claim can bump without overflowing: a claim of it failed
+        // with a malformed reply, and stopped an agent.
+        with(task("max-fence".into(), 9), doc! {"fence": i64::MAX}),
+        with(task("over-counter-rev".into(), 9), doc! {"rev": 9_000_000_000_000_001_i64}),
     ];
     let good = [
         with(task("double-fence".into(), 5), doc! {"fence": 2.0, "rev": 1_i32}),

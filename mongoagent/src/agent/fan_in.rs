@@ -139,8 +139,36 @@ impl<S: Store + Clone> Agent<S> {
         if !ours.is_empty() {
             tracing::debug!(agent = %self.inner.name, task = %parent, count = ours.len(), "follow-ups activated");
         }
-        for r in theirs {
-            // Only an older claim's: a newer one's may still be activated by it.
+        self.discard_older(theirs, fence).await
+    }
+
+    /// Removes the follow-ups an older claim of `parent` left pending (a run
+    /// that crashed or stalled before it could remove them), once this claim,
+    /// with `fence`, has written its outcome: nothing can activate them any
+    /// more. Only a task claimed before in this round can have them, so a
+    /// first attempt costs nothing.
+    pub(super) async fn collect_older_follow_ups(&self, parent: &Key, record: &Record, fence: u64) {
+        if crate::task::attempt(record) <= 1 {
+            return;
+        }
+        let fence = i64::try_from(fence).unwrap_or(i64::MAX);
+        let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone() })
+            .when(Condition::Exists(pending::FENCE.into()));
+        let found = match self.inner.store.find(&self.inner.queue.coll, &q).await {
+            Ok(found) => found,
+            Err(e) => {
+                return tracing::warn!(agent = %self.inner.name, task = %parent, error = %e, "could not look for stale pending follow-ups")
+            }
+        };
+        if let Err(e) = self.discard_older(found, fence).await {
+            tracing::warn!(agent = %self.inner.name, task = %parent, error = %e, "could not remove stale pending follow-ups");
+        }
+    }
+
+    /// Removes those of `found` pending with a fence below `fence`: only an
+    /// older claim's, since a newer one's may still be activated by it.
+    async fn discard_older(&self, found: Vec<Record>, fence: i64) -> Result<(), AgentError> {
+        for r in found {
             if let Some(old) = r.get_i64(pending::FENCE).filter(|&f| f < fence) {
                 self.discard_pending(r.key(), old).await?;
             }

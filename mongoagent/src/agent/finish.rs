@@ -125,6 +125,7 @@ impl<S: Store + Clone> Agent<S> {
                 if ended {
                     self.collect_children(&key, record).await;
                 }
+                self.collect_older_follow_ups(&key, record, token).await;
                 Ok(result)
             }
             Err(LockError::Lost { current, .. }) => Ok(self.stale(&key, token, current)),

@@ -1278,6 +1278,9 @@ async fn a_claim_given_back_before_its_rate_start_is_not_an_attempt() {
     limited.shutdown();
     let first = worker.await.unwrap();
     assert_eq!(first.tasks_processed, 1, "the limit lets one task start in the hour");
+    // Given back unstarted, they are ready and unclaimed, not shown as stuck.
+    let stats = q.stats("r").await.unwrap();
+    assert_eq!((stats.ready, stats.stuck, stats.completed), (2, 0, 1), "{stats:?}");
     let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
     let rest = Agent::builder(store.clone(), "r", "tasks")
         .poll_interval(Duration::from_secs(60))

@@ -21,7 +21,7 @@ macro_rules! agent_suite {
             requeued_tasks_are_not_collected, follow_ups_are_kept_until_their_waiter_ends,
             foreign_tasks_never_stop_an_agent, progress_is_fenced_by_the_claim,
             cancel_ends_pending_and_running_tasks, delete_removes_ended_tasks_unless_forced,
-            a_paused_agent_name_claims_nothing
+            a_paused_agent_name_claims_nothing, stale_pending_follow_ups_are_collected_when_their_parent_ends
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -404,9 +404,11 @@ pub(crate) async fn bad_input_is_rejected<H: Harness>(h: &H) {
     let q = Queue::new(s.clone(), "tasks").unwrap();
     let invalid = |r: Result<(Key, bool), AgentError>| assert!(matches!(r, Err(AgentError::InvalidTask(_))), "{r:?}");
     invalid(q.enqueue(NewTask::new("", doc! {})).await);
-    invalid(q.enqueue(NewTask::new("w", doc! {"ready": false})).await);
+    let reserved = q.enqueue(NewTask::new("w", doc! {"ready": false})).await;
+    assert!(matches!(&reserved, Err(AgentError::ReservedField { field }) if field == "ready"), "{reserved:?}");
     q.enqueue(NewTask::new("w", doc! {})).await.unwrap();
-    assert!(matches!(q.enqueue(NewTask::new("w", doc! {"lease_owner": "x"})).await, Err(AgentError::Store(_))));
+    let reserved = q.enqueue(NewTask::new("w", doc! {"lease_owner": "x"})).await;
+    assert!(matches!(&reserved, Err(AgentError::ReservedField { field }) if field == "lease_owner"), "{reserved:?}");
     // A document in the queue without an agent_name is never claimed and blocks nothing.
     s.insert_many(&coll(), vec![doc! {"_id": "orphan", "ready": true}]).await.unwrap();
     let a = agent(&s, "w").build().unwrap();
@@ -522,7 +524,7 @@ pub(crate) async fn fan_in_resumes_the_waiting_task<H: Harness>(h: &H) {
         vec![
             doc! {"_id": "early", "agent_name": "split", "ready": true},
             doc! {"_id": "early/0", "agent_name": "count", "ready": false, "complete": true,
-            "error_encountered": false, "join": "early", "join_round": 0_i64},
+            "error_encountered": false, "parent": "early", "join": "early", "join_round": 0_i64},
         ],
     )
     .await
@@ -794,7 +796,7 @@ pub(crate) async fn progress_is_fenced_by_the_claim<H: Harness>(h: &H) {
     let d = listed[0].data();
     assert_eq!(d.get_document("progress").unwrap(), &doc! {"done": 1, "of": 3}, "the stale report changed nothing");
     assert!(d.get_datetime("progress_at").is_ok());
-    assert!(matches!(q.enqueue(NewTask::new("w", doc! {"progress": 5})).await, Err(AgentError::InvalidTask(_))));
+    assert!(matches!(q.enqueue(NewTask::new("w", doc! {"progress": 5})).await, Err(AgentError::ReservedField { .. })));
 }
 
 pub(crate) async fn cancel_ends_pending_and_running_tasks<H: Harness>(h: &H) {
@@ -884,4 +886,36 @@ pub(crate) async fn a_paused_agent_name_claims_nothing<H: Harness>(h: &H) {
     tokio::time::sleep(mongoagent::CONTROL_REFRESH + Duration::from_millis(100)).await;
     assert_eq!(b.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(key("t2"))));
     assert!(q.paused_agents().await.unwrap().is_empty());
+}
+
+/// Follow-ups an older claim left pending (its run crashed before it could
+/// remove them) are removed once a later claim of the parent writes its
+/// outcome, even one with no follow-ups: nothing could ever activate them,
+/// and they would stay for ever. A newer claim's pending copy is left.
+pub(crate) async fn stale_pending_follow_ups_are_collected_when_their_parent_ends<H: Harness>(h: &H) {
+    let s = h.store("ag_pending_debris").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("p", doc! {}).id("p")).await.unwrap();
+    let a = agent(&s, "p").max_attempts(3).build().unwrap();
+    let first = a.process(|_t: Task| async { Outcome::failed("again") }).await.unwrap();
+    assert_eq!(first, Some(Processed::Retried(Key::new("p").unwrap())));
+    // What a first run that crashed after enqueueing its follow-ups leaves.
+    let debris = |id: &str, fence: i64| {
+        doc! { "_id": id, "agent_name": "c", "parent": "p", "ready": false, "priority": 0_i64,
+        "pending_parent_fence": fence, "pending_fields": { "ready": true } }
+    };
+    s.insert_many(&coll(), vec![debris("p/0", 1), debris("p/9", 99)]).await.unwrap();
+    let done = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(p) = a.process(|_t: Task| async { true }).await.unwrap() {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(done, Processed::Completed(Key::new("p").unwrap()));
+    assert!(s.get(&coll(), &Key::new("p/0").unwrap()).await.unwrap().record.is_none(), "the older claim's is gone");
+    assert!(s.get(&coll(), &Key::new("p/9").unwrap()).await.unwrap().record.is_some(), "a newer fence's is left");
 }

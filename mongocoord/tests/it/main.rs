@@ -13,6 +13,7 @@ use serde_json::Value;
 mod cron;
 mod dashboard;
 mod events;
+mod reserved;
 mod schedules;
 mod supervise;
 

@@ -15,7 +15,7 @@ macro_rules! lock_suite {
             parity_basics, tokens_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
             auto_renew_keeps_the_lock, waiter_wakes_on_release, waiter_wakes_at_expiry_of_a_crashed_holder,
             acquire_times_out_with_the_holder, bad_input_is_rejected, dropped_guard_releases,
-            racers_32_one_holder, semaphore_admits_n, semaphore_racers_on_missing_slots_are_not_refused, semaphore_waiter_wakes_on_release, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
+            racers_32_one_holder, semaphore_admits_n, semaphore_racers_on_missing_slots_are_not_refused, semaphore_waiter_wakes_on_release, semaphore_adopts_documents_at_its_slot_ids, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
             foreign_lock_documents_are_never_taken, lock_documents_never_get_gc_at
         );
     };
@@ -300,6 +300,41 @@ pub(crate) async fn semaphore_racers_on_missing_slots_are_not_refused<H: Harness
     let batches: Vec<usize> = batches.into_iter().map(|r| r.unwrap().len()).collect();
     assert_eq!(batches, [4; 6], "a batch was refused free permits");
     assert!(singles.into_iter().all(|r| r.unwrap().is_some()), "a single acquisition was refused a free permit");
+}
+
+/// A document at a slot's id that is no slot of this semaphore (a plain lease
+/// another program wrote there, or a slot of another permit count on the
+/// same key, left by a change of the limit) is adopted once free: it
+/// blocked that permit for ever, since it could be neither claimed nor
+/// created. A held one is left until it is free; its fence never goes back.
+pub(crate) async fn semaphore_adopts_documents_at_its_slot_ids<H: Harness>(h: &H) {
+    let store = h.store("lock_semaphore_adopts").await;
+    let coll = Collection::new("mongolocker").unwrap();
+    let grant = |owner: &str, ttl: Duration| {
+        Write::new(Condition::Free, Mutation::new().grant(owner, Ttl::new(ttl).unwrap()).bump_fence()).upsert()
+    };
+    // A plain lease, lapsed, at the one slot's id.
+    store.write(&coll, &Key::new("one#0").unwrap(), &grant("other-program", Duration::from_millis(1))).await.unwrap();
+    // A live one at the other semaphore's second slot, and a slot of a
+    // three-permit limit at its first.
+    store.write(&coll, &Key::new("two#1").unwrap(), &grant("other-program", ttl(h) * 2)).await.unwrap();
+    let old_limit = Semaphore::new(Lock::builder(store.clone(), "two").ttl(ttl(h)), 3).unwrap();
+    drop(old_limit.try_acquire_many(1).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let one = Semaphore::new(Lock::builder(store.clone(), "one").ttl(Duration::from_secs(60)), 1).unwrap();
+    let got = one.try_acquire().await.unwrap().expect("the lapsed document at the slot's id is adopted");
+    assert!(got.fence() >= 2, "the fence goes on from the adopted document's: {}", got.fence());
+    let two = Semaphore::new(Lock::builder(store.clone(), "two").ttl(Duration::from_secs(60)), 2).unwrap();
+    let first = two.try_acquire_many(2).await.unwrap();
+    assert_eq!(first.len(), 1, "the old limit's slot is adopted; the live lease is not taken");
+    let deadline = tokio::time::Instant::now() + ttl(h) * 4;
+    loop {
+        if two.try_acquire().await.unwrap().is_some() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "adopted once its lease lapsed");
+        tokio::time::sleep(ttl(h) / 4).await;
+    }
 }
 
 /// A waiter for a permit wakes when one is released, as a lock's waiter does:

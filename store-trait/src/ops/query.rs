@@ -89,19 +89,34 @@ impl Query {
     pub fn validate(&self) -> StoreResult<()> {
         for (k, v) in &self.filter {
             check_filter_field(k)?;
-            if let Bson::Document(d) = v {
-                if d.keys().any(|k| k.starts_with('$')) {
-                    return Err(StoreError::invalid(
-                        "filter",
-                        format!("{k}: operators are not allowed, only equality"),
-                    ));
-                }
+            if !is_equality_value(v) {
+                return Err(StoreError::invalid("filter", format!("{k}: operators are not allowed, only equality")));
             }
         }
         for (k, _) in &self.sort {
             check_filter_field(k)?;
         }
         self.condition.validate()
+    }
+}
+
+/// Whether MongoDB reads `v`, as a filter's value, as equality with it: not a
+/// document of operators, and not a value a find filter matches some other
+/// way (a regular expression matches by pattern; code and the legacy types
+/// are no values a task holds). Within arrays and embedded documents, values
+/// are compared whole, so only the top level decides.
+fn is_equality_value(v: &Bson) -> bool {
+    match v {
+        Bson::Document(d) => !d.keys().any(|k| k.starts_with('$')),
+        Bson::RegularExpression(_)
+        | Bson::JavaScriptCode(_)
+        | Bson::JavaScriptCodeWithScope(_)
+        | Bson::Symbol(_)
+        | Bson::DbPointer(_)
+        | Bson::MinKey
+        | Bson::MaxKey
+        | Bson::Undefined => false,
+        _ => true,
     }
 }
 

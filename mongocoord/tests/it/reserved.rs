@@ -1,0 +1,73 @@
+//! The command line against user data that names the queue's own fields, and
+//! filters that are not equality: each a usage error (status 2) naming what is
+//! wrong, or a task failed for good saying why; never a task completed
+//! without its command, nor a follow-up lost.
+
+use crate::env;
+
+/// `enqueue` with a reserved field is status 2 naming it: a task enqueued
+/// with `follow_ups_fence` was completed without its command running.
+#[test]
+fn enqueue_refuses_reserved_fields() {
+    let Some(e) = env("enqueue_reserved") else { return };
+    for field in ["follow_ups_fence", "pending_parent_fence", "_id", "ready", "fence"] {
+        let data = format!(r#"{{"{field}": 1}}"#);
+        let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "c", &data]);
+        assert_eq!(out.status.code(), Some(2), "{field}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(field), "{field}: names the field");
+    }
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert!(stats.get("c").is_none(), "nothing was enqueued: {stats}");
+}
+
+/// A command whose result names its own task's id as a follow-up's `_id`
+/// fails its task for good, saying so; before, the task completed and the
+/// follow-up was never created.
+#[test]
+fn a_follow_up_with_a_reserved_field_fails_its_task_for_good() {
+    let Some(e) = env("follow_up_reserved") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "a", "{}", "--id", "t1"]);
+    let script = r#"cat >/dev/null; echo '{"follow_ups": [{"agent_name": "b", "_id": "t1"}]}'"#;
+    let out = e.run(&["agent", "a", "--queue", "jobs", "--max-tasks", "1", "--", "sh", "-c", script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert_eq!(stats["a"]["failed"], 1, "{stats}");
+    assert!(stats.get("b").is_none(), "no follow-up: {stats}");
+    let failed = e.json(&["tasks", "--queue", "jobs", "--failed"]);
+    assert!(failed[0]["last_error"].as_str().unwrap().contains("\"_id\""), "{failed}");
+}
+
+/// A filter read as a regular expression (extended JSON) matches by pattern,
+/// not equality: refused with status 2 before anything is touched.
+#[test]
+fn filters_that_are_not_equality_are_refused() {
+    let Some(e) = env("filter_regex") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "keep", "{}"]);
+    let regex = r#"{"agent_name": {"$regularExpression": {"pattern": ".*", "options": ""}}}"#;
+    for args in [
+        vec!["cancel", "--queue", "jobs", "--filter", regex],
+        vec!["delete", "--queue", "jobs", "--filter", regex, "--force"],
+        vec!["requeue", "--queue", "jobs", "--filter", regex, "--yes"],
+        vec!["tasks", "--queue", "jobs", "--list", "--filter", regex],
+    ] {
+        let out = e.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("only equality"), "{args:?}");
+    }
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["keep"]["ready"], 1, "nothing was touched");
+}
+
+/// An id of 24 hex digits is refused at enqueue: every command reads such an
+/// id back as an `ObjectId`, so a `cancel` of the id shown for one task hit
+/// another (the `ObjectId` task it looked like).
+#[test]
+fn enqueue_refuses_ids_read_back_as_object_ids() {
+    let Some(e) = env("enqueue_hex_id") else { return };
+    let first = e.json(&["enqueue", "--queue", "jobs", "--agent", "precious", "{}"]);
+    let id = first["id"].as_str().unwrap().to_owned();
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "junk", "--id", &id, "{}"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ObjectId"));
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert!(stats.get("junk").is_none(), "{stats}");
+}
