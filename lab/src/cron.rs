@@ -44,6 +44,8 @@ pub(crate) struct Crons {
     window_start: i64,
     pub(crate) kills: usize,
     pub(crate) pauses: usize,
+    /// Signals of any kind sent to a runner or its supervisor.
+    pub(crate) signals: usize,
 }
 
 /// What the checker found.
@@ -89,6 +91,7 @@ impl Crons {
             window_start: 0,
             kills: 0,
             pauses: 0,
+            signals: 0,
         };
         for _ in 0..PROCESSES {
             let p = c.spawn()?;
@@ -137,7 +140,20 @@ impl Crons {
     /// One step of the full chaos run: now and then a SIGKILL (and restart) or
     /// a SIGSTOP past the lease, at any moment, mid-command included.
     pub(crate) async fn chaos_step(&mut self, rng: &mut fastrand::Rng) -> Result<(), String> {
+        // A process a signal ended is started again.
+        for i in 0..self.procs.len() {
+            if matches!(self.procs[i].try_wait(), Ok(Some(_))) {
+                self.procs[i] = self.spawn()?;
+            }
+        }
         match rng.u32(..8) {
+            3 => {
+                if let Some(pid) = self.procs[rng.usize(..PROCESSES)].id() {
+                    let target = crate::chaos::runner_or_supervisor(pid, rng);
+                    crate::chaos::signal(target, crate::chaos::ANY_SIGNAL[rng.usize(..crate::chaos::ANY_SIGNAL.len())]);
+                    self.signals += 1;
+                }
+            }
             0 | 1 => self.kill(rng.usize(..PROCESSES)).await?,
             2 => {
                 if let Some(pid) = self.procs[rng.usize(..PROCESSES)].id() {

@@ -9,8 +9,7 @@ use store_trait::{
 };
 use tokio::sync::OnceCell;
 
-use crate::agent::claim_order;
-use crate::schema::{fields, not_complete, pending};
+use crate::schema::{claim_order, fields, not_complete, pending};
 use crate::{AgentError, NewTask};
 
 /// A queue collection, shared by producers and agents.

@@ -1,9 +1,10 @@
 //! The task document's schema, in one place: its field names, the fields the
 //! queue reserves for itself (and the one check of user data against them),
-//! the pending marks of follow-ups, and the condition "not ended".
+//! the pending marks of follow-ups, and the queries that define "not ended",
+//! "ready", "lapsed" and the claim order.
 
-use bson::{Bson, Document};
-use store_trait::Condition;
+use bson::{doc, Bson, Document};
+use store_trait::{fields as reserved, Condition, Order, Query};
 
 use crate::AgentError;
 
@@ -177,6 +178,31 @@ pub(crate) mod pending {
 /// Tasks that have not ended (`complete` is not `true`).
 pub(crate) fn not_complete() -> Condition {
     Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate()
+}
+
+/// Ready tasks of `agent` that are due and not held: the common claim. The
+/// equality prefix (`agent_name`, `ready`) is what the claim index serves, so
+/// finished tasks, however many, are never scanned. (A task waiting for its
+/// follow-ups can be made ready by the last one while its own agent still holds
+/// it for a moment; it is claimable once that agent lets go.)
+pub(crate) fn ready_tasks(agent: &str) -> Query {
+    claim_order(
+        Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
+            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into())).and(Condition::Free)),
+    )
+}
+
+/// Tasks of `agent` claimed by an agent whose lease lapsed (crashed or hung):
+/// claimable again. This includes tasks whose outcome was recorded but whose
+/// fan-in step was not (the agent died in between): claiming one finishes that
+/// step. Served by the `recover` index (`agent_name`, `claimed`).
+pub(crate) fn lapsed_tasks(agent: &str) -> Query {
+    claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
+}
+
+/// The order of claims: priority, then due time, then insertion.
+pub(crate) fn claim_order(q: Query) -> Query {
+    q.sort(fields::PRIORITY, Order::Desc).sort(fields::RUN_AT, Order::Asc).sort(reserved::ID, Order::Asc)
 }
 
 /// The one check of user data (a new task's, a follow-up's, a handler's

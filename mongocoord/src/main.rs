@@ -36,9 +36,15 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 #[derive(Debug, Parser)]
 #[command(name = "mongocoord", version, about = "Locks, leader election and task agents on MongoDB")]
 struct Cli {
-    /// MongoDB URI (default: $MONGODB_URI, else mongodb://$MONGO_HOST).
-    #[arg(long, global = true)]
+    /// MongoDB URI (default: $MONGODB_URI, else mongodb://$MONGO_HOST). A
+    /// command line is readable by every user of the host (/proc/PID/cmdline):
+    /// give a URI with a password through $MONGODB_URI or --uri-file instead.
+    #[arg(long, global = true, conflicts_with = "uri_file")]
     uri: Option<String>,
+    /// Read the MongoDB URI from this file (its first line), so that no
+    /// password is on the command line.
+    #[arg(long, global = true, value_name = "PATH")]
+    uri_file: Option<std::path::PathBuf>,
     /// Database (default: $MONGO_DB, else "mongocoord").
     #[arg(long, global = true)]
     db: Option<String>,
@@ -395,8 +401,32 @@ impl Cmd {
     }
 }
 
+/// The URI the flags give: `--uri`, with a warning when it carries a secret
+/// (every user of the host can read a command line), or `--uri-file`'s first
+/// line.
+fn uri_from_flags(uri: Option<String>, file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+    if let Some(path) = file {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read --uri-file {}: {e}", path.display()))?;
+        let line = text.lines().next().unwrap_or_default().trim().to_owned();
+        if line.is_empty() {
+            return Err(format!("--uri-file {} holds no URI", path.display()));
+        }
+        return Ok(Some(line));
+    }
+    if let Some(u) = &uri {
+        if store_mongo::redact_uri(u) != *u {
+            eprintln!(
+                "mongocoord: warning: --uri carries a password or secret option, which every user of this host can read in /proc; use $MONGODB_URI or --uri-file"
+            );
+        }
+    }
+    Ok(uri)
+}
+
 async fn run(cli: Cli) -> Result<u8, String> {
-    let (uri, db, json) = (cli.uri.as_deref(), cli.db.as_deref(), cli.json);
+    let uri = uri_from_flags(cli.uri, cli.uri_file.as_deref())?;
+    let (uri, db, json) = (uri.as_deref(), cli.db.as_deref(), cli.json);
     if let Some(addr) = cli.cmd.metrics_bind() {
         let bound = exposition::serve(addr).await?;
         eprintln!("mongocoord: metrics on http://{bound}/metrics");

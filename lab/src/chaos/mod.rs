@@ -17,8 +17,10 @@
 //! - `fwrite <fence> <rev> ok|rejected`, `fhold <fence> <now>`: a ledger writer
 //!   that is the *grandchild* of a `mongocoord lock` runner (`sh -c 'writer &
 //!   wait'`) wrote to its own ledger, and was still running at server time
-//!   `now`. Runners are killed with SIGKILL: a grandchild that outlives its
-//!   runner's lease shows up as two fences running at once;
+//!   `now`. Runners are killed with SIGKILL, and sent any signal
+//!   ([`ANY_SIGNAL`], caught or not), they or their supervisors: a
+//!   grandchild that outlives its runner's lease shows up as two fences
+//!   running at once;
 //! - `lclaim`, `lrun`: the globally limited agent's runs (`limited.rs`);
 //! - the driver's own log, `driver.log`: the pause/resume cycle and the
 //!   SIGSTOPs (`pause.rs`).
@@ -340,6 +342,24 @@ async fn run_cron_only(store: &MongoStore, uri: &str, db: &str, o: &ChaosOpts) -
     }))
 }
 
+/// What an operator, a crash or a command may send a runner or its
+/// supervisor, caught or not: each must leave at most one holder whose
+/// command runs. (`-36` is a real-time signal.)
+pub(crate) const ANY_SIGNAL: [&str; 10] =
+    ["-QUIT", "-ABRT", "-SEGV", "-ALRM", "-USR1", "-USR2", "-HUP", "-36", "-TERM", "-KILL"];
+
+/// `pid`, or as often its supervisor (the runner's child while a command
+/// runs; the runner itself when it has none).
+pub(crate) fn runner_or_supervisor(pid: u32, rng: &mut fastrand::Rng) -> u32 {
+    if rng.bool() {
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next().and_then(|c| c.parse().ok()) {
+            return child;
+        }
+    }
+    pid
+}
+
 pub(crate) fn signal(pid: u32, sig: &str) {
     // The process may be gone already (killed while paused): that is fine.
     let _ = std::process::Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
@@ -441,6 +461,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     };
     let mut rng = fastrand::Rng::with_seed(o.seed);
     let (mut kills, mut pauses, mut restarts, mut runner_kills, mut runner_pauses) = (0, 0, 0, 0, 0);
+    let mut runner_signals = 0;
     let server_every = (o.duration.as_secs_f64() / 3.0).max(15.0);
     let mut next_server_kill =
         Instant::now() + Duration::try_from_secs_f64(server_every).unwrap_or(Duration::from_secs(15));
@@ -493,6 +514,16 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
                     runner_kills += 1;
                     forks[j] = spawn_fork(next_log)?;
                     next_log += 1;
+                }
+                3 => {
+                    // Any signal, to the runner or to its supervisor: whatever
+                    // ends either, the lock is free only once the tree is gone
+                    // (a runner that exits is started again above).
+                    if let Some(pid) = forks[rng.usize(..forks.len())].id() {
+                        let target = runner_or_supervisor(pid, &mut rng);
+                        signal(target, ANY_SIGNAL[rng.usize(..ANY_SIGNAL.len())]);
+                        runner_signals += 1;
+                    }
                 }
                 2 => {
                     // A runner stopped past its lease (SIGSTOP, Ctrl-Z): its
@@ -585,7 +616,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         Some(c) => {
             let r = c.check(&store, cron_window_end, false).await?;
             report.violations.extend(r.violations.iter().cloned());
-            json!({ "processes": 3, "kills": c.kills, "pauses": c.pauses, "ticks": r.ticks, "reruns": r.reruns })
+            json!({ "processes": 3, "kills": c.kills, "pauses": c.pauses, "signals": c.signals, "ticks": r.ticks, "reruns": r.reruns })
         }
         None => serde_json::Value::Null,
     };
@@ -594,7 +625,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     }
     let summary = json!({
         "seed": o.seed, "minutes": o.duration.as_secs_f64() / 60.0, "workers": o.workers,
-        "process_kills": kills, "pauses": pauses, "server_restarts": restarts, "runner_kills": runner_kills, "runner_pauses": runner_pauses,
+        "process_kills": kills, "pauses": pauses, "server_restarts": restarts, "runner_kills": runner_kills, "runner_pauses": runner_pauses, "runner_signals": runner_signals,
         "fork_fences": report.fork_fences, "fork_writes_accepted": report.fork_writes_ok,
         "lock_acquisitions": report.acquisitions, "fenced_writes_accepted": report.writes_ok,
         "stale_writes_rejected": report.writes_rejected, "leadership_terms": report.terms,

@@ -3,38 +3,17 @@
 
 use std::sync::atomic::Ordering;
 
-use bson::{doc, Bson};
+use bson::Bson;
 use mongolock::LockGuard;
 use store_trait::{
-    fields as reserved, ChangeEvent, ChangeFilter, ChangeKind, Claim, Condition, Key, Mutation, Order, Query, Record,
-    Store, UpdateClause,
+    fields as reserved, ChangeEvent, ChangeFilter, ChangeKind, Claim, Key, Mutation, Query, Record, Store, UpdateClause,
 };
 use tokio::time::Instant;
 
 use super::candidates::Candidates;
 use super::Agent;
-use crate::schema::{fields, not_complete};
+use crate::schema::{fields, lapsed_tasks, ready_tasks};
 use crate::AgentError;
-
-/// Ready tasks of `agent` that are due and not held: the common claim. The
-/// equality prefix (`agent_name`, `ready`) is what the claim index serves, so
-/// finished tasks, however many, are never scanned. (A task waiting for its
-/// follow-ups can be made ready by the last one while its own agent still holds
-/// it for a moment; it is claimable once that agent lets go.)
-pub(crate) fn ready_tasks(agent: &str) -> Query {
-    claim_order(
-        Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
-            .when(not_complete().and(Condition::DueBy(fields::RUN_AT.into())).and(Condition::Free)),
-    )
-}
-
-/// Tasks of `agent` claimed by an agent whose lease lapsed (crashed or hung):
-/// claimable again. This includes tasks whose outcome was recorded but whose
-/// fan-in step was not (the agent died in between): claiming one finishes that
-/// step. Served by the `recover` index (`agent_name`, `claimed`).
-pub(crate) fn lapsed_tasks(agent: &str) -> Query {
-    claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
-}
 
 /// The changes that may make a task claimable, which wake an idle agent
 /// ([`Store::watch_filtered`]; on MongoDB filtered on the server): a task
@@ -55,11 +34,6 @@ pub(crate) fn claimable_changes() -> ChangeFilter {
         .update(UpdateClause::sets(fields::READY, true))
         .update(UpdateClause::sets(reserved::LEASE_OWNER, Bson::Null).unless_sets(fields::COMPLETE, true))
         .update(UpdateClause::touches(fields::RUN_AT))
-}
-
-/// The order of claims: priority, then due time, then insertion.
-pub(crate) fn claim_order(q: Query) -> Query {
-    q.sort(fields::PRIORITY, Order::Desc).sort(fields::RUN_AT, Order::Asc).sort(reserved::ID, Order::Asc)
 }
 
 /// A claimed task with its lease.

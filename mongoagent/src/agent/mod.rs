@@ -14,8 +14,6 @@ mod candidates;
 mod claim;
 mod commit;
 
-pub(crate) use claim::claim_order;
-
 /// Each agent name's list of candidates on a queue (behind its claim gate).
 pub(crate) type CandidateLists = std::collections::HashMap<String, candidates::Candidates>;
 mod fan_in;

@@ -71,3 +71,30 @@ fn enqueue_refuses_ids_read_back_as_object_ids() {
     let stats = e.json(&["tasks", "--queue", "jobs"]);
     assert!(stats.get("junk").is_none(), "{stats}");
 }
+
+/// `--uri-file` reads the URI from a file, so that a password is not on the
+/// command line (which every user of the host can read); `--uri` with a
+/// password is warned about, without printing it.
+#[test]
+fn uri_file_keeps_secrets_off_the_command_line() {
+    let Some(e) = env("uri_file") else { return };
+    let file = e.file("uri");
+    std::fs::write(&file, format!("{}\n", e.uri)).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = std::process::Command::new(crate::BIN);
+        c.args(args).args(["--db", &e.db, "tasks", "--queue", "jobs", "--json"]).env_remove("MONGODB_URI");
+        c.stdin(std::process::Stdio::null()).output().unwrap()
+    };
+    let out = run(&["--uri-file", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "no warning for a URI from a file: {}", String::from_utf8_lossy(&out.stderr));
+    let with_password = e.uri.replacen("mongodb://", "mongodb://user:hunter2@", 1);
+    let out = run(&["--uri", &with_password]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--uri-file") && !stderr.contains("hunter2"), "{stderr}");
+    let plain = run(&["--uri", &e.uri]);
+    assert!(
+        plain.status.success() && !String::from_utf8_lossy(&plain.stderr).contains("warning"),
+        "no warning without a secret"
+    );
+}
