@@ -9,12 +9,15 @@
 //! - `live.rs`: one watcher per collection, fanned out to tabs over SSE.
 //! - `history.rs`: the events each task went through while the dashboard
 //!   runs (one `Queue::events` feed per queue), for the task detail page.
-//! - `auth.rs`: the Host check, the Origin check and the token.
+//! - `auth.rs`: the Host check, the Origin check and the token (on actions,
+//!   and on reads when not bound to loopback or with `--auth-reads`).
+//! - `audit.rs`: every action, who asked and what it touched, at `warn`.
 //! - `metrics.rs`: `/metrics` through `prometheus-client`.
 //!
 //! The data comes from `crate::data`, the same functions the CLI views print.
 
 mod actions;
+mod audit;
 mod auth;
 mod confirm;
 mod history;

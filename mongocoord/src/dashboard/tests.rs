@@ -330,6 +330,74 @@ async fn actions<S: Store + Clone + 'static>(store: S) {
     assert_eq!(paused().await, false);
 }
 
+/// The value of the hidden input `name` in a confirmation, as the browser
+/// would post it (URL-encoded).
+fn hidden(body: &str, name: &str) -> String {
+    let start = format!(r#"name="{name}" value=""#);
+    let at = body.find(&start).unwrap_or_else(|| panic!("no {name} in {body}")) + start.len();
+    let raw = &body[at..at + body[at..].find('"').unwrap()];
+    let text = raw.replace("&quot;", "\"").replace("&lt;", "<").replace("&gt;", ">").replace("&#39;", "'");
+    enc(&text.replace("&amp;", "&"))
+}
+
+/// A confirmation acts on the tasks its preview listed, not on its filter
+/// read again: tasks that came to match in between are left alone.
+async fn a_confirmation_acts_on_the_previewed_tasks<S: Store + Clone + 'static>(store: S) {
+    let (_guard, _, _) = seed(&store).await;
+    let r = router(app(store.clone(), false));
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    let filter = format!("queue=jobs&filter={}", enc(r#"{"agent_name": "resize"}"#));
+    let state = |id: &'static str| {
+        let s = store.clone();
+        async move { super::pages::state(&crate::data::task_detail(&s, "jobs", id).await.unwrap().unwrap().task) }
+    };
+    let fail = |id: &'static str| {
+        let (s, q) = (store.clone(), q.clone());
+        async move {
+            let (key, _) = q.enqueue(NewTask::new("resize", doc! {}).id(id)).await.unwrap();
+            let w = Write::new(
+                Condition::Always,
+                Mutation::new().set("complete", true).set("error_encountered", true).set("ready", false),
+            );
+            assert!(s.write(q.collection(), &key, &w).await.unwrap().is_applied());
+        }
+    };
+
+    let preview = send(&r, post("/requeue/preview", &filter, Some(TOKEN))).await.body;
+    assert!(preview.contains("Requeue 1 task(s)"), "{preview}");
+    let ids = hidden(&preview, "ids");
+    fail("late-failure").await;
+    let done = send(&r, post("/requeue", &format!("queue=jobs&ids={ids}&id="), Some(TOKEN))).await;
+    assert!(done.status.is_success() && done.body.contains("Requeued 1 task(s)"), "{}", done.body);
+    assert_eq!(state("broken").await, "ready");
+    assert_eq!(state("late-failure").await, "failed", "a task the preview did not list was requeued");
+
+    let preview = send(&r, post("/cancel/preview", &filter, Some(TOKEN))).await.body;
+    assert!(preview.contains("Cancel 2 task(s)"), "evil and broken: {preview}");
+    let ids = hidden(&preview, "ids");
+    q.enqueue(NewTask::new("resize", doc! {}).id("late-arrival")).await.unwrap();
+    let done = send(&r, post("/cancel", &format!("queue=jobs&ids={ids}"), Some(TOKEN))).await;
+    assert!(done.body.contains("Cancelled 2 task(s)"), "{}", done.body);
+    assert_eq!(state("evil").await, "cancelled");
+    assert_eq!(state("late-arrival").await, "ready", "a task the preview did not list was cancelled");
+
+    // A confirmation without ids (a filter alone) is refused; ids that are
+    // not what a preview writes are a 400.
+    for form in [filter.as_str(), "queue=jobs&ids=%7B%7D", "queue=jobs&ids=%5B%5B1%5D%5D"] {
+        let refused = send(&r, post("/cancel", form, Some(TOKEN))).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{form}: {}", refused.body);
+    }
+    assert_eq!(state("late-arrival").await, "ready");
+    // An ObjectId id survives the round trip as an ObjectId, and a string
+    // id of 24 hex digits as a string.
+    let (oid, _) = q.enqueue(NewTask::new("resize", doc! {})).await.unwrap();
+    let hexy = "0123456789abcdef01234567";
+    q.enqueue(NewTask::new("resize", doc! {}).id(hexy)).await.unwrap();
+    let (pinned, n) = super::confirm::pin_ids(&[oid.clone(), store_trait::Key::new(hexy).unwrap()]);
+    assert_eq!(n, 2);
+    assert_eq!(super::confirm::parse_ids(&pinned).unwrap(), [oid, store_trait::Key::new(hexy).unwrap()]);
+}
+
 async fn read_only<S: Store + Clone + 'static>(store: S) {
     let (_guard, _, failed) = seed(&store).await;
     let r = router(app(store.clone(), true));
@@ -567,6 +635,11 @@ mod memory {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_confirmation_acts_on_the_previewed_tasks() {
+        super::a_confirmation_acts_on_the_previewed_tasks(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn task_events_seen() {
         super::task_events_seen(MemoryStore::new()).await;
     }
@@ -606,6 +679,12 @@ mod mongo {
     async fn actions() {
         let Some(s) = store_mongo::testing::test_store("dash_actions").await else { return };
         super::actions(s).await;
+    }
+
+    #[tokio::test]
+    async fn a_confirmation_acts_on_the_previewed_tasks() {
+        let Some(s) = store_mongo::testing::test_store("dash_confirm_pins").await else { return };
+        super::a_confirmation_acts_on_the_previewed_tasks(s).await;
     }
 
     #[tokio::test]
