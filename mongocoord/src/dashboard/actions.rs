@@ -253,6 +253,19 @@ pub(super) async fn login<S>(State(app): AppState<S>, headers: HeaderMap, Form(f
     res
 }
 
+/// Logs out: the cookie is emptied and expires. From this dashboard's own
+/// pages only, so that no other site can log an operator out.
+pub(super) async fn logout<S>(State(app): AppState<S>, headers: HeaderMap) -> Response {
+    if !auth::same_origin(&headers, app.cfg.public.as_ref()) {
+        return (StatusCode::FORBIDDEN, "forbidden: cross-origin request\n").into_response();
+    }
+    let mut res = Redirect::to("/login").into_response();
+    if let Ok(v) = HeaderValue::from_str(&auth::cleared_cookie(app.cfg.public.as_ref())) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    res
+}
+
 /// The form of both steps of a schedule's pause or resume.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]

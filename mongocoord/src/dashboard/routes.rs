@@ -53,17 +53,22 @@ pub(super) fn page<S>(app: &App<S>, headers: &HeaderMap, p: Page) -> Response {
 
 /// The router of `app`'s dashboard.
 pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
-    let mut r = Router::new()
+    let mut reads = Router::new()
         .route("/", get(overview::<S>))
         .route("/tasks", get(task_list::<S>))
         .route("/tasks/{id}", get(task_detail::<S>))
         .route("/events", get(events::<S>))
         .route("/metrics", get(metrics_text::<S>))
         .route("/api/overview", get(api_overview::<S>))
-        .route("/api/tasks", get(api_tasks::<S>))
+        .route("/api/tasks", get(api_tasks::<S>));
+    if let (true, Some(token)) = (app.cfg.auth_reads, app.token.clone()) {
+        reads = reads.route_layer(from_fn_with_state(token, auth::require_read_token));
+    }
+    // The login page and its assets are open: they are how one gets the cookie.
+    let mut r = reads
         .route("/assets/app.js", get(|| async { asset("text/javascript", include_str!("assets/app.js")) }))
         .route("/assets/app.css", get(|| async { asset("text/css", include_str!("assets/app.css")) }));
-    if let Some(token) = app.token.clone() {
+    if let (false, Some(token)) = (app.cfg.read_only, app.token.clone()) {
         let actions = Router::new()
             .route("/requeue/preview", post(actions::requeue_preview::<S>))
             .route("/requeue", post(actions::requeue::<S>))
@@ -78,7 +83,12 @@ pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
                 auth::Guard { token, public: app.cfg.public.clone() },
                 auth::require_token,
             ));
-        r = r.merge(actions).route("/login", get(actions::login_form::<S>).post(actions::login::<S>));
+        r = r.merge(actions);
+    }
+    if app.token.is_some() {
+        r = r
+            .route("/login", get(actions::login_form::<S>).post(actions::login::<S>))
+            .route("/logout", post(actions::logout::<S>));
     }
     let hosts = Arc::new(auth::allowed_hosts(app.cfg.addr, app.cfg.public.as_ref()));
     r.with_state(app)

@@ -398,6 +398,120 @@ async fn a_confirmation_acts_on_the_previewed_tasks<S: Store + Clone + 'static>(
     assert_eq!(super::confirm::parse_ids(&pinned).unwrap(), [oid, store_trait::Key::new(hexy).unwrap()]);
 }
 
+/// Bound off loopback (or with `--auth-reads`), every read needs the token:
+/// from the cookie, the header, or `Authorization: Bearer` (a Prometheus
+/// scrape); the login page and its assets stay open. Read-only too.
+#[tokio::test(start_paused = true)]
+async fn reads_need_the_token_when_asked() {
+    let store = MemoryStore::new();
+    let _seeded = seed(&store).await;
+    for read_only in [false, true] {
+        let mut cfg = Config::new(vec!["jobs".into()], HOST.parse().unwrap());
+        (cfg.read_only, cfg.auth_reads) = (read_only, true);
+        let r = router(App::new(store.clone(), cfg, Some(Token::new(TOKEN).unwrap())).unwrap());
+        for path in
+            ["/", "/tasks?queue=jobs", "/tasks/broken?queue=jobs", "/api/overview", "/api/tasks", "/metrics", "/events"]
+        {
+            let open = send(&r, get(path)).await;
+            assert_eq!(open.status, StatusCode::UNAUTHORIZED, "{path} without the token");
+            assert!(!open.body.contains("nightly-report") && !open.body.contains("broken"), "{path}: {}", open.body);
+            let mut wrong = get(path);
+            wrong.headers_mut().insert(header::AUTHORIZATION, "Bearer 0123456789abcdef-tesT".parse().unwrap());
+            assert_eq!(send(&r, wrong).await.status, StatusCode::UNAUTHORIZED, "{path} with a wrong token");
+        }
+        let mut cookie = get("/");
+        cookie.headers_mut().insert(header::COOKIE, format!("mongocoord_token={TOKEN}").parse().unwrap());
+        assert!(send(&r, cookie).await.body.contains("nightly-report"));
+        let mut scrape = get("/metrics");
+        scrape.headers_mut().insert(header::AUTHORIZATION, format!("Bearer {TOKEN}").parse().unwrap());
+        assert!(send(&r, scrape).await.body.contains("mongocoord_queue_tasks"));
+        let mut script = get("/api/tasks?queue=jobs");
+        script.headers_mut().insert(super::auth::TOKEN_HEADER, TOKEN.parse().unwrap());
+        assert_eq!(send(&r, script).await.status, StatusCode::OK);
+        for open in ["/login", "/assets/app.css", "/assets/app.js"] {
+            assert_eq!(send(&r, get(open)).await.status, StatusCode::OK, "{open}");
+        }
+        let login = send(&r, post("/login", &format!("token={}", enc(TOKEN)), None)).await;
+        assert_eq!(login.status, StatusCode::SEE_OTHER);
+        let action = send(&r, post("/cancel", "queue=jobs&id=evil", Some(TOKEN))).await.status;
+        assert_eq!(action == StatusCode::NOT_FOUND, read_only, "read-only: {read_only}, {action}");
+    }
+    // Without the flag on loopback, reads stay open.
+    let r = router(app(store.clone(), true));
+    assert_eq!(send(&r, get("/")).await.status, StatusCode::OK);
+}
+
+/// Bound to every interface behind a proxy, the Host check still refuses
+/// another name (DNS rebinding) and admits the public one.
+#[tokio::test(start_paused = true)]
+async fn every_interface_behind_a_proxy_checks_the_host() {
+    let mut cfg = Config::new(vec!["jobs".into()], "0.0.0.0:8080".parse().unwrap());
+    cfg.public = Some(super::auth::PublicUrl::parse("https://dash.example.com").unwrap());
+    let r = router(App::new(MemoryStore::new(), cfg, Some(Token::new(TOKEN).unwrap())).unwrap());
+    let to = |host: &str| Request::get("/login").header(header::HOST, host).body(Body::empty()).unwrap();
+    assert_eq!(send(&r, to("evil.example:8080")).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(send(&r, to("dash.example.com")).await.status, StatusCode::OK);
+}
+
+/// A login lasts a while (the cookie's `Max-Age`); a logout ends it, and
+/// only the dashboard's own pages may log out.
+#[tokio::test(start_paused = true)]
+async fn logins_expire_and_log_out() {
+    let r = router(app(MemoryStore::new(), false));
+    let ok = send(&r, post("/login", &format!("token={}", enc(TOKEN)), None)).await;
+    let cookie = ok.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains(&format!("Max-Age={}", super::auth::COOKIE_MAX_AGE)), "{cookie}");
+    let out = send(&r, post("/logout", "", Some(TOKEN))).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    let cleared = out.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(cleared.starts_with("mongocoord_token=;") && cleared.contains("Max-Age=0"), "{cleared}");
+    let mut cross = post("/logout", "", Some(TOKEN));
+    cross.headers_mut().insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+    assert_eq!(send(&r, cross).await.status, StatusCode::FORBIDDEN);
+    assert!(send(&r, get("/")).await.body.contains(r#"action="/logout""#));
+}
+
+/// Every action is in the audit log under the CLI's default filter: who
+/// (the client address, when served), what, and which ids.
+#[tokio::test(start_paused = true)]
+async fn actions_are_audited_by_default() {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(crate::default_log_filter(false)))
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let store = MemoryStore::new();
+    let _seeded = seed(&store).await;
+    let r = router(app(store.clone(), false));
+    let mut cancel = post("/cancel", "queue=jobs&id=evil", Some(TOKEN));
+    cancel.extensions_mut().insert(axum::extract::ConnectInfo(std::net::SocketAddr::from(([192, 0, 2, 7], 50123))));
+    assert_eq!(send(&r, cancel).await.status, StatusCode::SEE_OTHER);
+    let pause = send(&r, post("/agent", "queue=jobs&agent=resize&action=pause", Some(TOKEN))).await;
+    assert_eq!(pause.status, StatusCode::SEE_OTHER);
+    let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("mongocoord::audit")).collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].contains("192.0.2.7:50123") && lines[0].contains("Cancel") && lines[0].contains(r#""evil""#),
+        "{log}"
+    );
+    assert!(lines[1].contains("pause agent") && lines[1].contains("resize"), "{log}");
+}
+
 async fn read_only<S: Store + Clone + 'static>(store: S) {
     let (_guard, _, failed) = seed(&store).await;
     let r = router(app(store.clone(), true));
