@@ -65,6 +65,29 @@ pub(crate) struct Config {
     /// How often sections are re-announced when the store has no change
     /// notifications.
     pub(crate) poll: Duration,
+    /// What one dashboard serves at once, and for how long.
+    pub(crate) limits: Limits,
+}
+
+/// The dashboard's bounds on load, so that no client (with or without the
+/// token) can hold it or the store without end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Requests handled at once (others wait their turn, within `timeout`);
+    /// a live stream holds its slot only until its headers are sent.
+    pub(crate) requests: usize,
+    /// How long a request may take to answer (a 503 after it), waiting for
+    /// its slot included; a live stream's body is not bounded by it.
+    pub(crate) timeout: Duration,
+    /// Live streams (`/events`: one per open tab) at once; past it, a 503,
+    /// and the tab falls back to its reload link.
+    pub(crate) live_clients: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { requests: 32, timeout: Duration::from_secs(30), live_clients: 256 }
+    }
 }
 
 impl Config {
@@ -80,6 +103,7 @@ impl Config {
             addr,
             public: None,
             poll: Duration::from_secs(1),
+            limits: Limits::default(),
         }
     }
 }
@@ -114,7 +138,7 @@ impl<S: Store + Clone + 'static> App<S> {
             let schedules = mongoagent::Schedules::new(store.clone(), q).map_err(|e| e.to_string())?;
             watched.push((schedules.collection().clone(), format!("queue:{q}")));
         }
-        let live = live::Live::start(&store, watched, cfg.poll);
+        let live = live::Live::start(&store, watched, cfg.poll, cfg.limits.live_clients);
         let history = history::History::start(&store, &cfg.queues, cfg.poll);
         let token = if cfg.read_only && !cfg.auth_reads { None } else { token };
         Ok(Arc::new(App {

@@ -512,6 +512,63 @@ async fn actions_are_audited_by_default() {
     assert!(lines[1].contains("pause agent") && lines[1].contains("resize"), "{log}");
 }
 
+/// A far page is refused rather than read: the store has no offset, and a
+/// page reads the ids of every task before it. A page in range holds the
+/// tasks after the previous one, in claim order.
+#[tokio::test(start_paused = true)]
+async fn pages_stop_short_of_huge_skips() {
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "jobs").unwrap();
+    for n in 0..120 {
+        q.enqueue(NewTask::new("resize", doc! {}).id(format!("t{n:03}"))).await.unwrap();
+    }
+    let r = router(app(store.clone(), true));
+    let far = send(&r, get("/api/tasks?queue=jobs&page=80000000")).await;
+    assert_eq!(far.status, StatusCode::BAD_REQUEST, "{}", far.body);
+    assert!(far.body.contains("pages stop at"), "{}", far.body);
+    let ids = |body: &str| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        v["tasks"].as_array().unwrap().iter().map(|t| t["_id"].as_str().unwrap().to_owned()).collect()
+    };
+    let mut all = Vec::new();
+    for page in 0..3 {
+        let body = send(&r, get(&format!("/api/tasks?queue=jobs&page={page}"))).await.body;
+        all.extend(ids(&body));
+    }
+    let expected: Vec<String> = (0..120).map(|n| format!("t{n:03}")).collect();
+    assert_eq!(all, expected, "three pages, in claim order, each task once");
+    assert_eq!(send(&r, get("/api/tasks?queue=jobs&page=199")).await.status, StatusCode::OK);
+}
+
+/// Open tabs are capped (a 503 past the cap, a slot again when one
+/// closes), and a request the store does not answer ends in a 503 at the
+/// timeout instead of holding its connection.
+#[tokio::test(start_paused = true)]
+async fn live_tabs_and_slow_requests_are_bounded() {
+    let store = MemoryStore::new();
+    let mut cfg = Config::new(vec!["jobs".into()], HOST.parse().unwrap());
+    cfg.read_only = true;
+    cfg.limits.live_clients = 2;
+    let r = router(App::new(store.clone(), cfg, None).unwrap());
+    let first = send_streaming(&r, get("/events")).await;
+    let second = send_streaming(&r, get("/events")).await;
+    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(send_streaming(&r, get("/events")).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(first);
+    assert_eq!(send_streaming(&r, get("/events")).await.status(), StatusCode::OK);
+
+    store.faults().set_latency(Duration::from_secs(3600));
+    let started = tokio::time::Instant::now();
+    let slow = send(&r, get("/api/overview")).await;
+    assert_eq!(slow.status, StatusCode::SERVICE_UNAVAILABLE, "{}", slow.body);
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+}
+
+/// The response of a request whose body is a stream, not read.
+async fn send_streaming(r: &Router, req: Request<Body>) -> axum::response::Response {
+    r.clone().oneshot(req).await.unwrap()
+}
+
 async fn read_only<S: Store + Clone + 'static>(store: S) {
     let (_guard, _, failed) = seed(&store).await;
     let r = router(app(store.clone(), true));
