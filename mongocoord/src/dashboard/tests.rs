@@ -476,10 +476,10 @@ async fn logins_expire_and_log_out() {
 #[tokio::test(start_paused = true)]
 async fn actions_are_audited_by_default() {
     #[derive(Clone, Default)]
-    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    struct Buf(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
     impl std::io::Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
+            self.0.lock().extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -502,7 +502,7 @@ async fn actions_are_audited_by_default() {
     assert_eq!(send(&r, cancel).await.status, StatusCode::SEE_OTHER);
     let pause = send(&r, post("/agent", "queue=jobs&agent=resize&action=pause", Some(TOKEN))).await;
     assert_eq!(pause.status, StatusCode::SEE_OTHER);
-    let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let log = String::from_utf8(buf.0.lock().clone()).unwrap();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("mongocoord::audit")).collect();
     assert_eq!(lines.len(), 2, "{log}");
     assert!(
