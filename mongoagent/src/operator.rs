@@ -1,5 +1,5 @@
-//! An operator's actions on tasks: [`Queue::requeue`], [`Queue::cancel`],
-//! [`Queue::cancel_ids`] and [`Queue::delete`] return one of these, which
+//! An operator's actions on tasks: [`Queue::requeue`], [`Queue::requeue_ids`],
+//! [`Queue::cancel`], [`Queue::cancel_ids`] and [`Queue::delete`] return one of these, which
 //! runs when awaited, as the `mongodb` driver's actions do. Each can be made a
 //! dry run first ([`Requeue::dry_run`]…): it then only lists the ids it would
 //! touch, read as the real run reads them.
@@ -29,13 +29,13 @@ use crate::{AgentError, Queue};
 
 type Running<'a> = Pin<Box<dyn Future<Output = Result<Vec<Key>, AgentError>> + Send + 'a>>;
 
-/// [`Queue::requeue`], run when awaited; resolves to the ids requeued (or,
+/// [`Queue::requeue`] or [`Queue::requeue_ids`], run when awaited; resolves to the ids requeued (or,
 /// with [`Requeue::dry_run`], those it would requeue).
 #[derive(Debug)]
 #[must_use = "an action does nothing until awaited"]
 pub struct Requeue<'a, S> {
     queue: &'a Queue<S>,
-    filter: Document,
+    which: Which,
     dry_run: bool,
 }
 
@@ -54,15 +54,34 @@ impl<'a, S: Store + Clone + 'a> IntoFuture for Requeue<'a, S> {
     type IntoFuture = Running<'a>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move { self.queue.requeue_matching(self.filter, self.dry_run).await })
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for filter in self.which.filters() {
+                out.extend(self.queue.requeue_matching(filter, self.dry_run).await?);
+            }
+            Ok(out)
+        })
     }
 }
 
-/// Which tasks a [`Cancel`] is for.
+/// Which tasks a [`Requeue`] or a [`Cancel`] is for.
 #[derive(Debug)]
 enum Which {
     Matching(Document),
     Ids(Vec<Key>),
+}
+
+impl Which {
+    /// The equality filters to run the action with, one after the other: the
+    /// filter, or one `_id` filter per id (each still under the action's own
+    /// condition, so an id the operator saw that has since changed state is
+    /// passed over).
+    fn filters(self) -> Vec<Document> {
+        match self {
+            Which::Matching(filter) => vec![filter],
+            Which::Ids(ids) => ids.into_iter().map(|id| doc! { reserved::ID: id.as_bson().clone() }).collect(),
+        }
+    }
 }
 
 /// [`Queue::cancel`] or [`Queue::cancel_ids`], run when awaited; resolves to
@@ -89,17 +108,11 @@ impl<'a, S: Store + Clone + 'a> IntoFuture for Cancel<'a, S> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            match self.which {
-                Which::Matching(filter) => self.queue.cancel_matching(filter, self.dry_run).await,
-                Which::Ids(ids) => {
-                    let mut out = Vec::new();
-                    for id in ids {
-                        let filter = doc! { reserved::ID: id.as_bson().clone() };
-                        out.extend(self.queue.cancel_matching(filter, self.dry_run).await?);
-                    }
-                    Ok(out)
-                }
+            let mut out = Vec::new();
+            for filter in self.which.filters() {
+                out.extend(self.queue.cancel_matching(filter, self.dry_run).await?);
             }
+            Ok(out)
         })
     }
 }
@@ -152,7 +165,19 @@ impl<S: Store + Clone> Queue<S> {
     /// See [the module](crate::operator#cancel-safety): running it again
     /// requeues the rest.
     pub fn requeue(&self, filter: Document) -> Requeue<'_, S> {
-        Requeue { queue: self, filter, dry_run: false }
+        Requeue { queue: self, which: Which::Matching(filter), dry_run: false }
+    }
+
+    /// As [`Queue::requeue`], for the tasks with these ids: those still
+    /// failed for good or stuck are requeued, the others (missing, cancelled,
+    /// picked up or ended since) are passed over. What a confirmation acts
+    /// on: the ids its preview listed, never a filter read again.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Queue::requeue`].
+    pub fn requeue_ids(&self, ids: &[Key]) -> Requeue<'_, S> {
+        Requeue { queue: self, which: Which::Ids(ids.to_vec()), dry_run: false }
     }
 
     /// Cancels the tasks matching an equality `filter` that have not ended: a

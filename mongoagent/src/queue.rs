@@ -276,6 +276,35 @@ impl<S: Store + Clone> Queue<S> {
         Ok(self.store.find_each(&self.coll, &q).await?)
     }
 
+    /// A page of [`Queue::tasks_each`]: the `skip` tasks before it are passed
+    /// over by their ids alone (read with a projection where the store has
+    /// one), and only the page's `limit` tasks are read whole, each as in
+    /// [`Queue::tasks_each`]. A task that stops matching between the two
+    /// reads is left out of the page.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: reads.
+    pub async fn tasks_page(
+        &self,
+        filter: Document,
+        skip: u32,
+        limit: u32,
+    ) -> Result<Vec<Result<Record, StoreError>>, AgentError> {
+        if skip == 0 {
+            return self.tasks_each(filter, Some(limit)).await;
+        }
+        let mut ids = claim_order(Query::eq(filter.clone()));
+        ids.limit = Some(skip.saturating_add(limit));
+        let page: Vec<Key> = self.store.find_keys(&self.coll, &ids).await?.into_iter().skip(skip as usize).collect();
+        if page.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = claim_order(Query::eq(filter));
+        q.keys = Some(page);
+        Ok(self.store.find_each(&self.coll, &q).await?)
+    }
+
     /// Per-state counts of one agent's tasks (each count an equality query the
     /// queue's indexes serve).
     ///

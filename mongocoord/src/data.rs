@@ -200,10 +200,19 @@ pub(crate) struct QueueCounts {
     pub(crate) skipped: Vec<Value>,
 }
 
+/// At most this many tasks are read to find a queue's agent names.
+pub(crate) const AGENT_SCAN: u32 = 100_000;
+
 /// The agent names in a queue, and the documents skipped on the way.
+///
+/// The store trait has no `distinct` and no projection but the ids
+/// (`find_keys`), so this reads up to [`AGENT_SCAN`] whole tasks, in the
+/// store's order: an agent whose tasks all lie past them is not listed
+/// (its counts are still right when named, `mongocoord tasks --agent`).
+/// The dashboard reads it at most every 250 ms for all tabs and scrapes
+/// together (`routes::gather`).
 async fn agent_names<S: Store>(store: &S, c: &Collection) -> Result<(Vec<String>, Vec<Value>), String> {
-    // A scan of names only; queues with millions of tasks should name the agent.
-    let found = store.find_each(c, &Query::all().limit(100_000)).await.map_err(|e| e.to_string())?;
+    let found = store.find_each(c, &Query::all().limit(AGENT_SCAN)).await.map_err(|e| e.to_string())?;
     let (all, skipped) = readable(found);
     let mut names: Vec<String> =
         all.iter().filter_map(|r| r.data().get_str(fields::AGENT_NAME).ok().map(str::to_owned)).collect();
@@ -288,7 +297,9 @@ pub(crate) struct TaskList {
 }
 
 /// Tasks matching an equality filter in claim order, `skip` of them passed
-/// over and at most `limit` listed (`Queue::tasks_each`).
+/// over and at most `limit` listed (`Queue::tasks_page`: the store has no
+/// offset, so the ids of the tasks before the page are read, never their
+/// documents; callers bound `skip`).
 pub(crate) async fn task_list<S: Store + Clone>(
     store: &S,
     queue: &str,
@@ -297,12 +308,9 @@ pub(crate) async fn task_list<S: Store + Clone>(
     limit: u32,
 ) -> Result<TaskList, String> {
     let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
-    // The store has no offset; a page reads what precedes it too.
-    let upto = skip.checked_add(limit).ok_or("the page is out of range")?;
-    let found = q.tasks_each(filter, Some(upto)).await.map_err(|e| e.to_string())?;
+    let found = q.tasks_page(filter, skip, limit).await.map_err(|e| e.to_string())?;
     let (records, skipped) = readable(found);
-    let tasks = records.iter().skip(skip as usize).map(task_json).collect();
-    Ok(TaskList { tasks, skipped })
+    Ok(TaskList { tasks: records.iter().map(task_json).collect(), skipped })
 }
 
 /// The tasks of an equality filter that failed for good, the latest to end

@@ -324,9 +324,13 @@ enum Cmd {
         #[arg(long)]
         read_only: bool,
         /// A file holding the token that actions need (default: a random
-        /// one, printed at start).
+        /// one, printed at start); only its owner may read it (chmod 600).
         #[arg(long)]
         token_file: Option<std::path::PathBuf>,
+        /// Reads (pages, JSON, /events, /metrics) need the token too; always
+        /// so when --bind is not a loopback address.
+        #[arg(long)]
+        auth_reads: bool,
         /// Where browsers reach the dashboard when a proxy (TLS, say) stands
         /// in front of it, e.g. https://dash.example.com: its origin passes the
         /// CSRF check and its host the Host check.
@@ -358,6 +362,16 @@ pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<Mongo
     c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))
 }
 
+/// The log filter when `RUST_LOG` is not set: `warn` (which records the
+/// dashboard's audit log, `dashboard::audit`), or `info` with `--verbose`.
+pub(crate) fn default_log_filter(verbose: bool) -> &'static str {
+    if verbose {
+        "info"
+    } else {
+        "warn"
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(cli.cmd, Cmd::Supervise { .. }) {
@@ -367,7 +381,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let filter = if cli.verbose { "info" } else { "warn" };
+    let filter = default_log_filter(cli.verbose);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))
         .with_writer(std::io::stderr)
@@ -497,6 +511,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
         Cmd::Dashboard {
             bind,
             read_only,
+            auth_reads,
             token_file,
             public_url,
             queue,
@@ -505,7 +520,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
             status_collection,
         } => {
             let collections = [lock_collection, election_collection, status_collection];
-            let opts = dashboard::Opts { bind, read_only, token_file, public_url, queues: queue, collections };
+            let opts =
+                dashboard::Opts { bind, read_only, auth_reads, token_file, public_url, queues: queue, collections };
             dashboard::run(connect(uri, db).await?, opts).await
         }
     }

@@ -252,7 +252,8 @@ pub(crate) async fn enqueue(
     Ok(0)
 }
 
-/// `mongocoord requeue`.
+/// `mongocoord requeue`: lists the tasks the filter selects, asks (unless
+/// `yes`), then requeues those it listed.
 pub(crate) async fn requeue(
     store: &MongoStore,
     queue: &str,
@@ -261,9 +262,38 @@ pub(crate) async fn requeue(
     yes: bool,
     json: bool,
 ) -> Result<u8, String> {
+    let ask = |n: usize| async move {
+        if yes {
+            return true;
+        }
+        eprint!("Requeue {n} failed or stuck task(s) in {queue}? [y/N] ");
+        let mut answer = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut answer);
+        matches!(answer.trim(), "y" | "Y" | "yes")
+    };
+    requeue_asking(store, queue, filter, dry_run, json, ask).await
+}
+
+/// [`requeue`] with the question put by `ask` (given how many tasks the
+/// preview found). The requeue acts on the ids the preview listed, never on
+/// the filter read again: a task that fails while the operator reads the
+/// question was not shown, and is left alone.
+async fn requeue_asking<S, F, Fut>(
+    store: &S,
+    queue: &str,
+    filter: &str,
+    dry_run: bool,
+    json: bool,
+    ask: F,
+) -> Result<u8, String>
+where
+    S: Store + Clone,
+    F: FnOnce(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
     let f = parse_filter(filter)?;
-    let candidates = q.requeue(f.clone()).dry_run(true).await.map_err(|e| e.to_string())?;
+    let candidates = q.requeue(f).dry_run(true).await.map_err(|e| e.to_string())?;
     if dry_run || candidates.is_empty() {
         let ids: Vec<String> = candidates.iter().map(ToString::to_string).collect();
         if json {
@@ -273,16 +303,11 @@ pub(crate) async fn requeue(
         }
         return Ok(0);
     }
-    if !yes {
-        eprint!("Requeue {} failed or stuck task(s) in {queue}? [y/N] ", candidates.len());
-        let mut answer = String::new();
-        let _ = std::io::stdin().lock().read_line(&mut answer);
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            eprintln!("nothing changed");
-            return Ok(1);
-        }
+    if !ask(candidates.len()).await {
+        eprintln!("nothing changed");
+        return Ok(1);
     }
-    let done = q.requeue(f).await.map_err(|e| e.to_string())?;
+    let done = q.requeue_ids(&candidates).await.map_err(|e| e.to_string())?;
     let ids: Vec<String> = done.iter().map(ToString::to_string).collect();
     if json {
         println!("{}", json!({ "dry_run": false, "ids": ids }));
@@ -314,5 +339,49 @@ pub(crate) async fn watch(store: &MongoStore, interval: f64, count: Option<u64>)
             return Ok(0);
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use store_trait::{Condition, Key, Mutation, Write};
+
+    async fn failed_task<S: Store + Clone>(store: &S, id: &str) {
+        let q = Queue::new(store.clone(), "jobs").unwrap();
+        let (key, _) = q.enqueue(NewTask::new("resize", bson::doc! {}).id(id)).await.unwrap();
+        let w = Write::new(
+            Condition::Always,
+            Mutation::new().set("complete", true).set("error_encountered", true).set("ready", false),
+        );
+        assert!(store.write(q.collection(), &key, &w).await.unwrap().is_applied());
+    }
+
+    /// A task that fails while the operator reads the question matches the
+    /// filter by then, but was not shown: it is left alone.
+    #[tokio::test]
+    async fn requeue_acts_on_the_tasks_it_asked_about() {
+        let store = store_memory::MemoryStore::new();
+        failed_task(&store, "shown").await;
+        let ask = |n: usize| {
+            let store = store.clone();
+            async move {
+                assert_eq!(n, 1);
+                failed_task(&store, "later").await;
+                true
+            }
+        };
+        assert_eq!(requeue_asking(&store, "jobs", r#"{"agent_name": "resize"}"#, false, true, ask).await, Ok(0));
+        let q = Queue::new(store.clone(), "jobs").unwrap();
+        let ready = |id: &'static str| {
+            let q = q.clone();
+            async move {
+                let key = Key::new(id).unwrap();
+                q.tasks(bson::doc! { "_id": key.as_bson().clone() }, None).await.unwrap()[0].get_bool("ready")
+            }
+        };
+        assert_eq!(ready("shown").await, Some(true));
+        assert_eq!(ready("later").await, Some(false), "a task the question did not show was requeued");
     }
 }

@@ -10,32 +10,49 @@ use axum::Form;
 use bson::{doc, Document};
 use mongoagent::{NewTask, Queue};
 use serde::Deserialize;
-use store_trait::Store;
+use store_trait::{Key, Store};
 
 use super::confirm::{self, TaskAction};
 use super::pages::{self, Page};
 use super::routes::{html, known_queue, page, AppState, Fail};
-use super::{auth, App};
+use super::{audit, auth, App};
 use crate::data;
 use crate::schedules::Action;
 
-/// The form of both steps of a requeue or a cancel: a task id, or a JSON
-/// equality filter.
+/// The form of both steps of a requeue or a cancel. The preview takes a task
+/// id or a JSON equality filter; the confirmation takes `ids`, the ids the
+/// preview listed (a JSON array of ids as extended JSON, so an `ObjectId`
+/// stays one), or one task's `id`, and never a filter: a filter read again
+/// at the confirmation would also touch the tasks that came to match it
+/// since the preview.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub(super) struct TaskForm {
     queue: String,
     filter: String,
     id: String,
+    ids: String,
 }
 
 impl TaskForm {
+    /// The preview's selection.
     fn filter(&self) -> Result<Document, Fail> {
         if !self.id.is_empty() {
             return Ok(doc! { "_id": data::task_id(&self.id) });
         }
         let text = if self.filter.trim().is_empty() { "{}" } else { &self.filter };
         data::parse_object("filter", text).map_err(Fail::Bad)
+    }
+
+    /// The confirmation's selection: the ids it acts on.
+    fn pinned(&self) -> Result<Vec<Key>, Fail> {
+        if !self.ids.is_empty() {
+            return confirm::parse_ids(&self.ids).map_err(Fail::Bad);
+        }
+        if !self.id.is_empty() {
+            return Key::from_bson(data::task_id(&self.id)).map(|k| vec![k]).map_err(|e| Fail::Bad(e.to_string()));
+        }
+        Err(Fail::Bad("a confirmation acts on the ids its preview listed: preview the action first".into()))
     }
 }
 
@@ -44,39 +61,44 @@ fn queue_of<S: Store + Clone>(app: &App<S>, name: &str) -> Result<Queue<S>, Fail
     Queue::new(app.store.clone(), q).map_err(|e| Fail::Bad(e.to_string()))
 }
 
-/// Requeues or cancels (or with `dry_run`, lists) the tasks `f` selects, by
-/// the library's operation: the preview and the action read alike.
-async fn apply<S: Store + Clone>(
-    app: &App<S>,
-    action: TaskAction,
-    f: &TaskForm,
-    dry_run: bool,
-) -> Result<Vec<String>, Fail> {
-    let q = queue_of(app, &f.queue)?;
-    let filter = f.filter()?;
-    let done = match action {
-        TaskAction::Requeue => q.requeue(filter).dry_run(dry_run).await,
-        TaskAction::Cancel => q.cancel(filter).dry_run(dry_run).await,
-    };
-    Ok(done.map_err(|e| Fail::Store(e.to_string()))?.iter().map(ToString::to_string).collect())
-}
-
+/// Lists the tasks `f` selects as the requeue or cancel would (the library's
+/// `dry_run`): the preview and the action read alike.
 async fn preview<S: Store + Clone>(
     app: &App<S>,
     headers: &HeaderMap,
     action: TaskAction,
     f: TaskForm,
 ) -> Result<Response, Fail> {
-    let ids = apply(app, action, &f, true).await?;
-    let live = confirm::tasks(action, &f.queue, &f.filter, &f.id, &ids);
+    let q = queue_of(app, &f.queue)?;
+    let filter = f.filter()?;
+    let found = match action {
+        TaskAction::Requeue => q.requeue(filter).dry_run(true).await,
+        TaskAction::Cancel => q.cancel(filter).dry_run(true).await,
+    };
+    let ids = found.map_err(|e| Fail::Store(e.to_string()))?;
+    let live = confirm::tasks(action, &f.queue, &f.id, &ids);
     let title = if action == TaskAction::Requeue { "Requeue?" } else { "Cancel?" };
     Ok(page(app, headers, Page { title: title.into(), live, ..Page::default() }))
 }
 
-async fn act<S: Store + Clone>(app: &App<S>, action: TaskAction, f: TaskForm) -> Result<Response, Fail> {
-    let done = apply(app, action, &f, false).await?;
+/// Requeues or cancels the tasks the preview listed, by id, each under the
+/// action's own condition (one that changed state since is passed over).
+async fn act<S: Store + Clone>(
+    app: &App<S>,
+    who: &audit::Client,
+    action: TaskAction,
+    f: TaskForm,
+) -> Result<Response, Fail> {
+    let q = queue_of(app, &f.queue)?;
+    let ids = f.pinned()?;
+    let done = match action {
+        TaskAction::Requeue => q.requeue_ids(&ids).await,
+        TaskAction::Cancel => q.cancel_ids(&ids).await,
+    };
+    let done = done.map_err(|e| Fail::Store(e.to_string()))?;
     app.changed().await;
-    tracing::info!(queue = %f.queue, action = ?action, count = done.len(), "dashboard changed tasks");
+    let done_ids: Vec<String> = done.iter().map(ToString::to_string).collect();
+    audit::record(who, action.verb(), &f.queue, &done_ids);
     if !f.id.is_empty() {
         return Ok(
             Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&f.id), pages::url(&f.queue))).into_response()
@@ -99,9 +121,10 @@ pub(super) async fn requeue_preview<S: Store + Clone>(
 
 pub(super) async fn requeue<S: Store + Clone>(
     State(app): AppState<S>,
+    who: audit::Client,
     Form(f): Form<TaskForm>,
 ) -> Result<Response, Fail> {
-    act(&app, TaskAction::Requeue, f).await
+    act(&app, &who, TaskAction::Requeue, f).await
 }
 
 pub(super) async fn cancel_preview<S: Store + Clone>(
@@ -114,9 +137,10 @@ pub(super) async fn cancel_preview<S: Store + Clone>(
 
 pub(super) async fn cancel<S: Store + Clone>(
     State(app): AppState<S>,
+    who: audit::Client,
     Form(f): Form<TaskForm>,
 ) -> Result<Response, Fail> {
-    act(&app, TaskAction::Cancel, f).await
+    act(&app, &who, TaskAction::Cancel, f).await
 }
 
 /// The form of both steps of an agent name's pause or resume.
@@ -157,13 +181,14 @@ pub(super) async fn agent_preview<S: Store + Clone>(
 
 pub(super) async fn agent<S: Store + Clone>(
     State(app): AppState<S>,
+    who: audit::Client,
     Form(f): Form<AgentForm>,
 ) -> Result<Response, Fail> {
     let q = queue_of(&app, &f.queue)?;
     let pause = f.pause()?;
     q.set_paused(&f.agent, pause).await.map_err(|e| Fail::Store(e.to_string()))?;
     app.changed().await;
-    tracing::info!(queue = %f.queue, agent = %f.agent, paused = pause, "dashboard paused or resumed an agent name");
+    audit::record(&who, &format!("{} agent", f.action), &f.queue, std::slice::from_ref(&f.agent));
     Ok(Redirect::to("/").into_response())
 }
 
@@ -179,6 +204,7 @@ pub(super) struct EnqueueForm {
 
 pub(super) async fn enqueue<S: Store + Clone>(
     State(app): AppState<S>,
+    who: audit::Client,
     Form(f): Form<EnqueueForm>,
 ) -> Result<Response, Fail> {
     let q = queue_of(&app, &f.queue)?;
@@ -193,7 +219,8 @@ pub(super) async fn enqueue<S: Store + Clone>(
     let task = NewTask::new(f.agent.trim(), data).priority(priority);
     let (id, inserted) = q.enqueue(task).await.map_err(|e| Fail::Bad(e.to_string()))?;
     app.changed().await;
-    tracing::info!(queue = %f.queue, %id, inserted, "dashboard enqueued a task");
+    let what = if inserted { "enqueue" } else { "enqueue (a duplicate, not inserted)" };
+    audit::record(&who, what, &f.queue, &[id.to_string()]);
     Ok(Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&id.to_string()), pages::url(&f.queue))).into_response())
 }
 
@@ -221,6 +248,19 @@ pub(super) async fn login<S>(State(app): AppState<S>, headers: HeaderMap, Form(f
     }
     let mut res = Redirect::to("/").into_response();
     if let Ok(v) = HeaderValue::from_str(&auth::cookie(token, app.cfg.public.as_ref())) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    res
+}
+
+/// Logs out: the cookie is emptied and expires. From this dashboard's own
+/// pages only, so that no other site can log an operator out.
+pub(super) async fn logout<S>(State(app): AppState<S>, headers: HeaderMap) -> Response {
+    if !auth::same_origin(&headers, app.cfg.public.as_ref()) {
+        return (StatusCode::FORBIDDEN, "forbidden: cross-origin request\n").into_response();
+    }
+    let mut res = Redirect::to("/login").into_response();
+    if let Ok(v) = HeaderValue::from_str(&auth::cleared_cookie(app.cfg.public.as_ref())) {
         res.headers_mut().insert(header::SET_COOKIE, v);
     }
     res
@@ -263,6 +303,7 @@ pub(super) async fn schedule_preview<S: Store + Clone>(
 
 pub(super) async fn schedule<S: Store + Clone>(
     State(app): AppState<S>,
+    who: audit::Client,
     Form(f): Form<ScheduleForm>,
 ) -> Result<Response, Fail> {
     let q = known_queue(&app, Some(&f.queue))?;
@@ -271,6 +312,6 @@ pub(super) async fn schedule<S: Store + Clone>(
         return Err(Fail::NotFound(format!("no schedule {} in {q}", f.name)));
     }
     app.changed().await;
-    tracing::info!(queue = q, schedule = %f.name, action = %f.action, "dashboard changed a schedule");
+    audit::record(&who, &format!("{} schedule", f.action), q, std::slice::from_ref(&f.name));
     Ok(Redirect::to("/").into_response())
 }

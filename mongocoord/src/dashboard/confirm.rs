@@ -7,6 +7,8 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use super::pages::{cell, esc, url};
+use store_trait::Key;
+
 use crate::data::StatsRow;
 
 /// An action on tasks selected by id or by filter.
@@ -27,7 +29,8 @@ impl TaskAction {
         }
     }
 
-    fn verb(self) -> &'static str {
+    /// The action in a word, as its button says it.
+    pub(crate) fn verb(self) -> &'static str {
         match self {
             TaskAction::Requeue => "Requeue",
             TaskAction::Cancel => "Cancel",
@@ -51,8 +54,54 @@ impl TaskAction {
     }
 }
 
-/// The confirmation of a requeue or a cancel: the tasks it will touch.
-pub(crate) fn tasks(action: TaskAction, q: &str, filter: &str, id: &str, ids: &[String]) -> String {
+/// At most this many ids ride in one confirmation, and at most
+/// [`MAX_PINNED_JSON`] bytes of them: the form must fit the body limit even
+/// URL-encoded (three bytes a character at worst). A preview that finds more
+/// confirms the first ones; the operator confirms again for the rest.
+pub(crate) const MAX_PINNED: usize = 500;
+/// See [`MAX_PINNED`].
+pub(crate) const MAX_PINNED_JSON: usize = super::BODY_LIMIT / 4;
+
+/// The ids a confirmation carries: as many of `ids` as fit, as a JSON array
+/// of extended JSON (`{"$oid": …}` for an `ObjectId`, so that a string id of
+/// 24 hex digits stays a string).
+pub(crate) fn pin_ids(ids: &[Key]) -> (String, usize) {
+    let mut out = Vec::new();
+    let mut len = 2;
+    for id in ids.iter().take(MAX_PINNED) {
+        let v = id.as_bson().clone().into_relaxed_extjson();
+        let n = v.to_string().len() + 1;
+        if len + n > MAX_PINNED_JSON {
+            break;
+        }
+        len += n;
+        out.push(v);
+    }
+    let n = out.len();
+    (Value::Array(out).to_string(), n)
+}
+
+/// The ids of a confirmation, as [`pin_ids`] wrote them.
+pub(crate) fn parse_ids(text: &str) -> Result<Vec<Key>, String> {
+    let bad = |why: String| format!("the confirmation's ids cannot be read: {why}");
+    let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let Value::Array(items) = v else { return Err(bad("not a JSON array".into())) };
+    if items.len() > MAX_PINNED {
+        return Err(bad(format!("more than {MAX_PINNED}")));
+    }
+    items
+        .into_iter()
+        .map(|i| {
+            let b = bson::Bson::try_from(i).map_err(|e| bad(e.to_string()))?;
+            Key::from_bson(b).map_err(|e| bad(e.to_string()))
+        })
+        .collect()
+}
+
+/// The confirmation of a requeue or a cancel: the tasks it will touch, and a
+/// form that carries their ids (not the filter that found them), so the
+/// action touches these and no task that came to match since.
+pub(crate) fn tasks(action: TaskAction, q: &str, id: &str, ids: &[Key]) -> String {
     let (verb, which) = (action.verb(), action.which());
     if ids.is_empty() {
         return format!(
@@ -60,19 +109,28 @@ pub(crate) fn tasks(action: TaskAction, q: &str, filter: &str, id: &str, ids: &[
             verb.to_lowercase()
         );
     }
-    let mut h = format!("<p>This will {} {} {which} task(s) in {}:</p><ul>", verb.to_lowercase(), ids.len(), esc(q));
-    for i in ids {
-        let _ = write!(h, r#"<li><a href="/tasks/{}?queue={}">{}</a></li>"#, url(i), url(q), esc(i));
+    let (pinned, n) = pin_ids(ids);
+    let mut h = format!("<p>This will {} {n} {which} task(s) in {}:</p><ul>", verb.to_lowercase(), esc(q));
+    for i in &ids[..n] {
+        let i = i.to_string();
+        let _ = write!(h, r#"<li><a href="/tasks/{}?queue={}">{}</a></li>"#, url(&i), url(q), esc(&i));
+    }
+    h.push_str("</ul>");
+    if n < ids.len() {
+        let _ = write!(
+            h,
+            r#"<p class="warn">{} more match; this confirmation touches the {n} above: preview again for the rest.</p>"#,
+            ids.len() - n
+        );
     }
     let _ = write!(
         h,
-        r#"</ul><p>{}</p><form method="post" action="{}"><input type="hidden" name="queue" value="{}"><input type="hidden" name="filter" value="{}"><input type="hidden" name="id" value="{}"><button id="confirm">{verb} {} task(s)</button> <a href="/">back</a></form>"#,
+        r#"<p>{}</p><form method="post" action="{}"><input type="hidden" name="queue" value="{}"><input type="hidden" name="ids" value="{}"><input type="hidden" name="id" value="{}"><button id="confirm">{verb} {n} task(s)</button> <a href="/">back</a></form>"#,
         action.what_it_does(),
         action.path(),
         esc(q),
-        esc(filter),
+        esc(&pinned),
         esc(id),
-        ids.len()
     );
     h
 }

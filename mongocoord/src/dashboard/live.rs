@@ -40,6 +40,8 @@ pub(crate) struct Live {
     tx: broadcast::Sender<Arc<str>>,
     pub(crate) counters: Arc<LiveCounters>,
     stop: CancellationToken,
+    /// One permit per open stream (`Limits::live_clients`).
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Drop for Live {
@@ -55,6 +57,7 @@ impl Live {
         store: &S,
         watched: Vec<(Collection, String)>,
         poll: Duration,
+        max_clients: usize,
     ) -> Live {
         let (tx, _) = broadcast::channel(256);
         let counters = Arc::new(LiveCounters::default());
@@ -64,17 +67,19 @@ impl Live {
             let (counters, stop) = (counters.clone(), stop.clone());
             tokio::spawn(async move { stop.run_until_cancelled(pump.run(&counters)).await });
         }
-        Live { tx, counters, stop }
+        Live { tx, counters, stop, slots: Arc::new(tokio::sync::Semaphore::new(max_clients)) }
     }
 
-    /// A tab's stream of section names, as server-sent events.
-    /// The stream ends when `shutdown` is cancelled.
+    /// A tab's stream of section names, as server-sent events, or `None`
+    /// when as many tabs as allowed have one open. The stream ends when
+    /// `shutdown` is cancelled.
     pub(crate) fn events(
         &self,
         shutdown: CancellationToken,
-    ) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
+    ) -> Option<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>> {
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
         let rx = self.tx.subscribe();
-        let client = Client::new(self.counters.clone());
+        let client = Client::new(self.counters.clone(), slot);
         let stream = futures::stream::unfold((rx, client), |(mut rx, client)| async move {
             let section = match rx.recv().await {
                 Ok(s) => s,
@@ -84,24 +89,29 @@ impl Live {
             };
             Some((Ok(Event::default().data(&*section)), (rx, client)))
         });
-        Sse::new(stream.take_until(shutdown.cancelled_owned())).keep_alive(KeepAlive::default())
+        Some(Sse::new(stream.take_until(shutdown.cancelled_owned())).keep_alive(KeepAlive::default()))
     }
 }
 
-/// Counts a connected tab for as long as its stream lives.
+/// Counts a connected tab, and holds its slot, for as long as its stream
+/// lives.
 #[derive(Debug)]
-struct Client(Arc<LiveCounters>);
+struct Client {
+    counters: Arc<LiveCounters>,
+    /// Returned when the stream ends.
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
 
 impl Client {
-    fn new(c: Arc<LiveCounters>) -> Client {
-        c.clients.fetch_add(1, Ordering::Relaxed);
-        Client(c)
+    fn new(counters: Arc<LiveCounters>, slot: tokio::sync::OwnedSemaphorePermit) -> Client {
+        counters.clients.fetch_add(1, Ordering::Relaxed);
+        Client { counters, _slot: slot }
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        self.0.clients.fetch_sub(1, Ordering::Relaxed);
+        self.counters.clients.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

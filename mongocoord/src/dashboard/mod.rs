@@ -9,12 +9,15 @@
 //! - `live.rs`: one watcher per collection, fanned out to tabs over SSE.
 //! - `history.rs`: the events each task went through while the dashboard
 //!   runs (one `Queue::events` feed per queue), for the task detail page.
-//! - `auth.rs`: the Host check, the Origin check and the token.
+//! - `auth.rs`: the Host check, the Origin check and the token (on actions,
+//!   and on reads when not bound to loopback or with `--auth-reads`).
+//! - `audit.rs`: every action, who asked and what it touched, at `warn`.
 //! - `metrics.rs`: `/metrics` through `prometheus-client`.
 //!
 //! The data comes from `crate::data`, the same functions the CLI views print.
 
 mod actions;
+mod audit;
 mod auth;
 mod confirm;
 mod history;
@@ -49,8 +52,12 @@ pub(crate) struct Config {
     pub(crate) elections: String,
     /// The node status collection.
     pub(crate) status: String,
-    /// No actions: no login, no action routes, no buttons.
+    /// No actions: no action routes, no buttons (and no login, unless reads
+    /// need the token).
     pub(crate) read_only: bool,
+    /// Reads (pages, JSON, `/events`, `/metrics`) need the token too: on
+    /// when not bound to loopback, or with `--auth-reads`.
+    pub(crate) auth_reads: bool,
     /// The address served (the Host check allows it).
     pub(crate) addr: SocketAddr,
     /// Where browsers reach it, when not at `addr` (a proxy in front).
@@ -58,6 +65,29 @@ pub(crate) struct Config {
     /// How often sections are re-announced when the store has no change
     /// notifications.
     pub(crate) poll: Duration,
+    /// What one dashboard serves at once, and for how long.
+    pub(crate) limits: Limits,
+}
+
+/// The dashboard's bounds on load, so that no client (with or without the
+/// token) can hold it or the store without end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Requests handled at once (others wait their turn, within `timeout`);
+    /// a live stream holds its slot only until its headers are sent.
+    pub(crate) requests: usize,
+    /// How long a request may take to answer (a 503 after it), waiting for
+    /// its slot included; a live stream's body is not bounded by it.
+    pub(crate) timeout: Duration,
+    /// Live streams (`/events`: one per open tab) at once; past it, a 503,
+    /// and the tab falls back to its reload link.
+    pub(crate) live_clients: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { requests: 32, timeout: Duration::from_secs(30), live_clients: 256 }
+    }
 }
 
 impl Config {
@@ -69,9 +99,11 @@ impl Config {
             elections: mongoelector::DEFAULT_COLLECTION.into(),
             status: mongoelector::DEFAULT_STATUS_COLLECTION.into(),
             read_only: false,
+            auth_reads: false,
             addr,
             public: None,
             poll: Duration::from_secs(1),
+            limits: Limits::default(),
         }
     }
 }
@@ -81,7 +113,7 @@ impl Config {
 pub(crate) struct App<S> {
     pub(crate) store: S,
     pub(crate) cfg: Config,
-    /// `None` in read-only mode.
+    /// `None` when nothing needs it (read-only, reads open).
     pub(crate) token: Option<auth::Token>,
     pub(crate) live: live::Live,
     /// The task events seen since the start.
@@ -106,9 +138,9 @@ impl<S: Store + Clone + 'static> App<S> {
             let schedules = mongoagent::Schedules::new(store.clone(), q).map_err(|e| e.to_string())?;
             watched.push((schedules.collection().clone(), format!("queue:{q}")));
         }
-        let live = live::Live::start(&store, watched, cfg.poll);
+        let live = live::Live::start(&store, watched, cfg.poll, cfg.limits.live_clients);
         let history = history::History::start(&store, &cfg.queues, cfg.poll);
-        let token = if cfg.read_only { None } else { token };
+        let token = if cfg.read_only && !cfg.auth_reads { None } else { token };
         Ok(Arc::new(App {
             store,
             cfg,
@@ -134,6 +166,8 @@ impl<S> App<S> {
 pub(crate) struct Opts {
     pub(crate) bind: String,
     pub(crate) read_only: bool,
+    /// `--auth-reads`: reads need the token even on loopback.
+    pub(crate) auth_reads: bool,
     pub(crate) token_file: Option<PathBuf>,
     /// `--public-url`.
     pub(crate) public_url: Option<String>,
@@ -147,26 +181,35 @@ pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result
     // The library figures count from now on (see `metrics.rs`).
     crate::exposition::installed();
     let public = o.public_url.as_deref().map(auth::PublicUrl::parse).transpose()?;
-    let token = match (&o.token_file, o.read_only) {
+    let listener =
+        tokio::net::TcpListener::bind(&o.bind).await.map_err(|e| format!("cannot listen on {}: {e}", o.bind))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // Anyone on the network may read what a dashboard on another interface
+    // shows (task data, lock holders, host names): then reads need the token.
+    let auth_reads = o.auth_reads || !addr.ip().is_loopback();
+    let token = match (&o.token_file, o.read_only && !auth_reads) {
         (_, true) => None,
         (Some(f), false) => Some(auth::Token::from_file(f)?),
         (None, false) => Some(auth::Token::random()?),
     };
-    let listener =
-        tokio::net::TcpListener::bind(&o.bind).await.map_err(|e| format!("cannot listen on {}: {e}", o.bind))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let mut cfg = Config::new(o.queues, addr);
     cfg.read_only = o.read_only;
+    cfg.auth_reads = auth_reads;
     cfg.public = public;
     [cfg.locks, cfg.elections, cfg.status] = o.collections;
     let app = App::new(store, cfg, token.clone())?;
     eprintln!("mongocoord dashboard on http://{addr}/");
+    let needs = match (o.read_only, auth_reads) {
+        (false, false) => "actions need",
+        (false, true) => "reads and actions need",
+        (true, _) => "reads need",
+    };
     match (&token, &o.token_file) {
-        (Some(t), None) => eprintln!("actions need this token (log in at http://{addr}/login): {}", t.reveal()),
-        (Some(_), Some(f)) => eprintln!("actions need the token in {}", f.display()),
+        (Some(t), None) => eprintln!("{needs} this token (log in at http://{addr}/login): {}", t.reveal()),
+        (Some(_), Some(f)) => eprintln!("{needs} the token in {}", f.display()),
         (None, _) => eprintln!("read-only: no actions"),
     }
-    tracing::info!(%addr, read_only = o.read_only, "dashboard started");
+    tracing::info!(%addr, read_only = o.read_only, auth_reads, "dashboard started");
     let shutdown = app.shutdown.clone();
     let router = router(app);
     let stop = async move {
@@ -177,7 +220,8 @@ pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result
         }
         shutdown.cancel();
     };
-    axum::serve(listener, router)
+    // With the peer's address, for the audit log (`audit::Client`).
+    axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(stop)
         .await
         .map_err(|e| format!("the dashboard failed: {e}"))?;

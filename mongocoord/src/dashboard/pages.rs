@@ -60,7 +60,11 @@ impl Page {
         if fragment {
             return self.live.clone();
         }
-        let mode = if read_only { r#"<span class="ro">read-only</span>"# } else { r#"<a href="/login">log in</a>"# };
+        let mode = if read_only {
+            r#"<span class="ro">read-only</span>"#
+        } else {
+            r#"<a href="/login">log in</a> <form method="post" action="/logout" class="inline"><button id="logout">log out</button></form>"#
+        };
         format!(
             r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title} · mongocoord</title>

@@ -14,6 +14,8 @@ use bson::{doc, Bson, Document};
 use mongoagent::fields;
 use serde::Deserialize;
 use store_trait::Store;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
 
 use super::pages::{self, Overview, Page};
 use super::{actions, auth, metrics, App, BODY_LIMIT};
@@ -53,17 +55,22 @@ pub(super) fn page<S>(app: &App<S>, headers: &HeaderMap, p: Page) -> Response {
 
 /// The router of `app`'s dashboard.
 pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
-    let mut r = Router::new()
+    let mut reads = Router::new()
         .route("/", get(overview::<S>))
         .route("/tasks", get(task_list::<S>))
         .route("/tasks/{id}", get(task_detail::<S>))
         .route("/events", get(events::<S>))
         .route("/metrics", get(metrics_text::<S>))
         .route("/api/overview", get(api_overview::<S>))
-        .route("/api/tasks", get(api_tasks::<S>))
+        .route("/api/tasks", get(api_tasks::<S>));
+    if let (true, Some(token)) = (app.cfg.auth_reads, app.token.clone()) {
+        reads = reads.route_layer(from_fn_with_state(token, auth::require_read_token));
+    }
+    // The login page and its assets are open: they are how one gets the cookie.
+    let mut r = reads
         .route("/assets/app.js", get(|| async { asset("text/javascript", include_str!("assets/app.js")) }))
         .route("/assets/app.css", get(|| async { asset("text/css", include_str!("assets/app.css")) }));
-    if let Some(token) = app.token.clone() {
+    if let (false, Some(token)) = (app.cfg.read_only, app.token.clone()) {
         let actions = Router::new()
             .route("/requeue/preview", post(actions::requeue_preview::<S>))
             .route("/requeue", post(actions::requeue::<S>))
@@ -78,13 +85,23 @@ pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
                 auth::Guard { token, public: app.cfg.public.clone() },
                 auth::require_token,
             ));
-        r = r.merge(actions).route("/login", get(actions::login_form::<S>).post(actions::login::<S>));
+        r = r.merge(actions);
+    }
+    if app.token.is_some() {
+        r = r
+            .route("/login", get(actions::login_form::<S>).post(actions::login::<S>))
+            .route("/logout", post(actions::logout::<S>));
     }
     let hosts = Arc::new(auth::allowed_hosts(app.cfg.addr, app.cfg.public.as_ref()));
+    let limits = app.cfg.limits;
+    // The limits are the outer layers: a request waits for its slot within
+    // its time, and one refused by the Host check has cost a slot only.
     r.with_state(app)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(from_fn(security_headers))
         .layer(from_fn_with_state(hosts, auth::check_host))
+        .layer(GlobalConcurrencyLimitLayer::new(limits.requests))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limits.timeout))
 }
 
 /// No script but the dashboard's own file runs, whatever a page contains.
@@ -174,6 +191,10 @@ struct TaskQuery {
 }
 
 const PAGE_SIZE: u32 = 50;
+/// The last page number served: a page passes over the ids of every task
+/// before it (the store has no offset), so pages stop at 10,000 tasks in;
+/// the filters reach the rest.
+const MAX_PAGE: u32 = 199;
 
 /// The queue named by a request: one the dashboard was started with.
 pub(super) fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a str, Fail> {
@@ -224,7 +245,12 @@ async fn list<S: Store + Clone>(app: &App<S>, tq: &TaskQuery) -> Result<(String,
     if let Some(id) = tq.id.as_deref().map(str::trim).filter(|id| !id.is_empty()) {
         f.insert("_id", data::task_id(id));
     }
-    let skip = page.checked_mul(PAGE_SIZE).ok_or_else(|| Fail::Bad("the page is out of range".into()))?;
+    if page > MAX_PAGE {
+        return Err(Fail::Bad(format!(
+            "pages stop at {MAX_PAGE}: filter by agent, state or id to see tasks further in"
+        )));
+    }
+    let skip = page * PAGE_SIZE;
     // One more than a page tells whether there is a next one.
     let mut l = data::task_list(&app.store, &q, f, skip, PAGE_SIZE + 1).await.map_err(Fail::Store)?;
     let more = l.tasks.len() > PAGE_SIZE as usize;
@@ -286,7 +312,10 @@ async fn task_detail<S: Store + Clone>(
 }
 
 async fn events<S: Store + Clone>(State(app): AppState<S>) -> Response {
-    app.live.events(app.shutdown.clone()).into_response()
+    match app.live.events(app.shutdown.clone()) {
+        Some(sse) => sse.into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "too many live tabs are open: reload later\n").into_response(),
+    }
 }
 
 async fn metrics_text<S: Store + Clone>(State(app): AppState<S>) -> Result<Response, Fail> {

@@ -86,6 +86,8 @@ fn the_dashboard_in_a_browser() {
     let Some(e) = env("dashboard_browser") else { return };
     let token_file = e.file("token");
     std::fs::write(&token_file, "browser-test-token-0123456789\n").unwrap();
+    // The dashboard refuses a token file others may read.
+    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // A failed task to requeue from the page.
     let id = e.json(&["enqueue", "--queue", "jobs", "--agent", "resize", r#"{"file": "a.png"}"#])["id"]
         .as_str()
