@@ -4,7 +4,6 @@
 //! provisions the server and calls it. Correctness checks inside (one holder,
 //! every task done) fail loudly; numbers never fail anything.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,19 +15,99 @@ use std::time::{Duration, Instant};
 use bson::doc;
 use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
 use mongolock::{Acquire, Lock};
-use serde_json::{json, Value};
 use store_memory::MemoryStore;
 use store_mongo::mongodb::options::{Acknowledgment, CollectionOptions, ReadConcern, ReturnDocument, WriteConcern};
 use store_mongo::MongoStore;
 
+mod agenda;
 mod counted;
 mod events;
+mod figures;
 use counted::{counted_store, Counts};
+use figures::{Figures, Section};
+
+/// How big a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every section at a tiny size, then a check that every promised figure
+    /// is there (CI runs it: the bench cannot rot unseen). Its numbers mean
+    /// nothing.
+    Smoke,
+    /// A short run whose figures compare within the run.
+    Quick,
+    /// The README's figures.
+    Full,
+}
+
+/// The sizes of each section in one [`Mode`].
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    /// Raw `findAndModify` calls, lock cycles, minimal-pipeline cycles.
+    calls: usize,
+    handovers: usize,
+    /// Clean stops, then as many kills, of the elected leader.
+    elect_trials: usize,
+    /// Tasks per queue shape.
+    tasks: u32,
+    picks: usize,
+    ticks: usize,
+    sim_minutes: u64,
+    seed_cycles: usize,
+    agenda: agenda::AgendaSize,
+}
+
+impl Mode {
+    fn size(self) -> Size {
+        match self {
+            Mode::Smoke => Size {
+                calls: 20,
+                handovers: 2,
+                elect_trials: 1,
+                tasks: 20,
+                picks: 2,
+                ticks: 2,
+                sim_minutes: 1,
+                seed_cycles: 10,
+                agenda: agenda::AgendaSize { jobs: 8, picks: 1, limit_s: 30 },
+            },
+            Mode::Quick => Size {
+                calls: 300,
+                handovers: 10,
+                elect_trials: 3,
+                tasks: 400,
+                picks: 10,
+                ticks: 10,
+                sim_minutes: 10,
+                seed_cycles: 100,
+                agenda: agenda::AgendaSize { jobs: 400, picks: 5, limit_s: 120 },
+            },
+            Mode::Full => Size {
+                calls: 2000,
+                handovers: 30,
+                elect_trials: 5,
+                tasks: 2000,
+                picks: 30,
+                ticks: 30,
+                sim_minutes: 60,
+                seed_cycles: 500,
+                agenda: agenda::AgendaSize { jobs: 2000, picks: 15, limit_s: 600 },
+            },
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Smoke => "smoke",
+            Mode::Quick => "quick",
+            Mode::Full => "full",
+        }
+    }
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub(crate) struct BenchOpts {
-    pub(crate) quick: bool,
+    pub(crate) mode: Mode,
     pub(crate) out: PathBuf,
     pub(crate) mongocoord: PathBuf,
     pub(crate) python: Option<PathBuf>,
@@ -51,23 +130,10 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-struct Figures(BTreeMap<String, f64>);
-
-impl Figures {
-    fn put(&mut self, k: impl Into<String>, v: f64) {
-        let k = k.into();
-        eprintln!("  {k} = {v:.3}");
-        self.0.insert(k, v);
-    }
-
-    fn get(&self, k: &str) -> Option<f64> {
-        self.0.get(k).copied()
-    }
-}
-
 /// Runs the benchmark against `store` (database `db` at `uri`).
 pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) -> Result<u8, String> {
-    let mut f = Figures(BTreeMap::new());
+    let mut f = Figures::default();
+    let size = o.mode.size();
     let version = store
         .database()
         .run_command(doc! {"buildInfo": 1})
@@ -76,7 +142,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         .and_then(|d| d.get_str("version").ok().map(str::to_owned))
         .unwrap_or_default();
     let server = std::env::var("MONGOCOORD_BENCH_SERVER").unwrap_or_else(|_| "mongodb".into());
-    let n = if o.quick { 300 } else { 2000 };
+    let n = size.calls;
 
     eprintln!("raw findAndModify ({n} calls)…");
     let raw = store.database().collection::<bson::Document>("bench_raw");
@@ -120,7 +186,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     f.put("minimal_pipeline_acquire_p50_us", pct(&minimal, 0.5));
     f.put("lock_vs_minimal_pipeline", pct(&acq, 0.5) / pct(&minimal, 0.5));
 
-    let trials = if o.quick { 10 } else { 30 };
+    let trials = size.handovers;
     eprintln!("lock handover ({trials} trials)…");
     let mut hand = Vec::new();
     for _ in 0..trials {
@@ -145,12 +211,16 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     f.put("handover_ms_p99", pct(&hand, 0.99));
 
     let skip = std::env::var("MONGOCOORD_BENCH_SKIP").unwrap_or_default();
-    let elect_trials = if o.quick { 3 } else { 5 };
-    if !skip.contains("elector") {
+    let elect_trials = size.elect_trials;
+    if skip.contains("elector") {
+        f.skip(Section::Elector, "MONGOCOORD_BENCH_SKIP");
+    } else {
         eprintln!("elector: 3 processes, ttl 3 s, {elect_trials} clean stops and {elect_trials} kills…");
         let exe = o.mongocoord.clone();
         let ours = |key: &str, file: &Path| {
-            let script = format!("echo $(date +%s%N) $PPID >> {}; exec sleep 100000", file.display());
+            // The runner's pid, which the trials signal: the command's parent
+            // is the runner's supervisor, not the runner.
+            let script = format!("echo $(date +%s%N) $MONGOCOORD_RUNNER_PID >> {}; exec sleep 100000", file.display());
             let mut c = tokio::process::Command::new(&exe);
             c.args(["--uri", uri, "--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
             c
@@ -167,7 +237,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     // only same-size figures of the same run compare): a hand-written driver
     // loop, three shapes of ours, and Agenda. Every shape gets a collection of
     // its own, preloaded the same way.
-    let tasks: u32 = if o.quick { 400 } else { 2000 };
+    let tasks = size.tasks;
     f.put("queue_tasks", f64::from(tasks));
     eprintln!("raw queue: one client, claim (filter + sort) then fenced complete, {tasks} tasks…");
     let raw_queue = raw_queue_run(uri, db, &store, tasks, "bench_raw_queue").await?;
@@ -175,15 +245,16 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     f.put("raw_queue_commands_per_task", raw_queue.commands_per_task);
     put_breakdown(&mut f, "raw_queue", &raw_queue.counts, tasks);
     let mut shapes: Vec<(&str, QueueRun)> = Vec::new();
+    let [per_agent, shared, shared_global, processes] = figures::SHAPES;
     eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (Agent::builder)…");
-    shapes.push(("per_agent", queue_run(uri, db, &store, tasks, "bench_queue", false, None).await?));
+    shapes.push((per_agent, queue_run(uri, db, &store, tasks, "bench_queue", false, None).await?));
     eprintln!("queue: 4 agents sharing one Queue (Agent::on_queue), {tasks} trivial tasks…");
-    shapes.push(("shared", queue_run(uri, db, &store, tasks, "bench_queue_shared", true, None).await?));
+    shapes.push((shared, queue_run(uri, db, &store, tasks, "bench_queue_shared", true, None).await?));
     eprintln!("queue: as shared, with a global concurrency of 1,000 (never binding), {tasks} trivial tasks…");
     let global = queue_run(uri, db, &store, tasks, "bench_queue_global", true, Some(1000)).await?;
-    shapes.push(("shared_global_1000", global));
+    shapes.push((shared_global, global));
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
-    shapes.push(("processes", queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
+    shapes.push((processes, queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
 
     // Printed now: a run that fails later (Agenda, the seed) still shows them.
     for (shape, r) in &shapes {
@@ -217,11 +288,13 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     eprintln!("queue events: one subscriber while 4 agents on one Queue run {tasks} trivial tasks…");
     events::put_figures(&mut f, &store, tasks, "bench_queue_events").await?;
 
-    let picks = if o.quick { 10 } else { 30 };
+    let picks = size.picks;
     pickup_figures(&mut f, &store, picks).await?;
 
-    if !skip.contains("schedule") {
-        let ticks = if o.quick { 10 } else { 30 };
+    if skip.contains("schedule") {
+        f.skip(Section::Schedule, "MONGOCOORD_BENCH_SKIP");
+    } else {
+        let ticks = size.ticks;
         eprintln!("schedule tick lag: 3 mongocoord cron processes, a tick a second, {ticks} ticks…");
         let lag = sorted(crate::tick_lag::measure(&o.mongocoord, uri, db, &store, &o.out, ticks).await?);
         f.put("schedule_tick_lag_ms_p50", pct(&lag, 0.5));
@@ -229,65 +302,32 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     }
 
     eprintln!("memory-store simulation…");
-    f.put("sim_steps_per_s", simulate(if o.quick { 10 } else { 60 }).await?);
+    f.put("sim_steps_per_s", simulate(size.sim_minutes).await?);
 
-    if let (Some(py), Some(script), false) = (&o.python, &o.seed_script, skip.contains("seed")) {
-        eprintln!("the seed's Python mongoelector, same server…");
-        let cycles = if o.quick { 100 } else { 500 };
-        let out = tokio::process::Command::new(py)
-            .arg(script)
-            .args([uri, db, "lock-cycles", &cycles.to_string()])
-            .output()
-            .await
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        match text.trim().parse::<f64>() {
-            Ok(v) => f.put("seed_lock_cycles_per_s", v),
-            Err(_) => eprintln!("  seed lock cycles failed: {}", String::from_utf8_lossy(&out.stderr)),
+    match (&o.python, &o.seed_script) {
+        _ if skip.contains("seed") => {
+            f.skip(Section::Seed, "MONGOCOORD_BENCH_SKIP");
+            f.skip(Section::SeedFailover, "MONGOCOORD_BENCH_SKIP");
         }
-        let seed = |key: &str, file: &Path| {
-            let mut c = tokio::process::Command::new(py);
-            c.arg(script).args([uri, db, "elect", key, "3", &file.display().to_string()]);
-            c
-        };
-        // The seed replaces a killed leader only after MongoDB's TTL monitor
-        // deletes its lock (about once a minute): quick mode skips those trials.
-        let kills = if o.quick { 0 } else { elect_trials };
-        let (h, fo) = election_trials_n("seed-elect", &o.out, elect_trials, kills, seed).await?;
-        f.put("seed_handover_ms_p50", pct(&sorted(h), 0.5));
-        if kills > 0 {
-            f.put("seed_failover_s_p50", pct(&sorted(fo), 0.5));
+        (Some(py), Some(script)) => seed_figures(&mut f, uri, db, &o, py, script).await?,
+        _ => {
+            let why = "no --python and --seed-script (cargo xtask bench gives them: a venv in target/bench)";
+            f.skip(Section::Seed, why);
+            f.skip(Section::SeedFailover, why);
         }
     }
 
     // Agenda last: on a slow server its lock queries pile up (see
     // lab/bench/agenda/bench.mjs) and keep the server busy after it stops.
-    if let Some(dir) = &o.agenda {
-        let picks = if o.quick { 5 } else { 15 };
-        eprintln!("Agenda: {tasks} preloaded jobs, concurrency 4, processEvery 100 ms; {picks} pickups with defaults…");
-        match agenda_run(dir, uri, db, tasks, picks).await {
-            Ok(a) => {
-                if a.timed_out {
-                    eprintln!(
-                        "  Agenda hit its time limit after {} of {tasks} jobs: its rate is of those",
-                        a.completed.unwrap_or_default()
-                    );
-                    f.put("agenda_timed_out", 1.0);
-                }
-                f.put("agenda_tasks_per_s", a.tasks_per_s);
-                f.put("agenda_commands_per_task", a.commands_per_task);
-                if let Some(p) = a.pickup_ms_p50 {
-                    f.put("agenda_pickup_ms_p50", p);
-                }
-            }
-            Err(e) => eprintln!("  Agenda figures skipped: {e}"),
-        }
-    } else {
-        eprintln!(
-            "Agenda figures skipped: no --agenda harness (cargo xtask bench installs it when node and npm exist)"
-        );
+    match &o.agenda {
+        Some(dir) => agenda::put_figures(&mut f, dir, uri, db, size.agenda).await,
+        None => f.skip(
+            Section::Agenda,
+            "no --agenda harness (cargo xtask bench installs it when node and npm exist; --smoke only uses an installed one)",
+        ),
     }
-    let agenda = f.get("agenda_tasks_per_s");
+    // Against Agenda at its best setting of the sweep.
+    let agenda = f.get("agenda_best_tasks_per_s");
     for (shape, r) in &shapes {
         if let Some(a) = agenda {
             f.put(format!("queue_{shape}_vs_agenda"), r.rate / a);
@@ -300,24 +340,63 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         f.put("queue_shared_vs_raw", shared / raw_rate);
     }
 
-    let mut summary = serde_json::Map::new();
-    for (k, v) in &f.0 {
-        summary.insert(k.clone(), json!(v));
-    }
-    summary.insert("server".into(), json!(server));
-    summary.insert("server_version".into(), json!(version));
-    summary.insert("mode".into(), json!(if o.quick { "quick" } else { "full" }));
-    if let Some(dir) = o.out.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    }
-    std::fs::write(&o.out, Value::Object(summary).to_string()).map_err(|e| e.to_string())?;
-    println!("| figure | value |\n|---|---|");
-    for (k, v) in &f.0 {
-        println!("| `{k}` | {v:.3} |");
-    }
-    println!("| `server` | {server} {version} |");
+    f.write(&o.out, &[("server", &server), ("server_version", &version), ("mode", o.mode.name())])?;
     eprintln!("wrote {}", o.out.display());
-    Ok(0)
+    match f.check(std::env::var_os("CI").is_some()) {
+        Ok(()) => Ok(0),
+        Err(e) if o.mode == Mode::Smoke => {
+            eprintln!("lab bench --smoke: {e}");
+            Ok(1)
+        }
+        Err(e) => {
+            eprintln!("lab bench: {e}");
+            Ok(0)
+        }
+    }
+}
+
+/// The seed's Python `mongoelector` on the same server: lock cycles, and
+/// election handovers (and, in a full run, failovers) as ours are measured.
+async fn seed_figures(
+    f: &mut Figures,
+    uri: &str,
+    db: &str,
+    o: &BenchOpts,
+    py: &Path,
+    script: &Path,
+) -> Result<(), String> {
+    let size = o.mode.size();
+    eprintln!("the seed's Python mongoelector, same server…");
+    let cycles = tokio::process::Command::new(py)
+        .arg(script)
+        .args([uri, db, "lock-cycles", &size.seed_cycles.to_string()])
+        .output()
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&cycles.stdout);
+    match text.trim().parse::<f64>() {
+        Ok(v) => f.put("seed_lock_cycles_per_s", v),
+        Err(_) => f.skip_figure(
+            "seed_lock_cycles_per_s",
+            format!("seed_bench.py lock-cycles failed: {}", String::from_utf8_lossy(&cycles.stderr).trim()),
+        ),
+    }
+    let seed = |key: &str, file: &Path| {
+        let mut c = tokio::process::Command::new(py);
+        c.arg(script).args([uri, db, "elect", key, "3", &file.display().to_string()]);
+        c
+    };
+    // The seed replaces a killed leader only after MongoDB's TTL monitor
+    // deletes its lock (about once a minute): only full runs kill it.
+    let kills = if o.mode == Mode::Full { size.elect_trials } else { 0 };
+    let (h, fo) = election_trials_n("seed-elect", &o.out, size.elect_trials, kills, seed).await?;
+    f.put("seed_handover_ms_p50", pct(&sorted(h), 0.5));
+    if kills > 0 {
+        f.put("seed_failover_s_p50", pct(&sorted(fo), 0.5));
+    } else {
+        f.skip(Section::SeedFailover, "full runs only: a failover waits for the TTL monitor, about a minute a trial");
+    }
+    Ok(())
 }
 
 /// Commands per task by kind (`PREFIX_cmd_KIND`): where a shape's commands go.
@@ -831,48 +910,4 @@ pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, S
     let used = commands.snapshot().since(&c0);
     println!("commands {} completed {} {}", used.total, log.completed, used.words());
     Ok(0)
-}
-
-/// Agenda's figures from `node DIR/bench.mjs`.
-struct AgendaRun {
-    tasks_per_s: f64,
-    commands_per_task: f64,
-    pickup_ms_p50: Option<f64>,
-    completed: Option<f64>,
-    timed_out: bool,
-}
-
-/// Runs the Agenda harness on the same server, in a database of its own (the
-/// script drops it first), and parses its one JSON line.
-async fn agenda_run(dir: &Path, uri: &str, db: &str, tasks: u32, picks: u32) -> Result<AgendaRun, String> {
-    let script = dir.join("bench.mjs");
-    let agenda_db = format!("{db}_agenda");
-    // Quick runs give Agenda 5 minutes, full ones 20, before it reports
-    // what it completed by then.
-    let limit_s = if tasks <= 400 { 300 } else { 1200 };
-    let run = tokio::process::Command::new("node")
-        .arg(&script)
-        .env("AGENDA_TIME_LIMIT_S", limit_s.to_string())
-        .args([uri, &agenda_db, &tasks.to_string(), &picks.to_string()])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(1800), run)
-        .await
-        .map_err(|_| "node did not finish in 30 minutes".to_owned())?
-        .map_err(|e| format!("cannot run node {}: {e}", script.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let Some(line) = text.lines().rev().find(|l| l.trim_start().starts_with('{')) else {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("node {} printed no figures ({}): {stderr}", script.display(), out.status));
-    };
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("bench.mjs printed {line:?}: {e}"))?;
-    let num = |k: &str| v.get(k).and_then(Value::as_f64);
-    Ok(AgendaRun {
-        tasks_per_s: num("tasks_per_s").ok_or("bench.mjs: no tasks_per_s")?,
-        commands_per_task: num("commands_per_task").ok_or("bench.mjs: no commands_per_task")?,
-        pickup_ms_p50: num("pickup_ms_p50"),
-        completed: num("completed"),
-        timed_out: v.get("timed_out").and_then(Value::as_bool).unwrap_or(false),
-    })
 }

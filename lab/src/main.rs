@@ -32,9 +32,15 @@ struct Cli {
 enum Cmd {
     /// Measures throughput and latency against the configured server.
     Bench {
-        /// A short run for CI smoke tests.
-        #[arg(long)]
+        /// A short run (figures that compare within the run).
+        #[arg(long, conflicts_with = "smoke")]
         quick: bool,
+        /// Every section at a tiny size, then a check that every promised
+        /// figure is present and finite or skipped with a reason (exit status
+        /// 1 if not); under `CI`, only Agenda and the seed's failover may be
+        /// skipped. What `cargo xtask ci` runs.
+        #[arg(long)]
+        smoke: bool,
         /// Where to write the JSON summary.
         #[arg(long, default_value = "target/bench/summary.json")]
         out: PathBuf,
@@ -150,10 +156,15 @@ async fn connect(c: &ConnectionConfig) -> Result<MongoStore, String> {
 async fn run(cli: Cli) -> Result<u8, String> {
     let (uri, db) = (cli.uri.as_deref(), cli.db.as_deref());
     match cli.cmd {
-        Cmd::Bench { quick, out, mongocoord, python, seed_script, agenda } => {
+        Cmd::Bench { quick, smoke, out, mongocoord, python, seed_script, agenda } => {
+            let mode = match (smoke, quick) {
+                (true, _) => bench::Mode::Smoke,
+                (false, true) => bench::Mode::Quick,
+                (false, false) => bench::Mode::Full,
+            };
             let c = connection(uri, db)?;
             let store = connect(&c).await?;
-            let opts = bench::BenchOpts { quick, out, mongocoord, python, seed_script, agenda };
+            let opts = bench::BenchOpts { mode, out, mongocoord, python, seed_script, agenda };
             bench::run(c.uri(), c.database(), store, opts).await
         }
         Cmd::BenchAgent { coll } => {

@@ -8,7 +8,7 @@ use crate::{cargo, str_refs};
 pub(crate) const PRODUCT_CRATES: [&str; 3] = ["mongolock", "mongoelector", "mongoagent"];
 
 /// fmt, clippy, docs, builds without default features, every test against a
-/// real server, and a short chaos run.
+/// real server, the bench's smoke run, and a short chaos run.
 pub(crate) fn ci() -> Result<(), String> {
     let started = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"], &[])?;
@@ -25,6 +25,9 @@ pub(crate) fn ci() -> Result<(), String> {
     // The dashboard's browser test fails under CI without the browser.
     crate::browser::ensure()?;
     test(&[])?;
+    // Every section of the bench at a tiny size, every figure it promises
+    // checked (no thresholds), on the debug build the tests just made.
+    crate::bench::run(crate::bench::Mode::Smoke, true)?;
     // A short chaos run: real processes, SIGKILL, SIGSTOP, server restarts.
     crate::chaos::run(&["--minutes".into(), "0.75".into()])?;
     eprintln!("xtask ci: all green in {:.0} s", started.elapsed().as_secs_f64());

@@ -4,8 +4,8 @@
 //! ```text
 //! cargo xtask ci      fmt, clippy, docs, no-default-features builds, the whole test
 //!                     suite against a real server (and headless Chromium, installed
-//!                     from Debian's packages when absent), a short chaos run (the
-//!                     README's test command; .ci/run calls it)
+//!                     from Debian's packages when absent), the bench's smoke run, a
+//!                     short chaos run (the README's test command; .ci/run calls it)
 //! cargo xtask test [ARGS]
 //!                     the test suite only (CI semantics: a Mongo test never skips)
 //! cargo xtask demo [ARGS]
@@ -13,10 +13,12 @@
 //! cargo xtask chaos [--minutes N] [--seed S]
 //!                     `lab chaos`: worker processes killed, paused and restarted, the
 //!                     server killed and restarted; a history checker; target/chaos/summary.json
-//! cargo xtask bench [--quick]
+//! cargo xtask bench [--quick | --smoke]
 //!                     `lab bench` on release builds, a fresh SecantusDB (or MONGODB_URI)
 //!                     and the Python `mongoelector` in a venv under target/bench;
-//!                     writes target/bench/summary.json
+//!                     writes target/bench/summary.json. --smoke: every section at a
+//!                     tiny size on the debug build, every promised figure checked
+//!                     (target/bench/smoke.json); `ci` runs it
 //! ```
 //!
 //! The test harness provisions the MongoDB server itself (`MONGODB_URI`, else a
@@ -35,14 +37,19 @@ mod server;
 mod tidy;
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick]>";
+    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci::ci(),
         Some("test") => ci::test(&args[1..]),
-        Some("bench") => bench::run(args.iter().any(|a| a == "--quick")),
+        Some("bench") => match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
+            (true, true) => Err("--smoke and --quick exclude each other".into()),
+            (true, false) => bench::run(bench::Mode::Smoke, std::env::var_os("CI").is_some()),
+            (false, true) => bench::run(bench::Mode::Quick, false),
+            (false, false) => bench::run(bench::Mode::Full, false),
+        },
         Some("chaos") => chaos::run(&args[1..]),
         Some("demo") => {
             cargo(&[&["run", "--release", "-p", "mongocoord", "--", "demo"], &str_refs(&args[1..])[..]].concat(), &[])

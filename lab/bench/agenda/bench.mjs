@@ -1,29 +1,27 @@
 // Agenda on the same server, for `cargo xtask bench`: `node bench.mjs URI DB N [PICKS]`.
 // Prints one JSON line: {"tasks_per_s", "commands_per_task", "completed",
-// "timed_out", "lock_limit", "pickup_ms_p50"}. DB is dropped first: give it a
+// "timed_out", "lock_limit", "process_every_ms", "pickup_ms_p50"}. DB is dropped first: give it a
 // database of its own.
 //
-// - throughput: N trivial jobs preloaded (one insertMany of the document
-//   Agenda's own `create().save()` writes, due one millisecond apart, as jobs
-//   saved one after another are), one Agenda, concurrency 4, processEvery
-//   100 ms; the clock runs from start() to the N-th completion. Commands are
-//   counted with the driver's command monitoring over that span.
-//   `lockLimit` is the concurrency, 4 (env AGENDA_LOCK_LIMIT overrides it; 0
-//   is Agenda's default, "no limit"). With no limit, a fill locks jobs one
-//   `findOneAndUpdate` at a time until none is left and nothing runs before the
-//   first fill ends, so N=2,000 would lock all 2,000 first. Locks are refilled
-//   only on processEvery ticks, so a limit of 4 caps Agenda at 40 jobs/s; yet
-//   on SecantusDB (N=100, a loaded machine, one session) it ran 11-17 jobs/s
-//   with 4, against 4-6 with 8, 16 or no limit: every extra lock is one more
-//   sorted `findOneAndUpdate` on a slow server.
+// - throughput: N trivial jobs saved one by one with `agenda.now()` before
+//   start (as an application enqueues them; saving triggers no processing
+//   without a notification channel), one Agenda, concurrency 4; the clock
+//   runs from start() to the N-th completion. Commands are counted with the
+//   driver's command monitoring over that span.
+//   Settings (`lab bench` sweeps them and reports each, and the best):
+//   AGENDA_LOCK_LIMIT (default 0, Agenda's own: no limit) and
+//   AGENDA_PROCESS_EVERY_MS (default 100; Agenda's own is 5 s). Locks are
+//   refilled only on processEvery ticks, so a lock limit
+//   of 4 with processEvery 5 s caps Agenda at 0.8 jobs/s, and with 100 ms at 40.
 //   Agenda starts another fill on every processEvery tick while fewer than
 //   lockLimit jobs are locked, without waiting for the fill in flight: when one
 //   lock query takes longer than processEvery (a slow or loaded server), the
-//   queries in flight pile up and throughput falls to a few jobs/s. That is
-//   Agenda's behaviour on that server, so it is measured, not worked around.
+//   queries in flight pile up and throughput falls to a few jobs/s (on
+//   SecantusDB with lockLimit 4: 0.3-0.85 jobs/s, against 42 with no limit).
+//   That is Agenda's behaviour at that setting, so it is measured, not worked
+//   around; the sweep finds the setting at which Agenda does its best.
 //   After AGENDA_TIME_LIMIT_S seconds (default 600) the run stops and reports
 //   the jobs completed so far per second, with "timed_out": true.
-//   (AGENDA_PROCESS_EVERY_MS overrides the 100 ms, for exploration only.)
 // - pickup: Agenda's defaults (processEvery 5 s, no notification channel); a
 //   job created with now() while it runs, timed from the call to the handler's
 //   start. A pick not seen within 30 s ends the pickups (the server may still
@@ -38,7 +36,7 @@ const [uri, dbName, nArg, picksArg] = process.argv.slice(2);
 const n = Number(nArg ?? 400);
 const picks = Number(picksArg ?? 10);
 const concurrency = 4;
-const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? concurrency);
+const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? 0);
 const timeLimitMs = Number(process.env.AGENDA_TIME_LIMIT_S ?? 600) * 1000;
 const processEvery = Number(process.env.AGENDA_PROCESS_EVERY_MS ?? 100);
 const pickupLimitMs = 30_000;
@@ -57,15 +55,11 @@ async function throughput() {
     done += 1;
     if (done === n) finish();
   }, { concurrency, lockLimit });
-  // Agenda creates its indexes on connect; wait for it before preloading.
+  // Agenda creates its indexes on connect; wait for it before saving jobs.
   await agenda.ready;
-  // One job saved through Agenda, as the template of the documents it writes.
-  await agenda.create('bench', { i: 0 }).save();
-  const { _id, ...template } = await db.collection('agenda_bench').findOne({});
-  const rest = [];
-  const due = template.nextRunAt.getTime();
-  for (let i = 1; i < n; i++) rest.push({ ...template, data: { i }, nextRunAt: new Date(due - n + i) });
-  if (rest.length > 0) await db.collection('agenda_bench').insertMany(rest);
+  const saving = performance.now();
+  for (let i = 0; i < n; i++) await agenda.now('bench', { i });
+  console.error(`  agenda: saved ${n} jobs one by one in ${((performance.now() - saving) / 1000).toFixed(1)} s`);
   const c0 = commands;
   const t0 = performance.now();
   await agenda.start();
@@ -78,6 +72,7 @@ async function throughput() {
   const completed = done;
   const secs = (performance.now() - t0) / 1000;
   const used = commands - c0;
+  console.error(`  agenda: ${completed} of ${n} jobs in ${secs.toFixed(1)} s${timedOut ? ' (time limit)' : ''}; stopping`);
   // Stopping waits for the lock queries in flight, which a choked server
   // may take minutes to answer.
   await Promise.race([agenda.stop(), new Promise((r) => setTimeout(r, pickupLimitMs))]);
@@ -123,6 +118,7 @@ console.log(
     completed,
     timed_out: timedOut,
     lock_limit: lockLimit,
+    process_every_ms: processEvery,
     pickup_ms_p50: pickupP50,
   }),
 );

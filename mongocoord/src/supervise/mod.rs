@@ -270,6 +270,9 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
             cmd.env_remove(name);
         }
     }
+    // Which runner the command runs under, for scripts (and the bench) that
+    // must tell runners apart: its parent is the supervisor, not the runner.
+    cmd.env("MONGOCOORD_RUNNER_PID", std::process::id().to_string());
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }

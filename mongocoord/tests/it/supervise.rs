@@ -240,6 +240,23 @@ fn connection_variables_are_passed_on_only_when_asked() {
     assert_eq!(run(&["--pass-env"]), "mongodb://secret@h/ h d fence=2");
 }
 
+/// The command's parent is its supervisor, so `$PPID` cannot tell runners
+/// apart; `$MONGOCOORD_RUNNER_PID` does (the bench's election trials use it).
+#[test]
+fn the_command_is_told_its_runners_pid() {
+    let Some(e) = env("supervise_runner_pid") else { return };
+    let script = r#"echo "$MONGOCOORD_RUNNER_PID $PPID""#;
+    let mut runner = e.cmd(&["elect", "pidk", "--ttl", "5", "--", "sh", "-c", script]);
+    let child = runner.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let runner_pid = child.id().to_string();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (told, parent) = text.trim().split_once(' ').unwrap();
+    assert_eq!(told, runner_pid);
+    assert_ne!(parent, runner_pid, "the command's parent is the supervisor");
+}
+
 /// The state letter of a process in `/proc/PID/stat` (`T` when stopped).
 fn state(pid: &str) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -1,0 +1,135 @@
+//! Agenda's side of the queue figures: `node DIR/bench.mjs` (the pinned
+//! harness in `lab/bench/agenda`) run once per setting of [`AGENDA_SWEEP`], so
+//! Agenda is compared at its best, never at a setting that cripples it.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::figures::{AgendaSetting, Figures, Section, AGENDA_SWEEP};
+
+/// How much to ask of Agenda.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AgendaSize {
+    /// Jobs per setting.
+    pub(super) jobs: u32,
+    /// Idle pickups (Agenda's defaults), in the first setting's run.
+    pub(super) picks: u32,
+    /// Seconds a setting may take before it reports the jobs done by then.
+    pub(super) limit_s: u64,
+}
+
+/// Runs every setting of [`AGENDA_SWEEP`] and puts `agenda_<setting>_*`, the
+/// best rate and its setting (`agenda_best_*`) and `agenda_pickup_ms_p50`.
+/// A setting that cannot run is reported as skipped; the others still count.
+pub(super) async fn put_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str, size: AgendaSize) {
+    let mut best: Option<(f64, AgendaSetting)> = None;
+    for (i, setting) in AGENDA_SWEEP.iter().enumerate() {
+        let picks = if i == 0 { size.picks } else { 0 };
+        eprintln!(
+            "Agenda: {} jobs saved one by one, concurrency 4, lockLimit {}, processEvery {} ms{}…",
+            size.jobs,
+            setting.lock_limit,
+            setting.process_every_ms,
+            if picks > 0 { format!("; {picks} pickups with its defaults") } else { String::new() },
+        );
+        let a = match run(dir, uri, db, *setting, size, picks).await {
+            Ok(a) => a,
+            Err(e) => {
+                let reason =
+                    format!("lockLimit {}, processEvery {} ms: {e}", setting.lock_limit, setting.process_every_ms);
+                for suffix in ["tasks_per_s", "commands_per_task"] {
+                    f.skip_figure(&format!("agenda_{}_{suffix}", setting.name), reason.clone());
+                }
+                if picks > 0 {
+                    f.skip_figure("agenda_pickup_ms_p50", reason);
+                }
+                continue;
+            }
+        };
+        if a.timed_out {
+            eprintln!(
+                "  Agenda hit its time limit after {} of {} jobs: its rate is of those",
+                a.completed.unwrap_or_default(),
+                size.jobs
+            );
+            f.put(format!("agenda_{}_timed_out", setting.name), 1.0);
+        }
+        f.put(format!("agenda_{}_tasks_per_s", setting.name), a.tasks_per_s);
+        f.put(format!("agenda_{}_commands_per_task", setting.name), a.commands_per_task);
+        if picks > 0 {
+            match a.pickup_ms_p50 {
+                Some(p) => f.put("agenda_pickup_ms_p50", p),
+                None => f.skip_figure("agenda_pickup_ms_p50", "no pickup seen within 30 s"),
+            }
+        }
+        if best.is_none_or(|(rate, _)| a.tasks_per_s > rate) {
+            best = Some((a.tasks_per_s, *setting));
+        }
+    }
+    match best {
+        Some((rate, setting)) => {
+            f.put("agenda_best_tasks_per_s", rate);
+            f.put("agenda_best_lock_limit", f64::from(setting.lock_limit));
+            f.put("agenda_best_process_every_ms", f64::from(setting.process_every_ms));
+        }
+        None => f.skip(Section::Agenda, "no setting of the sweep ran"),
+    }
+}
+
+/// Agenda's figures from one run of `node DIR/bench.mjs`.
+struct AgendaRun {
+    tasks_per_s: f64,
+    commands_per_task: f64,
+    pickup_ms_p50: Option<f64>,
+    completed: Option<f64>,
+    timed_out: bool,
+}
+
+/// Runs the Agenda harness at `setting` on the same server, in a database of
+/// its own (the script drops it first), and parses its one JSON line.
+async fn run(
+    dir: &Path,
+    uri: &str,
+    db: &str,
+    setting: AgendaSetting,
+    size: AgendaSize,
+    picks: u32,
+) -> Result<AgendaRun, String> {
+    let script = dir.join("bench.mjs");
+    let agenda_db = format!("{db}_agenda");
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("AGENDA_TIME_LIMIT_S", size.limit_s.to_string())
+        .env("AGENDA_LOCK_LIMIT", setting.lock_limit.to_string())
+        .env("AGENDA_PROCESS_EVERY_MS", setting.process_every_ms.to_string())
+        .args([uri, &agenda_db, &size.jobs.to_string(), &picks.to_string()])
+        .stdin(Stdio::null())
+        // Its progress (saving, the throughput run, the pickups) shows as it goes.
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .output();
+    // A safety net only: the harness bounds its own parts (the throughput run
+    // by the time limit, each stop and each pickup by 30 s); saving the jobs
+    // one by one on a loaded server may take a second each.
+    let outer = Duration::from_secs(2 * size.limit_s + 120 + 35 * u64::from(picks) + u64::from(size.jobs));
+    let out = tokio::time::timeout(outer, run)
+        .await
+        .map_err(|_| format!("node did not finish in {outer:?}"))?
+        .map_err(|e| format!("cannot run node {}: {e}", script.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(line) = text.lines().rev().find(|l| l.trim_start().starts_with('{')) else {
+        return Err(format!("node {} printed no figures ({}; its stderr is above)", script.display(), out.status));
+    };
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("bench.mjs printed {line:?}: {e}"))?;
+    let num = |k: &str| v.get(k).and_then(Value::as_f64);
+    Ok(AgendaRun {
+        tasks_per_s: num("tasks_per_s").ok_or("bench.mjs: no tasks_per_s")?,
+        commands_per_task: num("commands_per_task").ok_or("bench.mjs: no commands_per_task")?,
+        pickup_ms_p50: num("pickup_ms_p50"),
+        completed: num("completed"),
+        timed_out: v.get("timed_out").and_then(Value::as_bool).unwrap_or(false),
+    })
+}

@@ -1,0 +1,297 @@
+//! The figures `lab bench` promises, in one list ([`PROMISED`]) that both the
+//! summary writer and the smoke check read: a figure is either measured
+//! (present and finite) or reported as skipped, with its section's reason.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+/// A part of the bench whose figures stand or fall together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Section {
+    /// Ours and the raw driver: always measured.
+    Core,
+    /// `mongocoord elect` processes (`MONGOCOORD_BENCH_SKIP=elector`).
+    Elector,
+    /// `mongocoord cron` processes (`MONGOCOORD_BENCH_SKIP=schedule`).
+    Schedule,
+    /// The seed's Python `mongoelector` (a venv; `MONGOCOORD_BENCH_SKIP=seed`).
+    Seed,
+    /// The seed's failover, which waits for MongoDB's TTL monitor (about a
+    /// minute a trial): full runs only.
+    SeedFailover,
+    /// Agenda under `node` (an `npm` install).
+    Agenda,
+}
+
+impl Section {
+    /// The name in `summary.json`'s `skipped` and in `MONGOCOORD_BENCH_SKIP`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Section::Core => "core",
+            Section::Elector => "elector",
+            Section::Schedule => "schedule",
+            Section::Seed => "seed",
+            Section::SeedFailover => "seed_failover",
+            Section::Agenda => "agenda",
+        }
+    }
+
+    /// Whether a strict smoke run (under `CI`) may report it as skipped: only
+    /// what needs tools CI does not provide (`node`), or a minute a trial.
+    fn may_skip_under_ci(self) -> bool {
+        matches!(self, Section::Agenda | Section::SeedFailover)
+    }
+}
+
+/// The queue shapes measured side by side (`queue_<shape>_*`).
+pub(crate) const SHAPES: [&str; 4] = ["per_agent", "shared", "shared_global_1000", "processes"];
+
+/// Agenda's settings swept for its best (`agenda_<name>_*`): `lockLimit` (0 is
+/// Agenda's default, no limit) and `processEvery` (5 s is its default), jobs
+/// saved one by one. In the order they run: the ones that keep up first,
+/// since a run whose lock queries pile up leaves the server busy after it.
+pub(crate) const AGENDA_SWEEP: [AgendaSetting; 4] = [
+    AgendaSetting { name: "lock_limit_0_every_100ms", lock_limit: 0, process_every_ms: 100 },
+    AgendaSetting { name: "lock_limit_0_every_5s", lock_limit: 0, process_every_ms: 5000 },
+    AgendaSetting { name: "lock_limit_4_every_5s", lock_limit: 4, process_every_ms: 5000 },
+    AgendaSetting { name: "lock_limit_4_every_100ms", lock_limit: 4, process_every_ms: 100 },
+];
+
+/// One point of [`AGENDA_SWEEP`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AgendaSetting {
+    pub(crate) name: &'static str,
+    pub(crate) lock_limit: u32,
+    pub(crate) process_every_ms: u32,
+}
+
+use Section::{Agenda, Core, Elector, Schedule, Seed, SeedFailover};
+
+/// Every figure a run promises, by section. The per-kind breakdowns
+/// (`*_cmd_<kind>`, `*_ms_<kind>`) depend on what the agents sent and are
+/// not promised.
+pub(crate) const PROMISED: &[(&str, Section)] = &[
+    ("raw_fam_per_s", Core),
+    ("raw_fam_p50_us", Core),
+    ("lock_cycles_per_s", Core),
+    ("lock_acquire_p50_us", Core),
+    ("lock_acquire_p99_us", Core),
+    ("lock_acquire_vs_raw", Core),
+    ("minimal_pipeline_acquire_p50_us", Core),
+    ("lock_vs_minimal_pipeline", Core),
+    ("handover_ms_p50", Core),
+    ("handover_ms_p99", Core),
+    ("elector_handover_ms_p50", Elector),
+    ("failover_s_p50", Elector),
+    ("failover_over_ttl", Elector),
+    ("queue_tasks", Core),
+    ("raw_queue_per_s", Core),
+    ("raw_queue_commands_per_task", Core),
+    ("raw_queue_command_ms_per_task", Core),
+    ("queue_per_agent_tasks_per_s", Core),
+    ("queue_per_agent_commands_per_task", Core),
+    ("queue_per_agent_command_ms_per_task", Core),
+    ("queue_per_agent_vs_raw_queue", Core),
+    ("queue_shared_tasks_per_s", Core),
+    ("queue_shared_commands_per_task", Core),
+    ("queue_shared_command_ms_per_task", Core),
+    ("queue_shared_vs_raw_queue", Core),
+    ("queue_shared_global_1000_tasks_per_s", Core),
+    ("queue_shared_global_1000_commands_per_task", Core),
+    ("queue_shared_global_1000_command_ms_per_task", Core),
+    ("queue_shared_global_1000_vs_raw_queue", Core),
+    ("queue_processes_tasks_per_s", Core),
+    ("queue_processes_commands_per_task", Core),
+    ("queue_processes_vs_raw_queue", Core),
+    ("queue_global_1000_pair_tasks", Core),
+    ("queue_global_1000_vs_shared_first_pair", Core),
+    ("queue_global_1000_vs_shared_second_pair", Core),
+    ("queue_global_1000_vs_shared", Core),
+    ("queue_global_1000_extra_commands_per_task", Core),
+    ("queue_events_per_s", Core),
+    ("queue_events_per_task", Core),
+    ("queue_events_tasks_per_s", Core),
+    ("queue_events_resyncs", Core),
+    ("pickup_ms_p50", Core),
+    ("pickup_ms_p99", Core),
+    ("schedule_tick_lag_ms_p50", Schedule),
+    ("schedule_tick_lag_ms_p99", Schedule),
+    ("sim_steps_per_s", Core),
+    ("seed_lock_cycles_per_s", Seed),
+    ("seed_handover_ms_p50", Seed),
+    ("seed_failover_s_p50", SeedFailover),
+    ("agenda_lock_limit_0_every_100ms_tasks_per_s", Agenda),
+    ("agenda_lock_limit_0_every_100ms_commands_per_task", Agenda),
+    ("agenda_lock_limit_0_every_5s_tasks_per_s", Agenda),
+    ("agenda_lock_limit_0_every_5s_commands_per_task", Agenda),
+    ("agenda_lock_limit_4_every_5s_tasks_per_s", Agenda),
+    ("agenda_lock_limit_4_every_5s_commands_per_task", Agenda),
+    ("agenda_lock_limit_4_every_100ms_tasks_per_s", Agenda),
+    ("agenda_lock_limit_4_every_100ms_commands_per_task", Agenda),
+    ("agenda_best_tasks_per_s", Agenda),
+    ("agenda_best_lock_limit", Agenda),
+    ("agenda_best_process_every_ms", Agenda),
+    ("agenda_pickup_ms_p50", Agenda),
+    ("queue_per_agent_vs_agenda", Agenda),
+    ("queue_shared_vs_agenda", Agenda),
+    ("queue_shared_global_1000_vs_agenda", Agenda),
+    ("queue_processes_vs_agenda", Agenda),
+    ("queue_tasks_per_s", Core),
+    ("queue_vs_raw", Core),
+    ("queue_shared_vs_raw", Core),
+];
+
+/// The figures of one run, and the sections skipped with their reasons.
+#[derive(Debug, Default)]
+pub(crate) struct Figures {
+    values: BTreeMap<String, f64>,
+    skipped: BTreeMap<Section, String>,
+    /// Single figures not measured while the rest of their section was.
+    skipped_figures: BTreeMap<String, String>,
+}
+
+impl Figures {
+    /// Records a figure (and prints it, so a run that fails later shows it).
+    pub(crate) fn put(&mut self, k: impl Into<String>, v: f64) {
+        let k = k.into();
+        eprintln!("  {k} = {v:.3}");
+        self.values.insert(k, v);
+    }
+
+    pub(crate) fn get(&self, k: &str) -> Option<f64> {
+        self.values.get(k).copied()
+    }
+
+    /// Records that `section` was not measured, and why.
+    pub(crate) fn skip(&mut self, section: Section, reason: impl Into<String>) {
+        let reason = reason.into();
+        eprintln!("  {} skipped: {reason}", section.name());
+        self.skipped.entry(section).or_insert(reason);
+    }
+
+    /// Records that one figure of an otherwise measured section was not
+    /// measured, and why.
+    pub(crate) fn skip_figure(&mut self, figure: &str, reason: impl Into<String>) {
+        let reason = reason.into();
+        eprintln!("  {figure} skipped: {reason}");
+        self.skipped_figures.insert(figure.to_owned(), reason);
+    }
+
+    /// Why `figure` (of `section`) is absent: its own reason, else its
+    /// section's, else `None`.
+    fn reason(&self, figure: &str, section: Section) -> Option<&str> {
+        self.skipped_figures.get(figure).or_else(|| self.skipped.get(&section)).map(String::as_str)
+    }
+
+    /// Writes `summary.json` (every figure, `skipped` by section, and
+    /// `skipped_figures`: each promised figure not measured, with its reason)
+    /// and prints the figures as a Markdown table.
+    pub(crate) fn write(&self, out: &Path, header: &[(&str, &str)]) -> Result<(), String> {
+        let mut summary = serde_json::Map::new();
+        for (k, v) in &self.values {
+            summary.insert(k.clone(), json!(v));
+        }
+        for (k, v) in header {
+            summary.insert((*k).into(), json!(v));
+        }
+        let skipped: serde_json::Map<String, Value> =
+            self.skipped.iter().map(|(s, r)| (s.name().to_owned(), json!(r))).collect();
+        summary.insert("skipped".into(), Value::Object(skipped));
+        let absent: serde_json::Map<String, Value> = PROMISED
+            .iter()
+            .filter(|(k, _)| !self.values.get(*k).is_some_and(|v| v.is_finite()))
+            .map(|(k, s)| {
+                ((*k).to_owned(), json!(self.reason(k, *s).unwrap_or("missing: not measured, no reason given")))
+            })
+            .collect();
+        summary.insert("skipped_figures".into(), Value::Object(absent));
+        if let Some(dir) = out.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        }
+        std::fs::write(out, Value::Object(summary).to_string()).map_err(|e| e.to_string())?;
+        println!("| figure | value |\n|---|---|");
+        for (k, v) in &self.values {
+            println!("| `{k}` | {v:.3} |");
+        }
+        for (k, v) in header {
+            println!("| `{k}` | {v} |");
+        }
+        for (s, r) in &self.skipped {
+            println!("| `{}` | skipped: {r} |", s.name());
+        }
+        Ok(())
+    }
+
+    /// The smoke check: every promised figure is present and finite, or its
+    /// section was skipped with a reason; with `strict` (under `CI`), only
+    /// Agenda and the seed's failover may be skipped. No thresholds.
+    pub(crate) fn check(&self, strict: bool) -> Result<(), String> {
+        let mut wrong = Vec::new();
+        for (k, section) in PROMISED {
+            match (self.values.get(*k), self.reason(k, *section)) {
+                (Some(v), _) if v.is_finite() => {}
+                (Some(v), _) => wrong.push(format!("{k} = {v} (not finite)")),
+                (None, Some(_)) if *section != Core && (!strict || section.may_skip_under_ci()) => {}
+                (None, Some(r)) => {
+                    wrong.push(format!("{k}: {} skipped ({r}), which this run may not skip", section.name()))
+                }
+                (None, None) => wrong.push(format!("{k}: missing")),
+            }
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("the bench did not give {} promised figures:\n  {}", wrong.len(), wrong.join("\n  ")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn promised(k: &str) -> bool {
+        PROMISED.iter().any(|(p, _)| *p == k)
+    }
+
+    #[test]
+    fn every_shape_and_agenda_setting_is_promised() {
+        for shape in SHAPES {
+            for suffix in ["tasks_per_s", "commands_per_task", "vs_raw_queue", "vs_agenda"] {
+                assert!(promised(&format!("queue_{shape}_{suffix}")), "queue_{shape}_{suffix}");
+            }
+        }
+        for a in AGENDA_SWEEP {
+            for suffix in ["tasks_per_s", "commands_per_task"] {
+                assert!(promised(&format!("agenda_{}_{suffix}", a.name)), "{} {suffix}", a.name);
+            }
+        }
+        let names: std::collections::BTreeSet<_> = PROMISED.iter().map(|(k, _)| k).collect();
+        assert_eq!(names.len(), PROMISED.len(), "a figure promised twice");
+    }
+
+    #[test]
+    fn the_check_wants_every_figure_or_a_reason() {
+        let mut f = Figures::default();
+        for (k, _) in PROMISED {
+            f.values.insert((*k).to_owned(), 1.0);
+        }
+        assert_eq!(f.check(true), Ok(()));
+        f.values.insert("raw_fam_per_s".into(), f64::NAN);
+        assert!(f.check(false).is_err_and(|e| e.contains("raw_fam_per_s")));
+        f.values.insert("raw_fam_per_s".into(), 1.0);
+        f.values.remove("agenda_best_tasks_per_s");
+        assert!(f.check(false).is_err_and(|e| e.contains("agenda_best_tasks_per_s: missing")));
+        f.skip(Section::Agenda, "no node");
+        assert_eq!(f.check(true), Ok(()));
+        f.values.remove("seed_handover_ms_p50");
+        f.skip(Section::Seed, "MONGOCOORD_BENCH_SKIP");
+        assert_eq!(f.check(false), Ok(()));
+        assert!(f.check(true).is_err_and(|e| e.contains("seed_handover_ms_p50: seed skipped")));
+        f.values.remove("pickup_ms_p50");
+        f.skip(Section::Core, "no reason can excuse it");
+        assert!(f.check(false).is_err_and(|e| e.contains("pickup_ms_p50")));
+    }
+}
