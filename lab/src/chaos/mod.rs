@@ -94,6 +94,11 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
         async move {
             let ledger = Collection::new(LEDGER).map_err(|e| e.to_string())?;
             let lock = Lock::builder(store.clone(), LOCK).ttl(ttl).build().map_err(|e| e.to_string())?;
+            // Half the workers write as careless code does: without asking
+            // whether the lock is still theirs, even right after a pause past
+            // their lease. Only the fence on the ledger stops those writes, so
+            // the run shows stale writes rejected by it.
+            let careless = fastrand::bool();
             loop {
                 let Ok(guard) = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(10)).auto_renew()).await
                 else {
@@ -103,27 +108,36 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                 let token = guard.fence();
                 log.line(format!("acq {token} {}", guard.since().as_millis()));
                 let hold_until = Instant::now() + Duration::from_millis(fastrand::u64(50..600));
-                while Instant::now() < hold_until && !guard.is_lost() {
-                    // A write only a holder with the newest token may make.
+                let ledger_key = Key::new("ledger").map_err(|e| e.to_string())?;
+                // A write only a holder with the newest token may make.
+                let write = || async {
                     let t = i64::try_from(token).unwrap_or(i64::MAX);
                     let w = Write::new(
                         Condition::AtMost("last_token".into(), t),
                         Mutation::new().set("last_token", t).inc("writes", 1),
                     )
                     .upsert();
-                    match store.write(&ledger, &Key::new("ledger").map_err(|e| e.to_string())?, &w).await {
+                    match store.write(&ledger, &ledger_key, &w).await {
                         Ok(WriteOutcome::Applied(r)) => log.line(format!("write {token} {} ok", r.rev())),
                         Ok(WriteOutcome::Rejected(r)) => {
                             log.line(format!("write {token} {} rejected", r.map_or(0, |r| r.rev())))
                         }
                         Err(_) => {}
                     }
+                };
+                while Instant::now() < hold_until && (careless || !guard.is_lost()) {
+                    write().await;
                     if let Ok(now) = store.now().await {
                         if !guard.is_lost() {
                             log.line(format!("hold {token} {}", now.as_millis()));
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if careless {
+                    // Once more after the hold, however long a pause took,
+                    // without a look at the lease.
+                    write().await;
                 }
                 let _ = guard.release().await;
             }
