@@ -167,6 +167,14 @@ impl<S: Store + Clone> Agent<S> {
         &self.inner.queue
     }
 
+    /// How long an idle agent waits between polls when the store has no
+    /// change notifications, at most ([`AgentBuilder::poll_interval`]; the
+    /// Ruby `mongo_agent`'s `sleep_between`, 5 s by default).
+    #[doc(alias = "sleep_between")]
+    pub fn poll_interval(&self) -> Duration {
+        self.inner.poll_interval
+    }
+
     /// The counters so far (the Ruby `mongo_agent`'s log).
     #[doc(alias = "log")]
     pub fn counters(&self) -> AgentCounters {

@@ -9,6 +9,7 @@ mod hold_back;
 mod input;
 mod limits;
 mod mechanisms;
+mod mongo_agent_spec;
 mod reserved;
 mod schedules;
 mod simulation;
@@ -24,6 +25,11 @@ mod schedule_backends {
 mod reserved_backends {
     //! User data against the reserved fields, on every backend.
     store_trait::on_all_backends!(crate::reserved_suite, std::time::Duration::from_secs(2));
+}
+
+mod mongo_agent_spec_backends {
+    //! The Ruby `mongo_agent` gem's spec, ported one example to one test, on every backend.
+    store_trait::on_all_backends!(crate::mongo_agent_spec_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
