@@ -40,7 +40,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Client {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         // Present when served with `into_make_service_with_connect_info`, as
         // `dashboard::run` serves; absent in tests that call the router.
-        let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+        let peer = parts.extensions.get::<ConnectInfo<super::conns::Peer>>().map(|c| c.0 .0);
         let forwarded = parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()).map(str::to_owned);
         Ok(Client { peer, forwarded })
     }

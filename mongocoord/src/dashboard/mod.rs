@@ -20,6 +20,7 @@ mod actions;
 mod audit;
 mod auth;
 mod confirm;
+mod conns;
 mod history;
 mod live;
 mod metrics;
@@ -221,7 +222,8 @@ pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result
         shutdown.cancel();
     };
     // With the peer's address, for the audit log (`audit::Client`).
-    axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+    let listener = conns::Bounded::new(listener, conns::MAX_CONNECTIONS, conns::IDLE);
+    axum::serve(listener, router.into_make_service_with_connect_info::<conns::Peer>())
         .with_graceful_shutdown(stop)
         .await
         .map_err(|e| format!("the dashboard failed: {e}"))?;

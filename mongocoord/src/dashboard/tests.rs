@@ -498,7 +498,8 @@ async fn actions_are_audited_by_default() {
     let _seeded = seed(&store).await;
     let r = router(app(store.clone(), false));
     let mut cancel = post("/cancel", "queue=jobs&id=evil", Some(TOKEN));
-    cancel.extensions_mut().insert(axum::extract::ConnectInfo(std::net::SocketAddr::from(([192, 0, 2, 7], 50123))));
+    let peer = super::conns::Peer(std::net::SocketAddr::from(([192, 0, 2, 7], 50123)));
+    cancel.extensions_mut().insert(axum::extract::ConnectInfo(peer));
     assert_eq!(send(&r, cancel).await.status, StatusCode::SEE_OTHER);
     let pause = send(&r, post("/agent", "queue=jobs&agent=resize&action=pause", Some(TOKEN))).await;
     assert_eq!(pause.status, StatusCode::SEE_OTHER);
