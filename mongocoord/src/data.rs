@@ -200,24 +200,20 @@ pub(crate) struct QueueCounts {
     pub(crate) skipped: Vec<Value>,
 }
 
-/// At most this many tasks are read to find a queue's agent names.
-pub(crate) const AGENT_SCAN: u32 = 100_000;
+/// How many of a queue's documents are read to report those the store
+/// cannot read (another program's), beside its agent names.
+pub(crate) const SKIPPED_SCAN: u32 = 1_000;
 
-/// The agent names in a queue, and the documents skipped on the way.
-///
-/// The store trait has no `distinct` and no projection but the ids
-/// (`find_keys`), so this reads up to [`AGENT_SCAN`] whole tasks, in the
-/// store's order: an agent whose tasks all lie past them is not listed
-/// (its counts are still right when named, `mongocoord tasks --agent`).
-/// The dashboard reads it at most every 250 ms for all tabs and scrapes
-/// together (`routes::gather`).
+/// The agent names in a queue, and the documents the store cannot read among
+/// the first [`SKIPPED_SCAN`]. The names come from one `distinct` on MongoDB,
+/// served by the claim index (which leads with `agent_name`): neither the
+/// queue's length nor its documents' size costs a scan, and no agent is left
+/// out however long the queue. `mongocoord tasks --list` reads every document
+/// it lists, and reports each it cannot read.
 async fn agent_names<S: Store>(store: &S, c: &Collection) -> Result<(Vec<String>, Vec<Value>), String> {
-    let found = store.find_each(c, &Query::all().limit(AGENT_SCAN)).await.map_err(|e| e.to_string())?;
-    let (all, skipped) = readable(found);
-    let mut names: Vec<String> =
-        all.iter().filter_map(|r| r.data().get_str(fields::AGENT_NAME).ok().map(str::to_owned)).collect();
-    names.sort();
-    names.dedup();
+    let names = store.distinct_strings(c, fields::AGENT_NAME, &Query::all()).await.map_err(|e| e.to_string())?;
+    let found = store.find_each(c, &Query::all().limit(SKIPPED_SCAN)).await.map_err(|e| e.to_string())?;
+    let (_, skipped) = readable(found);
     Ok((names, skipped))
 }
 

@@ -406,6 +406,20 @@ impl MongoStore {
         op.await.map_err(map_err)?.try_collect().await.map_err(map_err)
     }
 
+    async fn distinct_strings_op(&self, coll: &Collection, field: &str, query: &Query) -> StoreResult<Vec<String>> {
+        store_trait::check_field_name(field)?;
+        query.validate()?;
+        let found = self
+            .coll(coll)
+            .distinct(field, compile::claim_filter(query))
+            .max_time(self.op_timeout)
+            .await
+            .map_err(map_err)?;
+        let mut out: Vec<String> = found.into_iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+        out.sort();
+        Ok(out)
+    }
+
     async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
         query.validate()?;
         self.coll(coll).count_documents(compile::filter(query)).max_time(self.op_timeout).await.map_err(map_err)
@@ -518,6 +532,11 @@ impl Store for MongoStore {
     async fn find_keys(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
         let (this, coll, query) = (self.clone(), coll.clone(), query.clone());
         self.bounded("find_keys", async move { this.find_keys_op(&coll, &query).await }).await
+    }
+
+    async fn distinct_strings(&self, coll: &Collection, field: &str, query: &Query) -> StoreResult<Vec<String>> {
+        let (this, coll, field, query) = (self.clone(), coll.clone(), field.to_owned(), query.clone());
+        self.bounded("distinct", async move { this.distinct_strings_op(&coll, &field, &query).await }).await
     }
 
     async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {

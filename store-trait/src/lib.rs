@@ -256,6 +256,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Ok(found.take(limit).map(|r| r.key().clone()).collect())
     }
 
+    /// The distinct string values of the user field `field` over the
+    /// readable documents matching `query` (sort and limit ignored), sorted:
+    /// how an operator view lists a queue's agent names without reading its
+    /// tasks. On MongoDB one `distinct` command, served by an index that
+    /// leads with `field`. The default reads every matching record with
+    /// [`Store::find_each`]: right, but a backend whose collections grow
+    /// long should override it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read; dropping the future changes nothing.
+    async fn distinct_strings(&self, coll: &Collection, field: &str, query: &Query) -> StoreResult<Vec<String>> {
+        check_field_name(field)?;
+        let found = self.find_each(coll, &Query { limit: None, sort: Vec::new(), ..query.clone() }).await?;
+        let mut out: Vec<String> =
+            found.into_iter().filter_map(Result::ok).filter_map(|r| r.get_str(field).map(str::to_owned)).collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     /// How many documents match `query` (sort and limit ignored).
     ///
     /// # Cancel safety
@@ -337,6 +358,9 @@ macro_rules! forward_store {
             }
             async fn find_keys(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
                 (**self).find_keys(coll, query).await
+            }
+            async fn distinct_strings(&self, coll: &Collection, field: &str, query: &Query) -> StoreResult<Vec<String>> {
+                (**self).distinct_strings(coll, field, query).await
             }
             async fn count(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
                 (**self).count(coll, query).await

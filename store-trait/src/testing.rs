@@ -69,7 +69,7 @@ macro_rules! conformance_tests {
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
             claim_many_racers_each_fill_their_batch, claims_by_keys_take_only_those_keys,
-            write_many_reports_each_write, rejected_writes_remove_nothing
+            write_many_reports_each_write, rejected_writes_remove_nothing, distinct_strings_of_a_field
         );
     };
 }
@@ -921,6 +921,31 @@ pub async fn rejected_writes_remove_nothing<H: Harness>(h: &H) {
     assert!(s.write(&c, &k, &w).await.unwrap().is_applied());
     let after = s.get(&c, &k).await.unwrap().record.unwrap();
     assert_eq!((after.get_i64("a"), after.get_i64("b")), (None, Some(2)), "an applied write removes: {after:?}");
+}
+
+/// The distinct string values of a field over the readable documents a
+/// query matches, sorted: other types, missing fields and unreadable
+/// documents are left out; a reserved or malformed field is refused.
+pub async fn distinct_strings_of_a_field<H: Harness>(h: &H) {
+    let s = h.store("distinct_strings_of_a_field").await;
+    let c = coll("tasks");
+    let docs = vec![
+        doc! {"_id": "1", "agent_name": "resize", "ready": true},
+        doc! {"_id": "2", "agent_name": "convert", "ready": true},
+        doc! {"_id": "3", "agent_name": "resize", "ready": false},
+        doc! {"_id": "4", "agent_name": 7, "ready": true},
+        doc! {"_id": "5", "ready": true},
+    ];
+    s.insert_many(&c, docs).await.unwrap();
+    h.insert_raw(&s, &c, doc! {"_id": "bad", "agent_name": "foreign", "fence": "1"}).await;
+    let all = s.distinct_strings(&c, "agent_name", &Query::all()).await.unwrap();
+    assert_eq!(all, ["convert", "resize"]);
+    let ready = s.distinct_strings(&c, "agent_name", &Query::eq(doc! {"ready": false})).await.unwrap();
+    assert_eq!(ready, ["resize"]);
+    for bad in ["fence", "$x", "a.b"] {
+        let r = s.distinct_strings(&c, bad, &Query::all()).await;
+        assert!(matches!(r, Err(StoreError::InvalidInput { .. })), "{bad}: {r:?}");
+    }
 }
 
 pub async fn foreign_documents_are_readable<H: Harness>(h: &H) {
