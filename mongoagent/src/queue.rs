@@ -165,13 +165,17 @@ impl<S: Store + Clone> Queue<S> {
         let transient = |why: String| AgentError::Store(StoreError::backend(FaultKind::Transient, why));
         for _ in 0..4 {
             if let Some(current) = self.store.get(&self.coll, key).await?.record {
+                // Fences count one parent's claims: only a copy of the same
+                // parent is compared by fence (another parent's id can derive
+                // the same follow-up id: `job` round 1 and `job@1` round 0).
+                let same_parent = current.get(fields::PARENT) == doc.get(fields::PARENT);
                 match current.get_i64(pending::FENCE) {
-                    Some(theirs) if theirs < fence => {
+                    Some(theirs) if same_parent && theirs < fence => {
                         let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
                         self.store.delete(&self.coll, key, &cond).await?;
                         tracing::info!(queue = %self.coll, task = %key, stale_fence = theirs, fence, "stale pending follow-up replaced");
                     }
-                    _ if current.get(fields::PARENT) == doc.get(fields::PARENT) => return Ok(()),
+                    _ if same_parent => return Ok(()),
                     _ => {
                         return Err(AgentError::InvalidTask(format!(
                             "follow-up {key}: its id is taken by a task of another parent in {}",

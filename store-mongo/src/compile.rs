@@ -195,16 +195,17 @@ fn int_like(f: &str, unsigned: bool) -> Bson {
     } else {
         doc! { "$gt": [field(f), -9.0e15] }
     };
+    // Up to `store_trait::MAX_COUNTER`, as a record reads it, whatever the
+    // type (a date reads as its milliseconds): a counter a write could not
+    // bump without overflowing is unreadable.
+    let max = i64::try_from(store_trait::MAX_COUNTER).unwrap_or(i64::MAX);
     let number_ok = if unsigned {
-        // Up to `store_trait::MAX_COUNTER`, as a record reads it: a counter a
-        // write could not bump without overflowing is unreadable.
-        let max = i64::try_from(store_trait::MAX_COUNTER).unwrap_or(i64::MAX);
         doc! { "$and": [{ "$gte": [field(f), 0_i64] }, { "$lte": [field(f), max] }] }
     } else {
         doc! { "$literal": true }
     };
     let date_ok = if unsigned {
-        doc! { "$gte": [{ "$toLong": field(f) }, 0_i64] }
+        doc! { "$and": [{ "$gte": [{ "$toLong": field(f) }, 0_i64] }, { "$lte": [{ "$toLong": field(f) }, max] }] }
     } else {
         doc! { "$literal": true }
     };

@@ -145,10 +145,10 @@ impl<S: Store + Clone> Agent<S> {
     /// Removes the follow-ups an older claim of `parent` left pending (a run
     /// that crashed or stalled before it could remove them), once this claim,
     /// with `fence`, has written its outcome: nothing can activate them any
-    /// more. Only a task claimed before in this round can have them, so a
-    /// first attempt costs nothing.
+    /// more. Only a task claimed before (in any round, or before a requeue)
+    /// can have them, so a task's first claim costs nothing.
     pub(super) async fn collect_older_follow_ups(&self, parent: &Key, record: &Record, fence: u64) {
-        if crate::task::attempt(record) <= 1 {
+        if record.fence() <= 1 {
             return;
         }
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);

@@ -24,7 +24,7 @@ macro_rules! reserved_suite {
             reserved_fields_in_task_data_are_refused, a_follow_up_naming_a_reserved_field_fails_its_parent_for_good,
             a_follow_up_whose_id_is_another_tasks_fails_its_parent_for_good,
             a_follow_up_deduplicated_against_an_active_task_is_settled, adversarial_data_runs_once_or_is_refused,
-            a_pending_mark_written_past_the_queue_is_no_outcome
+            a_pending_mark_written_past_the_queue_is_no_outcome, another_parents_pending_follow_up_is_never_removed
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -187,6 +187,26 @@ pub(crate) async fn a_pending_mark_written_past_the_queue_is_no_outcome<H: Harne
     let d = doc_of(&s, "forged").await;
     assert!(d.get_str("last_error").unwrap().contains("follow_ups_fence"), "{d}");
     assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+/// Two parents can derive one follow-up id (`job` in round 1 and `job@1` in
+/// round 0 both give `job@1/0`). Fences count one parent's claims, so another
+/// parent's pending copy is never removed for a smaller fence: the second
+/// parent fails for good, saying so, and the first keeps its follow-up.
+pub(crate) async fn another_parents_pending_follow_up_is_never_removed<H: Harness>(h: &H) {
+    let s = h.store("ag_pending_other_parent").await;
+    // The pending follow-up of parent `job@1`'s claim with fence 1.
+    let theirs = doc! { "_id": "job@1/0", "agent_name": "b", "parent": "job@1", "ready": false, "priority": 0_i64,
+    "pending_parent_fence": 1_i64, "pending_fields": { "ready": true } };
+    h.insert_raw(&s, &coll(), theirs).await;
+    // Parent `job`, in its second round, at a larger fence.
+    let job =
+        doc! { "_id": "job", "agent_name": "a", "ready": true, "priority": 0_i64, "round": 1_i64, "fence": 5_i64 };
+    h.insert_raw(&s, &coll(), job).await;
+    let got = agent(&s, "a").process(|_t: Task| async { Outcome::done().follow_up(NewTask::new("b", doc! {})) }).await;
+    assert_eq!(got.unwrap(), Some(Processed::Failed(Key::new("job").unwrap())));
+    let kept = doc_of(&s, "job@1/0").await;
+    assert_eq!((kept.get_str("parent").ok(), kept.get_i64("pending_parent_fence").ok()), (Some("job@1"), Some(1)));
 }
 
 /// A field name: reserved, near-reserved, malformed or plain.

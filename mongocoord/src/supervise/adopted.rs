@@ -9,7 +9,8 @@
 //! ([`become_subreaper`]): they become the runner's children, and a descendant
 //! whose parent dies later comes to the runner too. So the orphaned tree is
 //! exactly the runner's children that are not its live supervisors, and their
-//! descendants; the runner starts no other process. Nothing has to be learnt
+//! descendants; the runner starts no other process, and the children it had
+//! before its first supervisor (inherited across an `exec`) are left alone. Nothing has to be learnt
 //! from the dead supervisor (the command's process group, the descendants that
 //! left it): `/proc` shows the whole of it, and the runner can confirm it gone,
 //! which a `killpg` from a recorded group id alone could not.
@@ -42,9 +43,23 @@ const MAX_PAUSE: Duration = Duration::from_millis(500);
 /// How often a runner that cannot confirm the tree gone says so.
 const COMPLAIN_EVERY: Duration = Duration::from_secs(10);
 
+/// The runner's children from before its first supervisor: processes it
+/// inherited (`sh -c 'log-shipper & exec mongocoord agent …'` leaves the
+/// shipper a child of the runner), never part of a command's tree, never
+/// killed. A child that exits stays a zombie until reaped, and only the
+/// orphans are reaped here, so such a pid is not reused while listed.
+static INHERITED: Mutex<Option<Vec<i32>>> = Mutex::new(None);
+
 /// Makes this process (the runner) a child subreaper, so that the tree of a
-/// supervisor that dies comes back to it rather than to init.
+/// supervisor that dies comes back to it rather than to init; the children
+/// it has then are its own, not any command's ([`INHERITED`]).
 pub(crate) fn become_subreaper() -> std::io::Result<()> {
+    let mut inherited = INHERITED.lock();
+    if inherited.is_none() {
+        let me = std::process::id();
+        let children = processes().into_iter().filter(|p| u32::try_from(p.ppid).is_ok_and(|pp| pp == me));
+        *inherited = Some(children.map(|p| p.pid).collect());
+    }
     prctl::set_child_subreaper(true).map_err(std::io::Error::from)
 }
 
@@ -79,10 +94,12 @@ pub(crate) fn kill_round() -> usize {
     let me = std::process::id();
     let orphans = {
         let live = SUPERVISORS.lock();
+        let inherited = INHERITED.lock().clone().unwrap_or_default();
         let procs = processes();
         let orphans: Vec<i32> = procs
             .iter()
-            .filter(|p| u32::try_from(p.ppid).is_ok_and(|pp| pp == me) && !live.contains(&p.pid))
+            .filter(|p| u32::try_from(p.ppid).is_ok_and(|pp| pp == me))
+            .filter(|p| !live.contains(&p.pid) && !inherited.contains(&p.pid))
             .map(|p| p.pid)
             .collect();
         for &pid in &orphans {
