@@ -260,8 +260,12 @@ pub(crate) fn agent_builder(
         .ttl(run.ttl)
         .poll_interval(Duration::from_secs(5))
         // On shutdown the handlers stop their commands (SIGTERM, SIGKILL after
-        // the grace period) and record the outcome: the drain outlasts that.
-        .drain_timeout(run.grace * 2 + Duration::from_secs(5));
+        // the grace period) and record the outcome. The drain never gives up
+        // on them: a handler dropped half-way would let its claim go while
+        // the command's tree may live (a supervisor its own command stopped
+        // cannot kill it), so the runner waits, renewing; a second
+        // SIGTERM/SIGINT still ends it at once.
+        .drain_timeout(mongoagent::mongolock::MAX_INTERVAL);
     if let Some(n) = o.max_tasks {
         b = b.process_while(move |log| log.tasks_processed < n);
     }
