@@ -13,6 +13,9 @@
 //! cargo xtask chaos [--minutes N] [--seed S]
 //!                     `lab chaos`: worker processes killed, paused and restarted, the
 //!                     server killed and restarted; a history checker; target/chaos/summary.json
+//! cargo xtask upstream
+//!                     the Python mongoelector's own tests (0.5.0 and 1.0.2, unedited)
+//!                     against our package in `python/` (the Rust core under PyO3)
 //! cargo xtask bench [--quick]
 //!                     `lab bench` on release builds, a fresh SecantusDB (or MONGODB_URI)
 //!                     and the Python `mongoelector` in a venv under target/bench;
@@ -33,9 +36,10 @@ mod chaos;
 mod ci;
 mod server;
 mod tidy;
+mod upstream;
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick]>";
+    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick] | upstream>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         Some("test") => ci::test(&args[1..]),
         Some("bench") => bench::run(args.iter().any(|a| a == "--quick")),
         Some("chaos") => chaos::run(&args[1..]),
+        Some("upstream") => upstream::run(),
         Some("demo") => {
             cargo(&[&["run", "--release", "-p", "mongocoord", "--", "demo"], &str_refs(&args[1..])[..]].concat(), &[])
         }
