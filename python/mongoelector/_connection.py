@@ -13,6 +13,9 @@ and pymongo has no public accessor for a client's URI. So:
 import os
 from urllib.parse import quote
 
+from pymongo.database import Database
+from pymongo.mongo_client import MongoClient
+
 
 class ArgumentError(TypeError, ValueError):
     """A missing or wrong argument. Both a ``TypeError`` and a ``ValueError``:
@@ -23,9 +26,11 @@ def _split(dbconn):
     """(client, database name or None) of a MongoClient or a Database."""
     if dbconn is None:
         return None, None
-    if hasattr(dbconn, "create_collection") and hasattr(dbconn, "client"):
+    # isinstance, not hasattr: a MongoClient answers every attribute name with
+    # a Database of that name.
+    if isinstance(dbconn, Database):
         return dbconn.client, dbconn.name
-    if hasattr(dbconn, "topology_description") and hasattr(dbconn, "options"):
+    if isinstance(dbconn, MongoClient):
         return dbconn, None
     raise ArgumentError("dbconn must be a pymongo MongoClient or Database, not %s" % type(dbconn).__name__)
 
