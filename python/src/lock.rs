@@ -1,15 +1,15 @@
 //! `NativeLock`: a `mongolock::Lock` and its current acquisition, for the
 //! Python `MongoLocker`.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use mongolock::{Acquire, Lock, LockError, LockGuard, LockInfo};
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use store_mongo::MongoStore;
 
-use crate::errors::{lock_error, CoordinationError};
+use crate::errors::lock_error;
 use crate::runtime::{store, wait, wait_interruptible};
 
 /// One lock on one key, with this instance's current acquisition (whose guard
@@ -33,12 +33,6 @@ pub(crate) fn holder_dict<'py>(py: Python<'py>, h: &LockInfo) -> PyResult<Bound<
     d.set_item("expires_ms", h.expires.as_millis())?;
     d.set_item("fence", h.fence)?;
     Ok(d)
-}
-
-impl NativeLock {
-    fn slot(&self) -> PyResult<std::sync::MutexGuard<'_, Option<LockGuard<MongoStore>>>> {
-        self.guard.lock().map_err(|_| CoordinationError::new_err("lock state poisoned"))
-    }
 }
 
 #[pymethods]
@@ -118,14 +112,14 @@ impl NativeLock {
         };
         // A guard this replaces is let go by its drop (its lease, if still its
         // own, is released in the background).
-        *self.slot()? = Some(guard);
+        *self.guard.lock() = Some(guard);
         holder_dict(py, &info)
     }
 
     /// Releases: this instance's acquisition, or with `force` whoever holds
     /// the lock. Returns whether a lease was released.
     fn release(&self, py: Python<'_>, force: bool) -> PyResult<bool> {
-        let guard = self.slot()?.take();
+        let guard = self.guard.lock().take();
         if force {
             let lock = self.lock.clone();
             let released = wait(py, async move { lock.release_by_force().await })?.map_err(lock_error)?;

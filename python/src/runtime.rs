@@ -3,9 +3,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use store_mongo::MongoStore;
 use tokio::runtime::Runtime;
@@ -94,11 +95,12 @@ pub(crate) fn store(py: Python<'_>, uri: &str, database: &str) -> PyResult<Mongo
     static STORES: OnceLock<Mutex<HashMap<(String, String), MongoStore>>> = OnceLock::new();
     let stores = STORES.get_or_init(Default::default);
     let id = (uri.to_owned(), database.to_owned());
-    if let Some(s) = stores.lock().map_err(|_| CoordinationError::new_err("store cache poisoned"))?.get(&id) {
+    if let Some(s) = stores.lock().get(&id) {
         return Ok(s.clone());
     }
     let (u, d) = id.clone();
     let store = wait(py, async move { MongoStore::connect(&u, &d).await })?.map_err(store_error)?;
-    stores.lock().map_err(|_| CoordinationError::new_err("store cache poisoned"))?.entry(id).or_insert(store.clone());
-    Ok(store)
+    // Two threads may connect at once; the first store kept wins, and the
+    // other's client is dropped.
+    Ok(stores.lock().entry(id).or_insert(store).clone())
 }
