@@ -4,7 +4,7 @@
 //! ```text
 //! cargo xtask ci      fmt, clippy, docs, no-default-features builds, the whole test
 //!                     suite against a real server (and headless Chromium, installed
-//!                     from Debian's packages when absent), a short chaos run (the
+//!                     from Debian's packages when absent), `upstream`, a short chaos run (the
 //!                     README's test command; .ci/run calls it)
 //! cargo xtask test [ARGS]
 //!                     the test suite only (CI semantics: a Mongo test never skips)
