@@ -8,10 +8,14 @@ use crate::{cargo, str_refs};
 pub(crate) const PRODUCT_CRATES: [&str; 3] = ["mongolock", "mongoelector", "mongoagent"];
 
 /// fmt, clippy, docs, builds without default features, every test against a
-/// real server, the bench's smoke run, and a short chaos run.
+/// real server, the bench's smoke run, upstream mongoelector's own tests
+/// against the Python package, and a short chaos run.
 pub(crate) fn ci() -> Result<(), String> {
     let started = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"], &[])?;
+    // The Python package is not a workspace member (see the root Cargo.toml).
+    let python_manifest = crate::server::root().join("python").join("Cargo.toml");
+    cargo(&["fmt", "--manifest-path", &python_manifest.to_string_lossy(), "--", "--check"], &[])?;
     let deny = [("RUSTFLAGS", "-Dwarnings"), ("RUSTDOCFLAGS", "-Dwarnings")];
     cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"], &deny)?;
     // The core of every product crate must build without the MongoDB driver.
@@ -28,6 +32,8 @@ pub(crate) fn ci() -> Result<(), String> {
     // Every section of the bench at a tiny size, every figure it promises
     // checked (no thresholds), on the debug build the tests just made.
     crate::bench::run(crate::bench::Mode::Smoke, true)?;
+    // Upstream's 29 tests passed three runs in a row before this was added.
+    crate::upstream::run()?;
     // A short chaos run: real processes, SIGKILL, SIGSTOP, server restarts.
     crate::chaos::run(&["--minutes".into(), "0.75".into()])?;
     eprintln!("xtask ci: all green in {:.0} s", started.elapsed().as_secs_f64());

@@ -4,8 +4,9 @@
 //! ```text
 //! cargo xtask ci      fmt, clippy, docs, no-default-features builds, the whole test
 //!                     suite against a real server (and headless Chromium, installed
-//!                     from Debian's packages when absent), the bench's smoke run, a
-//!                     short chaos run (the README's test command; .ci/run calls it)
+//!                     from Debian's packages when absent), the bench's smoke run,
+//!                     `upstream`, a short chaos run (the README's test command;
+//!                     .ci/run calls it)
 //! cargo xtask test [ARGS]
 //!                     the test suite only (CI semantics: a Mongo test never skips)
 //! cargo xtask demo [ARGS]
@@ -13,6 +14,9 @@
 //! cargo xtask chaos [--minutes N] [--seed S]
 //!                     `lab chaos`: worker processes killed, paused and restarted, the
 //!                     server killed and restarted; a history checker; target/chaos/summary.json
+//! cargo xtask upstream
+//!                     the Python mongoelector's own tests (0.5.0 and 1.0.2, unedited)
+//!                     against our package in `python/` (the Rust core under PyO3)
 //! cargo xtask bench [--quick | --smoke]
 //!                     `lab bench` on release builds, a fresh SecantusDB (or MONGODB_URI)
 //!                     and the Python `mongoelector` in a venv under target/bench;
@@ -35,9 +39,10 @@ mod chaos;
 mod ci;
 mod server;
 mod tidy;
+mod upstream;
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke]>";
+    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] | upstream>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
             (false, false) => bench::run(bench::Mode::Full, false),
         },
         Some("chaos") => chaos::run(&args[1..]),
+        Some("upstream") => upstream::run(),
         Some("demo") => {
             cargo(&[&["run", "--release", "-p", "mongocoord", "--", "demo"], &str_refs(&args[1..])[..]].concat(), &[])
         }

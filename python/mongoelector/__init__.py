@@ -1,0 +1,25 @@
+"""mongoelector: distributed locks and leader election on MongoDB, with the
+API of the Python ``mongoelector`` (0.4–0.5 and 1.0.2), running on
+mongocoord's Rust core (``mongolock``, ``mongoelector``)."""
+
+from . import _native
+from ._connection import ArgumentError
+from .elector import MongoElector, MongoLeaderElector
+from .locker import AcquireTimeout, CoordinationError, ForeignLock, LockExists, MongoLocker, TimeOffsetError
+
+#: True in this package: the native core is what runs (the test runner checks it).
+NATIVE = True
+
+__version__ = "0.5.0+mongocoord"
+
+__all__ = [
+    "AcquireTimeout",
+    "ArgumentError",
+    "CoordinationError",
+    "ForeignLock",
+    "LockExists",
+    "MongoElector",
+    "MongoLeaderElector",
+    "MongoLocker",
+    "TimeOffsetError",
+]
