@@ -61,6 +61,9 @@ impl<S: Store + Clone> Queue<S> {
                 store_trait::WriteOutcome::Applied(_) => {
                     tracing::info!(queue = %self.coll, task = %r.key(), fence = r.fence(), running, "task cancelled");
                     crate::metrics::cancelled(&self.coll, r.get_str(fields::AGENT_NAME));
+                    if r.fence() > 0 {
+                        self.remove_pending_follow_ups(r.key(), r.fence()).await?;
+                    }
                     return Ok(true);
                 }
                 // Ended (completed first, say), deleted, or in a fan-in step now.
@@ -72,6 +75,25 @@ impl<S: Store + Clone> Queue<S> {
         }
         tracing::warn!(queue = %self.coll, task = %r.key(), "cancel gave up: the task kept changing");
         Ok(false)
+    }
+
+    /// Removes the follow-ups that claims of `parent` up to `fence` left
+    /// pending (a run that crashed between enqueueing them and its outcome):
+    /// once it is cancelled, nothing can activate them, and each would hold
+    /// its dedupe key for ever. A stale run still under way removes its own
+    /// when its outcome is rejected.
+    async fn remove_pending_follow_ups(&self, parent: &Key, fence: u64) -> Result<(), AgentError> {
+        let q = store_trait::Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone() })
+            .when(Condition::Exists(pending::FENCE.into()));
+        for c in self.store.find(&self.coll, &q).await? {
+            let Some(f) = c.get_i64(pending::FENCE).filter(|&f| u64::try_from(f).is_ok_and(|f| f <= fence)) else {
+                continue;
+            };
+            let still = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(f));
+            self.store.delete(&self.coll, c.key(), &still).await?;
+            tracing::info!(queue = %self.coll, task = %c.key(), parent = %parent, "a cancelled task's pending follow-up removed");
+        }
+        Ok(())
     }
 
     /// The work of [`Queue::delete`](crate::operator::Delete).

@@ -188,7 +188,13 @@ impl<S: Store + Clone> Agent<S> {
                 Err(e) => {
                     tracing::warn!(agent = %inner.name, error = %e, "claim failed");
                     if !e.is_retryable() {
-                        running.shutdown().await;
+                        // The tasks in flight finish as at a shutdown (within the
+                        // drain timeout): dropped at once, a handler's claim
+                        // would be let go while work it started may still run
+                        // (a runner's command tree). Those claimed ahead go back.
+                        self.give_back(ahead.take_all()).await;
+                        self.drain(running, ahead, &handler).await;
+                        self.release_pooled_permits().await;
                         return Err(e);
                     }
                     tokio::select! {

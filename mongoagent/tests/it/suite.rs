@@ -918,4 +918,20 @@ pub(crate) async fn stale_pending_follow_ups_are_collected_when_their_parent_end
     assert_eq!(done, Processed::Completed(Key::new("p").unwrap()));
     assert!(s.get(&coll(), &Key::new("p/0").unwrap()).await.unwrap().record.is_none(), "the older claim's is gone");
     assert!(s.get(&coll(), &Key::new("p/9").unwrap()).await.unwrap().record.is_some(), "a newer fence's is left");
+    // A stuck parent cancelled by an operator: its crashed run's pending
+    // follow-up goes with it, and no longer holds its dedupe key.
+    q.enqueue(NewTask::new("p", doc! {}).id("stuck")).await.unwrap();
+    let claim = Claim {
+        query: Query::eq(doc! {"_id": "stuck"}),
+        mutation: Mutation::new().grant("gone", Ttl::new(Duration::from_millis(1)).unwrap()).bump_fence(),
+    };
+    s.claim(&coll(), &claim).await.unwrap().unwrap();
+    let mut orphan = debris("stuck/0", 1);
+    orphan.insert("parent", "stuck");
+    orphan.insert("dedupe_key", "once");
+    s.insert_many(&coll(), vec![orphan]).await.unwrap();
+    assert_eq!(q.cancel_ids(&[Key::new("stuck").unwrap()]).await.unwrap().len(), 1);
+    assert!(s.get(&coll(), &Key::new("stuck/0").unwrap()).await.unwrap().record.is_none(), "removed with its parent");
+    let (_, inserted) = q.enqueue(NewTask::new("c", doc! {}).dedupe_key("once")).await.unwrap();
+    assert!(inserted, "the dedupe key is free again");
 }
