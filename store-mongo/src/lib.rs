@@ -78,6 +78,7 @@
 mod claim_many;
 mod compile;
 mod connect;
+mod distinct;
 mod errors;
 mod server;
 #[cfg(feature = "testing")]
@@ -404,20 +405,6 @@ impl MongoStore {
             op = op.limit(i64::from(n));
         }
         op.await.map_err(map_err)?.try_collect().await.map_err(map_err)
-    }
-
-    async fn distinct_strings_op(&self, coll: &Collection, field: &str, query: &Query) -> StoreResult<Vec<String>> {
-        store_trait::check_field_name(field)?;
-        query.validate()?;
-        let found = self
-            .coll(coll)
-            .distinct(field, compile::claim_filter(query))
-            .max_time(self.op_timeout)
-            .await
-            .map_err(map_err)?;
-        let mut out: Vec<String> = found.into_iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
-        out.sort();
-        Ok(out)
     }
 
     async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
