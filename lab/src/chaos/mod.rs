@@ -95,9 +95,9 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
             let ledger = Collection::new(LEDGER).map_err(|e| e.to_string())?;
             let lock = Lock::builder(store.clone(), LOCK).ttl(ttl).build().map_err(|e| e.to_string())?;
             // Half the workers write as careless code does: without asking
-            // whether the lock is still theirs, even right after a pause past
-            // their lease. Only the fence on the ledger stops those writes, so
-            // the run shows stale writes rejected by it.
+            // whether the lock is still theirs, right after a pause past their
+            // lease, and even after letting go. Only the fence on the ledger
+            // stops those writes, so the run shows stale writes rejected by it.
             let careless = fastrand::bool();
             loop {
                 let Ok(guard) = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(10)).auto_renew()).await
@@ -140,6 +140,13 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                     write().await;
                 }
                 let _ = guard.release().await;
+                if careless {
+                    // And once after letting go, as code that writes after its
+                    // unlock does: a newer holder's write in between makes the
+                    // fence reject it.
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..300))).await;
+                    write().await;
+                }
             }
             #[allow(unreachable_code)]
             Ok::<(), String>(())
