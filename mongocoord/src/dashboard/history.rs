@@ -22,6 +22,16 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const PER_TASK: usize = 50;
 /// The tasks whose events are kept.
 pub(crate) const TASKS: usize = 10_000;
+/// The bytes the kept events may take, about (their details as JSON, their
+/// time and the task's key): events carry errors and progress documents of
+/// any size, so a count alone does not bound the book's memory.
+pub(crate) const MAX_BYTES: usize = 32 << 20;
+
+/// About how many bytes `seen` of the task `key` takes in the book.
+fn size_of(key: &(String, String), seen: &Seen) -> usize {
+    let details = serde_json::to_string(&seen.details).map_or(0, |d| d.len());
+    details + seen.at.len() + key.0.len() + key.1.len() + 64
+}
 
 /// One event as the dashboard saw it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -57,6 +67,8 @@ struct TaskEvents {
     truncated: bool,
     /// The number of its latest event in the book.
     last: u64,
+    /// The bytes its events take ([`size_of`]).
+    bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -70,24 +82,40 @@ struct Book {
     count: u64,
     /// By queue: when its feed lost events (the latest few).
     gaps: HashMap<String, VecDeque<String>>,
+    /// The bytes every kept event takes ([`size_of`]).
+    bytes: usize,
+    /// The most [`Book::bytes`] may be before tasks are forgotten (0:
+    /// [`MAX_BYTES`]).
+    max_bytes: usize,
 }
 
 impl Book {
     fn add(&mut self, queue: &str, task: String, seen: Seen) {
         self.count += 1;
         let key = (queue.to_owned(), task);
+        let size = size_of(&key, &seen);
         let t = self.tasks.entry(key.clone()).or_default();
         t.events.push_back(seen);
+        t.bytes += size;
+        self.bytes += size;
         if t.events.len() > PER_TASK {
-            t.events.pop_front();
+            if let Some(old) = t.events.pop_front() {
+                let freed = size_of(&key, &old);
+                t.bytes -= freed;
+                self.bytes -= freed;
+            }
             t.truncated = true;
         }
         self.latest.remove(&t.last);
         t.last = self.count;
         self.latest.insert(self.count, key);
-        while self.tasks.len() > TASKS {
+        let max_bytes = if self.max_bytes == 0 { MAX_BYTES } else { self.max_bytes };
+        // The tasks whose last event came first are forgotten, whole.
+        while self.tasks.len() > TASKS || self.bytes > max_bytes {
             let Some((_, first)) = self.latest.pop_first() else { break };
-            self.tasks.remove(&first);
+            if let Some(t) = self.tasks.remove(&first) {
+                self.bytes -= t.bytes;
+            }
         }
     }
 
@@ -216,5 +244,26 @@ mod tests {
         b.add("other", "t1".into(), seen("claimed"));
         assert_eq!(b.tasks[&("q".to_owned(), "t1".to_owned())].events[0].event, "enqueued");
         assert_eq!(b.latest.len(), b.tasks.len());
+    }
+
+    /// Events are bounded in bytes too: a few tasks with large errors or
+    /// progress documents cannot make the book grow past its budget, where
+    /// a count alone let 10,000 tasks of 50 large events each stay.
+    #[test]
+    fn the_book_is_bounded_in_bytes() {
+        let mut b = Book { max_bytes: 100_000, ..Book::default() };
+        let big = |i: usize| Seen {
+            at: "t".into(),
+            event: "retrying",
+            fence: 1,
+            details: serde_json::json!({ "error": "x".repeat(10_000), "i": i }),
+        };
+        for i in 0..40 {
+            b.add("q", format!("t{i}"), big(i));
+            assert!(b.bytes <= 100_000, "{} bytes kept", b.bytes);
+        }
+        assert!(b.tasks.len() < 10 && b.tasks.contains_key(&("q".to_owned(), "t39".to_owned())));
+        let counted: usize = b.tasks.values().map(|t| t.bytes).sum();
+        assert_eq!(counted, b.bytes, "the total follows every task's events");
     }
 }
