@@ -307,13 +307,22 @@ impl<S: Store + Clone> Semaphore<S> {
             keys.push(store_trait::Key::new(format!("{}#{i}", self.key))?);
         }
         let found = first.store.find_each(&first.coll, &Query::all().keys(keys)).await?;
+        let strangers: Vec<Record> = found
+            .into_iter()
+            .flatten()
+            .filter(|r| {
+                let ours = r.get_str(slot::SEMAPHORE) == Some(self.key.as_str())
+                    && r.get_i64(slot::PERMITS) == Some(i64::from(self.permits));
+                !ours && crate::info::foreign_fields(r.data()).is_empty()
+            })
+            .collect();
+        if strangers.is_empty() {
+            return Ok(0);
+        }
         let now = first.store.now().await?;
         let mut adopted = 0;
-        for r in found.into_iter().flatten() {
-            let ours = r.get_str(slot::SEMAPHORE) == Some(self.key.as_str())
-                && r.get_i64(slot::PERMITS) == Some(i64::from(self.permits));
-            let held = r.lease().is_some_and(|l| l.is_live_at(now));
-            if ours || held || !crate::info::foreign_fields(r.data()).is_empty() {
+        for r in strangers {
+            if r.lease().is_some_and(|l| l.is_live_at(now)) {
                 continue;
             }
             let Some(i) = r.key().to_string().rsplit('#').next().and_then(|i| i.parse::<u32>().ok()) else { continue };

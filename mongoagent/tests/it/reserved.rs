@@ -54,6 +54,21 @@ async fn doc_of<S: Store>(s: &S, id: &str) -> Document {
     s.get(&coll(), &Key::new(id).unwrap()).await.unwrap().record.unwrap().into_data()
 }
 
+/// One `process` of `name`'s agent with a handler that completes, and how
+/// many times that handler ran.
+async fn process_counting_runs<S: Store + Clone>(s: &S, name: &str) -> (Option<Processed>, u32) {
+    let ran = Arc::new(AtomicU32::new(0));
+    let r = ran.clone();
+    let got = agent(s, name)
+        .process(move |_t: Task| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async { true }
+        })
+        .await
+        .unwrap();
+    (got, ran.load(Ordering::SeqCst))
+}
+
 async fn count<S: Store>(s: &S, filter: Document) -> u64 {
     s.count(&coll(), &Query::eq(filter)).await.unwrap()
 }
@@ -77,15 +92,7 @@ pub(crate) async fn reserved_fields_in_task_data_are_refused<H: Harness>(h: &H) 
     assert_eq!(count(&s, doc! {}).await, 0, "nothing was enqueued");
     // A plain task still runs, and its handler does.
     let (id, _) = q.enqueue(NewTask::new("c", doc! { "follow_ups": 1 })).await.unwrap();
-    let ran = Arc::new(AtomicU32::new(0));
-    let r = ran.clone();
-    let a = agent(&s, "c");
-    let got = a.process(move |_t: Task| {
-        r.fetch_add(1, Ordering::SeqCst);
-        async { true }
-    });
-    assert_eq!(got.await.unwrap(), Some(Processed::Completed(id)));
-    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(process_counting_runs(&s, "c").await, (Some(Processed::Completed(id)), 1));
 }
 
 /// A follow-up whose data names a reserved field fails its parent for good,
@@ -176,17 +183,10 @@ pub(crate) async fn a_pending_mark_written_past_the_queue_is_no_outcome<H: Harne
     let s = h.store("ag_forged_mark").await;
     let raw = doc! { "_id": "forged", "agent_name": "c", "ready": true, "priority": 0_i64, "follow_ups_fence": 1_i64 };
     h.insert_raw(&s, &coll(), raw).await;
-    let ran = Arc::new(AtomicU32::new(0));
-    let r = ran.clone();
-    let a = agent(&s, "c");
-    let got = a.process(move |_t: Task| {
-        r.fetch_add(1, Ordering::SeqCst);
-        async { true }
-    });
-    assert_eq!(got.await.unwrap(), Some(Processed::Failed(Key::new("forged").unwrap())));
+    let got = process_counting_runs(&s, "c").await;
+    assert_eq!(got, (Some(Processed::Failed(Key::new("forged").unwrap())), 0), "failed without running");
     let d = doc_of(&s, "forged").await;
     assert!(d.get_str("last_error").unwrap().contains("follow_ups_fence"), "{d}");
-    assert_eq!(ran.load(Ordering::SeqCst), 0);
 }
 
 /// Two parents can derive one follow-up id (`job` in round 1 and `job@1` in
