@@ -27,6 +27,8 @@ impl<S: Store + Clone> Agent<S> {
     /// arrives (change notification), when a delayed task or a lapsed claim
     /// becomes due, or after `poll_interval`. On shutdown it stops claiming, lets
     /// in-flight tasks finish within the drain timeout, then gives the rest back.
+    /// A claim error that trying again cannot mend ends it the same way, with
+    /// a drain, and is returned.
     ///
     /// # Cancel safety
     ///
