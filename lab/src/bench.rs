@@ -21,8 +21,11 @@ use store_mongo::MongoStore;
 
 mod agenda;
 mod counted;
+mod election;
 mod events;
 mod figures;
+pub(crate) mod idle;
+pub(crate) mod table;
 use counted::{counted_store, Counts};
 use figures::{Figures, Section};
 
@@ -52,6 +55,8 @@ struct Size {
     picks: usize,
     ticks: usize,
     sim_minutes: u64,
+    /// Seconds each idle process is measured, after a warm-up.
+    idle_s: u64,
     seed_cycles: usize,
     agenda: agenda::AgendaSize,
 }
@@ -67,6 +72,7 @@ impl Mode {
                 picks: 2,
                 ticks: 2,
                 sim_minutes: 1,
+                idle_s: 2,
                 seed_cycles: 10,
                 agenda: agenda::AgendaSize { jobs: 8, picks: 1, limit_s: 30 },
             },
@@ -78,6 +84,7 @@ impl Mode {
                 picks: 10,
                 ticks: 10,
                 sim_minutes: 10,
+                idle_s: 20,
                 seed_cycles: 100,
                 agenda: agenda::AgendaSize { jobs: 400, picks: 5, limit_s: 120 },
             },
@@ -89,6 +96,7 @@ impl Mode {
                 picks: 30,
                 ticks: 30,
                 sim_minutes: 60,
+                idle_s: 60,
                 seed_cycles: 500,
                 agenda: agenda::AgendaSize { jobs: 2000, picks: 15, limit_s: 600 },
             },
@@ -225,11 +233,13 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
             c.args(["--uri", uri, "--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
             c
         };
-        let (h, fo) = election_trials("bench-elect", &o.out, elect_trials, ours).await?;
-        let (h, fo) = (sorted(h), sorted(fo));
+        let lease = election::LeaseDoc::new(&store, mongoelector::DEFAULT_COLLECTION).await?;
+        let t = election::trials("bench-elect", &o.out, elect_trials, elect_trials, Some(&lease), ours).await?;
+        let (h, fo) = (sorted(t.handovers_ms), sorted(t.failovers_s));
         f.put("elector_handover_ms_p50", pct(&h, 0.5));
         f.put("failover_s_p50", pct(&fo, 0.5));
         f.put("failover_over_ttl", pct(&fo, 0.5) / 3.0);
+        f.put("failover_overhead_ms_p50", pct(&sorted(t.overheads_ms), 0.5));
     }
 
     // The queue, side by side on the same server and the same number of tasks
@@ -304,6 +314,15 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     eprintln!("memory-store simulation…");
     f.put("sim_steps_per_s", simulate(size.sim_minutes).await?);
 
+    if skip.contains("idle") {
+        f.skip(Section::Idle, "MONGOCOORD_BENCH_SKIP");
+    } else {
+        let window = Duration::from_secs(size.idle_s);
+        eprintln!("idle cost: mongocoord agent, elect follower, lock waiter and cron, {window:?} each, side by side…");
+        let dir = o.out.parent().unwrap_or(Path::new("."));
+        idle::put_figures(&mut f, &o.mongocoord, uri, db, dir, Duration::from_secs(3), window).await?;
+    }
+
     match (&o.python, &o.seed_script) {
         _ if skip.contains("seed") => {
             f.skip(Section::Seed, "MONGOCOORD_BENCH_SKIP");
@@ -320,7 +339,10 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     // Agenda last: on a slow server its lock queries pile up (see
     // lab/bench/agenda/bench.mjs) and keep the server busy after it stops.
     match &o.agenda {
-        Some(dir) => agenda::put_figures(&mut f, dir, uri, db, size.agenda).await,
+        Some(dir) => {
+            agenda::put_figures(&mut f, dir, uri, db, size.agenda).await;
+            agenda::put_idle_figures(&mut f, dir, uri, db, size.idle_s).await;
+        }
         None => f.skip(
             Section::Agenda,
             "no --agenda harness (cargo xtask bench installs it when node and npm exist; --smoke only uses an installed one)",
@@ -340,7 +362,19 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         f.put("queue_shared_vs_raw", shared / raw_rate);
     }
 
-    f.write(&o.out, &[("server", &server), ("server_version", &version), ("mode", o.mode.name())])?;
+    let name = std::env::var("MONGOCOORD_BENCH_SERVER_NAME").unwrap_or_else(|_| "uri".into());
+    let commit = std::env::var("MONGOCOORD_BENCH_COMMIT").unwrap_or_else(|_| "unknown".into());
+    let date = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default();
+    let date = date.get(..10).unwrap_or("unknown");
+    let header = [
+        ("server", server.as_str()),
+        ("server_name", &name),
+        ("server_version", &version),
+        ("mode", o.mode.name()),
+        ("commit", &commit),
+        ("date", date),
+    ];
+    f.write(&o.out, &header)?;
     eprintln!("wrote {}", o.out.display());
     match f.check(std::env::var_os("CI").is_some()) {
         Ok(()) => Ok(0),
@@ -389,10 +423,10 @@ async fn seed_figures(
     // The seed replaces a killed leader only after MongoDB's TTL monitor
     // deletes its lock (about once a minute): only full runs kill it.
     let kills = if o.mode == Mode::Full { size.elect_trials } else { 0 };
-    let (h, fo) = election_trials_n("seed-elect", &o.out, size.elect_trials, kills, seed).await?;
-    f.put("seed_handover_ms_p50", pct(&sorted(h), 0.5));
+    let t = election::trials("seed-elect", &o.out, size.elect_trials, kills, None, seed).await?;
+    f.put("seed_handover_ms_p50", pct(&sorted(t.handovers_ms), 0.5));
     if kills > 0 {
-        f.put("seed_failover_s_p50", pct(&sorted(fo), 0.5));
+        f.put("seed_failover_s_p50", pct(&sorted(t.failovers_s), 0.5));
     } else {
         f.skip(Section::SeedFailover, "full runs only: a failover waits for the TTL monitor, about a minute a trial");
     }
@@ -410,87 +444,6 @@ fn put_breakdown(f: &mut Figures, prefix: &str, counts: &Counts, tasks: u32) {
         for (kind, ms) in counts.mean_ms() {
             f.put(format!("{prefix}_ms_{kind}"), ms);
         }
-    }
-}
-
-async fn election_trials(
-    key: &str,
-    out: &Path,
-    trials: usize,
-    spawn: impl Fn(&str, &Path) -> tokio::process::Command,
-) -> Result<(Vec<f64>, Vec<f64>), String> {
-    election_trials_n(key, out, trials, trials, spawn).await
-}
-
-/// Three candidate processes; the leader is stopped with SIGTERM (`stops` times)
-/// or killed with SIGKILL (`kills` times); the time until the next leader's
-/// callback writes its line is measured. A replacement keeps three candidates.
-async fn election_trials_n(
-    key: &str,
-    out: &Path,
-    stops: usize,
-    kills: usize,
-    spawn: impl Fn(&str, &Path) -> tokio::process::Command,
-) -> Result<(Vec<f64>, Vec<f64>), String> {
-    let file = out.with_file_name(format!("{key}.log"));
-    let _ = std::fs::remove_file(&file);
-    let start = |c: &mut tokio::process::Command| {
-        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true).spawn()
-    };
-    let mut procs: Vec<tokio::process::Child> = Vec::new();
-    for _ in 0..3 {
-        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
-    }
-    let lines = || read_lines(&file);
-    wait_lines(&file, 1, Duration::from_secs(120)).await?;
-    let (mut handovers, mut failovers) = (Vec::new(), Vec::new());
-    for trial in 0..stops + kills {
-        let before = lines();
-        let leader_pid: u32 = before
-            .last()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-            .ok_or("bad leader line")?;
-        let idx = procs.iter().position(|p| p.id() == Some(leader_pid)).ok_or("leader is not one of ours")?;
-        let kill = trial >= stops;
-        let t0 =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_err(|e| e.to_string())?.as_nanos();
-        let sig = if kill { "-KILL" } else { "-TERM" };
-        let _ = tokio::process::Command::new("kill").args([sig, &leader_pid.to_string()]).status().await;
-        let after = wait_lines(&file, before.len() + 1, Duration::from_secs(180)).await?;
-        let t1: u128 = after[before.len()].split_whitespace().next().and_then(|t| t.parse().ok()).ok_or("bad line")?;
-        let secs = (t1.saturating_sub(t0)) as f64 / 1e9;
-        if kill {
-            failovers.push(secs);
-        } else {
-            handovers.push(secs * 1e3);
-        }
-        let mut old = procs.remove(idx);
-        let _ = old.wait().await;
-        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
-        tokio::time::sleep(Duration::from_millis(700)).await;
-    }
-    for p in &mut procs {
-        let _ = p.start_kill();
-    }
-    Ok((handovers, failovers))
-}
-
-fn read_lines(file: &Path) -> Vec<String> {
-    std::fs::read_to_string(file).unwrap_or_default().lines().map(str::to_owned).collect()
-}
-
-async fn wait_lines(file: &Path, n: usize, limit: Duration) -> Result<Vec<String>, String> {
-    let t = Instant::now();
-    loop {
-        let l = read_lines(file);
-        if l.len() >= n {
-            return Ok(l);
-        }
-        if t.elapsed() > limit {
-            return Err(format!("no new leader within {limit:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

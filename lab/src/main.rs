@@ -59,6 +59,16 @@ enum Cmd {
         #[arg(long)]
         agenda: Option<PathBuf>,
     },
+    /// Rewrites the README's Performance table (between its markers) from
+    /// bench summaries, one column each.
+    BenchTable {
+        /// The README to rewrite.
+        #[arg(long, default_value = "README.md")]
+        readme: PathBuf,
+        /// The summaries (`target/bench/summary-<server>.json`), in column order.
+        #[arg(required = true)]
+        summaries: Vec<PathBuf>,
+    },
     /// One queue agent process of `lab bench` (started by it): prints `ready`,
     /// works on a `go` line, stops when stdin closes and prints its command count.
     #[command(hide = true)]
@@ -166,6 +176,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let store = connect(&c).await?;
             let opts = bench::BenchOpts { mode, out, mongocoord, python, seed_script, agenda };
             bench::run(c.uri(), c.database(), store, opts).await
+        }
+        Cmd::BenchTable { readme, summaries } => {
+            let paths: Vec<&std::path::Path> = summaries.iter().map(PathBuf::as_path).collect();
+            bench::table::rewrite(&readme, &paths)?;
+            eprintln!("rewrote the table in {}", readme.display());
+            Ok(0)
         }
         Cmd::BenchAgent { coll } => {
             let c = connection(uri, db)?;

@@ -2,7 +2,7 @@
 //! store, shared by every watcher in the process.
 //!
 //! A change stream occupies a pooled connection for as long as its `getMore`
-//! waits on the server (up to a second when nothing changes), and the driver
+//! waits on the server (up to [`AWAIT`] when nothing changes), and the driver
 //! keeps that `getMore`, with its connection, inside the stream object: a
 //! watcher that stops polling (a `select!` took another branch; an agent is busy
 //! with its tasks) holds the connection until it polls again. One stream per
@@ -31,6 +31,14 @@ use crate::{is_change_streams_unsupported, map_err};
 
 /// Events a watcher may have waiting before it is told to resync.
 const BUFFER: usize = 256;
+
+/// How long the server holds a `getMore` with nothing to report. The
+/// server's default, a second, makes every idle stream send 60 commands a
+/// minute; events still come back the moment they happen, so a long wait
+/// costs nothing but the connection the pump holds anyway. A minute stays
+/// under the idle timeouts of the usual load balancers and NATs (350 s and
+/// more).
+const AWAIT: Duration = Duration::from_secs(60);
 
 /// How often a pump checks whether anyone still watches.
 const CHECK: Duration = Duration::from_secs(1);
@@ -101,7 +109,7 @@ impl Hub {
         name: Pump,
         stage: Option<Document>,
     ) -> StoreResult<broadcast::Receiver<ChangeEvent>> {
-        let stream = match coll.watch().pipeline(stage).await {
+        let stream = match coll.watch().pipeline(stage).max_await_time(AWAIT).await {
             Ok(s) => s,
             Err(e) if is_change_streams_unsupported(&e) => {
                 return Err(StoreError::Unsupported { feature: "change streams", reason: e.to_string() })

@@ -1,13 +1,19 @@
-//! `cargo xtask bench [--quick | --smoke]`: builds of `mongocoord` and `lab`, a
-//! fresh SecantusDB (or `MONGODB_URI`), the pinned Agenda harness (when `node`
-//! and `npm` exist), then `lab bench`, which writes `target/bench/summary.json`
-//! (`--smoke`: `target/bench/smoke.json`, then checks that every promised
-//! figure is there).
+//! `cargo xtask bench [--quick | --smoke] [--server py|rs|URI]`: builds of
+//! `mongocoord` and `lab`, a fresh server (`py`, the default: SecantusDB's
+//! Python server; `rs`: its Rust server, `secantusd-rs`; or a URI, the
+//! default when `MONGODB_URI` is set), the pinned Agenda harness (when `node`
+//! and `npm` exist), then `lab bench`, which writes
+//! `target/bench/summary-<py|rs|uri>.json` and a copy as `summary.json`
+//! (`--smoke`: `smoke-<server>.json`, then checks that every promised figure
+//! is there).
+//!
+//! `cargo xtask bench-table` rewrites the README's Performance table from
+//! `summary-py.json` and `summary-rs.json`.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use crate::server::{self, root, run_cmd};
+use crate::server::{self, root, run_cmd, Target};
 
 /// How big a run is (`lab bench`'s modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +31,7 @@ pub(crate) enum Mode {
 
 /// Runs the bench; with `strict` (`cargo xtask ci`, or `CI` set), a smoke run
 /// may skip only Agenda and the seed's failover.
-pub(crate) fn run(mode: Mode, strict: bool) -> Result<(), String> {
+pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), String> {
     let profile = if mode == Mode::Smoke {
         crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
         "debug"
@@ -35,16 +41,10 @@ pub(crate) fn run(mode: Mode, strict: bool) -> Result<(), String> {
     };
     let venv = server::venv()?;
     let agenda = agenda(mode != Mode::Smoke);
-    let (server, uri, label) = match std::env::var("MONGODB_URI") {
-        Ok(uri) if !uri.is_empty() => (None, uri, "MONGODB_URI".to_owned()),
-        _ => {
-            let (s, u) = server::start(&venv)?;
-            (Some(s), u, format!("{} (fresh, in memory, retryWrites=false)", server::SECANTUS.replace("==", " ")))
-        }
-    };
+    let (server, uri, label) = target.start(&venv)?;
     let bin = root().join("target").join(profile);
-    let file = if mode == Mode::Smoke { "smoke.json" } else { "summary.json" };
-    let out = root().join("target").join("bench").join(file);
+    let stem = if mode == Mode::Smoke { "smoke" } else { "summary" };
+    let out = root().join("target").join("bench").join(format!("{stem}-{}.json", target.name()));
     let mut cmd = Command::new(bin.join("lab"));
     cmd.args(["--uri", &uri, "--db", "mongocoord_bench", "bench", "--out"])
         .arg(&out)
@@ -54,7 +54,9 @@ pub(crate) fn run(mode: Mode, strict: bool) -> Result<(), String> {
         .arg(venv.join("bin").join("python"))
         .arg("--seed-script")
         .arg(root().join("lab").join("bench").join("seed_bench.py"))
-        .env("MONGOCOORD_BENCH_SERVER", label);
+        .env("MONGOCOORD_BENCH_SERVER", label)
+        .env("MONGOCOORD_BENCH_SERVER_NAME", target.name())
+        .env("MONGOCOORD_BENCH_COMMIT", commit());
     if let Some(dir) = &agenda {
         cmd.arg("--agenda").arg(dir);
     }
@@ -74,7 +76,42 @@ pub(crate) fn run(mode: Mode, strict: bool) -> Result<(), String> {
     let result = run_cmd(&mut cmd);
     eprintln!("  (lab bench: {:.1} s)", started.elapsed().as_secs_f64());
     drop(server);
-    result
+    result?;
+    let latest = out.with_file_name(format!("{stem}.json"));
+    std::fs::copy(&out, &latest).map_err(|e| format!("{}: {e}", latest.display()))?;
+    Ok(())
+}
+
+/// `cargo xtask bench-table`: the README's Performance table from the
+/// summaries of full runs on each server there is one of (`lab bench-table`).
+pub(crate) fn table() -> Result<(), String> {
+    crate::cargo(&["build", "-p", "lab"], &[("RUSTFLAGS", "-Dwarnings")])?;
+    let dir = root().join("target").join("bench");
+    let summaries: Vec<PathBuf> =
+        ["py", "rs"].iter().map(|s| dir.join(format!("summary-{s}.json"))).filter(|p| p.exists()).collect();
+    if summaries.is_empty() {
+        return Err(format!("no {}/summary-py.json or summary-rs.json: run `cargo xtask bench` first", dir.display()));
+    }
+    run_cmd(
+        Command::new(root().join("target").join("debug").join("lab"))
+            .arg("bench-table")
+            .arg("--readme")
+            .arg(root().join("README.md"))
+            .args(&summaries),
+    )
+}
+
+/// The commit the bench runs, with `+dirty` when the work tree has changes.
+fn commit() -> String {
+    let git = |args: &[&str]| Command::new("git").args(args).current_dir(root()).output().ok();
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]).filter(|o| o.status.success()) else {
+        return "unknown".into();
+    };
+    let mut c = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    if git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|o| !o.stdout.is_empty()) {
+        c.push_str("+dirty");
+    }
+    c
 }
 
 /// Whether `tool --version` runs.

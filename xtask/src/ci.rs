@@ -31,7 +31,8 @@ pub(crate) fn ci() -> Result<(), String> {
     test(&[])?;
     // Every section of the bench at a tiny size, every figure it promises
     // checked (no thresholds), on the debug build the tests just made.
-    crate::bench::run(crate::bench::Mode::Smoke, true)?;
+    let target = crate::server::Target::from_args(&[])?;
+    crate::bench::run(crate::bench::Mode::Smoke, &target, true)?;
     // Upstream's 29 tests passed three runs in a row before this was added.
     crate::upstream::run()?;
     // A short chaos run: real processes, SIGKILL, SIGSTOP, server restarts.

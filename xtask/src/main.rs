@@ -17,12 +17,16 @@
 //! cargo xtask upstream
 //!                     the Python mongoelector's own tests (0.5.0 and 1.0.2, unedited)
 //!                     against our package in `python/` (the Rust core under PyO3)
-//! cargo xtask bench [--quick | --smoke]
-//!                     `lab bench` on release builds, a fresh SecantusDB (or MONGODB_URI)
-//!                     and the Python `mongoelector` in a venv under target/bench;
-//!                     writes target/bench/summary.json. --smoke: every section at a
+//! cargo xtask bench [--quick | --smoke] [--server py|rs|URI]
+//!                     `lab bench` on release builds, a fresh server (py: SecantusDB's
+//!                     Python server, the default; rs: its Rust server, built once into
+//!                     target/; or a URI, the default when MONGODB_URI is set) and the
+//!                     Python `mongoelector` in a venv under target/bench; writes
+//!                     target/bench/summary-SERVER.json. --smoke: every section at a
 //!                     tiny size on the debug build, every promised figure checked
-//!                     (target/bench/smoke.json); `ci` runs it
+//!                     (target/bench/smoke-SERVER.json); `ci` runs it
+//! cargo xtask bench-table
+//!                     rewrites the README's Performance table from the summaries
 //! ```
 //!
 //! The test harness provisions the MongoDB server itself (`MONGODB_URI`, else a
@@ -42,19 +46,22 @@ mod tidy;
 mod upstream;
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] | upstream>";
+    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] [--server py|rs|URI] | bench-table | upstream>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci::ci(),
         Some("test") => ci::test(&args[1..]),
-        Some("bench") => match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
-            (true, true) => Err("--smoke and --quick exclude each other".into()),
-            (true, false) => bench::run(bench::Mode::Smoke, std::env::var_os("CI").is_some()),
-            (false, true) => bench::run(bench::Mode::Quick, false),
-            (false, false) => bench::run(bench::Mode::Full, false),
-        },
+        Some("bench") => server::Target::from_args(&args[1..]).and_then(|target| {
+            match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
+                (true, true) => Err("--smoke and --quick exclude each other".into()),
+                (true, false) => bench::run(bench::Mode::Smoke, &target, std::env::var_os("CI").is_some()),
+                (false, true) => bench::run(bench::Mode::Quick, &target, false),
+                (false, false) => bench::run(bench::Mode::Full, &target, false),
+            }
+        }),
+        Some("bench-table") => bench::table(),
         Some("chaos") => chaos::run(&args[1..]),
         Some("upstream") => upstream::run(),
         Some("demo") => {

@@ -1,5 +1,8 @@
-//! The Python side of the lab: a venv under `target/bench` with the pinned
-//! SecantusDB and the Python `mongoelector`, and a fresh server on a free port.
+//! The lab's servers: a venv under `target/bench` with the pinned SecantusDB
+//! (`secantusd-py`) and the Python `mongoelector`; the pinned Rust server
+//! `secantusd-rs` (crate `secantus-mdb`, GPL-2.0: run as a process of its
+//! own, never linked), built once into `target/secantus`; and a fresh server
+//! of either on a free port.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -9,6 +12,11 @@ use std::time::{Duration, Instant};
 /// The pinned versions: the test server, and the Python `mongoelector`.
 pub(crate) const SECANTUS: &str = "SecantusDB==0.7.0b3";
 const MONGOELECTOR: &str = "mongoelector==1.0.2";
+
+/// The pinned Rust server: `cargo install secantus-mdb --version` this. The
+/// crate declares rust-version 1.98, yet this version builds on our 1.95
+/// (hence `--ignore-rust-version`, and the exact pin).
+pub(crate) const SECANTUS_RS: &str = "0.5.3-beta.196";
 
 /// The workspace root.
 pub(crate) fn root() -> PathBuf {
@@ -46,36 +54,156 @@ pub(crate) fn run_cmd(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-/// A server that is stopped when dropped.
-pub(crate) struct Server(Child);
+/// A server that is stopped when dropped (and its data directory removed).
+pub(crate) struct Server {
+    child: Child,
+    data: Option<PathBuf>,
+}
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = &self.data {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+/// Which server a run uses (`--server py|rs|URI`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A fresh `secantusd-py`, in memory.
+    Py,
+    /// A fresh `secantusd-rs`, in a fresh directory.
+    Rs,
+    /// A server of the user's.
+    Uri(String),
+}
+
+impl Target {
+    /// `--server VALUE` if given, else `MONGODB_URI` if set, else `py`.
+    pub(crate) fn from_args(args: &[String]) -> Result<Target, String> {
+        let given = match args.iter().position(|a| a == "--server") {
+            Some(i) => Some(args.get(i + 1).ok_or("--server needs a value: py, rs or a mongodb:// URI")?.clone()),
+            None => args.iter().find_map(|a| a.strip_prefix("--server=").map(str::to_owned)),
+        };
+        Ok(match given.as_deref() {
+            Some("py") => Target::Py,
+            Some("rs") => Target::Rs,
+            Some(u) if u.starts_with("mongodb://") || u.starts_with("mongodb+srv://") => Target::Uri(u.to_owned()),
+            Some(other) => return Err(format!("--server {other:?}: give py, rs or a mongodb:// URI")),
+            None => match std::env::var("MONGODB_URI") {
+                Ok(u) if !u.is_empty() => Target::Uri(u),
+                _ => Target::Py,
+            },
+        })
+    }
+
+    /// The short name used in file names and the README's table.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Target::Py => "py",
+            Target::Rs => "rs",
+            Target::Uri(_) => "uri",
+        }
+    }
+
+    /// Starts the server (none for a URI); returns it, its URI and a label.
+    pub(crate) fn start(&self, venv: &Path) -> Result<(Option<Server>, String, String), String> {
+        match self {
+            Target::Py => {
+                let (s, u) = start(venv)?;
+                Ok((Some(s), u, format!("{} (fresh, in memory, retryWrites=false)", SECANTUS.replace("==", " "))))
+            }
+            Target::Rs => {
+                let (s, u) = start_rs()?;
+                Ok((Some(s), u, format!("secantusd-rs {SECANTUS_RS} (fresh, on disk, retryWrites=false)")))
+            }
+            Target::Uri(u) => Ok((None, u.clone(), "MONGODB_URI".to_owned())),
+        }
+    }
+}
+
+/// `secantusd-rs`, built into `target/secantus/rs-VERSION` on first use (it
+/// needs `cmake`; about 20 minutes on 2 cores) and kept across runs.
+pub(crate) fn rs_binary() -> Result<PathBuf, String> {
+    let dir = root().join("target").join("secantus").join(format!("rs-{SECANTUS_RS}"));
+    let bin = dir.join("bin").join("secantusd-rs");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    if Command::new("cmake").arg("--version").stdout(Stdio::null()).status().is_err() {
+        return Err("secantusd-rs needs cmake to build its WiredTiger (Debian: apt-get install cmake)".into());
+    }
+    eprintln!("building secantus-mdb {SECANTUS_RS} into {} (once; about 20 minutes on 2 cores)", dir.display());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run_cmd(
+        Command::new(cargo)
+            .args(["install", "--quiet", "--locked", "secantus-mdb", "--version", SECANTUS_RS, "--ignore-rust-version"])
+            .arg("--root")
+            .arg(&dir)
+            // Its own build directory: the workspace's lock stays free meanwhile.
+            .env("CARGO_TARGET_DIR", root().join("target").join("secantus").join("rs-build")),
+    )?;
+    let _ = std::fs::remove_dir_all(root().join("target").join("secantus").join("rs-build"));
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!("cargo install secantus-mdb left no {}", bin.display()))
+    }
+}
+
+/// Starts a fresh `secantusd-rs` on a free port, in a fresh directory.
+pub(crate) fn start_rs() -> Result<(Server, String), String> {
+    let bin = rs_binary()?;
+    let port = free_port()?;
+    let data = root().join("target").join("secantus").join(format!("rs-data-{}-{port}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+    let child = Command::new(bin)
+        .args(["--port", &port.to_string(), "--log-level", "WARNING", "--storage-path"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start secantusd-rs: {e}"))?;
+    let server = Server { child, data: Some(data) };
+    wait_for(port, "secantusd-rs")?;
+    Ok((server, uri(port)))
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+fn wait_for(port: u16, what: &str) -> Result<(), String> {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("{what} did not start within 60 s"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// The URI of a local test server: retryWrites=false, since with retryable
+/// writes SecantusDB slows down after ~10,000 writes (see shared/test-server.md).
+fn uri(port: u16) -> String {
+    format!("mongodb://127.0.0.1:{port}/?directConnection=true&retryWrites=false&serverSelectionTimeoutMS=5000")
 }
 
 /// Starts a fresh in-memory SecantusDB; returns it and its URI.
 pub(crate) fn start(venv: &Path) -> Result<(Server, String), String> {
-    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let port = free_port()?;
     let child = Command::new(venv.join("bin").join("secantusd-py"))
         .args(["--port", &port.to_string(), "--storage-path", ":memory:", "--log-level", "WARNING"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start SecantusDB: {e}"))?;
-    let server = Server(child);
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err("SecantusDB did not start within 60 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // retryWrites=false: with retryable writes, SecantusDB slows down after
-    // ~10,000 writes (see shared/test-server.md); a fresh server per run as well.
-    let uri =
-        format!("mongodb://127.0.0.1:{port}/?directConnection=true&retryWrites=false&serverSelectionTimeoutMS=5000");
-    Ok((server, uri))
+    let server = Server { child, data: None };
+    wait_for(port, "SecantusDB")?;
+    Ok((server, uri(port)))
 }

@@ -28,6 +28,10 @@
 //   be working off the throughput run's lock queries), as does a stop that
 //   does not return within 30 s: "pickup_ms_p50" is then over the picks seen,
 //   or null.
+// - idle (AGENDA_IDLE_S set, instead of the above): one Agenda with a job
+//   defined and none saved, at AGENDA_PROCESS_EVERY_MS, measured over
+//   AGENDA_IDLE_S seconds after a 3 s warm-up; prints {"commands_per_min",
+//   "cpu_s_per_min", "rss_mb", "process_every_ms"}.
 import { Agenda } from 'agenda';
 import { MongoBackend } from '@agendajs/mongo-backend';
 import { MongoClient } from 'mongodb';
@@ -107,6 +111,33 @@ async function pickup() {
   if (lat.length === 0) return null;
   lat.sort((a, b) => a - b);
   return lat[Math.floor((lat.length - 1) / 2)];
+}
+
+async function idle(seconds) {
+  const agenda = new Agenda({ backend: new MongoBackend({ mongo: db, collection: 'agenda_idle' }), processEvery });
+  agenda.define('idle', async () => {});
+  await agenda.ready;
+  await agenda.start();
+  await new Promise((r) => setTimeout(r, 3000));
+  const c0 = commands;
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  await new Promise((r) => setTimeout(r, seconds * 1000));
+  const minutes = (performance.now() - t0) / 60000;
+  const cpu = process.cpuUsage(cpu0);
+  const out = {
+    commands_per_min: (commands - c0) / minutes,
+    cpu_s_per_min: (cpu.user + cpu.system) / 1e6 / minutes,
+    rss_mb: process.memoryUsage().rss / (1024 * 1024),
+    process_every_ms: processEvery,
+  };
+  await Promise.race([agenda.stop(), new Promise((r) => setTimeout(r, pickupLimitMs))]);
+  return out;
+}
+
+if (process.env.AGENDA_IDLE_S) {
+  console.log(JSON.stringify(await idle(Number(process.env.AGENDA_IDLE_S))));
+  process.exit(0);
 }
 
 const { tasksPerS, commandsPerTask, completed, timedOut } = await throughput();

@@ -79,6 +79,47 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str
     }
 }
 
+/// An idle Agenda (a job defined, none saved) for `seconds`: at its default
+/// `processEvery` (5 s), `agenda_idle_{commands_per_min,cpu_s_per_min,rss_mb}`,
+/// and at the 100 ms its best throughput may need, its commands a minute.
+pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str, seconds: u64) {
+    for (every_ms, prefix) in [(5000_u32, "agenda_idle"), (100, "agenda_idle_every_100ms")] {
+        eprintln!("Agenda idle: a job defined, none saved, processEvery {every_ms} ms, {seconds} s…");
+        let script = dir.join("bench.mjs");
+        let run = tokio::process::Command::new("node")
+            .arg(&script)
+            .env("AGENDA_IDLE_S", seconds.to_string())
+            .env("AGENDA_PROCESS_EVERY_MS", every_ms.to_string())
+            .args([uri, &format!("{db}_agenda_idle"), "0", "0"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .output();
+        let parsed = match tokio::time::timeout(Duration::from_secs(seconds + 90), run).await {
+            Err(_) => Err(format!("node did not finish in {} s", seconds + 90)),
+            Ok(Err(e)) => Err(format!("cannot run node {}: {e}", script.display())),
+            Ok(Ok(out)) => {
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.lines()
+                    .rev()
+                    .find(|l| l.trim_start().starts_with('{'))
+                    .ok_or_else(|| format!("bench.mjs printed no idle figures ({})", out.status))
+                    .and_then(|l| serde_json::from_str::<Value>(l).map_err(|e| format!("bench.mjs printed {l:?}: {e}")))
+            }
+        };
+        let names: &[&str] =
+            if every_ms == 5000 { &["commands_per_min", "cpu_s_per_min", "rss_mb"] } else { &["commands_per_min"] };
+        for name in names {
+            let figure = format!("{prefix}_{name}");
+            match parsed.as_ref().map(|v| v.get(*name).and_then(Value::as_f64)) {
+                Ok(Some(x)) => f.put(figure, x),
+                Ok(None) => f.skip_figure(&figure, format!("bench.mjs gave no {name}")),
+                Err(e) => f.skip_figure(&figure, e.clone()),
+            }
+        }
+    }
+}
+
 /// Agenda's figures from one run of `node DIR/bench.mjs`.
 struct AgendaRun {
     tasks_per_s: f64,

@@ -21,6 +21,8 @@ pub(crate) enum Section {
     /// The seed's failover, which waits for MongoDB's TTL monitor (about a
     /// minute a trial): full runs only.
     SeedFailover,
+    /// Idle `mongocoord` processes, read from `/proc` (`MONGOCOORD_BENCH_SKIP=idle`).
+    Idle,
     /// Agenda under `node` (an `npm` install).
     Agenda,
 }
@@ -34,6 +36,7 @@ impl Section {
             Section::Schedule => "schedule",
             Section::Seed => "seed",
             Section::SeedFailover => "seed_failover",
+            Section::Idle => "idle",
             Section::Agenda => "agenda",
         }
     }
@@ -67,7 +70,7 @@ pub(crate) struct AgendaSetting {
     pub(crate) process_every_ms: u32,
 }
 
-use Section::{Agenda, Core, Elector, Schedule, Seed, SeedFailover};
+use Section::{Agenda, Core, Elector, Idle, Schedule, Seed, SeedFailover};
 
 /// Every figure a run promises, by section. The per-kind breakdowns
 /// (`*_cmd_<kind>`, `*_ms_<kind>`) depend on what the agents sent and are
@@ -86,6 +89,7 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("elector_handover_ms_p50", Elector),
     ("failover_s_p50", Elector),
     ("failover_over_ttl", Elector),
+    ("failover_overhead_ms_p50", Elector),
     ("queue_tasks", Core),
     ("raw_queue_per_s", Core),
     ("raw_queue_commands_per_task", Core),
@@ -119,6 +123,18 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("schedule_tick_lag_ms_p50", Schedule),
     ("schedule_tick_lag_ms_p99", Schedule),
     ("sim_steps_per_s", Core),
+    ("idle_agent_commands_per_min", Idle),
+    ("idle_agent_cpu_s_per_min", Idle),
+    ("idle_agent_rss_mb", Idle),
+    ("idle_follower_commands_per_min", Idle),
+    ("idle_follower_cpu_s_per_min", Idle),
+    ("idle_follower_rss_mb", Idle),
+    ("idle_waiter_commands_per_min", Idle),
+    ("idle_waiter_cpu_s_per_min", Idle),
+    ("idle_waiter_rss_mb", Idle),
+    ("idle_cron_commands_per_min", Idle),
+    ("idle_cron_cpu_s_per_min", Idle),
+    ("idle_cron_rss_mb", Idle),
     ("seed_lock_cycles_per_s", Seed),
     ("seed_handover_ms_p50", Seed),
     ("seed_failover_s_p50", SeedFailover),
@@ -134,6 +150,10 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("agenda_best_lock_limit", Agenda),
     ("agenda_best_process_every_ms", Agenda),
     ("agenda_pickup_ms_p50", Agenda),
+    ("agenda_idle_commands_per_min", Agenda),
+    ("agenda_idle_cpu_s_per_min", Agenda),
+    ("agenda_idle_rss_mb", Agenda),
+    ("agenda_idle_every_100ms_commands_per_min", Agenda),
     ("queue_per_agent_vs_agenda", Agenda),
     ("queue_shared_vs_agenda", Agenda),
     ("queue_shared_global_1000_vs_agenda", Agenda),
@@ -266,6 +286,11 @@ mod tests {
         for a in AGENDA_SWEEP {
             for suffix in ["tasks_per_s", "commands_per_task"] {
                 assert!(promised(&format!("agenda_{}_{suffix}", a.name)), "{} {suffix}", a.name);
+            }
+        }
+        for role in crate::bench::idle::ROLES {
+            for suffix in ["commands_per_min", "cpu_s_per_min", "rss_mb"] {
+                assert!(promised(&format!("idle_{role}_{suffix}")), "idle_{role}_{suffix}");
             }
         }
         let names: std::collections::BTreeSet<_> = PROMISED.iter().map(|(k, _)| k).collect();

@@ -1,0 +1,146 @@
+//! Election trials: three candidate processes; the leader is stopped with
+//! SIGTERM or killed with SIGKILL, and the time until the next leader's
+//! command writes its line is measured. After a kill, the time from the dead
+//! leader's lease lapsing (its `lease_until`, on the server's clock) to that
+//! line is the failover's overhead: what the followers add to the ttl.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bson::{doc, Document};
+use store_mongo::mongodb::Collection;
+use store_mongo::MongoStore;
+use store_trait::Store;
+
+/// What a run of trials measured.
+#[derive(Debug, Default)]
+pub(super) struct Trials {
+    /// Clean stops: milliseconds from SIGTERM to the next leader's line.
+    pub(super) handovers_ms: Vec<f64>,
+    /// Kills: seconds from SIGKILL to the next leader's line.
+    pub(super) failovers_s: Vec<f64>,
+    /// Kills, where the lease document is known: milliseconds from the dead
+    /// leader's `lease_until` (server clock) to the next leader's line.
+    pub(super) overheads_ms: Vec<f64>,
+}
+
+/// Where the candidates keep their lease, so a kill's overhead can be read
+/// off the server: the collection, and the server clock's offset from ours.
+pub(super) struct LeaseDoc {
+    coll: Collection<Document>,
+    offset_ms: f64,
+}
+
+impl LeaseDoc {
+    /// The lease documents of `collection`, with the server clock's offset
+    /// measured now (the middle of one `now()` round trip).
+    pub(super) async fn new(store: &MongoStore, collection: &str) -> Result<LeaseDoc, String> {
+        let before = unix_ms();
+        let server = store.now().await.map_err(|e| e.to_string())?.as_millis() as f64;
+        let after = unix_ms();
+        Ok(LeaseDoc { coll: store.database().collection(collection), offset_ms: server - (before + after) / 2.0 })
+    }
+
+    /// When `key`'s lease lapses, on our clock (epoch ms).
+    async fn lapses_at(&self, key: &str) -> Result<f64, String> {
+        let d = self
+            .coll
+            .find_one(doc! {"_id": key})
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no lease document {key:?}"))?;
+        let until = d.get_i64(store_trait::fields::LEASE_UNTIL).map_err(|e| format!("{key:?}: {e}"))?;
+        Ok(until as f64 - self.offset_ms)
+    }
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Three candidates from `spawn(key, file)`, each of which, once it leads,
+/// appends `EPOCH_NANOS PID` to `file` (PID: the process the trials signal).
+/// The leader is stopped `stops` times, then killed `kills` times; a
+/// replacement keeps three candidates. With `lease`, each kill's overhead is
+/// measured too.
+pub(super) async fn trials(
+    key: &str,
+    out: &Path,
+    stops: usize,
+    kills: usize,
+    lease: Option<&LeaseDoc>,
+    spawn: impl Fn(&str, &Path) -> tokio::process::Command,
+) -> Result<Trials, String> {
+    let file = out.with_file_name(format!("{key}.log"));
+    let _ = std::fs::remove_file(&file);
+    let start = |c: &mut tokio::process::Command| {
+        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true).spawn()
+    };
+    let mut procs: Vec<tokio::process::Child> = Vec::new();
+    for _ in 0..3 {
+        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
+    }
+    let lines = || read_lines(&file);
+    wait_lines(&file, 1, Duration::from_secs(120)).await?;
+    let mut t = Trials::default();
+    for trial in 0..stops + kills {
+        let before = lines();
+        let leader_pid: u32 = before
+            .last()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .ok_or("bad leader line")?;
+        let idx = procs.iter().position(|p| p.id() == Some(leader_pid)).ok_or("leader is not one of ours")?;
+        let kill = trial >= stops;
+        let t0 = unix_ms();
+        let sig = if kill { "-KILL" } else { "-TERM" };
+        let _ = tokio::process::Command::new("kill").args([sig, &leader_pid.to_string()]).status().await;
+        // A renewal in flight when the leader died lands within a round trip.
+        let lapses = match (kill, lease) {
+            (true, Some(l)) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some(l.lapses_at(key).await?)
+            }
+            _ => None,
+        };
+        let after = wait_lines(&file, before.len() + 1, Duration::from_secs(180)).await?;
+        let t1_ns: u128 =
+            after[before.len()].split_whitespace().next().and_then(|t| t.parse().ok()).ok_or("bad line")?;
+        let t1 = t1_ns as f64 / 1e6;
+        if kill {
+            t.failovers_s.push((t1 - t0).max(0.0) / 1e3);
+            if let Some(lapses) = lapses {
+                t.overheads_ms.push(t1 - lapses);
+            }
+        } else {
+            t.handovers_ms.push((t1 - t0).max(0.0));
+        }
+        let mut old = procs.remove(idx);
+        let _ = old.wait().await;
+        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    for p in &mut procs {
+        let _ = p.start_kill();
+    }
+    Ok(t)
+}
+
+fn read_lines(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+async fn wait_lines(file: &Path, n: usize, limit: Duration) -> Result<Vec<String>, String> {
+    let t = Instant::now();
+    loop {
+        let l = read_lines(file);
+        if l.len() >= n {
+            return Ok(l);
+        }
+        if t.elapsed() > limit {
+            return Err(format!("no new leader within {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

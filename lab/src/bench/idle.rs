@@ -1,0 +1,177 @@
+//! What an idle process costs, the figure that matters to whoever runs many
+//! of them: `mongocoord agent` on an empty queue, an elector follower, a
+//! `lock` waiting for a held lock, and `cron` between ticks, each a real CLI
+//! process on the same server, measured over a window after a warm-up.
+//!
+//! - Commands: the driver's own command monitoring, through its tracing
+//!   (`RUST_LOG=mongodb::command=debug`, one "Command started" line per
+//!   command on the process's stderr). Server monitoring's heartbeats are not
+//!   commands and are not counted, as in the queue figures.
+//! - CPU: user plus system time from `/proc/PID/stat`.
+//! - Memory: `VmRSS` from `/proc/PID/status` at the end of the window.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use super::figures::{Figures, Section};
+
+/// The roles measured, with their figure names (`idle_<role>_*`).
+pub(crate) const ROLES: [&str; 4] = ["agent", "follower", "waiter", "cron"];
+
+/// A process of the measurement, stopped with SIGTERM (then SIGKILL) when
+/// dropped, so no lease outlives the bench.
+struct Proc(tokio::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.id() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let until = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < until {
+                if matches!(self.0.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = self.0.start_kill();
+    }
+}
+
+/// One idle process under measurement.
+struct Measured {
+    role: &'static str,
+    proc: Proc,
+    log: PathBuf,
+}
+
+/// A reading of one process: commands sent, CPU ticks used.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    commands: u64,
+    ticks: u64,
+}
+
+/// Runs every role side by side for `window` after `warm_up`, and puts
+/// `idle_<role>_{commands_per_min,cpu_s_per_min,rss_mb}`.
+pub(super) async fn put_figures(
+    f: &mut Figures,
+    mongocoord: &Path,
+    uri: &str,
+    db: &str,
+    dir: &Path,
+    warm_up: Duration,
+    window: Duration,
+) -> Result<(), String> {
+    if !Path::new("/proc/self/stat").exists() {
+        f.skip(Section::Idle, "no /proc: CPU and memory are read from /proc/PID");
+        return Ok(());
+    }
+    let tick_hz = clock_ticks_per_s().await;
+    let base = |log: Option<&Path>| -> Result<tokio::process::Command, String> {
+        let mut c = tokio::process::Command::new(mongocoord);
+        c.args(["--uri", uri, "--db", db]).stdin(Stdio::null()).stdout(Stdio::null()).kill_on_drop(true);
+        match log {
+            Some(path) => {
+                let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                c.env("RUST_LOG", "warn,mongodb::command=debug").stderr(file);
+            }
+            None => {
+                c.stderr(Stdio::null());
+            }
+        }
+        Ok(c)
+    };
+    let mark = |name: &str| dir.join(format!("idle-{name}.started"));
+    let keep = |name: &str| format!("echo started > {}; exec sleep 100000", mark(name).display());
+
+    // Something to wait for: a lock holder and an elected leader.
+    let mut helpers = Vec::new();
+    for (name, args) in [("holder", ["lock", "bench-idle-lock"]), ("leader", ["elect", "bench-idle-elect"])] {
+        let _ = std::fs::remove_file(mark(name));
+        let mut c = base(None)?;
+        c.args(args).args(["--", "sh", "-c", &keep(name)]);
+        helpers.push(Proc(c.spawn().map_err(|e| format!("cannot start mongocoord: {e}"))?));
+    }
+    for name in ["holder", "leader"] {
+        let t = Instant::now();
+        while !mark(name).exists() {
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err(format!("idle: the {name} did not start within 60 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    let mut measured = Vec::new();
+    for role in ROLES {
+        let args: Vec<&str> = match role {
+            "agent" => vec!["agent", "bench-idle", "--queue", "bench_idle", "--", "true"],
+            "follower" => vec!["elect", "bench-idle-elect", "--", "true"],
+            "waiter" => vec!["lock", "bench-idle-lock", "--", "true"],
+            // The 29th of February: no tick within any window.
+            _ => vec!["cron", "bench-idle-cron", "0 0 29 2 *", "--", "true"],
+        };
+        let log = dir.join(format!("idle-{role}.log"));
+        let mut c = base(Some(&log))?;
+        c.args(args);
+        let proc = Proc(c.spawn().map_err(|e| format!("cannot start mongocoord {role}: {e}"))?);
+        measured.push(Measured { role, proc, log });
+    }
+    tokio::time::sleep(warm_up).await;
+    let first: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let last: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;
+    let minutes = t0.elapsed().as_secs_f64() / 60.0;
+    for ((m, a), b) in measured.iter_mut().zip(&first).zip(&last) {
+        let role = m.role;
+        f.put(format!("idle_{role}_commands_per_min"), (b.commands - a.commands) as f64 / minutes);
+        f.put(format!("idle_{role}_cpu_s_per_min"), (b.ticks - a.ticks) as f64 / tick_hz / minutes);
+        f.put(format!("idle_{role}_rss_mb"), rss_mb(pid(m)?)?);
+    }
+    drop(measured);
+    drop(helpers);
+    Ok(())
+}
+
+/// The pid of a process still running.
+fn pid(m: &mut Measured) -> Result<u32, String> {
+    match (m.proc.0.try_wait(), m.proc.0.id()) {
+        (Ok(None), Some(pid)) => Ok(pid),
+        _ => Err(format!("idle: mongocoord {} has exited (see {})", m.role, m.log.display())),
+    }
+}
+
+/// Commands so far (lines of the driver's "Command started" event) and CPU
+/// ticks (user plus system) of a measured process.
+fn read(m: &mut Measured) -> Result<Reading, String> {
+    let pid = pid(m)?;
+    let log = std::fs::read_to_string(&m.log).map_err(|e| format!("{}: {e}", m.log.display()))?;
+    let commands = log.lines().filter(|l| l.contains("Command started")).count() as u64;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
+    // Fields after the command name, which may itself hold spaces or ')':
+    // state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or("/proc/PID/stat without a command name")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or("/proc/PID/stat: no CPU times");
+    Ok(Reading { commands, ticks: tick(11)? + tick(12)? })
+}
+
+fn rss_mb(pid: u32) -> Result<f64, String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("/proc/{pid}/status: {e}"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .ok_or("/proc/PID/status: no VmRSS")?;
+    Ok(kb / 1024.0)
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 on Linux).
+async fn clock_ticks_per_s() -> f64 {
+    let out = tokio::process::Command::new("getconf").arg("CLK_TCK").output().await;
+    out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok()).unwrap_or(100.0)
+}

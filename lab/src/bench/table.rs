@@ -1,0 +1,291 @@
+//! The README's Performance table, written from bench summaries
+//! (`lab bench-table`, which `cargo xtask bench-table` runs): one column per
+//! summary (a server), so no figure in it is ever copied by hand. It replaces
+//! what lies between [`START`] and [`END`] in the README.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// The line before the generated table.
+pub(crate) const START: &str =
+    "<!-- bench-table: written by `cargo xtask bench-table` from target/bench/summary-*.json; do not edit by hand -->";
+/// The line after it.
+pub(crate) const END: &str = "<!-- /bench-table -->";
+
+/// How a figure is shown.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    /// Per second.
+    PerS,
+    /// Milliseconds.
+    Ms,
+    /// Microseconds, shown in milliseconds.
+    UsAsMs,
+    /// Seconds.
+    S,
+    /// A ratio.
+    Times,
+    /// Megabytes.
+    Mb,
+    /// A bare number.
+    Plain,
+}
+
+/// The rows: a label, then the figures shown in its cells, joined by " / ".
+const ROWS: &[(&str, &[(&str, Unit)])] = &[
+    (
+        "raw `findAndModify` upsert, one client: calls/s, p50",
+        &[("raw_fam_per_s", Unit::PerS), ("raw_fam_p50_us", Unit::UsAsMs)],
+    ),
+    (
+        "lock acquire + release cycles (ours / the seed's)",
+        &[("lock_cycles_per_s", Unit::PerS), ("seed_lock_cycles_per_s", Unit::PerS)],
+    ),
+    ("lock acquire p50 / p99", &[("lock_acquire_p50_us", Unit::UsAsMs), ("lock_acquire_p99_us", Unit::UsAsMs)]),
+    (
+        "lock acquire ÷ raw p50; ÷ a minimal lock pipeline",
+        &[("lock_acquire_vs_raw", Unit::Times), ("lock_vs_minimal_pipeline", Unit::Times)],
+    ),
+    (
+        "lock handover, release → waiter holds it, p50 / p99",
+        &[("handover_ms_p50", Unit::Ms), ("handover_ms_p99", Unit::Ms)],
+    ),
+    (
+        "election handover after a clean stop, 3 processes, ttl 3 s (ours / the seed's)",
+        &[("elector_handover_ms_p50", Unit::Ms), ("seed_handover_ms_p50", Unit::Ms)],
+    ),
+    (
+        "failover after `kill -9` of the leader, ttl 3 s: p50, ÷ ttl",
+        &[("failover_s_p50", Unit::S), ("failover_over_ttl", Unit::Times)],
+    ),
+    (
+        "failover overhead, lease lapsed (server clock) → next leader's command, p50",
+        &[("failover_overhead_ms_p50", Unit::Ms)],
+    ),
+    ("the seed's failover after `kill -9` (waits for the TTL monitor)", &[("seed_failover_s_p50", Unit::S)]),
+    ("tasks per queue run", &[("queue_tasks", Unit::Plain)]),
+    (
+        "raw claim (filter + sort) + fenced complete loop: tasks/s, commands per task",
+        &[("raw_queue_per_s", Unit::PerS), ("raw_queue_commands_per_task", Unit::Plain)],
+    ),
+    (
+        "queue, 4 agents each on its own `Queue`: tasks/s, ÷ raw loop, commands per task",
+        &[
+            ("queue_per_agent_tasks_per_s", Unit::PerS),
+            ("queue_per_agent_vs_raw_queue", Unit::Times),
+            ("queue_per_agent_commands_per_task", Unit::Plain),
+        ],
+    ),
+    (
+        "queue, 4 agent processes: tasks/s, ÷ raw loop, commands per task",
+        &[
+            ("queue_processes_tasks_per_s", Unit::PerS),
+            ("queue_processes_vs_raw_queue", Unit::Times),
+            ("queue_processes_commands_per_task", Unit::Plain),
+        ],
+    ),
+    (
+        "queue, 4 agents sharing one `Queue`: tasks/s, ÷ raw loop, commands per task",
+        &[
+            ("queue_shared_tasks_per_s", Unit::PerS),
+            ("queue_shared_vs_raw_queue", Unit::Times),
+            ("queue_shared_commands_per_task", Unit::Plain),
+        ],
+    ),
+    ("a global concurrency of 1,000 that never binds, ÷ none", &[("queue_global_1000_vs_shared", Unit::Times)]),
+    (
+        "Agenda at its best setting of the sweep: jobs/s (`lockLimit`, `processEvery` ms)",
+        &[
+            ("agenda_best_tasks_per_s", Unit::PerS),
+            ("agenda_best_lock_limit", Unit::Plain),
+            ("agenda_best_process_every_ms", Unit::Plain),
+        ],
+    ),
+    (
+        "queue ÷ Agenda at its best: 4 agents on their own `Queue`s / 4 processes",
+        &[("queue_per_agent_vs_agenda", Unit::Times), ("queue_processes_vs_agenda", Unit::Times)],
+    ),
+    (
+        "idle pickup, enqueue → handler start, p50 / p99 (Agenda at its defaults)",
+        &[("pickup_ms_p50", Unit::Ms), ("pickup_ms_p99", Unit::Ms), ("agenda_pickup_ms_p50", Unit::Ms)],
+    ),
+    (
+        "lifecycle events to one subscriber: events/s, per task",
+        &[("queue_events_per_s", Unit::PerS), ("queue_events_per_task", Unit::Plain)],
+    ),
+    (
+        "schedule tick → command start, 3 `cron` processes, p50 / p99",
+        &[("schedule_tick_lag_ms_p50", Unit::Ms), ("schedule_tick_lag_ms_p99", Unit::Ms)],
+    ),
+    (
+        "idle `agent`, empty queue: commands/min, CPU s/min, RSS",
+        &[
+            ("idle_agent_commands_per_min", Unit::Plain),
+            ("idle_agent_cpu_s_per_min", Unit::S),
+            ("idle_agent_rss_mb", Unit::Mb),
+        ],
+    ),
+    (
+        "idle `elect` follower: commands/min, CPU s/min, RSS",
+        &[
+            ("idle_follower_commands_per_min", Unit::Plain),
+            ("idle_follower_cpu_s_per_min", Unit::S),
+            ("idle_follower_rss_mb", Unit::Mb),
+        ],
+    ),
+    (
+        "`lock` waiting for a held lock: commands/min, CPU s/min, RSS",
+        &[
+            ("idle_waiter_commands_per_min", Unit::Plain),
+            ("idle_waiter_cpu_s_per_min", Unit::S),
+            ("idle_waiter_rss_mb", Unit::Mb),
+        ],
+    ),
+    (
+        "`cron` between ticks: commands/min, CPU s/min, RSS",
+        &[
+            ("idle_cron_commands_per_min", Unit::Plain),
+            ("idle_cron_cpu_s_per_min", Unit::S),
+            ("idle_cron_rss_mb", Unit::Mb),
+        ],
+    ),
+    (
+        "idle Agenda at its defaults: commands/min, CPU s/min, RSS (commands/min at `processEvery` 100 ms)",
+        &[
+            ("agenda_idle_commands_per_min", Unit::Plain),
+            ("agenda_idle_cpu_s_per_min", Unit::S),
+            ("agenda_idle_rss_mb", Unit::Mb),
+            ("agenda_idle_every_100ms_commands_per_min", Unit::Plain),
+        ],
+    ),
+    ("elector simulation on the memory store: store ops/s", &[("sim_steps_per_s", Unit::PerS)]),
+];
+
+/// A figure as the table shows it, or "–" when the summary lacks it.
+fn cell(summary: &Value, figure: &str, unit: Unit) -> String {
+    let Some(v) = summary.get(figure).and_then(Value::as_f64).filter(|v| v.is_finite()) else {
+        return "–".into();
+    };
+    let n = |v: f64| {
+        if v.abs() >= 100.0 {
+            format!("{v:.0}")
+        } else if v.abs() >= 10.0 {
+            format!("{v:.1}")
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    match unit {
+        Unit::PerS => format!("{}/s", n(v)),
+        Unit::Ms => format!("{} ms", n(v)),
+        Unit::UsAsMs => format!("{} ms", n(v / 1e3)),
+        Unit::S => format!("{} s", n(v)),
+        Unit::Times => format!("{}×", n(v)),
+        Unit::Mb => format!("{} MB", n(v)),
+        Unit::Plain => n(v),
+    }
+}
+
+fn text<'a>(summary: &'a Value, key: &str) -> &'a str {
+    summary.get(key).and_then(Value::as_str).unwrap_or("?")
+}
+
+/// The table, with a line per summary saying where its figures come from.
+pub(crate) fn render(summaries: &[Value]) -> String {
+    let mut out = String::new();
+    for s in summaries {
+        let _ = writeln!(
+            out,
+            "- **{}**: {} (version {}), a `{}` run of commit `{}` on {}.",
+            text(s, "server_name"),
+            text(s, "server"),
+            text(s, "server_version"),
+            text(s, "mode"),
+            text(s, "commit"),
+            text(s, "date"),
+        );
+    }
+    out.push_str("\n| figure |");
+    for s in summaries {
+        let _ = write!(out, " {} |", text(s, "server_name"));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(summaries.len()));
+    out.push('\n');
+    for (label, figures) in ROWS {
+        let _ = write!(out, "| {label} |");
+        for s in summaries {
+            let cells: Vec<String> = figures.iter().map(|(f, u)| cell(s, f, *u)).collect();
+            let _ = write!(out, " {} |", cells.join(" / "));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Rewrites the table between the markers of `readme` from `summaries`.
+pub(crate) fn rewrite(readme: &Path, summaries: &[&Path]) -> Result<(), String> {
+    let mut values = Vec::new();
+    for path in summaries {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        values.push(serde_json::from_str::<Value>(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    if values.is_empty() {
+        return Err("no summary to write a table from (run `cargo xtask bench` first)".into());
+    }
+    let doc = std::fs::read_to_string(readme).map_err(|e| format!("{}: {e}", readme.display()))?;
+    let (Some(start), Some(end)) = (doc.find(START), doc.find(END)) else {
+        return Err(format!("{} has no {START:?} … {END:?} markers", readme.display()));
+    };
+    if end < start {
+        return Err(format!("{}: the table's end marker comes before its start", readme.display()));
+    }
+    let new = format!("{}{START}\n{}{}", &doc[..start], render(&values), &doc[end..]);
+    std::fs::write(readme, new).map_err(|e| format!("{}: {e}", readme.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_row_shows_promised_figures() {
+        for (label, figures) in ROWS {
+            for (f, _) in *figures {
+                assert!(
+                    super::super::figures::PROMISED.iter().any(|(p, _)| p == f),
+                    "row {label:?} shows {f}, which no run promises"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_table_has_a_column_per_summary_and_marks_what_is_missing() {
+        let py = json!({"server_name": "py", "server": "SecantusDB 0.7.0b3", "raw_fam_per_s": 901.4, "raw_fam_p50_us": 1110.0});
+        let rs = json!({"server_name": "rs", "raw_fam_per_s": 3512.0});
+        let t = render(&[py, rs]);
+        assert!(t.contains("| figure | py | rs |"), "{t}");
+        assert!(t.contains("| 901/s / 1.11 ms | 3512/s / – |"), "{t}");
+        assert!(t.contains("- **py**: SecantusDB 0.7.0b3 (version ?)"), "{t}");
+    }
+
+    #[test]
+    fn rewrite_replaces_only_what_lies_between_the_markers() {
+        let dir = std::env::temp_dir().join(format!("lab-table-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let readme = dir.join("README.md");
+        let summary = dir.join("summary-py.json");
+        std::fs::write(&readme, format!("# T\nbefore\n{START}\nold table\n{END}\nafter\n")).unwrap();
+        std::fs::write(&summary, r#"{"server_name": "py", "sim_steps_per_s": 249000.0}"#).unwrap();
+        rewrite(&readme, &[&summary]).unwrap();
+        let doc = std::fs::read_to_string(&readme).unwrap();
+        assert!(doc.starts_with(&format!("# T\nbefore\n{START}\n")), "{doc}");
+        assert!(doc.ends_with(&format!("{END}\nafter\n")), "{doc}");
+        assert!(!doc.contains("old table") && doc.contains("249000/s"), "{doc}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
