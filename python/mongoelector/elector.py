@@ -1,8 +1,10 @@
 """``MongoElector`` (the seed) and ``MongoLeaderElector`` (upstream 1.0.2):
 argument handling around the native elector (``mongoelector::Elector``); the
-campaign, renewal, status reports and callbacks run in Rust."""
+campaign, renewal and status reports run in Rust, the callbacks on Python
+daemon threads that it starts (see ``python/src/callbacks.rs``)."""
 
 import logging
+import threading
 from datetime import datetime, timezone
 
 from . import _native
@@ -10,24 +12,51 @@ from ._connection import check_key, check_ttl, resolve
 
 log = logging.getLogger(__name__)
 
+#: ``shared`` of the callback this thread runs, if any (see ``_threaded``).
+_running = threading.local()
+
 
 def _utc(ms):
     return None if ms is None else datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
 
 
-def _logged(callback, name):
-    """``callback`` with its exceptions logged, as upstream does. It runs on a
-    thread of its own (never on the renewal path)."""
+class _Shared:
+    """What an elector's callbacks share with it. Never the elector itself:
+    the native elector holds the callbacks, and a cycle through Rust is one
+    that Python's collector cannot see."""
+
+    def __init__(self):
+        #: A release or stop ended the term: its ``on_leader_loss`` is logged
+        #: as upstream 1.0.2 logs one fired by ``release()``.
+        self.releasing = False
+
+
+def _threaded(callback, name, shared):
+    """``callback`` as the native elector calls it: ``start(done)`` runs it on
+    a daemon thread of its own, logs its exceptions as upstream 1.0.2 does
+    (logger ``mongoelector.elector``, ``Error in <name> callback``), then calls
+    ``done()``, which the elector waits for (never on its renewal path)."""
     if callback is None:
         return None
 
-    def run():
+    def run(done):
+        label = name
+        if name == "on_leader_loss" and shared.releasing:
+            shared.releasing = False
+            label = "on_leader_loss during release"
+        _running.shared = shared
         try:
             callback()
         except Exception:
-            log.exception("Error in %s callback", name)
+            log.exception("Error in %s callback", label)
+        finally:
+            _running.shared = None
+            done()
 
-    return run
+    def start(done):
+        threading.Thread(target=run, args=(done,), name="mongoelector-" + name, daemon=True).start()
+
+    return start
 
 
 class MongoLeaderElector:
@@ -65,18 +94,23 @@ class MongoLeaderElector:
         self.callback_on_leader = on_leader or onmaster
         self.callback_on_leader_loss = on_leader_loss or onmasterloss
         self.callback_on_loop = on_loop or onloop
+        self._shared = _Shared()
         self._elector = _native.NativeElector(
             address,
             database,
             key,
             float(ttl),
-            _logged(self.callback_on_leader, "on_leader"),
-            _logged(self.callback_on_leader_loss, "on_leader_loss"),
-            _logged(self.callback_on_loop, "on_loop"),
+            _threaded(self.callback_on_leader, "on_leader", self._shared),
+            _threaded(self.callback_on_leader_loss, "on_leader_loss", self._shared),
+            _threaded(self.callback_on_loop, "on_loop", self._shared),
             self._report_status,
             None if app_version is None else str(app_version),
         )
-        self.uuid = self._elector.instance
+
+    @property
+    def uuid(self):
+        """This instance's id (a new one in a forked child)."""
+        return self._elector.instance
 
     def __repr__(self):
         leader = "leader" if self.is_leader else "follower"
@@ -93,7 +127,9 @@ class MongoLeaderElector:
 
     def start(self, blocking=False):
         """Starts the election in the background and returns; with
-        ``blocking``, returns only after ``stop()`` (from another thread)."""
+        ``blocking``, returns only after ``stop()`` (from another thread, or
+        a callback) or Ctrl-C."""
+        self._shared.releasing = False
         if blocking:
             self._elector.run()
         else:
@@ -101,8 +137,15 @@ class MongoLeaderElector:
 
     def stop(self):
         """Stops, and surrenders leadership at once (``on_leader_loss`` has run
-        when this returns, unless it takes longer than the ttl)."""
-        self._elector.stop()
+        when this returns, unless it takes longer than the ttl). Called from
+        one of this elector's callbacks, it does not wait for them (they wait
+        for the caller): it returns once the elector is stopped, and the
+        release and ``on_leader_loss`` follow."""
+        inside = getattr(_running, "shared", None) is self._shared
+        self._shared.releasing = self._elector.is_leader()
+        self._elector.stop(not inside)
+        if not inside:
+            self._shared.releasing = False
 
     def poll(self):
         """One round by hand: renew or campaign once, then ``on_loop``, then
@@ -112,7 +155,9 @@ class MongoLeaderElector:
     def release(self):
         """Releases leadership if held (calling ``on_leader_loss``); the
         election keeps running and campaigns again later."""
-        self._elector.release()
+        self._shared.releasing = True
+        if not self._elector.release():
+            self._shared.releasing = False
 
     @property
     def is_leader(self):

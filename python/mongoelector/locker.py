@@ -65,9 +65,20 @@ class MongoLocker:
         self._dbname = database
         self._collection = dbcollection
         self._lock = _native.NativeLock(address, database, dbcollection, key, float(ttl), float(step))
-        self.uuid = self._lock.instance
-        self.host = self._lock.host
-        self.pid = self._lock.pid
+
+    @property
+    def uuid(self):
+        """This instance's id (a new one in a forked child, which does not
+        share the parent's acquisition)."""
+        return self._lock.instance
+
+    @property
+    def host(self):
+        return self._lock.host
+
+    @property
+    def pid(self):
+        return self._lock.pid
 
     def __repr__(self):
         return "MongoLocker(key=%r, uuid=%r, host=%r, owned=%r)" % (self.key, self.uuid, self.host, self.owned())

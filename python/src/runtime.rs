@@ -1,5 +1,10 @@
-//! The one tokio runtime of the process, the stores it connected, and the way
+//! The tokio runtime of the process, the stores it connected, and the way
 //! a Python thread waits for a future without holding the GIL.
+//!
+//! Both the runtime and the stores are per process ([`PerProcess`]): a child
+//! forked after they were made makes its own. Their mutexes are taken only by
+//! threads that hold the GIL (every caller here has a `Python` token), and
+//! `os.fork()` holds it too, so no child inherits one of them locked.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,23 +17,27 @@ use store_mongo::MongoStore;
 use tokio::runtime::Runtime;
 
 use crate::errors::{store_error, CoordinationError};
+use crate::process::PerProcess;
 
 /// The runtime every lock and elector of the process runs on. Two workers: the
 /// work is waiting on the network, and the elector's callbacks run on the
-/// runtime's blocking threads, not on these.
+/// runtime's blocking threads, not on these. Never dropped (a runtime's drop
+/// waits for its threads, which a forked child does not have).
 fn runtime() -> PyResult<&'static Runtime> {
-    static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("mongoelector")
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| CoordinationError::new_err(format!("cannot start the tokio runtime: {e}")))
+    static RUNTIME: Mutex<Option<PerProcess<&'static Runtime>>> = parking_lot::const_mutex(None);
+    let mut slot = RUNTIME.lock();
+    if let Some(rt) = slot.as_ref().and_then(PerProcess::get) {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("mongoelector")
+        .enable_all()
+        .build()
+        .map_err(|e| CoordinationError::new_err(format!("cannot start the tokio runtime: {e}")))?;
+    let rt: &'static Runtime = Box::leak(Box::new(rt));
+    *slot = Some(PerProcess::new(rt));
+    Ok(rt)
 }
 
 /// Runs `fut` on the runtime and waits for it with the GIL released. The
@@ -92,15 +101,16 @@ pub(crate) fn enter<T>(f: impl FnOnce() -> T) -> PyResult<T> {
 /// The store for `uri` and `database`, connected once per process and shared
 /// (one connection pool, one watcher per collection).
 pub(crate) fn store(py: Python<'_>, uri: &str, database: &str) -> PyResult<MongoStore> {
-    static STORES: OnceLock<Mutex<HashMap<(String, String), MongoStore>>> = OnceLock::new();
-    let stores = STORES.get_or_init(Default::default);
+    type Stores = HashMap<(String, String), MongoStore>;
+    static STORES: OnceLock<Mutex<PerProcess<Stores>>> = OnceLock::new();
+    let stores = STORES.get_or_init(|| Mutex::new(PerProcess::new(Stores::new())));
     let id = (uri.to_owned(), database.to_owned());
-    if let Some(s) = stores.lock().get(&id) {
+    if let Some(s) = stores.lock().get_or_insert_with(Stores::new).get(&id) {
         return Ok(s.clone());
     }
     let (u, d) = id.clone();
     let store = wait(py, async move { MongoStore::connect(&u, &d).await })?.map_err(store_error)?;
     // Two threads may connect at once; the first store kept wins, and the
     // other's client is dropped.
-    Ok(stores.lock().entry(id).or_insert(store).clone())
+    Ok(stores.lock().get_or_insert_with(Stores::new).entry(id).or_insert(store).clone())
 }

@@ -16,7 +16,8 @@
 //!                     server killed and restarted; a history checker; target/chaos/summary.json
 //! cargo xtask upstream
 //!                     the Python mongoelector's own tests (0.5.0 and 1.0.2, unedited)
-//!                     against our package in `python/` (the Rust core under PyO3)
+//!                     against our package in `python/` (the Rust core under PyO3),
+//!                     then our own tests of it (`python/tests/test_*.py`)
 //! cargo xtask bench [--quick | --smoke] [--server py|rs|URI]
 //!                     `lab bench` on release builds, a fresh server (py: SecantusDB's
 //!                     Python server, the default; rs: its Rust server, built once into

@@ -12,7 +12,14 @@
 //!    fixture, and a check that our native module is the one imported).
 //! 4. A fresh SecantusDB (or `MONGODB_URI`), then pytest on each: 10 + 19
 //!    tests, no skip, no xfail.
+//! 5. Then our own tests of the package, `python/tests/test_*.py` (threads
+//!    and the GIL, Ctrl-C, fork, interpreter exit, callbacks, and exclusion
+//!    against the CLI's `lock`), in the same venv on the same server, with the
+//!    `mongocoord` binary built as the bench and chaos runs build it; with
+//!    `CI` set, so a test that lacks its server or binary fails. None may
+//!    fail or skip.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -48,6 +55,10 @@ pub(crate) fn run() -> Result<(), String> {
     )?;
     let wheel = only_file(&wheels, ".whl")?;
     run_cmd(Command::new(&py).args(["-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall"]).arg(&wheel))?;
+    // For our own tests: the CLI, built as `bench --smoke` and `chaos` build
+    // it (in CI, that build is already there).
+    crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
+    let mongocoord = target_dir.join("debug").join("mongocoord");
 
     let (server, uri) = match std::env::var("MONGODB_URI") {
         Ok(uri) if !uri.is_empty() => (None, uri),
@@ -60,25 +71,30 @@ pub(crate) fn run() -> Result<(), String> {
     for (version, expected) in RELEASES {
         let dir = scratch(&py, &work, version)?;
         eprintln!("upstream mongoelector {version}: {expected} tests in {}", dir.display());
-        let status = Command::new(&py)
-            .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "--rootdir"])
-            .arg(&dir)
-            .arg(format!("--junitxml={}", dir.join("report.xml").display()))
-            .arg(dir.join("tests"))
-            .current_dir(&dir)
-            .env("MONGOELECTOR_TEST_URI", &uri)
-            .env_remove("MONGODB_URI")
-            .status()
-            .map_err(|e| format!("cannot run pytest: {e}"))?;
-        let report = std::fs::read_to_string(dir.join("report.xml")).unwrap_or_default();
-        let [tests, failed, errors, skipped] = ["tests", "failures", "errors", "skipped"].map(|a| count(&report, a));
-        let passed = tests.saturating_sub(failed + errors + skipped);
-        eprintln!(
-            "upstream mongoelector {version}: {passed} of {expected} passed ({tests} run, {failed} failed, {errors} errors, {skipped} skipped)"
-        );
-        if !status.success() || tests != expected || passed != expected {
-            failures.push(format!("mongoelector {version}: {passed} of {expected} passed"));
+        let report = pytest(&py, &dir.join("tests"), &dir, &[("MONGOELECTOR_TEST_URI", OsStr::new(&uri))])?;
+        eprintln!("upstream mongoelector {version}: {}", report.summary(expected));
+        if !report.ok || report.tests != expected || report.passed() != expected {
+            failures.push(format!("mongoelector {version}: {} of {expected} passed", report.passed()));
         }
+    }
+
+    let dir = work.join("ours");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    eprintln!("our tests of the package (python/tests)");
+    let report = pytest(
+        &py,
+        &root().join("python").join("tests"),
+        &dir,
+        &[
+            ("MONGOELECTOR_TEST_URI", OsStr::new(&uri)),
+            ("MONGOCOORD_BIN", mongocoord.as_os_str()),
+            ("CI", OsStr::new("true")),
+        ],
+    )?;
+    eprintln!("our tests of the package: {}", report.summary(report.tests));
+    if !report.ok || report.tests == 0 || report.passed() != report.tests {
+        failures.push(format!("python/tests: {} of {} passed", report.passed(), report.tests));
     }
     drop(server);
     if failures.is_empty() {
@@ -86,6 +102,57 @@ pub(crate) fn run() -> Result<(), String> {
     } else {
         Err(failures.join("; "))
     }
+}
+
+/// What a pytest run reported.
+struct Report {
+    /// pytest exited 0.
+    ok: bool,
+    tests: usize,
+    failed: usize,
+    errors: usize,
+    skipped: usize,
+}
+
+impl Report {
+    fn passed(&self) -> usize {
+        self.tests.saturating_sub(self.failed + self.errors + self.skipped)
+    }
+
+    fn summary(&self, expected: usize) -> String {
+        format!(
+            "{} of {expected} passed ({} run, {} failed, {} errors, {} skipped)",
+            self.passed(),
+            self.tests,
+            self.failed,
+            self.errors,
+            self.skipped
+        )
+    }
+}
+
+/// pytest on `tests`, run from `dir` (never from `python/`, where `import
+/// mongoelector` would find the sources instead of the installed wheel), its
+/// JUnit report and temporary files in `dir`, nothing written beside the
+/// tests, without `MONGODB_URI` (the tests get the server from `env`).
+fn pytest(py: &Path, tests: &Path, dir: &Path, env: &[(&str, &OsStr)]) -> Result<Report, String> {
+    let xml = dir.join("report.xml");
+    let _ = std::fs::remove_file(&xml);
+    let status = Command::new(py)
+        .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "--rootdir"])
+        .arg(tests.parent().unwrap_or(tests))
+        .arg(format!("--basetemp={}", dir.join("tmp").display()))
+        .arg(format!("--junitxml={}", xml.display()))
+        .arg(tests)
+        .current_dir(dir)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("MONGODB_URI")
+        .envs(env.iter().copied())
+        .status()
+        .map_err(|e| format!("cannot run pytest: {e}"))?;
+    let report = std::fs::read_to_string(&xml).unwrap_or_default();
+    let [tests, failed, errors, skipped] = ["tests", "failures", "errors", "skipped"].map(|a| count(&report, a));
+    Ok(Report { ok: status.success(), tests, failed, errors, skipped })
 }
 
 /// The number in attribute `name="N"` of the first `<testsuite` of a JUnit
