@@ -82,7 +82,7 @@ pub use queue::{Queue, QueueStats};
 pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use schema::fields;
-pub use task::{Child, NewTask, Task};
+pub use task::{Child, NewTask, Task, MAX_TIMEOUT};
 
 pub use mongolock;
 pub use store_trait;

@@ -12,6 +12,7 @@
 //! |---|---|---|---|
 //! | [`TASKS`] | counter | `queue`, `agent`, `outcome` | task outcomes recorded: `completed`, `retried` (failed, will be tried again), `failed_permanently`, `cancelled` ([`Queue::cancel`](crate::Queue::cancel)), `stale` (the claim was lost: not applied), `waiting` (for its follow-ups), `recovered` (a crashed agent's fan-in step finished) |
 //! | [`CLAIM_SECONDS`] | histogram | `queue`, `agent` | the round trip of one claim (one task, or a batch), found or not |
+//! | [`TIMEOUTS`] | counter | `queue`, `agent`, `ending` | attempts whose timeout passed: `stopped` (the handler ended within the grace; the attempt failed) or `abandoned` (it did not: its claim is left to lapse) |
 //!
 //! Each task lease is a lock's too: claims and lost claims also count in
 //! `mongolock`'s figures ([`mongolock::metrics`]), under the queue's collection.
@@ -28,10 +29,15 @@ pub const TASKS: &str = "mongoagent_tasks_total";
 /// trip to the store took.
 pub const CLAIM_SECONDS: &str = "mongoagent_claim_seconds";
 
+/// `mongoagent_timeouts_total{queue, agent, ending}`: an attempt whose
+/// execution timeout passed, by how it ended (`stopped`, `abandoned`).
+pub const TIMEOUTS: &str = "mongoagent_timeouts_total";
+
 /// Tells the installed recorder what each figure means (its help text). Call
 /// it once after installing the recorder; figures are emitted without it too.
 pub fn describe() {
     ::metrics::describe_counter!(TASKS, "Task outcomes recorded by this process, by queue, agent name and outcome");
+    ::metrics::describe_counter!(TIMEOUTS, "Attempts whose execution timeout passed, by queue, agent name and ending");
     ::metrics::describe_histogram!(
         CLAIM_SECONDS,
         ::metrics::Unit::Seconds,
@@ -49,6 +55,7 @@ fn label(p: &Processed) -> &'static str {
         Processed::Waiting(_) => "waiting",
         Processed::Recovered(_) => "recovered",
         Processed::NotStarted(_) => "not_started",
+        Processed::Abandoned(_) => "abandoned",
     }
 }
 
@@ -62,6 +69,11 @@ pub(crate) fn cancelled(queue: &Collection, agent: Option<&str>) {
 
 fn tasks(queue: &Collection, agent: &str, outcome: &'static str) {
     ::metrics::counter!(TASKS, "queue" => queue.to_string(), "agent" => agent.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn timed_out(queue: &Collection, agent: &str, ending: &'static str) {
+    ::metrics::counter!(TIMEOUTS, "queue" => queue.to_string(), "agent" => agent.to_owned(), "ending" => ending)
         .increment(1);
 }
 

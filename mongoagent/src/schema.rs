@@ -69,6 +69,10 @@ pub mod fields {
     /// Set when an operator cancelled the task ([`Queue::cancel`](crate::Queue::cancel)):
     /// it ended (`complete: true, error_encountered: true`) without a result.
     pub const CANCELLED: &str = "cancelled";
+    /// How long one attempt of the task may run, in milliseconds
+    /// ([`NewTask::timeout`](crate::NewTask::timeout)): overrides the agent's
+    /// ([`AgentBuilder::timeout`](crate::AgentBuilder::timeout)).
+    pub const TIMEOUT_MS: &str = "timeout_ms";
 
     /// The fields the queue keeps for itself: the store's (`_id`, the lease,
     /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
@@ -76,7 +80,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 36] = [
+    pub const RESERVED: [&str; 37] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -111,6 +115,7 @@ pub mod fields {
         PROGRESS,
         PROGRESS_AT,
         CANCELLED,
+        TIMEOUT_MS,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

@@ -43,6 +43,8 @@ pub struct NewTask {
     pub(crate) schedule: Option<(String, store_trait::StoreTime)>,
     /// Held back by its schedule's overlap policy (enqueued not ready).
     pub(crate) held: bool,
+    /// How long one attempt may run.
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl NewTask {
@@ -60,6 +62,7 @@ impl NewTask {
             delay: None,
             dedupe_key: None,
             max_attempts: None,
+            timeout: None,
             parent: None,
             join: None,
             fan_in: false,
@@ -106,6 +109,25 @@ impl NewTask {
         self
     }
 
+    /// How long one attempt of this task may run, overriding the agent's
+    /// [`AgentBuilder::timeout`](crate::AgentBuilder::timeout): when it
+    /// passes, the handler's [`Task::cancellation`] fires and the attempt
+    /// fails with "timed out after …" (the retry policy applies). From 1 ms to
+    /// [`MAX_TIMEOUT`](crate::MAX_TIMEOUT); else the enqueue is
+    /// [`AgentError::InvalidTask`].
+    ///
+    /// ```
+    /// use mongoagent::NewTask;
+    /// use std::time::Duration;
+    ///
+    /// let t = NewTask::new("render", bson::doc! {}).timeout(Duration::from_secs(30));
+    /// # let _ = t;
+    /// ```
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
     /// The document to insert (`run_at` is added by the queue, on the store clock).
     pub(crate) fn to_document(&self) -> Result<Document, AgentError> {
         if self.agent_name.is_empty() {
@@ -115,6 +137,7 @@ impl NewTask {
         if self.max_attempts == Some(0) {
             return Err(AgentError::InvalidTask("max_attempts must be at least 1".into()));
         }
+        let timeout = self.timeout.map(timeout_ms).transpose()?;
         let mut d = Document::new();
         if let Some(id) = &self.id {
             d.insert("_id", id.clone());
@@ -134,6 +157,9 @@ impl NewTask {
         if let Some(n) = self.max_attempts {
             d.insert(fields::MAX_ATTEMPTS, i64::from(n));
         }
+        if let Some(ms) = timeout {
+            d.insert(fields::TIMEOUT_MS, ms);
+        }
         if let Some(p) = &self.parent {
             d.insert(fields::PARENT, p.clone());
         }
@@ -151,6 +177,29 @@ impl NewTask {
         d.extend(self.data.clone());
         Ok(d)
     }
+}
+
+/// The longest execution timeout a task or an agent may have: a year (366 days).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// A timeout in whole milliseconds, checked against [`MAX_TIMEOUT`].
+pub(crate) fn timeout_ms(d: Duration) -> Result<i64, AgentError> {
+    match i64::try_from(d.as_millis()) {
+        Ok(ms) if ms >= 1 && d <= MAX_TIMEOUT => Ok(ms),
+        _ => Err(AgentError::InvalidTask(format!("a timeout must be from 1 ms to a year, not {d:?}"))),
+    }
+}
+
+/// The timeout a claim of `record` runs under: the task's own, else the
+/// agent's. A stored value that is not a number from 1 ms to [`MAX_TIMEOUT`]
+/// (written past the queue) is ignored.
+pub(crate) fn timeout_of(record: &store_trait::Record, agent: Option<Duration>) -> Option<Duration> {
+    let own = record
+        .get_i64(fields::TIMEOUT_MS)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis)
+        .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT);
+    own.or(agent)
 }
 
 /// The attempt a claim of `record` is: its fence counted from the fence the
@@ -191,6 +240,10 @@ pub struct Task {
     pub(crate) fence: u64,
     pub(crate) attempt: u64,
     pub(crate) cancel: CancellationToken,
+    /// Set, before [`Task::cancellation`] fires, when the attempt's timeout passed.
+    pub(crate) timed_out: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The attempt's timeout, if any.
+    pub(crate) timeout: Option<Duration>,
     pub(crate) validity: mongolock::Validity,
     pub(crate) round: u64,
     pub(crate) children: Vec<Child>,
@@ -236,6 +289,19 @@ impl Task {
     #[doc(alias = "cancelled")]
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel
+    }
+
+    /// Whether this attempt's timeout passed: set before
+    /// [`Task::cancellation`] fires for it, so a handler woken by the
+    /// cancellation can tell a timeout from a lost claim.
+    pub fn timed_out(&self) -> bool {
+        self.timed_out.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How long this attempt may run ([`NewTask::timeout`], else the agent's
+    /// [`AgentBuilder::timeout`](crate::AgentBuilder::timeout)), if limited.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// The claim's lease, readable from anywhere: how much confirmed time is left
@@ -317,6 +383,11 @@ mod tests {
         assert!(NewTask::new("a", doc! {"ready": false}).to_document().is_err());
         assert!(NewTask::new("a", doc! {}).max_attempts(0).to_document().is_err());
         assert!(NewTask::new("a", doc! {"schedule": "x"}).to_document().is_err());
+        assert!(NewTask::new("a", doc! {"timeout_ms": 5}).to_document().is_err());
+        assert!(NewTask::new("a", doc! {}).timeout(Duration::ZERO).to_document().is_err());
+        assert!(NewTask::new("a", doc! {}).timeout(MAX_TIMEOUT + Duration::from_secs(1)).to_document().is_err());
+        let d = NewTask::new("a", doc! {}).timeout(Duration::from_millis(1500)).to_document().unwrap();
+        assert_eq!(d.get_i64("timeout_ms").unwrap(), 1500);
         let at = store_trait::StoreTime::from_millis(5_000);
         let d = NewTask::new("a", doc! {}).run_at(at).to_document().unwrap();
         assert_eq!(d.get_datetime("run_at").unwrap().timestamp_millis(), 5_000);

@@ -92,6 +92,11 @@ pub(crate) struct CronArgs {
     /// `--lease` is an alias.
     #[arg(long = "ttl", alias = "lease", value_name = "TTL", default_value_t = 60.0)]
     lease: f64,
+    /// Seconds one run of a tick's command may take: then its process tree
+    /// gets SIGTERM, SIGKILL after --grace, and the run fails with "timed
+    /// out after …" (tried again up to --max-attempts)
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
     #[command(flatten)]
     command: crate::args::Command,
 }
@@ -111,7 +116,13 @@ impl CronArgs {
 
     /// The runner's lease, grace and command, checked.
     pub(crate) fn run(&self) -> Result<Run<'_>, String> {
+        self.timeout()?;
         self.command.run(self.lease)
+    }
+
+    /// `--timeout`, checked.
+    fn timeout(&self) -> Result<Option<std::time::Duration>, String> {
+        self.timeout.map(|t| crate::args::seconds("timeout", t, false)).transpose()
     }
 
     /// The schedule this line defines, checked before connecting: a bad
@@ -213,6 +224,7 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
         prefetch: None,
         max_attempts: a.max_attempts,
         max_tasks: None,
+        timeout: a.timeout()?,
         limits: None,
     };
     let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(config)?;

@@ -131,6 +131,12 @@ enum Cmd {
         /// Stop after this many tasks.
         #[arg(long)]
         max_tasks: Option<u64>,
+        /// Seconds one run of a task's command may take (a task's own, from
+        /// `enqueue --timeout`, comes first): then its process tree gets
+        /// SIGTERM, SIGKILL after --grace, and the attempt fails with "timed
+        /// out after …", tried again up to --max-attempts
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
         #[command(flatten)]
         limits: args::Limits,
         #[command(flatten)]
@@ -205,6 +211,9 @@ enum Cmd {
         /// An explicit id.
         #[arg(long)]
         id: Option<String>,
+        /// Seconds one run of it may take, whatever its agent's --timeout
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
     },
     /// Makes failed or stuck tasks ready again.
     Requeue {
@@ -458,10 +467,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let run = command.run(ttl)?;
             runners::elect(connect(uri, db).await?, &key, &run).await
         }
-        Cmd::Agent { name, queue, concurrency, prefetch, max_attempts, lease, max_tasks, limits, command } => {
+        Cmd::Agent { name, queue, concurrency, prefetch, max_attempts, lease, max_tasks, timeout, limits, command } => {
             let run = command.run(lease)?;
             let prefetch = prefetch.map(usize::from);
-            let opts = runners::AgentOpts { concurrency, prefetch, max_attempts, max_tasks, limits: Some(limits) };
+            let timeout = timeout.map(|t| args::seconds("timeout", t, false)).transpose()?;
+            let limits = Some(limits);
+            let opts = runners::AgentOpts { concurrency, prefetch, max_attempts, max_tasks, timeout, limits };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }
         Cmd::Cron(args) => {
@@ -479,8 +490,8 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref(), failed };
             views::tasks(&connect(uri, db).await?, &queue, only, list, filter.as_deref(), limit, json).await
         }
-        Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id } => {
-            let opts = views::EnqueueOpts { priority, delay, dedupe_key, id };
+        Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id, timeout } => {
+            let opts = views::EnqueueOpts { priority, delay, dedupe_key, id, timeout };
             views::enqueue(&connect(uri, db).await?, &queue, &agent, &data, opts, json).await
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {

@@ -188,6 +188,8 @@ pub(crate) struct AgentOpts {
     pub(crate) prefetch: Option<usize>,
     pub(crate) max_attempts: u32,
     pub(crate) max_tasks: Option<u64>,
+    /// How long one run of a task's command may take, unless the task says.
+    pub(crate) timeout: Option<Duration>,
     /// The agent name's cluster-wide limits, if any.
     pub(crate) limits: Option<crate::args::Limits>,
 }
@@ -245,6 +247,10 @@ pub(crate) async fn agent(
     Ok(0)
 }
 
+/// How much longer than the grace period the agent waits for a timed-out
+/// command's handler: the supervisor's SIGKILL, and the tree's reaping.
+const TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
 /// The agent of the `agent` and `cron` runners: the claim lease is the
 /// runner's lease, and the drain on shutdown outlasts stopping a command.
 pub(crate) fn agent_builder(
@@ -265,7 +271,13 @@ pub(crate) fn agent_builder(
         // the command's tree may live (a supervisor its own command stopped
         // cannot kill it), so the runner waits, renewing; a second
         // SIGTERM/SIGINT still ends it at once.
-        .drain_timeout(mongoagent::mongolock::MAX_INTERVAL);
+        .drain_timeout(mongoagent::mongolock::MAX_INTERVAL)
+        // A timed-out command gets SIGTERM, then SIGKILL after the grace
+        // period; the agent waits for that before it gives up on the handler.
+        .timeout_grace(run.grace + TIMEOUT_MARGIN);
+    if let Some(t) = o.timeout {
+        b = b.timeout(t);
+    }
     if let Some(n) = o.max_tasks {
         b = b.process_while(move |log| log.tasks_processed < n);
     }
@@ -316,8 +328,24 @@ pub(crate) async fn work_tasks(
             // SIGTERM when the claim is at risk, SIGKILL when it counts as lost (or
             // the agent stops waiting for the handler).
             stops.lease(task.validity().clone(), grace);
-            stops.kill_on(task.cancellation(), Why::LeaseLost);
+            // The task's cancellation: at its timeout, a graceful stop; for a
+            // lost claim (or an agent that stops waiting), SIGKILL.
+            let (timed_out, lost) = (CancellationToken::new(), CancellationToken::new());
+            stops.terminate_on(&timed_out, Why::TimedOut);
+            stops.kill_on(&lost, Why::LeaseLost);
+            let watcher = {
+                let task = task.clone();
+                tokio::spawn(async move {
+                    task.cancellation().cancelled().await;
+                    if task.timed_out() {
+                        timed_out.cancel()
+                    } else {
+                        lost.cancel()
+                    }
+                })
+            };
             let done = supervise::run(&spec, &stops).await;
+            watcher.abort();
             drop(stops);
             task_outcome(&argv0, done)
         }
@@ -337,6 +365,8 @@ fn task_outcome(argv0: &str, done: std::io::Result<supervise::Finished>) -> Outc
         Ok(done) => match done.stopped {
             Some(Why::Signal | Why::Output) => Outcome::failed("stopped: the agent is shutting down"),
             Some(Why::LeaseLost | Why::LeaseAtRisk) => Outcome::failed("stopped: the claim was lost"),
+            // The agent records "timed out after …" whatever this says.
+            Some(Why::TimedOut) => Outcome::failed("stopped: timed out"),
             // Retried, as a crash would be, but only now that its tree is gone.
             Some(Why::SupervisorKilled) => {
                 Outcome::failed("the command's supervisor was killed; its process tree was killed first")

@@ -220,6 +220,7 @@ pub(crate) struct EnqueueOpts {
     pub(crate) delay: Option<f64>,
     pub(crate) dedupe_key: Option<String>,
     pub(crate) id: Option<String>,
+    pub(crate) timeout: Option<f64>,
 }
 
 /// `mongocoord enqueue`.
@@ -238,6 +239,9 @@ pub(crate) async fn enqueue(
     }
     if let Some(k) = o.dedupe_key {
         t = t.dedupe_key(k);
+    }
+    if let Some(s) = o.timeout {
+        t = t.timeout(crate::args::seconds("timeout", s, false)?);
     }
     if let Some(id) = o.id {
         data::check_new_task_id(&id)?;

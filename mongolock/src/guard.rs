@@ -183,6 +183,36 @@ impl<S: Store + Clone> LockGuard<S> {
         self.term.wake.notify_one();
     }
 
+    /// Stops keeping the lock without releasing it: no more renewals, and the
+    /// lease lapses at its expiry on the store's clock, when the lock can be
+    /// granted again. For work under the lock that may still be running and
+    /// cannot be stopped (a handler that ignored its cancellation): a release
+    /// would let the next holder start beside it at once, a lapse gives it
+    /// until the lease's end, and its writes after that are fenced out. The
+    /// guard's cancellation fires.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use mongolock::Lock;
+    /// use std::time::Duration;
+    /// use store_memory::MemoryStore;
+    ///
+    /// let lock = Lock::builder(MemoryStore::new(), "k").ttl(Duration::from_secs(30)).build().unwrap();
+    /// let guard = lock.acquire().await.unwrap();
+    /// guard.abandon();
+    /// // Held until the lease lapses, by nobody.
+    /// assert!(lock.try_acquire().await.unwrap().is_none());
+    /// # }
+    /// ```
+    pub fn abandon(self) {
+        tracing::info!(key = %self.term.key, fence = self.term.fence, "lock abandoned: its lease lapses at its expiry");
+        self.term.lost_marked.store(true, Ordering::SeqCst);
+        self.term.clear_current();
+        // The drop stops the renewals and fires the cancellation, and, the
+        // loss being marked, releases nothing.
+    }
+
     /// Releases the lock. `Err(Lost)` when it was no longer held by this
     /// acquisition (nothing was changed then). Either way the lost signal fires,
     /// so work still running under [`LockGuard::cancellation`] stops.

@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Agent, AgentCounters, Inner};
 use crate::{AgentError, Queue};
 
+/// How long a timed-out handler has to end, by default ([`AgentBuilder::timeout_grace`]).
+const DEFAULT_TIMEOUT_GRACE: Duration = Duration::from_secs(10);
+
 pub(super) type ProcessWhile = Arc<dyn Fn(&AgentCounters) -> bool + Send + Sync>;
 
 /// Configures an [`Agent`].
@@ -24,6 +27,8 @@ pub struct AgentBuilder<S> {
     lease: Duration,
     max_attempts: u32,
     backoff: (Duration, Duration),
+    timeout: Option<Duration>,
+    timeout_grace: Duration,
     concurrency: usize,
     prefetch: Option<usize>,
     drain: Duration,
@@ -52,6 +57,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
             lease: Duration::from_secs(60),
             max_attempts: 5,
             backoff: (Duration::from_secs(1), Duration::from_secs(600)),
+            timeout: None,
+            timeout_grace: DEFAULT_TIMEOUT_GRACE,
             concurrency: 1,
             prefetch: None,
             drain: Duration::from_secs(30),
@@ -91,6 +98,41 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// (default 1 s and 10 min).
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.backoff = (base, max);
+        self
+    }
+
+    /// How long one attempt of a task may run (default: no limit), unless
+    /// the task says otherwise ([`NewTask::timeout`](crate::NewTask::timeout)).
+    /// When it passes, [`Task::cancellation`](crate::Task::cancellation) fires
+    /// ([`Task::timed_out`](crate::Task::timed_out) tells it from a lost claim)
+    /// and the attempt fails with "timed out after …", retried by the usual
+    /// policy. A handler still running [`timeout_grace`](Self::timeout_grace)
+    /// later is aborted and its claim left to lapse, not released: no other
+    /// agent gets the task before the lease's end, and whatever the handler
+    /// still writes after that is fenced out.
+    ///
+    /// ```
+    /// # use store_memory::MemoryStore;
+    /// use mongoagent::Agent;
+    /// use std::time::Duration;
+    ///
+    /// let agent = Agent::builder(MemoryStore::new(), "render", "tasks")
+    ///     .timeout(Duration::from_secs(300))
+    ///     .timeout_grace(Duration::from_secs(10))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = agent;
+    /// ```
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
+    /// How long a handler whose timeout passed has to end after its
+    /// cancellation fires (default 10 s) before it is aborted and its claim
+    /// left to lapse.
+    pub fn timeout_grace(mut self, d: Duration) -> Self {
+        self.timeout_grace = d;
         self
     }
 
@@ -206,6 +248,13 @@ impl<S: Store + Clone> AgentBuilder<S> {
         if self.max_attempts == 0 {
             return bad("max_attempts must be at least 1".into());
         }
+        if let Some(t) = self.timeout {
+            crate::task::timeout_ms(t)
+                .map_err(|_| AgentError::Config(format!("timeout {t:?}: from 1 ms to a year")))?;
+        }
+        if self.timeout_grace > crate::MAX_TIMEOUT {
+            return bad(format!("timeout_grace {:?} is above a year", self.timeout_grace));
+        }
         let config = |e: mongolock::LockError| AgentError::Config(e.to_string());
         check_interval("poll_interval", self.poll_interval).map_err(config)?;
         if !self.drain.is_zero() {
@@ -249,6 +298,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 leases,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
+                timeout: self.timeout,
+                timeout_grace: self.timeout_grace,
                 concurrency: self.concurrency,
                 prefetch,
                 run_times: super::ahead::RunTimes::default(),

@@ -84,6 +84,11 @@ pub enum Processed {
     /// The agent stopped while the task waited for a start under its rate
     /// limit: the handler never ran, and the claim was given back.
     NotStarted(Key),
+    /// The attempt's timeout passed and its handler did not end within the
+    /// grace ([`AgentBuilder::timeout_grace`]): it was aborted, and its claim
+    /// left to lapse at its lease's end (no outcome written; the next claim
+    /// is the next attempt).
+    Abandoned(Key),
 }
 
 struct Inner<S: Store + Clone> {
@@ -96,6 +101,10 @@ struct Inner<S: Store + Clone> {
     leases: Leases<S>,
     max_attempts: u32,
     backoff: (Duration, Duration),
+    /// How long one attempt may run, unless its task says otherwise.
+    timeout: Option<Duration>,
+    /// How long a timed-out handler has to end after its cancellation.
+    timeout_grace: Duration,
     concurrency: usize,
     /// Tasks claimed ahead of free slots, at most (`ahead.rs`).
     prefetch: usize,

@@ -80,6 +80,9 @@ impl<S: Store + Clone> Agent<S> {
             return self.recovered(released, key);
         }
         let round = task_round(&record);
+        let timeout = crate::task::timeout_of(&record, self.inner.timeout);
+        let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = cancel.clone();
         // Follow-ups exist only after a join: a first run reads none (a query per
         // task that always came back empty).
         let children = if round > 0 { self.children(&key, round - 1).await? } else { Vec::new() };
@@ -89,6 +92,8 @@ impl<S: Store + Clone> Agent<S> {
             fence: record.fence(),
             attempt: crate::task::attempt(&record),
             cancel,
+            timed_out: timed_out.clone(),
+            timeout,
             validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
             children,
@@ -108,7 +113,14 @@ impl<S: Store + Clone> Agent<S> {
         // this future is dropped (drain timeout), the handler is aborted with it.
         let started = tokio::time::Instant::now();
         let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
-        let outcome = match (&mut handle.0).await {
+        let joined = match timeout {
+            None => (&mut handle.0).await,
+            Some(limit) => match tokio::time::timeout(limit, &mut handle.0).await {
+                Ok(joined) => joined,
+                Err(_) => return self.timed_out(guard, &record, handle, (stop, &timed_out), limit).await,
+            },
+        };
+        let outcome = match joined {
             Ok(o) => o,
             Err(e) => Outcome::failed(format!("the handler panicked: {e}")),
         };
@@ -118,6 +130,45 @@ impl<S: Store + Clone> Agent<S> {
             self.bump(|l| l.failed_tasks += 1);
         }
         self.finish(guard, &record, outcome).await
+    }
+
+    /// An attempt whose timeout passed: its cancellation fires; a handler that
+    /// ends within the grace has its attempt failed ("timed out after …",
+    /// retried by the usual policy, whatever it returned); one that does not
+    /// is aborted and its claim abandoned, to lapse at its lease's end.
+    async fn timed_out(
+        &self,
+        guard: LockGuard<S>,
+        record: &Record,
+        mut handle: AbortOnDrop<Outcome>,
+        (cancel, flag): (tokio_util::sync::CancellationToken, &std::sync::atomic::AtomicBool),
+        limit: std::time::Duration,
+    ) -> Result<Processed, AgentError> {
+        let (inner, key) = (&self.inner, record.key().clone());
+        let grace = inner.timeout_grace;
+        tracing::warn!(agent = %inner.name, task = %key, fence = guard.fence(), ?limit, ?grace, "task timed out: its cancellation fired");
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        cancel.cancel();
+        self.bump(|l| l.tasks_processed += 1);
+        match tokio::time::timeout(grace, &mut handle.0).await {
+            Ok(_) => {
+                crate::metrics::timed_out(&inner.queue.coll, &inner.name, "stopped");
+                self.bump(|l| l.failed_tasks += 1);
+                self.finish(guard, record, Outcome::failed(format!("timed out after {}", seconds(limit)))).await
+            }
+            Err(_) => {
+                crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
+                drop(handle);
+                tracing::warn!(
+                    agent = %inner.name, task = %key, fence = guard.fence(), ?grace,
+                    "the timed-out handler ignored its cancellation: aborted, its claim left to lapse"
+                );
+                guard.abandon();
+                let done = Processed::Abandoned(key);
+                crate::metrics::outcome(&inner.queue.coll, &inner.name, &done);
+                Ok(done)
+            }
+        }
     }
 
     pub(super) fn recovered(&self, released: Result<Record, LockError>, key: Key) -> Result<Processed, AgentError> {
@@ -140,5 +191,14 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// A duration as an operator reads it in an error: "1.5 s", "300 s", "250 ms".
+fn seconds(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{} s", d.as_secs_f64())
     }
 }

@@ -14,6 +14,7 @@ mod reserved;
 mod schedules;
 mod simulation;
 mod suite;
+mod timeouts;
 
 store_trait::on_all_backends!(crate::agent_suite, std::time::Duration::from_secs(2));
 
@@ -30,6 +31,11 @@ mod reserved_backends {
 mod mongo_agent_spec_backends {
     //! The Ruby `mongo_agent` gem's spec, ported one example to one test, on every backend.
     store_trait::on_all_backends!(crate::mongo_agent_spec_suite, std::time::Duration::from_secs(2));
+}
+
+mod timeout_backends {
+    //! Execution timeouts on every backend.
+    store_trait::on_all_backends!(crate::timeouts_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

@@ -72,6 +72,8 @@ pub(crate) enum Why {
     LeaseAtRisk,
     /// The lease was lost.
     LeaseLost,
+    /// The task's execution timeout passed.
+    TimedOut,
     /// Its stdout went past [`STDOUT_LIMIT`].
     Output,
     /// Its supervisor was killed (SIGKILL): the runner killed the tree itself.

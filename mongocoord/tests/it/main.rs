@@ -16,6 +16,7 @@ mod events;
 mod reserved;
 mod schedules;
 mod supervise;
+mod timeouts;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mongocoord");
 

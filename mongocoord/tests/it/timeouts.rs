@@ -1,0 +1,106 @@
+//! `--timeout` on the command line: a task's command that runs past it has
+//! its whole process tree stopped (SIGTERM, SIGKILL after `--grace`) and its
+//! attempt failed with "timed out after …"; with `--max-attempts 1` the task
+//! fails for good. A task's own `enqueue --timeout` wins over the agent's.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::{env, wait_until};
+
+/// Whether a process with this pid is alive (and not a zombie).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+fn read_pid(file: &Path) -> String {
+    wait_until("the command wrote its child's pid", Duration::from_secs(20), || {
+        std::fs::read_to_string(file).is_ok_and(|s| !s.trim().is_empty())
+    });
+    std::fs::read_to_string(file).unwrap().trim().to_owned()
+}
+
+/// The agent's `--timeout` stops a command that ignores SIGTERM, and its
+/// child, within the grace; the task fails for good saying it timed out.
+#[test]
+fn agent_timeout_stops_the_tree_and_fails_the_task() {
+    let Some(e) = env("agent_timeout") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "slow", "{}", "--id", "t1"]);
+    let pid_file = e.dir.join("child.pid");
+    // The command ignores SIGTERM; its child does not run in its foreground.
+    let script = format!("trap '' TERM; sleep 600 & echo $! > {}; wait; sleep 600", pid_file.display());
+    let started = Instant::now();
+    let out = e.run(&[
+        "agent",
+        "slow",
+        "--queue",
+        "jobs",
+        "--max-tasks",
+        "1",
+        "--max-attempts",
+        "1",
+        "--timeout",
+        "1",
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(30), "stopped within the timeout and the grace");
+    let child = read_pid(&pid_file);
+    assert!(!alive(&child), "the command's child {child} was stopped with it");
+    let failed = e.json(&["tasks", "--queue", "jobs", "--failed"]);
+    assert_eq!(failed[0]["last_error"], "timed out after 1 s", "{failed}");
+}
+
+/// `enqueue --timeout` sets the task's own limit, which wins over the
+/// agent's; a command within it completes as before.
+#[test]
+fn a_tasks_own_timeout_wins_over_the_agents() {
+    let Some(e) = env("task_timeout") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", "{}", "--id", "short", "--timeout", "0.5"]);
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", "{}", "--id", "fine"]);
+    let out = e.run(&[
+        "agent",
+        "w",
+        "--queue",
+        "jobs",
+        "--max-tasks",
+        "2",
+        "--max-attempts",
+        "1",
+        "--timeout",
+        "60",
+        "--",
+        "sh",
+        "-c",
+        "read -r t; case \"$t\" in *short*) exec sleep 600;; esac",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let failed = e.json(&["tasks", "--queue", "jobs", "--failed"]);
+    assert_eq!(failed.as_array().map(Vec::len), Some(1), "{failed}");
+    assert_eq!(failed[0]["last_error"], "timed out after 500 ms", "{failed}");
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert_eq!(stats["w"]["completed"], 1, "{stats}");
+}
+
+/// A timeout that is not a positive number of seconds up to a year is a
+/// usage error (status 2), before anything is enqueued or run.
+#[test]
+fn bad_timeouts_are_usage_errors() {
+    let Some(e) = env("timeout_usage") else { return };
+    for bad in ["0", "-1", "nan", "1e300"] {
+        let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "w", "{}", "--timeout", bad]);
+        assert_eq!(out.status.code(), Some(2), "enqueue --timeout {bad}");
+        let out = e.run(&["agent", "w", "--queue", "jobs", "--timeout", bad, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2), "agent --timeout {bad}");
+        let out = e.run(&["cron", "c", "* * * * *", "--timeout", bad, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2), "cron --timeout {bad}");
+    }
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert!(stats.get("w").is_none(), "nothing was enqueued: {stats}");
+}
