@@ -25,6 +25,7 @@ mod election;
 mod events;
 mod figures;
 pub(crate) mod idle;
+mod scaling;
 pub(crate) mod table;
 use counted::{counted_store, Counts};
 use figures::{Figures, Section};
@@ -264,7 +265,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     let global = queue_run(uri, db, &store, tasks, "bench_queue_global", true, Some(1000)).await?;
     shapes.push((shared_global, global));
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
-    shapes.push((processes, queue_processes_run(uri, db, &store, tasks, "bench_queue_processes").await?));
+    shapes.push((processes, queue_processes_run(uri, db, &store, tasks, "bench_queue_processes", 4).await?));
 
     // Printed now: a run that fails later (Agenda, the seed) still shows them.
     for (shape, r) in &shapes {
@@ -294,6 +295,8 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
             - (shared_a.commands_per_task + shared_b.commands_per_task);
         f.put("queue_global_1000_extra_commands_per_task", extra / 2.0);
     }
+
+    scaling::put_figures(&mut f, uri, db, &store, tasks).await?;
 
     eprintln!("queue events: one subscriber while 4 agents on one Queue run {tasks} trivial tasks…");
     events::put_figures(&mut f, &store, tasks, "bench_queue_events").await?;
@@ -375,6 +378,9 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         ("date", date),
     ];
     f.write(&o.out, &header)?;
+    let plot = o.out.with_extension("svg");
+    scaling::write_plot(&f, &server, &plot)?;
+    eprintln!("wrote {}", plot.display());
     eprintln!("wrote {}", o.out.display());
     match f.check(std::env::var_os("CI").is_some()) {
         Ok(()) => Ok(0),
@@ -751,7 +757,7 @@ async fn queue_run(
     Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })
 }
 
-/// 4 agent processes (`lab bench-agent`, one agent each, concurrency 4) process
+/// `n` agent processes (`lab bench-agent`, one agent each, concurrency 4) process
 /// `tasks` trivial tasks from `coll`. Each connects and builds its agent, says
 /// `ready`, starts on `go`, and stops when its stdin closes, reporting the
 /// commands it sent from `go` on. The clock runs from `go` until a count of
@@ -762,12 +768,13 @@ async fn queue_processes_run(
     store: &MongoStore,
     tasks: u32,
     coll: &str,
+    n: usize,
 ) -> Result<QueueRun, String> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     preload(store, tasks, coll).await?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut procs = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..n {
         let mut child = tokio::process::Command::new(&exe)
             .args(["--uri", uri, "--db", db, "bench-agent", "--coll", coll])
             .stdin(Stdio::piped())

@@ -114,6 +114,16 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("queue_global_1000_vs_shared_second_pair", Core),
     ("queue_global_1000_vs_shared", Core),
     ("queue_global_1000_extra_commands_per_task", Core),
+    ("scaling_1_processes_tasks_per_s", Core),
+    ("scaling_1_processes_commands_per_task", Core),
+    ("scaling_2_processes_tasks_per_s", Core),
+    ("scaling_2_processes_commands_per_task", Core),
+    ("scaling_4_processes_tasks_per_s", Core),
+    ("scaling_4_processes_commands_per_task", Core),
+    ("scaling_8_processes_tasks_per_s", Core),
+    ("scaling_8_processes_commands_per_task", Core),
+    ("scaling_16_processes_tasks_per_s", Core),
+    ("scaling_16_processes_commands_per_task", Core),
     ("queue_events_per_s", Core),
     ("queue_events_per_task", Core),
     ("queue_events_tasks_per_s", Core),
@@ -286,6 +296,11 @@ mod tests {
         for a in AGENDA_SWEEP {
             for suffix in ["tasks_per_s", "commands_per_task"] {
                 assert!(promised(&format!("agenda_{}_{suffix}", a.name)), "{} {suffix}", a.name);
+            }
+        }
+        for n in super::super::scaling::PROCESSES {
+            for suffix in ["tasks_per_s", "commands_per_task"] {
+                assert!(promised(&format!("scaling_{n}_processes_{suffix}")), "scaling_{n} {suffix}");
             }
         }
         for role in crate::bench::idle::ROLES {

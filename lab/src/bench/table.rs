@@ -94,6 +94,26 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
             ("queue_shared_commands_per_task", Unit::Plain),
         ],
     ),
+    (
+        "agent processes on one queue, 1 / 2 / 4 / 8 / 16: tasks/s",
+        &[
+            ("scaling_1_processes_tasks_per_s", Unit::PerS),
+            ("scaling_2_processes_tasks_per_s", Unit::PerS),
+            ("scaling_4_processes_tasks_per_s", Unit::PerS),
+            ("scaling_8_processes_tasks_per_s", Unit::PerS),
+            ("scaling_16_processes_tasks_per_s", Unit::PerS),
+        ],
+    ),
+    (
+        "the same: commands per task",
+        &[
+            ("scaling_1_processes_commands_per_task", Unit::Plain),
+            ("scaling_2_processes_commands_per_task", Unit::Plain),
+            ("scaling_4_processes_commands_per_task", Unit::Plain),
+            ("scaling_8_processes_commands_per_task", Unit::Plain),
+            ("scaling_16_processes_commands_per_task", Unit::Plain),
+        ],
+    ),
     ("a global concurrency of 1,000 that never binds, ÷ none", &[("queue_global_1000_vs_shared", Unit::Times)]),
     (
         "Agenda at its best setting of the sweep: jobs/s (`lockLimit`, `processEvery` ms)",
