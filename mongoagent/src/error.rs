@@ -33,6 +33,12 @@ pub enum AgentError {
         /// The field.
         field: String,
     },
+    /// The task does not exist (or was deleted while waited for).
+    #[error("task {task} not found")]
+    NotFound {
+        /// The task's id.
+        task: String,
+    },
     /// A progress value was rejected (not a number or a small document).
     #[error("invalid progress: {0}")]
     InvalidProgress(String),

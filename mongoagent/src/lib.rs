@@ -70,6 +70,7 @@ mod rate;
 pub mod schedule;
 mod schema;
 mod task;
+mod wait;
 
 pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
 pub use control::CONTROL_REFRESH;
@@ -83,6 +84,7 @@ pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use schema::fields;
 pub use task::{Child, NewTask, Task, MAX_TIMEOUT};
+pub use wait::Ended;
 
 pub use mongolock;
 pub use store_trait;

@@ -28,7 +28,8 @@ use store_mongo::{ConnectionConfig, MongoStore};
 
 /// Exit status when the lock or leadership was lost while the command ran.
 pub(crate) const EXIT_LOST: u8 = 75;
-/// Exit status when the lock could not be acquired within `--timeout`.
+/// Exit status when the lock could not be acquired within `--timeout`, or a
+/// task waited for (`enqueue --wait`) had not ended within `--wait-timeout`.
 pub(crate) const EXIT_TIMEOUT: u8 = 74;
 /// Exit status for bad arguments or an unreachable server.
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -214,6 +215,15 @@ enum Cmd {
         /// Seconds one run of it may take, whatever its agent's --timeout
         #[arg(long, value_name = "SECS")]
         timeout: Option<f64>,
+        /// Wait until the task has ended, then print it as JSON (`completed`,
+        /// `error`, `result`: the task's document): exit status 0 if it
+        /// completed, 1 if it failed for good or was cancelled, 74 if
+        /// --wait-timeout passed first
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (with --wait)
+        #[arg(long, value_name = "SECS", requires = "wait")]
+        wait_timeout: Option<f64>,
     },
     /// Makes failed or stuck tasks ready again.
     Requeue {
@@ -490,8 +500,10 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref(), failed };
             views::tasks(&connect(uri, db).await?, &queue, only, list, filter.as_deref(), limit, json).await
         }
-        Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id, timeout } => {
-            let opts = views::EnqueueOpts { priority, delay, dedupe_key, id, timeout };
+        Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id, timeout, wait, wait_timeout } => {
+            let wait = wait.then(|| wait_timeout.map(|s| args::seconds("wait-timeout", s, false)).transpose());
+            let wait = wait.transpose()?;
+            let opts = views::EnqueueOpts { priority, delay, dedupe_key, id, timeout, wait };
             views::enqueue(&connect(uri, db).await?, &queue, &agent, &data, opts, json).await
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {

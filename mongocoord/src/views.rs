@@ -221,6 +221,8 @@ pub(crate) struct EnqueueOpts {
     pub(crate) dedupe_key: Option<String>,
     pub(crate) id: Option<String>,
     pub(crate) timeout: Option<f64>,
+    /// Wait for the task to end (`Some`), for at most this long (`Some(Some)`).
+    pub(crate) wait: Option<Option<std::time::Duration>>,
 }
 
 /// `mongocoord enqueue`.
@@ -248,12 +250,52 @@ pub(crate) async fn enqueue(
         t = t.id(id);
     }
     let (id, new) = q.enqueue(t).await.map_err(|e| e.to_string())?;
+    if let Some(limit) = o.wait {
+        return wait_for(&q, &id, new, limit).await;
+    }
     if json {
         println!("{}", json!({ "id": id.to_string(), "inserted": new }));
     } else {
         println!("{} {}", if new { "enqueued" } else { "duplicate, not enqueued:" }, safe(&id.to_string()));
     }
     Ok(0)
+}
+
+/// `enqueue --wait`: waits for task `id` to end and prints it as JSON; exit
+/// status 0 if it completed, 1 if not, [`EXIT_TIMEOUT`](crate::EXIT_TIMEOUT)
+/// if `limit` passed first.
+async fn wait_for(
+    q: &Queue<MongoStore>,
+    id: &store_trait::Key,
+    inserted: bool,
+    limit: Option<std::time::Duration>,
+) -> Result<u8, String> {
+    let waiting = q.wait_for(id);
+    let ended = match limit {
+        Some(l) => match tokio::time::timeout(l, waiting).await {
+            Ok(r) => r,
+            Err(_) => {
+                let out = json!({ "id": id.to_string(), "inserted": inserted, "ended": false });
+                println!("{out}");
+                eprintln!("mongocoord: task {} has not ended after {l:?}", safe(&id.to_string()));
+                return Ok(crate::EXIT_TIMEOUT);
+            }
+        },
+        None => waiting.await,
+    }
+    .map_err(|e| e.to_string())?;
+    let result = bson::Bson::Document(ended.data().clone()).into_relaxed_extjson();
+    let out = json!({
+        "id": id.to_string(),
+        "inserted": inserted,
+        "ended": true,
+        "completed": ended.completed(),
+        "cancelled": ended.cancelled(),
+        "error": ended.error(),
+        "result": result,
+    });
+    println!("{out}");
+    Ok(if ended.completed() { 0 } else { 1 })
 }
 
 /// `mongocoord requeue`: lists the tasks the filter selects, asks (unless

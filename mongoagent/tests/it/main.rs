@@ -15,6 +15,7 @@ mod schedules;
 mod simulation;
 mod suite;
 mod timeouts;
+mod wait;
 
 store_trait::on_all_backends!(crate::agent_suite, std::time::Duration::from_secs(2));
 
@@ -36,6 +37,11 @@ mod mongo_agent_spec_backends {
 mod timeout_backends {
     //! Execution timeouts on every backend.
     store_trait::on_all_backends!(crate::timeouts_suite, std::time::Duration::from_secs(2));
+}
+
+mod wait_backends {
+    //! Waiting for a task to end, on every backend.
+    store_trait::on_all_backends!(crate::wait_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

@@ -2,6 +2,7 @@
 //! its whole process tree stopped (SIGTERM, SIGKILL after `--grace`) and its
 //! attempt failed with "timed out after …"; with `--max-attempts 1` the task
 //! fails for good. A task's own `enqueue --timeout` wins over the agent's.
+//! And `enqueue --wait`, which waits for the outcome.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -103,4 +104,36 @@ fn bad_timeouts_are_usage_errors() {
     }
     let stats = e.json(&["tasks", "--queue", "jobs"]);
     assert!(stats.get("w").is_none(), "nothing was enqueued: {stats}");
+}
+
+/// `enqueue --wait` prints the ended task as JSON, exit status 0 when it
+/// completed (with the command's result), 1 when it failed for good, and 74
+/// when `--wait-timeout` passes first.
+#[test]
+fn enqueue_waits_for_the_outcome() {
+    let Some(e) = env("enqueue_wait") else { return };
+    let agent = std::process::Command::new(env!("CARGO_BIN_EXE_mongocoord"))
+        .args(["--uri", &e.uri, "--db", &e.db, "agent", "w", "--queue", "jobs", "--max-tasks", "2", "--max-attempts"])
+        .args(["1", "--", "sh", "-c", r#"read -r t; case "$t" in *bad*) exit 3;; esac; echo '{"answer": 42}'"#])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "w", r#"{"kind": "good"}"#, "--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["completed"], true, "{v}");
+    assert_eq!(v["result"]["answer"], 42, "{v}");
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "w", r#"{"kind": "bad"}"#, "--wait"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["completed"], false, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("exit status 3"), "{v}");
+    let mut agent = agent;
+    let _ = agent.wait();
+    // Nobody takes this one.
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "nobody", "{}", "--wait", "--wait-timeout", "0.5"]);
+    assert_eq!(out.status.code(), Some(74), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "w", "{}", "--wait-timeout", "1"]);
+    assert_eq!(out.status.code(), Some(2), "--wait-timeout without --wait is a usage error");
 }
