@@ -59,6 +59,7 @@
 mod agent;
 mod cancel;
 mod control;
+mod dedupe;
 mod error;
 mod events;
 pub mod metrics;
@@ -83,7 +84,7 @@ pub use queue::{Queue, QueueStats};
 pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
 pub use schema::fields;
-pub use task::{Child, NewTask, Task, MAX_TIMEOUT};
+pub use task::{Child, DedupeScope, NewTask, Task, MAX_TIMEOUT};
 pub use wait::Ended;
 
 pub use mongolock;

@@ -125,7 +125,12 @@ impl<S: Store + Clone> Queue<S> {
     /// idempotent, so retry.
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
         let docs = self.documents(tasks).await?;
-        let out = self.store.insert_many(&self.coll, docs).await?;
+        let mut out = self.store.insert_many(&self.coll, docs.clone()).await?;
+        for (doc, outcome) in docs.into_iter().zip(out.iter_mut()) {
+            if let InsertOutcome::Duplicate(key) = outcome {
+                *outcome = self.settle_duplicate(doc, key.clone()).await?;
+            }
+        }
         tracing::debug!(queue = %self.coll, count = out.len(), "tasks enqueued");
         Ok(out)
     }
@@ -221,7 +226,9 @@ impl<S: Store + Clone> Queue<S> {
     /// The documents to insert for `tasks`.
     async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
         self.ensure_indexes().await?;
-        let now = if tasks.iter().any(|t| t.delay.is_some()) { Some(self.store.now().await?) } else { None };
+        let windowed = |t: &NewTask| matches!(t.dedupe_scope, crate::DedupeScope::For(_));
+        let now =
+            if tasks.iter().any(|t| t.delay.is_some() || windowed(t)) { Some(self.store.now().await?) } else { None };
         tasks
             .iter()
             .map(|t| {
@@ -231,6 +238,10 @@ impl<S: Store + Clone> Queue<S> {
                     // With an absolute `run_at` too, the later of the two.
                     let at = now.as_millis().saturating_add(ms).max(t.run_at.map_or(i64::MIN, |a| a.as_millis()));
                     d.insert(fields::RUN_AT, bson::DateTime::from_millis(at));
+                }
+                if let (crate::DedupeScope::For(w), Some(now)) = (t.dedupe_scope, now) {
+                    let ms = i64::try_from(w.as_millis()).unwrap_or(i64::MAX / 2);
+                    d.insert(fields::DEDUPE_UNTIL, bson::DateTime::from_millis(now.as_millis().saturating_add(ms)));
                 }
                 Ok(d)
             })

@@ -73,6 +73,15 @@ pub mod fields {
     /// ([`NewTask::timeout`](crate::NewTask::timeout)): overrides the agent's
     /// ([`AgentBuilder::timeout`](crate::AgentBuilder::timeout)).
     pub const TIMEOUT_MS: &str = "timeout_ms";
+    /// How long the task's dedupe key blocks another task with it
+    /// ([`DedupeScope`](crate::DedupeScope)): `until_ended`, or `window`
+    /// (until [`DEDUPE_UNTIL`]); missing, for ever.
+    pub const DEDUPE_SCOPE: &str = "dedupe_scope";
+    /// With a `window` scope: when the key stops blocking (store clock).
+    pub const DEDUPE_UNTIL: &str = "dedupe_until";
+    /// A dedupe key that no longer blocks, kept for the record: moved here
+    /// from [`DEDUPE_KEY`] when a later task with the key was enqueued.
+    pub const DEDUPE_RETIRED: &str = "dedupe_key_retired";
 
     /// The fields the queue keeps for itself: the store's (`_id`, the lease,
     /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
@@ -80,7 +89,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 37] = [
+    pub const RESERVED: [&str; 40] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -116,6 +125,9 @@ pub mod fields {
         PROGRESS_AT,
         CANCELLED,
         TIMEOUT_MS,
+        DEDUPE_SCOPE,
+        DEDUPE_UNTIL,
+        DEDUPE_RETIRED,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

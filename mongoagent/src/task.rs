@@ -30,6 +30,7 @@ pub struct NewTask {
     pub(crate) priority: i64,
     pub(crate) delay: Option<Duration>,
     pub(crate) dedupe_key: Option<String>,
+    pub(crate) dedupe_scope: DedupeScope,
     pub(crate) max_attempts: Option<u32>,
     pub(crate) parent: Option<Bson>,
     /// The task waiting for this one, and its round.
@@ -61,6 +62,7 @@ impl NewTask {
             priority: 0,
             delay: None,
             dedupe_key: None,
+            dedupe_scope: DedupeScope::Forever,
             max_attempts: None,
             timeout: None,
             parent: None,
@@ -100,6 +102,26 @@ impl NewTask {
     /// Enqueuing another task with the same key is a no-op reported as a duplicate.
     pub fn dedupe_key(mut self, k: impl Into<String>) -> Self {
         self.dedupe_key = Some(k.into());
+        self
+    }
+
+    /// How long this task's [`dedupe_key`](Self::dedupe_key) blocks another
+    /// task with the same key (default [`DedupeScope::Forever`]). A later
+    /// enqueue whose key is blocked is a duplicate and returns the task that
+    /// holds the key; once the key no longer blocks, that enqueue moves the
+    /// key off the old task (to `dedupe_key_retired`) and inserts the new one,
+    /// atomically under racing producers. Follow-ups keep the for-ever rule.
+    ///
+    /// ```
+    /// use mongoagent::{DedupeScope, NewTask};
+    /// use std::time::Duration;
+    ///
+    /// let t = NewTask::new("sync", bson::doc! {}).dedupe_key("account-7").dedupe_scope(DedupeScope::UntilEnded);
+    /// let w = NewTask::new("mail", bson::doc! {}).dedupe_key("digest").dedupe_scope(DedupeScope::For(Duration::from_secs(3600)));
+    /// # let _ = (t, w);
+    /// ```
+    pub fn dedupe_scope(mut self, scope: DedupeScope) -> Self {
+        self.dedupe_scope = scope;
         self
     }
 
@@ -154,6 +176,20 @@ impl NewTask {
         if let Some(k) = &self.dedupe_key {
             d.insert(fields::DEDUPE_KEY, k.as_str());
         }
+        match (&self.dedupe_key, self.dedupe_scope) {
+            (_, DedupeScope::Forever) => {}
+            (None, _) => return Err(AgentError::InvalidTask("a dedupe scope needs a dedupe key".into())),
+            (Some(_), DedupeScope::UntilEnded) => {
+                d.insert(fields::DEDUPE_SCOPE, "until_ended");
+            }
+            (Some(_), DedupeScope::For(w)) => {
+                timeout_ms(w).map_err(|_| {
+                    AgentError::InvalidTask(format!("a dedupe window must be from 1 ms to a year, not {w:?}"))
+                })?;
+                // `dedupe_until` is set by the queue, on the store clock.
+                d.insert(fields::DEDUPE_SCOPE, "window");
+            }
+        }
         if let Some(n) = self.max_attempts {
             d.insert(fields::MAX_ATTEMPTS, i64::from(n));
         }
@@ -177,6 +213,21 @@ impl NewTask {
         d.extend(self.data.clone());
         Ok(d)
     }
+}
+
+/// How long a task's dedupe key blocks another task with the same key
+/// ([`NewTask::dedupe_scope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DedupeScope {
+    /// For as long as the task's document exists.
+    #[default]
+    Forever,
+    /// While the task has not ended: pending, waiting, running or retried.
+    /// Once it completed or failed for good, the key is free.
+    UntilEnded,
+    /// For this long after the task was enqueued (store clock), ended or not.
+    For(Duration),
 }
 
 /// The longest execution timeout a task or an agent may have: a year (366 days).

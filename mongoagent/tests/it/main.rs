@@ -3,6 +3,7 @@
 //! and a deterministic simulation with crashes, partitions and faults.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod dedupe;
 mod events;
 mod fencing;
 mod hold_back;
@@ -42,6 +43,11 @@ mod timeout_backends {
 mod wait_backends {
     //! Waiting for a task to end, on every backend.
     store_trait::on_all_backends!(crate::wait_suite, std::time::Duration::from_secs(2));
+}
+
+mod dedupe_backends {
+    //! Dedupe scopes on every backend.
+    store_trait::on_all_backends!(crate::dedupe_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
