@@ -209,6 +209,14 @@ enum Cmd {
         /// Enqueue at most one task per key.
         #[arg(long)]
         dedupe_key: Option<String>,
+        /// The dedupe key blocks another task with it only until this task
+        /// has ended (by default, for as long as the task's document exists)
+        #[arg(long, requires = "dedupe_key", conflicts_with = "dedupe_for")]
+        dedupe_until_ended: bool,
+        /// The dedupe key blocks another task with it for this many seconds
+        /// after the enqueue, ended or not
+        #[arg(long, value_name = "SECS", requires = "dedupe_key")]
+        dedupe_for: Option<f64>,
         /// An explicit id.
         #[arg(long)]
         id: Option<String>,
@@ -500,10 +508,28 @@ async fn run(cli: Cli) -> Result<u8, String> {
             let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref(), failed };
             views::tasks(&connect(uri, db).await?, &queue, only, list, filter.as_deref(), limit, json).await
         }
-        Cmd::Enqueue { queue, agent, data, priority, delay, dedupe_key, id, timeout, wait, wait_timeout } => {
+        Cmd::Enqueue {
+            queue,
+            agent,
+            data,
+            priority,
+            delay,
+            dedupe_key,
+            dedupe_until_ended,
+            dedupe_for,
+            id,
+            timeout,
+            wait,
+            wait_timeout,
+        } => {
             let wait = wait.then(|| wait_timeout.map(|s| args::seconds("wait-timeout", s, false)).transpose());
             let wait = wait.transpose()?;
-            let opts = views::EnqueueOpts { priority, delay, dedupe_key, id, timeout, wait };
+            let dedupe_scope = match (dedupe_until_ended, dedupe_for) {
+                (true, _) => mongoagent::DedupeScope::UntilEnded,
+                (false, Some(s)) => mongoagent::DedupeScope::For(args::seconds("dedupe-for", s, false)?),
+                (false, None) => mongoagent::DedupeScope::Forever,
+            };
+            let opts = views::EnqueueOpts { priority, delay, dedupe_key, dedupe_scope, id, timeout, wait };
             views::enqueue(&connect(uri, db).await?, &queue, &agent, &data, opts, json).await
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {

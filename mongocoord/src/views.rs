@@ -219,6 +219,7 @@ pub(crate) struct EnqueueOpts {
     pub(crate) priority: i64,
     pub(crate) delay: Option<f64>,
     pub(crate) dedupe_key: Option<String>,
+    pub(crate) dedupe_scope: mongoagent::DedupeScope,
     pub(crate) id: Option<String>,
     pub(crate) timeout: Option<f64>,
     /// Wait for the task to end (`Some`), for at most this long (`Some(Some)`).
@@ -240,7 +241,7 @@ pub(crate) async fn enqueue(
         t = t.delay(crate::args::seconds("delay", d, true)?);
     }
     if let Some(k) = o.dedupe_key {
-        t = t.dedupe_key(k);
+        t = t.dedupe_key(k).dedupe_scope(o.dedupe_scope);
     }
     if let Some(s) = o.timeout {
         t = t.timeout(crate::args::seconds("timeout", s, false)?);

@@ -137,3 +137,21 @@ fn enqueue_waits_for_the_outcome() {
     let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "w", "{}", "--wait-timeout", "1"]);
     assert_eq!(out.status.code(), Some(2), "--wait-timeout without --wait is a usage error");
 }
+
+/// `--dedupe-until-ended`: a second enqueue with the key while the first
+/// task has not ended is a duplicate naming it; once it ended, a new task.
+#[test]
+fn enqueue_dedupe_until_ended() {
+    let Some(e) = env("dedupe_until_ended") else { return };
+    let enqueue = |id: &str| {
+        e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--id", id, "--dedupe-key", "k", "--dedupe-until-ended"])
+    };
+    assert_eq!(enqueue("a")["inserted"], true);
+    let dup = enqueue("b");
+    assert_eq!((dup["inserted"].clone(), dup["id"].clone()), (false.into(), "a".into()), "{dup}");
+    let out = e.run(&["agent", "d", "--queue", "jobs", "--max-tasks", "1", "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(enqueue("c")["inserted"], true, "the key is free once a ended");
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-until-ended"]);
+    assert_eq!(out.status.code(), Some(2), "a scope needs --dedupe-key");
+}
