@@ -73,6 +73,12 @@ pub mod fields {
     /// ([`NewTask::timeout`](crate::NewTask::timeout)): overrides the agent's
     /// ([`AgentBuilder::timeout`](crate::AgentBuilder::timeout)).
     pub const TIMEOUT_MS: &str = "timeout_ms";
+    /// The fence of a claim whose attempt timed out and was abandoned (its
+    /// handler ignored its cancellation past the grace): written, with
+    /// `last_error`, under that claim before it is left to lapse, so the next
+    /// claim knows the attempt failed ("timed out after …") and, with no
+    /// attempts left, fails the task for good without running it again.
+    pub const TIMED_OUT_FENCE: &str = "timed_out_fence";
 
     /// The fields the queue keeps for itself: the store's (`_id`, the lease,
     /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
@@ -80,7 +86,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 37] = [
+    pub const RESERVED: [&str; 38] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -116,6 +122,7 @@ pub mod fields {
         PROGRESS_AT,
         CANCELLED,
         TIMEOUT_MS,
+        TIMED_OUT_FENCE,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];
