@@ -82,6 +82,12 @@ pub mod fields {
     /// A dedupe key that no longer blocks, kept for the record: moved here
     /// from [`DEDUPE_KEY`] when a later task with the key was enqueued.
     pub const DEDUPE_RETIRED: &str = "dedupe_key_retired";
+    /// The fence of a claim whose attempt timed out and was abandoned (its
+    /// handler ignored its cancellation past the grace): written, with
+    /// `last_error`, under that claim before it is left to lapse, so the next
+    /// claim knows the attempt failed ("timed out after …") and, with no
+    /// attempts left, fails the task for good without running it again.
+    pub const TIMED_OUT_FENCE: &str = "timed_out_fence";
 
     /// The fields the queue keeps for itself: the store's (`_id`, the lease,
     /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
@@ -89,7 +95,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 40] = [
+    pub const RESERVED: [&str; 41] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -128,6 +134,7 @@ pub mod fields {
         DEDUPE_SCOPE,
         DEDUPE_UNTIL,
         DEDUPE_RETIRED,
+        TIMED_OUT_FENCE,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

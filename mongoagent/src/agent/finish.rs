@@ -56,7 +56,7 @@ impl<S: Store + Clone> Agent<S> {
             }
             fail => fail,
         };
-        let limit = record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(inner.max_attempts), |n| n.max(1) as u64);
+        let limit = self.attempt_limit(record);
         let attempt = crate::task::attempt(record);
         let (changes, result) = match outcome {
             Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } => (
@@ -131,6 +131,11 @@ impl<S: Store + Clone> Agent<S> {
             Err(LockError::Lost { current, .. }) => Ok(self.stale(&key, token, current)),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// How many attempts a round of `record` may have: its own limit, else the agent's.
+    pub(super) fn attempt_limit(&self, record: &Record) -> u64 {
+        record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(self.inner.max_attempts), |n| n.max(1) as u64)
     }
 
     pub(super) fn stale(&self, key: &Key, token: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {

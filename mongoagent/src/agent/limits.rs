@@ -207,6 +207,15 @@ impl<S: Store + Clone> Agent<S> {
         self.release_permits(pooled).await;
     }
 
+    /// Leaves the permit of an abandoned task (`run.rs`, a handler that
+    /// ignored its timeout) to lapse with the task's claim: work that handler
+    /// left running still counts against the global concurrency until then.
+    pub(super) fn abandon_permit(&self, permit: Option<Permit<S>>) {
+        if let Some(p) = permit {
+            p.guard.abandon();
+        }
+    }
+
     /// Gives a task's permit back once its outcome is written: kept for the
     /// agent's next claim while the limit does not bind (and the agent is not
     /// stopping), else released, batched with the permits of tasks ending at

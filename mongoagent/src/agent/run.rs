@@ -42,6 +42,12 @@ impl<S: Store + Clone> Agent<S> {
         let Claimed { guard, record, permit } = c;
         let cancel = self.task_cancellation(&guard, permit.as_ref());
         let processed = self.run_claimed(guard, record, cancel, handler).await;
+        if let Ok(Processed::Abandoned(_)) = &processed {
+            // Its claim is left to lapse, work of the handler perhaps still
+            // running: so is its permit, which counts that work until then.
+            self.abandon_permit(permit);
+            return processed;
+        }
         // The task has ended (its outcome written, or its claim given up):
         // its permit of the global concurrency goes back.
         self.return_permit(permit).await;
@@ -78,6 +84,11 @@ impl<S: Store + Clone> Agent<S> {
         if let Some(round) = record.get_i64(fields::WAITING) {
             let released = self.settle_wait(guard, &key, round).await;
             return self.recovered(released, key);
+        }
+        if let Some(error) = self.abandoned_last_attempt(&record) {
+            // The previous claim timed out on the round's last attempt and
+            // was abandoned: the task failed, and is not run again.
+            return self.finish(guard, &record, Outcome::failed_permanently(error)).await;
         }
         let round = task_round(&record);
         let timeout = crate::task::timeout_of(&record, self.inner.timeout);
@@ -150,11 +161,13 @@ impl<S: Store + Clone> Agent<S> {
         flag.store(true, std::sync::atomic::Ordering::SeqCst);
         cancel.cancel();
         self.bump(|l| l.tasks_processed += 1);
+        // The attempt failed, whether its handler stops in time or not.
+        self.bump(|l| l.failed_tasks += 1);
+        let error = format!("timed out after {}", seconds(limit));
         match tokio::time::timeout(grace, &mut handle.0).await {
             Ok(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "stopped");
-                self.bump(|l| l.failed_tasks += 1);
-                self.finish(guard, record, Outcome::failed(format!("timed out after {}", seconds(limit)))).await
+                self.finish(guard, record, Outcome::failed(error)).await
             }
             Err(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
@@ -163,12 +176,34 @@ impl<S: Store + Clone> Agent<S> {
                     agent = %inner.name, task = %key, fence = guard.fence(), ?grace,
                     "the timed-out handler ignored its cancellation: aborted, its claim left to lapse"
                 );
+                // Told under the claim, which it keeps (its lease is not
+                // touched): the next claim is the next attempt, or, with none
+                // left, fails the task for good saying why. Not written (the
+                // claim lost meanwhile): the next claim runs as after a crash.
+                let mark = Mutation::new()
+                    .set(fields::LAST_ERROR, error)
+                    .set(fields::TIMED_OUT_FENCE, i64::try_from(guard.fence()).unwrap_or(i64::MAX));
+                if let Err(e) = guard.write(mark).await {
+                    tracing::debug!(agent = %inner.name, task = %key, error = %e, "the timed-out attempt was not recorded");
+                }
                 guard.abandon();
                 let done = Processed::Abandoned(key);
                 crate::metrics::outcome(&inner.queue.coll, &inner.name, &done);
                 Ok(done)
             }
         }
+    }
+
+    /// The error to fail `record`'s task with for good, without a run, when
+    /// the claim before this one timed out and was abandoned on the round's
+    /// last attempt (`timed_out`): then no attempt is left.
+    fn abandoned_last_attempt(&self, record: &Record) -> Option<String> {
+        let attempt = crate::task::attempt(record);
+        let marked = record.get_i64(fields::TIMED_OUT_FENCE).and_then(|f| u64::try_from(f).ok());
+        if attempt <= self.attempt_limit(record) || marked != Some(record.fence().saturating_sub(1)) {
+            return None;
+        }
+        Some(record.get_str(fields::LAST_ERROR).unwrap_or("timed out").to_owned())
     }
 
     pub(super) fn recovered(&self, released: Result<Record, LockError>, key: Key) -> Result<Processed, AgentError> {

@@ -104,6 +104,8 @@ pub struct Schedule {
     pub(crate) data: Document,
     pub(crate) priority: i64,
     pub(crate) max_attempts: Option<u32>,
+    /// Each tick's task's own execution timeout ([`NewTask::timeout`]).
+    pub(crate) timeout: Option<Duration>,
     pub(crate) overlap: Overlap,
     pub(crate) missed: Missed,
     pub(crate) starting_deadline: Duration,
@@ -122,7 +124,7 @@ pub(crate) fn ms_of(what: &str, d: Duration) -> Result<i64, AgentError> {
 
 impl Schedule {
     /// A schedule named `name` (its id) that enqueues `task` at each tick. Of
-    /// `task`, the agent name, data, priority and attempt limit are used.
+    /// `task`, the agent name, data, priority, attempt limit and timeout are used.
     pub fn new(name: impl Into<String>, when: When, task: NewTask) -> Result<Self, AgentError> {
         let s = Schedule {
             name: name.into(),
@@ -131,6 +133,7 @@ impl Schedule {
             data: task.data,
             priority: task.priority,
             max_attempts: task.max_attempts,
+            timeout: task.timeout,
             overlap: Overlap::default(),
             missed: Missed::default(),
             starting_deadline: Duration::from_secs(60),
@@ -248,6 +251,7 @@ impl Schedule {
             .priority(self.priority)
             .run_at(StoreTime::from_millis(tick.as_millis().saturating_add(self.jitter_for(tick))));
         t.max_attempts = self.max_attempts;
+        t.timeout = self.timeout;
         t.schedule = Some((self.name.clone(), tick));
         t.held = self.overlap == Overlap::Queue;
         t
@@ -270,6 +274,9 @@ impl Schedule {
         let mut d = doc! { "agent_name": &self.agent_name, "data": self.data.clone(), "priority": self.priority };
         if let Some(n) = self.max_attempts {
             d.insert("max_attempts", i64::from(n));
+        }
+        if let Some(t) = self.timeout {
+            d.insert("timeout_ms", crate::task::timeout_ms(t)?);
         }
         match &self.when {
             When::Cron { expr, zone } => {
@@ -336,6 +343,9 @@ impl Schedule {
         .priority(int("priority")?);
         if d.contains_key("max_attempts") {
             task = task.max_attempts(u32::try_from(int("max_attempts")?).map_err(|_| bad("max_attempts"))?);
+        }
+        if d.contains_key("timeout_ms") {
+            task = task.timeout(dur("timeout_ms")?);
         }
         let overlap = match d.get_str("overlap").map_err(|_| bad("overlap"))? {
             "skip" => Overlap::Skip,

@@ -12,6 +12,7 @@ mod limits;
 mod mechanisms;
 mod mongo_agent_spec;
 mod reserved;
+mod review_timeouts;
 mod schedules;
 mod simulation;
 mod suite;
