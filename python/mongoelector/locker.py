@@ -12,6 +12,13 @@ AcquireTimeout = _native.AcquireTimeout
 ForeignLock = _native.ForeignLock
 CoordinationError = _native.CoordinationError
 
+# Defined in the extension as `_native.X`, a module that cannot be imported by
+# that name: named from the package instead, so that they pickle (a LockExists
+# raised in a multiprocessing worker reaches the parent), as the seed's do.
+for _exc in (LockExists, AcquireTimeout, ForeignLock, CoordinationError):
+    _exc.__module__ = "mongoelector"
+del _exc
+
 
 class TimeOffsetError(Exception):
     """The clock offset between this host and the server is above ``maxoffset``."""
