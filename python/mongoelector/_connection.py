@@ -46,7 +46,7 @@ def _plain_uri(client):
     seeds = list(client.topology_description.server_descriptions().keys()) or list(client.nodes)
     if not seeds:
         return None
-    hosts = ",".join(("[%s]:%d" % (h, p)) if ":" in h else ("%s:%d" % (h, p)) for h, p in seeds)
+    hosts = ",".join(_host(h, p) for h, p in seeds)
     params = []
     if opts.replica_set_name:
         params.append("replicaSet=" + quote(opts.replica_set_name, safe=""))
@@ -60,13 +60,52 @@ def _plain_uri(client):
     return "mongodb://%s/%s" % (hosts, ("?" + "&".join(params)) if params else "")
 
 
+def _host(host, port):
+    """One seed of a URI: ``host:port``, ``[v6]:port``, or a Unix socket's
+    path, percent-encoded (pymongo gives it no port)."""
+    if port is None or host.endswith(".sock"):
+        return quote(host, safe="")
+    return ("[%s]:%d" % (host, port)) if ":" in host else ("%s:%d" % (host, port))
+
+
+#: What MongoDB (and pymongo) refuse in a database name.
+_BAD_DB_CHARS = frozenset('/\\. "$\x00')
+
+
+def check_dbname(name):
+    """A bad database name is a bad argument, as pymongo's ``InvalidName``."""
+    if not isinstance(name, str) or not name:
+        raise ArgumentError("dbname must be a non-empty string")
+    if _BAD_DB_CHARS.intersection(name) or len(name.encode()) >= 64:
+        raise ArgumentError("invalid database name %r: no / \\ . space \" $ or NUL, under 64 bytes" % name)
+
+
+def merge_db(dbconn, db):
+    """``dbconn`` (the seed's name, positional) or ``db=`` (upstream 1.0.2's
+    name), not both."""
+    if db is None:
+        return dbconn
+    if dbconn is not None:
+        raise ArgumentError("pass dbconn or db, not both")
+    return db
+
+
+def check_timeout(timeout):
+    """None, or a finite non-negative number of seconds (NaN is refused, as
+    the seed's ``timedelta(seconds=nan)`` refuses it)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ArgumentError("timeout must be a non-negative number of seconds")
+    return float(timeout)
+
+
 def resolve(dbconn, dbname, uri):
     """(uri, database name) for ``dbconn`` (a MongoClient, a Database or None)."""
     client, db_name = _split(dbconn)
     if db_name is None:
         db_name = dbname or "mongoelector"
-    if not isinstance(db_name, str):
-        raise ArgumentError("dbname must be a string")
+    check_dbname(db_name)
     if uri:
         return uri, db_name
     if client is not None:

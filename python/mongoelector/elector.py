@@ -8,7 +8,7 @@ import threading
 from datetime import datetime, timezone
 
 from . import _native
-from ._connection import check_key, check_ttl, resolve
+from ._connection import check_key, check_ttl, merge_db, resolve
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class MongoLeaderElector:
     """Leader election backed by MongoDB.
 
     Accepts the seed's arguments (``dbconn``, ``dbname``, ``onmaster``,
-    ``onmasterloss``, ``onloop``) and upstream 1.0.2's (a ``Database``,
+    ``onmasterloss``, ``onloop``) and upstream 1.0.2's (a ``Database``, also as ``db=``,
     ``on_leader``, ``on_leader_loss``, ``on_loop``, ``app_version``).
     """
 
@@ -78,12 +78,14 @@ class MongoLeaderElector:
         onloop=None,
         report_status=True,
         *,
+        db=None,
         on_leader=None,
         on_leader_loss=None,
         on_loop=None,
         app_version=None,
         uri=None,
     ):
+        dbconn = merge_db(dbconn, db)
         check_key(key)
         check_ttl(ttl)
         address, database = resolve(dbconn, dbname, uri)

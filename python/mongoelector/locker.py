@@ -5,12 +5,19 @@ with the GIL released."""
 from datetime import datetime, timedelta, timezone
 
 from . import _native
-from ._connection import ArgumentError, check_key, check_ttl, resolve
+from ._connection import ArgumentError, check_key, check_timeout, check_ttl, merge_db, resolve
 
 LockExists = _native.LockExists
 AcquireTimeout = _native.AcquireTimeout
 ForeignLock = _native.ForeignLock
 CoordinationError = _native.CoordinationError
+
+# Defined in the extension as `_native.X`, a module that cannot be imported by
+# that name: named from the package instead, so that they pickle (a LockExists
+# raised in a multiprocessing worker reaches the parent), as the seed's do.
+for _exc in (LockExists, AcquireTimeout, ForeignLock, CoordinationError):
+    _exc.__module__ = "mongoelector"
+del _exc
 
 
 class TimeOffsetError(Exception):
@@ -36,7 +43,8 @@ class MongoLocker:
     """Distributed lock backed by MongoDB, with the seed's API.
 
     ``dbconn`` is a pymongo ``MongoClient`` (then ``dbname`` names the
-    database) or a ``Database`` (as mongoelector 1.0.2); see
+    database) or a ``Database`` (as mongoelector 1.0.2, which also names it
+    ``db=``); see
     ``mongoelector._connection`` for how the address is found.
     """
 
@@ -50,9 +58,11 @@ class MongoLocker:
         timeparanoid=True,
         maxoffset=0.5,
         *,
+        db=None,
         uri=None,
         step=0.25,
     ):
+        dbconn = merge_db(dbconn, db)
         check_key(key)
         check_ttl(ttl)
         address, database = resolve(dbconn, dbname, uri)
@@ -146,11 +156,10 @@ class MongoLocker:
         or at the observed expiry; ``step`` is accepted for compatibility."""
         if not blocking and timeout:
             raise ValueError("blocking=False is incompatible with a timeout")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError("timeout must be a non-negative number of seconds")
+        timeout = check_timeout(timeout)
         if self.timeparanoid:
             self._verifytime()
-        holder = self._lock.acquire(bool(blocking), None if timeout is None else float(timeout), bool(force))
+        holder = self._lock.acquire(bool(blocking), timeout, bool(force))
         self.ts_expire = _utc(holder["expires_ms"])
         return True
 

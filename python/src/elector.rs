@@ -141,16 +141,19 @@ impl NativeElector {
         // Made in the parent: nothing of it runs in this process.
         let Some(elector) = self.state.lock().get().cloned() else { return Ok(()) };
         let mut stop = Box::pin(async move { elector.stop().await });
-        if and_wait {
-            return wait(py, stop);
-        }
-        wait(py, async move {
-            // The first poll marks the elector stopped and cancels its loop.
+        // The first poll marks the elector stopped and cancels its loop; the
+        // rest (the release, `on_leader_loss`) runs on a task of its own, so
+        // Ctrl-C while waiting for it (an interruptible wait, see `runtime`)
+        // only stops the waiting: the elector is stopped all the same.
+        let rest = wait(py, async move {
             let done = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx).is_ready())).await;
-            if !done {
-                tokio::spawn(stop);
-            }
-        })
+            (!done).then(|| tokio::spawn(stop))
+        })?;
+        if let Some(rest) = rest.filter(|_| and_wait) {
+            // A stop that panicked is logged by the runtime; nothing to raise.
+            let _ = wait(py, rest)?;
+        }
+        Ok(())
     }
 
     /// One round by hand: renew or campaign once, `on_loop`, report. Whether

@@ -43,18 +43,19 @@ fn runtime() -> PyResult<&'static Runtime> {
 /// Runs `fut` on the runtime and waits for it with the GIL released. The
 /// future runs on a task of its own and the caller waits on a channel, so this
 /// works from any thread, a callback's included (where `Runtime::block_on`
-/// would panic: those threads are inside the runtime).
+/// would panic: those threads are inside the runtime). Every wait is
+/// interruptible (see [`wait_interruptible`]): a server that does not answer
+/// holds a call up to its server selection timeout (30 s by default), a
+/// `stop()` up to the ttl, and Ctrl-C must end those waits as it ends
+/// `acquire()`'s. Every future waited on here is cancel-safe: reads, a
+/// connection, a release or renewal (an aborted one completes or lapses on
+/// its own, see `mongolock`), a stop once polled.
 pub(crate) fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    let rt = runtime()?;
-    let (tx, rx) = mpsc::sync_channel(1);
-    rt.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    py.detach(move || rx.recv()).map_err(|_| CoordinationError::new_err("the runtime stopped before the call finished"))
+    wait_interruptible(py, fut)
 }
 
 /// As [`wait`], for a cancel-safe future that may wait long (a blocking
