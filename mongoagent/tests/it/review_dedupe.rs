@@ -45,8 +45,7 @@ fn until_ended() -> NewTask {
 async fn live_with_key<S: Store>(s: &S, k: &str) -> Vec<Key> {
     let mut out = Vec::new();
     for f in ["dedupe_key", "dedupe_key_retired"] {
-        let q = Query::eq(doc! { f: k })
-            .when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
+        let q = Query::eq(doc! { f: k }).when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
         out.extend(s.find(&coll(), &q).await.unwrap().into_iter().map(|r| r.key().clone()));
     }
     out

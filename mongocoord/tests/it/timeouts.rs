@@ -144,7 +144,19 @@ fn enqueue_waits_for_the_outcome() {
 fn enqueue_dedupe_until_ended() {
     let Some(e) = env("dedupe_until_ended") else { return };
     let enqueue = |id: &str| {
-        e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--id", id, "--dedupe-key", "k", "--dedupe-until-ended"])
+        e.json(&[
+            "enqueue",
+            "--queue",
+            "jobs",
+            "--agent",
+            "d",
+            "{}",
+            "--id",
+            id,
+            "--dedupe-key",
+            "k",
+            "--dedupe-until-ended",
+        ])
     };
     assert_eq!(enqueue("a")["inserted"], true);
     let dup = enqueue("b");
