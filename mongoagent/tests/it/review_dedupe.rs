@@ -244,3 +244,24 @@ impl Store for Counting {
         self.inner.ensure_indexes(c, i).await
     }
 }
+
+/// A holder written past the queue with a `dedupe_scope` or `dedupe_until`
+/// of the wrong type blocks (a scope it cannot read is for ever), and the
+/// enqueue names it.
+#[tokio::test(start_paused = true)]
+async fn a_foreign_holder_with_malformed_scope_fields_blocks() {
+    let s = store_memory::MemoryStore::new();
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    q.ensure_indexes().await.unwrap();
+    for (i, extra) in
+        [doc! { "dedupe_scope": 5 }, doc! { "dedupe_scope": "window", "dedupe_until": "soon" }].into_iter().enumerate()
+    {
+        let k = format!("f{i}");
+        let mut d = doc! { "_id": format!("foreign{i}"), "agent_name": "d", "ready": false, "complete": true, "dedupe_key": &k };
+        d.extend(extra);
+        s.insert_many(&coll(), vec![d]).await.unwrap();
+        let t = NewTask::new("d", doc! {}).dedupe_key(k.as_str()).dedupe_scope(DedupeScope::UntilEnded);
+        let got = q.enqueue(t).await.unwrap();
+        assert_eq!(got, (Key::new(format!("foreign{i}")).unwrap(), false));
+    }
+}
