@@ -29,18 +29,8 @@ impl<S: Store + Clone> Queue<S> {
             if doc.contains_key(store_trait::fields::ID) && self.store.get(&self.coll, &dup).await?.record.is_some() {
                 return Ok(InsertOutcome::Duplicate(dup));
             }
-            let found = self.store.find(&self.coll, &Query::eq(doc! { fields::DEDUPE_KEY: dedupe }).limit(1)).await?;
-            if let Some(holder) = found.first() {
-                if self.blocks(holder).await? {
-                    return Ok(InsertOutcome::Duplicate(holder.key().clone()));
-                }
-                let retire = Write::new(
-                    Condition::FieldEq(fields::DEDUPE_KEY.into(), Bson::String(dedupe.to_owned())),
-                    Mutation::new().unset(fields::DEDUPE_KEY).set(fields::DEDUPE_RETIRED, dedupe),
-                );
-                // Applied, or another producer moved it first: either way it is gone.
-                self.store.write(&self.coll, holder.key(), &retire).await?;
-                tracing::info!(queue = %self.coll, dedupe, task = %holder.key(), "dedupe key retired: it no longer blocks");
+            if let Some(holder) = self.free_key(dedupe).await? {
+                return Ok(InsertOutcome::Duplicate(holder));
             }
             match self.store.insert_many(&self.coll, vec![doc.clone()]).await?.pop() {
                 Some(InsertOutcome::Inserted(k)) => return Ok(InsertOutcome::Inserted(k)),
@@ -51,6 +41,28 @@ impl<S: Store + Clone> Queue<S> {
             FaultKind::Transient,
             format!("dedupe key {dedupe:?} in {} kept changing hands; try again", self.coll),
         )))
+    }
+
+    /// The task holding dedupe key `dedupe`, if it still blocks; if it no
+    /// longer does, its key is moved off it (`None`: the key is free, unless
+    /// another producer took it meanwhile). The move is conditioned on the
+    /// state judged free, so a holder requeued in between keeps its key.
+    pub(crate) async fn free_key(&self, dedupe: &str) -> Result<Option<Key>, AgentError> {
+        let found = self.store.find(&self.coll, &Query::eq(doc! { fields::DEDUPE_KEY: dedupe }).limit(1)).await?;
+        let Some(holder) = found.first() else { return Ok(None) };
+        if self.blocks(holder).await? {
+            return Ok(Some(holder.key().clone()));
+        }
+        let retire = Write::new(
+            Condition::FieldEq(fields::DEDUPE_KEY.into(), Bson::String(dedupe.to_owned())).and(still_free(holder)),
+            Mutation::new().unset(fields::DEDUPE_KEY).set(fields::DEDUPE_RETIRED, dedupe),
+        );
+        // Applied, or another producer moved it first, or the holder blocks
+        // again (requeued): the next round reads it again.
+        if self.store.write(&self.coll, holder.key(), &retire).await?.is_applied() {
+            tracing::info!(queue = %self.coll, dedupe, task = %holder.key(), "dedupe key retired: it no longer blocks");
+        }
+        Ok(None)
     }
 
     /// Whether `holder`'s dedupe key still blocks another task with it.
@@ -67,5 +79,19 @@ impl<S: Store + Clone> Queue<S> {
             // For ever, or a scope this version does not know: it blocks.
             _ => true,
         })
+    }
+}
+
+/// The state of `holder` in which [`Queue::blocks`] found its key free, as a
+/// write condition: ended (until-ended), or still windowed (a window only
+/// passes).
+fn still_free(holder: &Record) -> Condition {
+    let scope = |s: &str| Condition::FieldEq(fields::DEDUPE_SCOPE.into(), Bson::String(s.into()));
+    match holder.data().get_str(fields::DEDUPE_SCOPE) {
+        Ok("until_ended") => scope("until_ended")
+            .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)))
+            .and(Condition::Exists(pending::PARENT_FENCE.into()).negate()),
+        Ok("window") => scope("window"),
+        _ => Condition::Any(Vec::new()),
     }
 }

@@ -418,21 +418,48 @@ impl<S: Store + Clone> Queue<S> {
             // the agent whose claim lapsed is rejected by its fence check.
             // Attempts start over: they count from the fence this write gives.
             let fresh = i64::try_from(r.fence().saturating_add(1)).unwrap_or(i64::MAX);
-            let w = Write::new(
-                which.clone().and(Condition::FenceIs(r.fence())),
-                Mutation::new()
-                    .release()
-                    .bump_fence()
-                    .set(fields::ROUND_FENCE, fresh)
-                    .set(fields::READY, true)
-                    .set(fields::COMPLETE, false)
-                    .set(fields::ERROR_ENCOUNTERED, false)
-                    .set(fields::CLAIMED, false)
-                    .unset(fields::RUN_AT)
-                    // Live again: the TTL index must not delete it.
-                    .clear_gc(),
-            );
-            if self.store.write(&self.coll, r.key(), &w).await?.is_applied() {
+            let revive = Mutation::new()
+                .release()
+                .bump_fence()
+                .set(fields::ROUND_FENCE, fresh)
+                .set(fields::READY, true)
+                .set(fields::COMPLETE, false)
+                .set(fields::ERROR_ENCOUNTERED, false)
+                .set(fields::CLAIMED, false)
+                .unset(fields::RUN_AT)
+                // Live again: the TTL index must not delete it.
+                .clear_gc();
+            // A key moved off it when it ended (a later task took it) is taken
+            // back, or the task is live beside another task with its key: the
+            // unique index refuses the write while another task holds it, and
+            // a holder that still blocks stands for this one, which stays ended.
+            let retired = match r.get_str(fields::DEDUPE_KEY) {
+                None => r.get_str(fields::DEDUPE_RETIRED).map(str::to_owned),
+                Some(_) => None,
+            };
+            let revive = match &retired {
+                Some(k) => revive.set(fields::DEDUPE_KEY, k.as_str()).unset(fields::DEDUPE_RETIRED),
+                None => revive,
+            };
+            let w = Write::new(which.clone().and(Condition::FenceIs(r.fence())), revive);
+            let mut applied = false;
+            for _ in 0..4 {
+                match self.store.write(&self.coll, r.key(), &w).await {
+                    Ok(o) => {
+                        applied = o.is_applied();
+                        break;
+                    }
+                    Err(StoreError::DuplicateKey { .. }) if retired.is_some() => {
+                        let k = retired.as_deref().unwrap_or_default();
+                        if let Some(holder) = self.free_key(k).await? {
+                            tracing::info!(queue = %self.coll, task = %r.key(), dedupe = k, %holder, "not requeued: its dedupe key is held by a live task");
+                            break;
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if applied {
                 out.push(r.key().clone());
             }
         }

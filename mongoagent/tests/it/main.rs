@@ -12,6 +12,7 @@ mod limits;
 mod mechanisms;
 mod mongo_agent_spec;
 mod reserved;
+mod review_dedupe;
 mod review_timeouts;
 mod schedules;
 mod simulation;
@@ -49,6 +50,11 @@ mod wait_backends {
 mod dedupe_backends {
     //! Dedupe scopes on every backend.
     store_trait::on_all_backends!(crate::dedupe_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_dedupe_backends {
+    //! Review of dedupe scopes and waiting (#33), on every backend.
+    store_trait::on_all_backends!(crate::review_dedupe_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

@@ -69,7 +69,7 @@ pub(crate) async fn waiting_reports_failures_and_cancels<H: Harness>(h: &H) {
         async move { q.wait_for(&id).await }
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    q.cancel_ids(&[gone.clone()]).await.unwrap();
+    q.cancel_ids(std::slice::from_ref(&gone)).await.unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(20), waiter).await.unwrap().unwrap().unwrap();
     assert!(ended.cancelled() && !ended.completed(), "{ended:?}");
 }
