@@ -8,7 +8,8 @@ package by `cargo xtask upstream` (which copies this file next to their
   a database named from the test's node id, dropped before and after; the
   databases the 0.5 tests name (`ml_unittest`, the default `mongoelector`)
   are dropped before each test.
-- The package under test must be ours, native core and all, never PyPI's.
+- The package under test must be ours, native core and all, never PyPI's;
+  with `MONGOELECTOR_CONTROL` set (the control run), it must be PyPI's.
 """
 
 import hashlib
@@ -21,11 +22,16 @@ URI = os.environ["MONGOELECTOR_TEST_URI"]
 pymongo.MongoClient.HOST = URI
 
 import mongoelector  # noqa: E402
-import mongoelector._native  # noqa: E402
 
-assert getattr(mongoelector, "NATIVE", False) is True, "not mongocoord's mongoelector: %s" % mongoelector.__file__
-assert mongoelector.MongoLocker.__module__ == "mongoelector.locker"
-assert hasattr(mongoelector._native, "NativeLock") and hasattr(mongoelector._native, "NativeElector")
+if os.environ.get("MONGOELECTOR_CONTROL"):
+    # The control run: upstream's own package from PyPI, never ours.
+    assert not getattr(mongoelector, "NATIVE", False), "the control must run PyPI's mongoelector"
+else:
+    import mongoelector._native  # noqa: E402
+
+    assert getattr(mongoelector, "NATIVE", False) is True, "not mongocoord's mongoelector: %s" % mongoelector.__file__
+    assert mongoelector.MongoLocker.__module__ == "mongoelector.locker"
+    assert hasattr(mongoelector._native, "NativeLock") and hasattr(mongoelector._native, "NativeElector")
 
 
 @pytest.fixture(autouse=True)

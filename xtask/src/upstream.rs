@@ -78,6 +78,14 @@ pub(crate) fn run() -> Result<(), String> {
         }
     }
 
+    // The control: upstream 1.0.2's own code on the same harness and server.
+    // Its result is reported, not required: it says whether a failure above
+    // is ours or the harness's.
+    match control(&work, &uri) {
+        Ok(summary) => eprintln!("control, PyPI's mongoelector 1.0.2 on its own tests: {summary}"),
+        Err(e) => eprintln!("control, PyPI's mongoelector 1.0.2: could not run: {e}"),
+    }
+
     let dir = work.join("ours");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -102,6 +110,22 @@ pub(crate) fn run() -> Result<(), String> {
     } else {
         Err(failures.join("; "))
     }
+}
+
+/// Upstream 1.0.2's own package from PyPI, in a venv of its own, on its own
+/// tests with our conftest in control mode; returns pytest's summary.
+fn control(work: &Path, uri: &str) -> Result<String, String> {
+    let venv = work.join("control-venv");
+    let py = venv.join("bin").join("python");
+    if !py.exists() {
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        run_cmd(Command::new(python).args(["-m", "venv"]).arg(&venv))?;
+        pip(&py, &["install", "mongoelector==1.0.2", "pymongo", "pytest"])?;
+    }
+    let (version, expected) = RELEASES[1];
+    let dir = scratch(&py, &work.join("control"), version)?;
+    let env = [("MONGOELECTOR_TEST_URI", OsStr::new(uri)), ("MONGOELECTOR_CONTROL", OsStr::new("1"))];
+    Ok(pytest(&py, &dir.join("tests"), &dir, &env)?.summary(expected))
 }
 
 /// What a pytest run reported.
