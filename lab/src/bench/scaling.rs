@@ -45,7 +45,7 @@ pub(super) fn write_plot(f: &Figures, server: &str, out: &Path) -> Result<(), St
     let raw = f.get("raw_queue_per_s");
     let agenda = f.get("agenda_best_tasks_per_s");
     let top = ours.iter().map(|(_, r)| *r).chain(raw).chain(agenda).fold(1.0_f64, f64::max) * 1.15;
-    let (w, h, left, right, up, down) = (640.0, 400.0, 70.0, 170.0, 40.0, 50.0);
+    let (w, h, left, right, up, down) = (640.0, 400.0, 70.0, 170.0, 50.0, 50.0);
     let x = |i: usize| left + (w - left - right) * i as f64 / (PROCESSES.len() - 1) as f64;
     let y = |r: f64| h - down - (h - up - down) * r / top;
     let mut svg = String::new();
@@ -56,9 +56,9 @@ pub(super) fn write_plot(f: &Figures, server: &str, out: &Path) -> Result<(), St
     let _ = writeln!(svg, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
     let _ = writeln!(
         svg,
-        r#"<text x="{left}" y="20" font-size="14">Tasks/s against agent processes (concurrency 4 each): {}</text>"#,
-        escape(server)
+        r#"<text x="{left}" y="18" font-size="14">Tasks/s against agent processes (4 slots each)</text>"#
     );
+    let _ = writeln!(svg, r#"<text x="{left}" y="34" font-size="11">{}</text>"#, escape(server));
     let (x0, x1, y0, y1) = (left, w - right, h - down, up);
     let _ = writeln!(svg, r#"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>"#);
     let _ = writeln!(svg, r#"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>"#);
