@@ -12,6 +12,18 @@ fn now_ms() -> Bson {
     Bson::Document(doc! { "$toLong": "$$NOW" })
 }
 
+/// The store's time `ms` milliseconds from now, as a BSON date: the sum is
+/// taken in epoch milliseconds and converted back. (`$add` of `$$NOW` and a
+/// number is MongoDB's own form, but SecantusDB's Rust server rejects an
+/// `$add` of a date as a construct it does not support; this form is right
+/// on every server.)
+fn now_plus(ms: i64) -> Bson {
+    if ms == 0 {
+        return Bson::String("$$NOW".into());
+    }
+    Bson::Document(doc! { "$toDate": { "$add": [now_ms(), ms] } })
+}
+
 fn field(f: &str) -> Bson {
     Bson::String(format!("${f}"))
 }
@@ -388,13 +400,13 @@ pub(crate) fn update(applies: Applies<'_>, m: &Mutation, nonce: &str) -> Vec<Doc
         set.insert(k, constant(v.clone()));
     }
     for (k, ms) in &m.set_time {
-        set.insert(k, doc! { "$add": ["$$NOW", *ms] });
+        set.insert(k, now_plus(*ms));
     }
     for (k, by) in &m.inc {
         set.insert(k, doc! { "$add": [{ "$ifNull": [field(k), 0_i64] }, *by] });
     }
     if let Some(ttl) = m.gc {
-        set.insert(fields::GC_AT, doc! { "$add": ["$$NOW", ttl.as_millis()] });
+        set.insert(fields::GC_AT, now_plus(ttl.as_millis()));
     }
     let mut removed: Vec<&str> = m.unset.iter().map(String::as_str).collect();
     if m.clear_gc {
@@ -482,6 +494,22 @@ mod tests {
         let claim = Condition::Exists("ready".into()).and(Condition::DueBy("run_at".into())).and(Condition::Free);
         let p = update(Applies::Matched(&claim), &Mutation::new().grant("me", ttl).bump_fence(), "n");
         assert_eq!(p[0].get_document("$set").unwrap().get(fields::LEASE_SINCE), Some(&now_ms()));
+    }
+
+    /// A time set on the store clock is `$$NOW` itself, or a sum in epoch
+    /// milliseconds made a date: never an `$add` of a date and a number.
+    #[test]
+    fn times_on_the_store_clock_add_milliseconds_not_dates() {
+        let m = Mutation::new()
+            .set_now("started_at")
+            .set_time_after("retry_at", Duration::from_secs(10))
+            .gc_after(Ttl::new(Duration::from_secs(60)).unwrap());
+        let p = update(Applies::Matched(&Condition::Always), &m, "n");
+        let set = p[0].get_document("$set").unwrap();
+        assert_eq!(set.get_str("started_at").unwrap(), "$$NOW");
+        let later = |ms: i64| doc! { "$toDate": { "$add": [{ "$toLong": "$$NOW" }, ms] } };
+        assert_eq!(set.get_document("retry_at").unwrap(), &later(10_000));
+        assert_eq!(set.get_document(fields::GC_AT).unwrap(), &later(60_000));
     }
 
     #[test]

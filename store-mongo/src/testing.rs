@@ -9,7 +9,15 @@
 //!    (which `cargo test` does not capture) — or, with `CI` set, it fails.
 //!
 //! Each test gets its own database, named from the test, so tests run in parallel.
+//!
+//! A test that needs more of the server than the store's contract (failpoints,
+//! a listing of open cursors) asks [`server_has`] first; see [`Feature`] for
+//! how a server's known lack is declared (`MONGODB_LACKS`) and reported.
 #![allow(clippy::print_stderr)]
+
+mod features;
+
+pub use features::{open_cursors, server_has, Feature};
 
 use std::io::Write as _;
 use std::net::TcpListener;
@@ -307,9 +315,10 @@ fn with_option(uri: &str, option: &str) -> String {
     format!("{uri}{sep}{option}")
 }
 
-/// A client connected to the test server, for side channels such as
-/// `configureFailPoint` (send those from a separate client). `None` (after
-/// [`skip`]) when there is no server.
+/// A client connected to the test server, for `configureFailPoint` (send
+/// those from a separate client). `None` (after [`skip`]) when there is no
+/// server, or (after [`server_has`] reported it) when the server lacks
+/// [`Feature::FailPoints`].
 ///
 /// The tests of one binary that hold one take turns: `failCommand` is one
 /// failpoint for the whole server, so a test configuring it would replace
@@ -318,10 +327,14 @@ fn with_option(uri: &str, option: &str) -> String {
 ///
 /// # Cancel safety
 ///
-/// Cancel-safe: nothing is written.
-pub async fn admin_client() -> Option<AdminClient> {
+/// Cancel-safe: nothing is written but, the first time, a `failCommand` turned
+/// off (which it is whenever no test holds the turn).
+pub async fn admin_client(test: &str) -> Option<AdminClient> {
     let turn = FAIL_POINTS.lock().await;
     let client = admin_client_to(server_uri(), required()).await?;
+    if !features::has_in_turn(test, Feature::FailPoints).await {
+        return None;
+    }
     Some(AdminClient { client, _turn: turn })
 }
 

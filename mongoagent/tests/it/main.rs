@@ -83,7 +83,7 @@ mod faults {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mongo_faults_lose_nothing() {
         let Some(store) = store_mongo::testing::test_store_as("ag_failpoints", "agfp").await else { return };
-        let Some(admin) = store_mongo::testing::admin_client().await else { return };
+        let Some(admin) = store_mongo::testing::admin_client("ag_failpoints").await else { return };
         let q = Queue::new(store.clone(), "tasks").unwrap();
         q.enqueue(NewTask::new("w", doc! {}).id("t1")).await.unwrap();
         q.enqueue(NewTask::new("w", doc! {}).id("t2")).await.unwrap();
@@ -130,7 +130,7 @@ mod faults {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mongo_fan_in_survives_a_failed_wake_up() {
         let Some(store) = store_mongo::testing::test_store_as("ag_failpoint_fan_in", "agfpf").await else { return };
-        let Some(admin) = store_mongo::testing::admin_client().await else { return };
+        let Some(admin) = store_mongo::testing::admin_client("ag_failpoint_fan_in").await else { return };
         let q = Queue::new(store.clone(), "tasks").unwrap();
         q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
         let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();

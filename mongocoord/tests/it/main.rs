@@ -34,6 +34,10 @@ fn env(test: &str) -> Option<Env> {
             return None;
         }
     };
+    // The test's database starts empty, as every Mongo test's: a second run
+    // on one server (MONGODB_URI) must not find the first run's tasks.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(store_mongo::testing::test_store(&format!("cli_{test}")))?;
     let dir = store_mongo::testing::target_dir().join("cli-tests").join(test);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -59,21 +59,26 @@ fn with_option(uri: &str, option: &str) -> String {
 }
 
 /// A `failCommand` failpoint that holds every `findAndModify` of one client
-/// (by application name) for 4 s; off again when dropped. One test at a time
-/// sets it (the server has one): the admin client is held alone.
+/// (by application name) for 4 s, once `block` sets it; off again when
+/// dropped. One test at a time sets it (the server has one): the admin client
+/// is held alone from `prepare` on.
 struct BlockedRenewals {
     rt: tokio::runtime::Runtime,
     admin: store_mongo::testing::AdminClient,
 }
 
 impl BlockedRenewals {
-    fn start(app: &str) -> Self {
+    /// `None` (reported) when the server has no failpoints.
+    fn prepare(test: &str) -> Option<Self> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let admin = rt.block_on(store_mongo::testing::admin_client()).unwrap();
+        let admin = rt.block_on(store_mongo::testing::admin_client(test))?;
+        Some(BlockedRenewals { rt, admin })
+    }
+
+    fn block(&self, app: &str) {
         let data = bson::doc! { "failCommands": ["findAndModify"], "blockConnection": true, "blockTimeMS": 4000, "appName": app };
         let on = bson::doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data };
-        rt.block_on(async { admin.database("admin").run_command(on).await }).unwrap();
-        BlockedRenewals { rt, admin }
+        self.rt.block_on(async { self.admin.database("admin").run_command(on).await }).unwrap();
     }
 }
 
@@ -103,6 +108,7 @@ fn the_grandchild_dies_when_the_runner_is_sigkilled() {
 #[test]
 fn a_lost_lease_stops_the_whole_tree_before_the_lock_is_free() {
     let Some(e) = env("supervise_lost") else { return };
+    let Some(blocked) = BlockedRenewals::prepare("supervise_lost") else { return };
     let app = "cli-supervise-lost";
     let uri = with_option(&e.uri, &format!("appName={app}"));
     let (gc, stubborn, term_log) = (e.file("grandchild"), e.file("stubborn"), e.file("term"));
@@ -129,7 +135,7 @@ fn a_lost_lease_stops_the_whole_tree_before_the_lock_is_free() {
     let (gc, stubborn) = (pid_in(&gc), pid_in(&stubborn));
     wait_until("both locks held", Duration::from_secs(20), || held(&e, "daemon") && held(&e, "stubborn"));
     assert!(alive(&gc) && alive(&stubborn));
-    let _blocked = BlockedRenewals::start(app);
+    blocked.block(app);
     for (key, pid, what) in [
         ("daemon", &gc, "the grandchild in the background"),
         ("stubborn", &stubborn, "the command that ignores SIGTERM"),
@@ -327,6 +333,7 @@ fn a_sigtstp_to_the_runners_group_does_not_stop_the_supervisor() {
 #[test]
 fn agent_gives_the_command_sigterm_when_its_claim_is_at_risk() {
     let Some(e) = env("supervise_agent_at_risk") else { return };
+    let Some(blocked) = BlockedRenewals::prepare("supervise_agent_at_risk") else { return };
     let app = "cli-supervise-agent-at-risk";
     let uri = with_option(&e.uri, &format!("appName={app}"));
     e.json(&["enqueue", "--queue", "jobs", "--agent", "slow", "{}"]);
@@ -344,7 +351,7 @@ fn agent_gives_the_command_sigterm_when_its_claim_is_at_risk() {
         .spawn()
         .unwrap();
     let pid = pid_in(&pid);
-    let blocked = BlockedRenewals::start(app);
+    blocked.block(app);
     wait_until("the command to be stopped", Duration::from_secs(30), || !alive(&pid));
     assert!(!lines(&term_log).is_empty(), "SIGTERM came first, while the claim was at risk");
     drop(blocked);

@@ -174,7 +174,7 @@ async fn clear_fail_point(admin: &store_mongo::mongodb::Client) {
 async fn mongo_failpoints() {
     // A failpoint is server-wide: it only matches this test's application name.
     let Some(store) = store_mongo::testing::test_store_as("lock_failpoints", "lockfp").await else { return };
-    let Some(admin) = store_mongo::testing::admin_client().await else { return };
+    let Some(admin) = store_mongo::testing::admin_client("lock_failpoints").await else { return };
     let ttl = Duration::from_millis(1500);
     let make = || Lock::builder(store.clone(), "job").ttl(ttl).build().unwrap();
 

@@ -26,7 +26,7 @@ async fn a_batch_claim_returns_only_what_it_claimed() {
     let test = "a_batch_claim_returns_only_what_it_claimed";
     let Some(batcher) = test_store_as(test, "cmbatch").await else { return };
     let Some(other) = connect_as(test, "cmother").await else { return };
-    let Some(admin) = admin_client().await else { return };
+    let Some(admin) = admin_client(test).await else { return };
     let c = Collection::new("tasks").unwrap();
     let tasks = ["t0", "t1", "t2"].map(|id| doc! { "_id": id, "ready": true });
     batcher.insert_many(&c, tasks.to_vec()).await.unwrap();
@@ -60,7 +60,7 @@ async fn fail_once(admin: &mongodb::Client, data: bson::Document) {
 async fn a_write_batch_not_confirmed_is_in_doubt() {
     let test = "a_write_batch_not_confirmed_is_in_doubt";
     let Some(store) = test_store_as(test, "wmconcern").await else { return };
-    let Some(admin) = admin_client().await else { return };
+    let Some(admin) = admin_client(test).await else { return };
     let c = Collection::new("tasks").unwrap();
     store.insert_many(&c, vec![doc! { "_id": "a" }, doc! { "_id": "b" }]).await.unwrap();
     let writes: Vec<(Key, Write)> = ["a", "b"]

@@ -38,12 +38,17 @@ async fn idle_change_streams_do_not_hold_connections() {
 /// closes when the last watcher is gone, and the next watcher opens a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_share_one_stream_per_collection() {
+    use store_mongo::testing::{server_has, Feature};
     use store_trait::{ChangeKind, Condition, Mutation, Write};
-    let Some(store) = store_mongo::testing::test_store_with("pool_shared_stream", "maxPoolSize=3").await else {
+    let test = "pool_shared_stream";
+    let Some(store) = store_mongo::testing::test_store_with(test, "maxPoolSize=3").await else {
         return;
     };
+    if !server_has(test, Feature::IdleCursors).await {
+        return;
+    }
     // Its own pool: the count must not wait for the store's connections.
-    let Some(admin) = store_mongo::testing::admin_client().await else { return };
+    let admin = store_mongo::mongodb::Client::with_uri_str(store_mongo::testing::server_uri().unwrap()).await.unwrap();
     let ns = |c: &Collection| format!("{}.{}", store.database().name(), c.as_str());
     let coll = Collection::new("shared").unwrap();
     let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
@@ -92,27 +97,7 @@ async fn next_event(s: &mut store_trait::ChangeStream) -> store_trait::ChangeEve
     tokio::time::timeout(Duration::from_secs(10), s.next()).await.expect("an event").unwrap().unwrap()
 }
 
-/// How many cursors (change streams, in these tests) are open on the namespace
-/// `ns`, as the server reports them. `mongod` lists idle cursors, and a
-/// `getMore` in flight with its cursor, through the `$currentOp` stage;
-/// SecantusDB's `$currentOp` stage is a stub, and its `currentOp` command lists
-/// every open cursor (`type: "idleCursor"`, also while a `getMore` waits on it).
-/// The union of both, by cursor id.
-async fn server_streams(admin: &mongodb::Client, ns: &str) -> usize {
-    let db = admin.database("admin");
-    let mut reported = Vec::new();
-    let stage = bson::doc! {"$currentOp": {"allUsers": true, "idleCursors": true, "idleConnections": false}};
-    if let Ok(mut ops) = db.aggregate([stage]).await {
-        while let Some(Ok(op)) = ops.next().await {
-            reported.push(op);
-        }
-    }
-    let command = db.run_command(bson::doc! {"currentOp": 1, "$all": true}).await.unwrap();
-    reported.extend(command.get_array("inprog").unwrap().iter().filter_map(|op| op.as_document().cloned()));
-    let cursor_id = |op: &bson::Document| {
-        op.get_i64("cursorId").ok().or_else(|| op.get_document("cursor").ok()?.get_i64("cursorId").ok())
-    };
-    let ids: std::collections::HashSet<i64> =
-        reported.iter().filter(|op| op.get_str("ns").ok() == Some(ns)).filter_map(cursor_id).collect();
-    ids.len()
+/// How many cursors (change streams, in these tests) are open on `ns`.
+async fn server_streams(admin: &store_mongo::mongodb::Client, ns: &str) -> usize {
+    store_mongo::testing::open_cursors(admin, ns).await
 }
