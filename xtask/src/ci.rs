@@ -54,7 +54,7 @@ pub(crate) fn test(extra: &[String]) -> Result<(), String> {
     cargo(&args, &TEST_FLAGS)
 }
 
-/// The test flags of [`test`]: the same build, so nothing is compiled again.
+/// The test flags of [`test()`]: the same build, so nothing is compiled again.
 const TEST_FLAGS: [(&str, &str); 2] = [("CI", "true"), ("RUSTFLAGS", "-Dwarnings")];
 
 /// What `secantusd-rs` is known to lack (docs/test-servers.md): the tests
@@ -76,7 +76,7 @@ const ON_RS: [(&str, &str, Option<&str>); 6] = [
 
 /// The Mongo tests on SecantusDB's Rust server (`secantusd-rs`, built once
 /// into `target/`: 13 to 20 minutes on a clean clone), a fresh one in a fresh
-/// directory, with the test binaries [`test`] built: the conformance suite,
+/// directory, with the test binaries [`test()`] built: the conformance suite,
 /// then (if it passed) mongolock's, mongoelector's, mongoagent's and
 /// mongocoord's. Each step says which server ran it, and how long it took.
 pub(crate) fn on_rs() -> Result<(), String> {
@@ -127,7 +127,7 @@ struct TestBinary {
     dir: PathBuf,
 }
 
-/// The test executables of the workspace, as [`test`] builds them (built
+/// The test executables of the workspace, as [`test()`] builds them (built
 /// already in `cargo xtask ci`: cargo only lists them), read from cargo's
 /// JSON messages.
 fn test_binaries() -> Result<Vec<TestBinary>, String> {
