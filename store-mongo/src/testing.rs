@@ -469,6 +469,13 @@ impl store_trait::testing::Harness for MongoHarness {
     async fn prune_ttl(&self, _store: &MongoStore) {
         prune_ttl().await;
     }
+
+    async fn has(&self, test: &str, need: store_trait::testing::Needs) -> bool {
+        match Feature::of(need) {
+            Some(feature) => server_has(test, feature).await,
+            None => true,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -47,7 +47,31 @@ pub trait Harness: Send + Sync + 'static {
     /// Runs a TTL pass now: documents whose TTL-indexed date is past are deleted,
     /// as the server's TTL monitor does about once a minute.
     async fn prune_ttl(&self, store: &Self::Store);
+    /// Whether the backend keeps `need`, a part of the contract some servers
+    /// are known to break. When it does not, the harness reports `test`
+    /// (skipped, naming the servers it runs on, or failed) and the test
+    /// returns. Every backend of this workspace keeps it but for the servers
+    /// `docs/test-servers.md` lists.
+    async fn has(&self, test: &str, need: Needs) -> bool {
+        let _ = (test, need);
+        true
+    }
 }
+
+/// A part of the contract that some servers are known to break: a test that
+/// relies on it asks [`Harness::has`] first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Needs {
+    /// A unique index lets go of a key once its document no longer holds it
+    /// (a write changed or removed the field), so another document can take
+    /// it. SecantusDB's Rust server keeps the key until the document is
+    /// deleted.
+    UniqueKeyRelease,
+}
+
+mod indexes;
+pub use indexes::unique_key_is_released_by_a_write;
 
 /// Generates one `#[test]` function per conformance test. `$harness` is a path to
 /// an `async fn() -> Option<impl Harness>` (`None` skips: the backend reports why);
@@ -69,7 +93,8 @@ macro_rules! conformance_tests {
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
             claim_many_racers_each_fill_their_batch, claims_by_keys_take_only_those_keys,
-            write_many_reports_each_write, rejected_writes_remove_nothing, distinct_strings_of_a_field
+            write_many_reports_each_write, rejected_writes_remove_nothing, distinct_strings_of_a_field,
+            unique_key_is_released_by_a_write
         );
     };
 }

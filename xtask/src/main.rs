@@ -4,11 +4,16 @@
 //! ```text
 //! cargo xtask ci      fmt, clippy, docs, no-default-features builds, the whole test
 //!                     suite against a real server (and headless Chromium, installed
-//!                     from Debian's packages when absent), the bench's smoke run,
-//!                     `upstream`, a short chaos run (the README's test command;
-//!                     .ci/run calls it)
+//!                     from Debian's packages when absent), `test-rs`, the bench's
+//!                     smoke run, `upstream`, a short chaos run (the README's test
+//!                     command; .ci/run calls it)
 //! cargo xtask test [ARGS]
 //!                     the test suite only (CI semantics: a Mongo test never skips)
+//! cargo xtask test-rs
+//!                     the conformance suite, then the other crates' Mongo tests, on a
+//!                     fresh secantusd-rs (SecantusDB's Rust server, built once into
+//!                     target/; what it lacks declared: docs/test-servers.md); `ci`
+//!                     runs it after the tests
 //! cargo xtask demo [ARGS]
 //!                     runs the demo (`mongocoord demo`)
 //! cargo xtask chaos [--minutes N] [--seed S]
@@ -47,13 +52,14 @@ mod tidy;
 mod upstream;
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test [ARGS] | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] [--server py|rs|URI] | bench-table | upstream>";
+    "usage: cargo xtask <ci | test [ARGS] | test-rs | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] [--server py|rs|URI] | bench-table | upstream>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci::ci(),
         Some("test") => ci::test(&args[1..]),
+        Some("test-rs") => ci::on_rs(),
         Some("bench") => server::Target::from_args(&args[1..]).and_then(|target| {
             match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
                 (true, true) => Err("--smoke and --quick exclude each other".into()),

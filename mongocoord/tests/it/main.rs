@@ -44,6 +44,13 @@ fn env(test: &str) -> Option<Env> {
     Some(Env { uri, db: store_mongo::testing::db_name(&format!("cli_{test}")), dir })
 }
 
+/// Whether the test server has `feature`; when not, `test` is reported (see
+/// `store_mongo::testing::server_has`) and should return.
+fn has(test: &str, feature: store_mongo::testing::Feature) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(store_mongo::testing::server_has(test, feature))
+}
+
 impl Env {
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);

@@ -3,7 +3,7 @@
 //!
 //! A server may lack a feature only by declaration: `MONGODB_LACKS` lists the
 //! features the server at `MONGODB_URI` is known to lack (`failpoints`,
-//! `idle-cursors`, comma-separated), and a test that needs one of them then
+//! `idle-cursors`, `unique-key-release`, comma-separated), and a test that needs one of them then
 //! skips with a message naming the servers it runs on. A lack that was not
 //! declared fails the test under `CI` (skips otherwise), and a declared lack
 //! the server turns out not to have fails it too: neither a missing feature
@@ -14,6 +14,8 @@ use std::sync::OnceLock;
 
 use bson::doc;
 use futures::StreamExt as _;
+
+use store_trait::testing::Needs;
 
 use super::{db_name, required, server_uri, skip_unless_required, with_option};
 
@@ -30,6 +32,10 @@ pub enum Feature {
     /// namespace: `mongod`'s `$currentOp` stage with `idleCursors: true`,
     /// `secantusd-py`'s `currentOp` command. (`secantusd-rs` lists neither.)
     IdleCursors,
+    /// A unique index lets go of a key once its document no longer holds it
+    /// ([`Needs::UniqueKeyRelease`]): `mongod`, `secantusd-py`.
+    /// (`secantusd-rs` keeps the key until the document is deleted.)
+    UniqueKeyRelease,
 }
 
 impl Feature {
@@ -38,6 +44,15 @@ impl Feature {
         match self {
             Feature::FailPoints => "failpoints",
             Feature::IdleCursors => "idle-cursors",
+            Feature::UniqueKeyRelease => "unique-key-release",
+        }
+    }
+
+    /// The feature that keeps a part of the contract some servers break.
+    pub fn of(need: Needs) -> Option<Feature> {
+        match need {
+            Needs::UniqueKeyRelease => Some(Feature::UniqueKeyRelease),
+            _ => None,
         }
     }
 
@@ -45,6 +60,7 @@ impl Feature {
         match self {
             Feature::FailPoints => "`configureFailPoint` (`failCommand`)",
             Feature::IdleCursors => "idle cursors listed by `currentOp` or the `$currentOp` stage",
+            Feature::UniqueKeyRelease => "a unique index that lets go of a key its document no longer holds",
         }
     }
 
@@ -54,16 +70,20 @@ impl Feature {
                 "mongod with --setParameter enableTestCommands=1, or secantusd-py with --enable-test-commands \
                  (the default test run's server)"
             }
-            Feature::IdleCursors => "mongod, or secantusd-py (the default test run's server)",
+            Feature::IdleCursors | Feature::UniqueKeyRelease => {
+                "mongod, or secantusd-py (the default test run's server)"
+            }
         }
     }
 
     fn cached(self) -> &'static OnceLock<Result<(), String>> {
         static FAIL_POINTS: OnceLock<Result<(), String>> = OnceLock::new();
         static IDLE_CURSORS: OnceLock<Result<(), String>> = OnceLock::new();
+        static UNIQUE_KEY_RELEASE: OnceLock<Result<(), String>> = OnceLock::new();
         match self {
             Feature::FailPoints => &FAIL_POINTS,
             Feature::IdleCursors => &IDLE_CURSORS,
+            Feature::UniqueKeyRelease => &UNIQUE_KEY_RELEASE,
         }
     }
 }
@@ -184,6 +204,26 @@ async fn probe(client: &mongodb::Client, feature: Feature) -> Result<(), String>
                 0 => Err("an open cursor is listed by neither `currentOp` nor `$currentOp`".into()),
                 _ => Ok(()),
             }
+        }
+        Feature::UniqueKeyRelease => {
+            // A key removed from its document by an update, then inserted
+            // again in another.
+            let db = client.database(&db_name("feature_probe_unique_key_release"));
+            let coll = db.collection::<bson::Document>("probe");
+            let probe = async {
+                db.drop().await?;
+                let index = mongodb::IndexModel::builder()
+                    .keys(doc! { "k": 1 })
+                    .options(mongodb::options::IndexOptions::builder().unique(true).sparse(true).build())
+                    .build();
+                coll.create_index(index).await?;
+                coll.insert_one(doc! { "_id": 1, "k": "a" }).await?;
+                coll.update_one(doc! { "_id": 1 }, doc! { "$unset": { "k": "" } }).await?;
+                coll.insert_one(doc! { "_id": 2, "k": "a" }).await.map(drop)
+            };
+            let released = probe.await.map_err(|e| answer(&e));
+            let _ = db.drop().await;
+            released.map_err(|e| format!("a key removed from its document by an update is still taken: {e}"))
         }
     }
 }
