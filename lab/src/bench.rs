@@ -56,8 +56,13 @@ struct Size {
     picks: usize,
     ticks: usize,
     sim_minutes: u64,
-    /// Seconds each idle process is measured, after a warm-up.
+    /// Seconds each idle process is measured, after `idle_warm_up_s`: long
+    /// enough to take in the periodic costs (a change stream's `getMore`
+    /// every 2 minutes, an idle agent's check every 10) at full size.
     idle_s: u64,
+    /// Seconds before the idle window opens: past an agent's quiet spell
+    /// (`mongoagent/src/control.rs`, 30 s), so the window sees it idle.
+    idle_warm_up_s: u64,
     seed_cycles: usize,
     agenda: agenda::AgendaSize,
 }
@@ -74,6 +79,7 @@ impl Mode {
                 ticks: 2,
                 sim_minutes: 1,
                 idle_s: 2,
+                idle_warm_up_s: 3,
                 seed_cycles: 10,
                 agenda: agenda::AgendaSize { jobs: 8, picks: 1, limit_s: 30 },
             },
@@ -85,7 +91,8 @@ impl Mode {
                 picks: 10,
                 ticks: 10,
                 sim_minutes: 10,
-                idle_s: 20,
+                idle_s: 130,
+                idle_warm_up_s: 35,
                 seed_cycles: 100,
                 agenda: agenda::AgendaSize { jobs: 400, picks: 5, limit_s: 120 },
             },
@@ -97,7 +104,8 @@ impl Mode {
                 picks: 30,
                 ticks: 30,
                 sim_minutes: 60,
-                idle_s: 60,
+                idle_s: 600,
+                idle_warm_up_s: 35,
                 seed_cycles: 500,
                 agenda: agenda::AgendaSize { jobs: 2000, picks: 15, limit_s: 600 },
             },
@@ -321,7 +329,8 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         let window = Duration::from_secs(size.idle_s);
         eprintln!("idle cost: mongocoord agent, elect follower, lock waiter and cron, {window:?} each, side by side…");
         let dir = o.out.parent().unwrap_or(Path::new("."));
-        idle::put_figures(&mut f, &o.mongocoord, uri, db, dir, Duration::from_secs(3), window).await?;
+        let warm_up = Duration::from_secs(size.idle_warm_up_s);
+        idle::put_figures(&mut f, &o.mongocoord, uri, db, dir, warm_up, window).await?;
     }
 
     match (&o.python, &o.seed_script) {
@@ -342,7 +351,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
     match &o.agenda {
         Some(dir) => {
             agenda::put_figures(&mut f, dir, uri, db, size.agenda).await;
-            agenda::put_idle_figures(&mut f, dir, uri, db, size.idle_s).await;
+            agenda::put_idle_figures(&mut f, dir, uri, db, size.idle_s.min(60)).await;
         }
         None => f.skip(
             Section::Agenda,

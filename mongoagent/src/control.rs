@@ -16,10 +16,17 @@
 //!
 //! A notification may come late, or not at all from a stream that stalls
 //! without ending (a loaded server, a connection half gone). So what the task
-//! read is trusted for [`CONTROL_REFRESH`] only: the task reads again when no
-//! notification made it read for [`REREAD`], and an agent that finds the view
-//! older than that reads its own document instead. A pause is seen within
-//! [`CONTROL_REFRESH`] of being written, whatever the notifications do.
+//! read is trusted for [`CONTROL_REFRESH`] only, and an agent about to claim
+//! that finds the view older than that reads its own document instead. A
+//! pause is seen within [`CONTROL_REFRESH`] of being written, whatever the
+//! notifications do. To keep the view fresh, the task reads again when no
+//! notification made it read for [`REREAD`], but only while that read is
+//! worth something: while some agent name is paused (a resume must reach
+//! its idle agents within the bound), or while agents claim (within
+//! [`QUIET`] of the last look at the view, so a herd of agents woken by one
+//! insert claims on the shared read, not on a read each). A queue idle for
+//! longer, with nothing paused, costs no read at all; its first claim after
+//! the quiet spell reads its own document, and starts the rereads again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -40,10 +47,14 @@ use crate::{AgentError, Queue};
 pub const CONTROL_REFRESH: Duration = Duration::from_secs(1);
 
 /// How long the control task goes without reading the paused names (when no
-/// notification made it read): under [`CONTROL_REFRESH`], so that while it
-/// runs its view is never too old to trust.
+/// notification made it read), while it rereads at all: under
+/// [`CONTROL_REFRESH`], so that its view is never too old to trust.
 const REREAD: Duration = Duration::from_millis(750);
 const _: () = assert!(REREAD.as_millis() < CONTROL_REFRESH.as_millis());
+
+/// How long after the last look at the view (an agent about to claim) the
+/// control task keeps rereading, when nothing is paused.
+const QUIET: Duration = Duration::from_secs(30);
 
 /// The key of an agent name's control document is this and the name.
 const KEY_PREFIX: &str = "agent:";
@@ -69,6 +80,29 @@ pub(crate) struct ControlWatch {
     /// When the read behind the published view was sent: the view is trusted
     /// until [`CONTROL_REFRESH`] after it.
     read_at: Arc<Mutex<Option<Instant>>>,
+    /// When an agent last looked at the view ([`ControlWatch::peek`]), and
+    /// the control task's wake-up from a quiet spell.
+    looked: Arc<Looked>,
+}
+
+/// The last look at a queue's view: [`ControlWatch::peek`] marks it, the
+/// control task rereads only within [`QUIET`] of it (or while something is
+/// paused), and is woken from a quiet spell by it.
+#[derive(Debug, Default)]
+struct Looked {
+    at: Mutex<Option<Instant>>,
+    wake: tokio::sync::Notify,
+}
+
+impl Looked {
+    fn mark(&self) {
+        *self.at.lock() = Some(Instant::now());
+        self.wake.notify_waiters();
+    }
+
+    fn recent(&self) -> bool {
+        (*self.at.lock()).is_some_and(|at| at.elapsed() < QUIET)
+    }
 }
 
 impl ControlWatch {
@@ -94,6 +128,7 @@ impl ControlWatch {
     /// view; `None` (read your own document) when its read is
     /// [`CONTROL_REFRESH`] old.
     pub(crate) fn peek(&self) -> ControlView {
+        self.looked.mark();
         let fresh = (*self.read_at.lock()).is_some_and(|at| at.elapsed() < CONTROL_REFRESH);
         if !fresh {
             return None;
@@ -116,8 +151,8 @@ impl ControlWatch {
 }
 
 /// The control task: subscribe, read the paused names, read them again after
-/// each notification (a burst read once) and after [`REREAD`] without one;
-/// when the stream ends or a read fails, tell the agents to read on their
+/// each notification of a pause document (a burst read once) and after
+/// [`REREAD`] without one while it rereads at all (the module's docs); when the stream ends or a read fails, tell the agents to read on their
 /// timer, and subscribe again after [`CONTROL_REFRESH`]. Ends when no agent
 /// holds a view.
 async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<ControlView>, control: ControlWatch) {
@@ -126,11 +161,14 @@ async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<
             Ok(mut stream) => {
                 // Read after subscribing: a change after this read is a notification.
                 let mut read = true;
+                // Whether the last read found any name paused.
+                let mut any_paused = false;
                 loop {
                     if read {
                         let sent = Instant::now();
                         match paused_names(&store, &coll).await {
                             Ok(names) => {
+                                any_paused = !names.is_empty();
                                 publish(&tx, names);
                                 *control.read_at.lock() = Some(sent);
                             }
@@ -140,11 +178,20 @@ async fn follow<S: Store + Clone>(store: S, coll: Collection, tx: watch::Sender<
                             }
                         }
                     }
+                    let rereading = any_paused || control.looked.recent();
                     let reread_at = (*control.read_at.lock()).map_or_else(Instant::now, |at| at + REREAD);
                     let next = tokio::select! {
                         _ = control.unwatched(&tx) => return,
                         ev = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)) => ev,
-                        _ = tokio::time::sleep_until(reread_at) => {
+                        _ = tokio::time::sleep_until(reread_at), if rereading => {
+                            // Past the quiet spell, this read is skipped and
+                            // the rereads wait for the next look.
+                            read = any_paused || control.looked.recent();
+                            continue;
+                        }
+                        // A look after a quiet spell: read now, so the agents'
+                        // next claims use the view (this one read its own).
+                        _ = control.looked.wake.notified(), if !rereading => {
                             read = true;
                             continue;
                         }

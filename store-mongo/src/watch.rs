@@ -22,7 +22,6 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::Document;
-use futures::StreamExt;
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 use store_trait::{fields, ChangeEvent, ChangeKind, ChangeStream, Key, StoreError, StoreResult};
 use tokio::sync::broadcast;
@@ -35,10 +34,15 @@ const BUFFER: usize = 256;
 /// How long the server holds a `getMore` with nothing to report. The
 /// server's default, a second, makes every idle stream send 60 commands a
 /// minute; events still come back the moment they happen, so a long wait
-/// costs nothing but the connection the pump holds anyway. A minute stays
-/// under the idle timeouts of the usual load balancers and NATs (350 s and
-/// more).
-const AWAIT: Duration = Duration::from_secs(60);
+/// costs nothing but the connection the pump holds anyway. Two minutes
+/// stay under the idle timeouts of the usual load balancers and NATs (four
+/// minutes and more), and make an idle stream's cost half a command a
+/// minute.
+const AWAIT: Duration = Duration::from_secs(120);
+
+/// How long past [`AWAIT`] a `getMore` may go unanswered before its stream is
+/// taken for stalled and dropped ([`pump`]).
+const STALL: Duration = Duration::from_secs(30);
 
 /// How often a pump checks whether anyone still watches.
 const CHECK: Duration = Duration::from_secs(1);
@@ -154,27 +158,49 @@ impl Hub {
 }
 
 /// Polls the driver's stream without pause (so its `getMore` never holds a
-/// connection idle) and broadcasts the events, until nobody watches or the
-/// stream fails; then the watchers' streams end.
+/// connection idle) and broadcasts the events, until nobody watches, the
+/// stream fails, or it stalls; then the watchers' streams end.
+///
+/// Stalled: no reply, not even an empty one, for [`STALL`] past [`AWAIT`].
+/// A `getMore` that the server never answers (a connection half gone behind
+/// a NAT, a server that hangs) would otherwise keep its watchers waiting for
+/// ever on notifications that cannot come; ended, they subscribe again, and
+/// poll meanwhile.
 async fn pump(hub: Arc<Hub>, name: Pump, mut stream: DriverStream, tx: broadcast::Sender<ChangeEvent>) {
     let mut check = tokio::time::interval(CHECK);
     loop {
-        tokio::select! {
-            item = stream.next() => match item {
-                Some(Ok(ev)) => {
-                    let _ = tx.send(event(ev));
+        // One reply: an event, or `None` for an empty batch (`AWAIT` passed).
+        let item = {
+            let next = stream.next_if_any();
+            tokio::pin!(next);
+            let stalled = tokio::time::sleep(AWAIT + STALL);
+            tokio::pin!(stalled);
+            loop {
+                tokio::select! {
+                    item = &mut next => break item,
+                    _ = &mut stalled => {
+                        tracing::warn!(collection = %name.0, filter = %name.1, waited = ?(AWAIT + STALL), "change stream stalled: no reply; watchers subscribe again, and poll meanwhile");
+                        hub.retire(&name, &tx);
+                        return;
+                    }
+                    _ = check.tick() => {
+                        if hub.retire_if_unwatched(&name, &tx) {
+                            tracing::debug!(collection = %name.0, "change stream closed: no watchers");
+                            return;
+                        }
+                    }
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(collection = %name.0, filter = %name.1, error = %map_err(e), "change stream failed; watchers fall back to polling");
-                    break;
-                }
-                None => break,
-            },
-            _ = check.tick() => {
-                if hub.retire_if_unwatched(&name, &tx) {
-                    tracing::debug!(collection = %name.0, "change stream closed: no watchers");
-                    return;
-                }
+            }
+        };
+        match item {
+            Ok(Some(ev)) => {
+                let _ = tx.send(event(ev));
+            }
+            Ok(None) if stream.is_alive() => {}
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(collection = %name.0, filter = %name.1, error = %map_err(e), "change stream failed; watchers fall back to polling");
+                break;
             }
         }
     }

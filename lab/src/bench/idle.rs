@@ -69,9 +69,14 @@ pub(super) async fn put_figures(
         return Ok(());
     }
     let tick_hz = clock_ticks_per_s().await;
-    let base = |log: Option<&Path>| -> Result<tokio::process::Command, String> {
+    // A database per role: SecantusDB answers a waiting change-stream
+    // `getMore` at every write to its database, whatever the stream's filter,
+    // so the holder's and the leader's renewals would count against the
+    // processes that watch elsewhere.
+    let db_of = |role: &str| format!("{db}_idle_{role}");
+    let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, String> {
         let mut c = tokio::process::Command::new(mongocoord);
-        c.args(["--uri", uri, "--db", db]).stdin(Stdio::null()).stdout(Stdio::null()).kill_on_drop(true);
+        c.args(["--uri", uri, "--db", &db_of(role)]).stdin(Stdio::null()).stdout(Stdio::null()).kill_on_drop(true);
         match log {
             Some(path) => {
                 let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -88,9 +93,11 @@ pub(super) async fn put_figures(
 
     // Something to wait for: a lock holder and an elected leader.
     let mut helpers = Vec::new();
-    for (name, args) in [("holder", ["lock", "bench-idle-lock"]), ("leader", ["elect", "bench-idle-elect"])] {
+    for (name, role, args) in
+        [("holder", "waiter", ["lock", "bench-idle-lock"]), ("leader", "follower", ["elect", "bench-idle-elect"])]
+    {
         let _ = std::fs::remove_file(mark(name));
-        let mut c = base(None)?;
+        let mut c = base(role, None)?;
         c.args(args).args(["--", "sh", "-c", &keep(name)]);
         helpers.push(Proc(c.spawn().map_err(|e| format!("cannot start mongocoord: {e}"))?));
     }
@@ -114,7 +121,7 @@ pub(super) async fn put_figures(
             _ => vec!["cron", "bench-idle-cron", "0 0 29 2 *", "--", "true"],
         };
         let log = dir.join(format!("idle-{role}.log"));
-        let mut c = base(Some(&log))?;
+        let mut c = base(role, Some(&log))?;
         c.args(args);
         let proc = Proc(c.spawn().map_err(|e| format!("cannot start mongocoord {role}: {e}"))?);
         measured.push(Measured { role, proc, log });

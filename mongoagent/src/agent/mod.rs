@@ -96,6 +96,8 @@ struct Inner<S: Store + Clone> {
     name: String,
     queue: Queue<S>,
     poll_interval: Duration,
+    /// The idle agent's check with live notifications (never under `poll_interval`).
+    recheck: Duration,
     lease: Ttl,
     /// Keeps every claim's lease: built once per agent, used by every claim.
     leases: Leases<S>,

@@ -113,6 +113,14 @@ impl<S: Store + Clone> Agent<S> {
             waited = false;
             let free = inner.concurrency - running.len();
             let asked = free + ahead.room(inner.prefetch, inner.run_times.short(), inner.limits.stops_claims_ahead());
+            // Woken by a change and claiming nothing, the agent lost what
+            // woke it to another claimer, whose claim lapses with no change
+            // to say so if that claimer dies; or the task is due later (a
+            // delayed insert). Either way the idle deadline is read again
+            // within `poll_interval`, as a poll would, so a timer covers it.
+            // Not at once: a herd of idle agents woken by one insert would
+            // pay that read (three commands) each, per insert.
+            let after_change = woken.is_some();
             let claimed = self
                 .claim_limited(asked, woken.take())
                 .await
@@ -137,6 +145,10 @@ impl<S: Store + Clone> Agent<S> {
                     }
                 }
                 Ok(_) => {
+                    if after_change {
+                        let poll = Instant::now() + inner.poll_interval;
+                        idle_until = idle_until.map(|t| t.min(poll));
+                    }
                     let Some(watcher) = events.as_mut() else {
                         let (store, coll, poll) = (inner.store.clone(), inner.queue.coll.clone(), inner.poll_interval);
                         // Under a global concurrency limit a task ending
@@ -158,7 +170,13 @@ impl<S: Store + Clone> Agent<S> {
                     let until = match idle_until {
                         Some(t) if t > Instant::now() => t,
                         _ => {
-                            idle_until = Some(Instant::now() + self.idle_wait().await);
+                            // With notifications nothing needs a poll
+                            // (`AgentBuilder::recheck_interval`); without, poll.
+                            // `process_while` is asked once per poll, as the
+                            // seed's loop asks it once per sleep.
+                            let push = watcher.is_live() && inner.process_while.is_none();
+                            let cap = if push { inner.recheck } else { inner.poll_interval };
+                            idle_until = Some(Instant::now() + self.idle_wait(cap).await);
                             // Claim once more before sleeping: a task that became due
                             // (or whose claim lapsed) between the claim and the due-time
                             // queries is in neither's view, and would wait a full
@@ -333,8 +351,8 @@ impl<S: Store + Clone> Agent<S> {
     }
 
     /// How long an idle agent may sleep: until the next delayed task or lapsed
-    /// claim becomes due, at most `poll_interval`.
-    pub(super) async fn idle_wait(&self) -> Duration {
+    /// claim becomes due, at most `cap`.
+    pub(super) async fn idle_wait(&self, cap: Duration) -> Duration {
         let inner = &self.inner;
         let mine = |extra: Document| {
             let mut d = doc! { fields::AGENT_NAME: &inner.name };
@@ -359,8 +377,12 @@ impl<S: Store + Clone> Agent<S> {
                 .and_then(|r| r.data().get_datetime(fields::RUN_AT).ok())
                 .map(|d| store_trait::StoreTime::from_millis(d.timestamp_millis()));
             let lapse_at = lapse.first().and_then(|r| r.lease().map(|l| l.until));
-            [run_at, lapse_at].into_iter().flatten().min().map(|t| now.until(t) + Duration::from_millis(1))
+            Some([run_at, lapse_at].into_iter().flatten().min().map(|t| now.until(t) + Duration::from_millis(1)))
         };
-        soonest.await.map_or(inner.poll_interval, |d| d.min(inner.poll_interval))
+        match soonest.await {
+            Some(due) => due.map_or(cap, |d| d.min(cap)),
+            // A read failed: nothing known, so look again after a poll's time.
+            None => inner.poll_interval.min(cap),
+        }
     }
 }

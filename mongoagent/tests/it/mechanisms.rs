@@ -10,8 +10,8 @@ use bson::doc;
 use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task, CONTROL_REFRESH};
 use store_memory::MemoryStore;
 use store_trait::{
-    ChangeStream, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Query, Record, Snapshot,
-    Store, StoreResult, StoreTime, Write, WriteOutcome,
+    ChangeStream, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome, Key, Mutation, Query, Record,
+    Snapshot, Store, StoreResult, StoreTime, Ttl, Write, WriteOutcome,
 };
 use tokio::sync::Notify;
 
@@ -1803,4 +1803,93 @@ async fn a_retry_written_by_another_agent_runs_when_due() {
     tokio::time::timeout(Duration::from_secs(5), ran.notified()).await.expect("the retry runs when due");
     a.shutdown();
     assert_eq!(work.await.unwrap().unwrap().completed, 1);
+}
+
+/// An idle agent with change notifications sends nothing on a timer: no
+/// poll (notifications and its due-time timer cover what a poll would find),
+/// and no reread of the pause state once its queue has been quiet for half a
+/// minute (`control.rs`). Over nine quiet minutes it makes no call at all;
+/// its `recheck_interval` (10 min by default) brings one check. Without
+/// that, it claimed every 5 s (its `poll_interval`) and the pause state was
+/// read every 750 ms: about 100 calls a minute.
+#[tokio::test(start_paused = true)]
+async fn an_idle_agent_makes_no_call_between_its_checks() {
+    let store = MemoryStore::new();
+    let held = HoldBack::new(store.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    // A matcher that never holds: it sees every get, write, find and claim.
+    held.hold_next(move |_, _| {
+        c.fetch_add(1, Ordering::SeqCst);
+        false
+    });
+    let agent = Agent::builder(held.clone(), "w", "tasks").build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let before = calls.load(Ordering::SeqCst);
+    assert!(before > 0, "the agent's first claims went through the counting store");
+    tokio::time::sleep(Duration::from_secs(9 * 60)).await;
+    assert_eq!(calls.load(Ordering::SeqCst) - before, 0, "calls in nine quiet minutes");
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert!(calls.load(Ordering::SeqCst) > before, "no check at ten minutes");
+    // Still woken at once by a task of its own.
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    queue.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), ran.notified()).await.expect("woken by the insert");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
+
+/// With no poll, nothing announces a claim that lapses: an idle agent woken
+/// by an insert that another agent claimed first, and which that agent then
+/// held as it died, takes the task when that claim lapses (`work.rs`: woken
+/// by a change and claiming nothing, it reads its idle deadline again within
+/// `poll_interval`), not at its 10-minute check.
+#[tokio::test(start_paused = true)]
+async fn a_task_lost_to_an_agent_that_died_runs_when_its_claim_lapses() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let coll = Collection::new("tasks").unwrap();
+    let ttl = Duration::from_secs(10);
+    let agent = Agent::builder(store.clone(), "w", "tasks").ttl(ttl).build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let dead = Claim {
+        query: Query::eq(doc! {"agent_name": "w", "ready": true}),
+        mutation: Mutation::new()
+            .grant("dead-agent", Ttl::new(ttl).unwrap())
+            .bump_fence()
+            .set("ready", false)
+            .set("claimed", true),
+    };
+    // The other agent claims the task before ours, woken by the insert,
+    // takes its turn (it waits a few milliseconds to coalesce a burst).
+    queue.enqueue(NewTask::new("w", doc! {})).await.unwrap();
+    assert!(store.claim(&coll, &dead).await.unwrap().is_some(), "the other agent claimed first");
+    let sent = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(60), ran.notified()).await.expect("taken after the dead claim lapsed");
+    let after = sent.elapsed();
+    assert!(after >= ttl && after < ttl + Duration::from_secs(1), "run {after:?} after the insert");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
+}
+
+/// A task inserted for later while its agent idles wakes the agent, which
+/// cannot claim it yet: it runs when due, by the timer that the read of the
+/// idle deadline a `poll_interval` after the wake-up set, not at the
+/// 10-minute check.
+#[tokio::test(start_paused = true)]
+async fn a_delayed_task_inserted_while_idle_runs_when_due() {
+    let store = MemoryStore::new();
+    let queue = Queue::new(store.clone(), "tasks").unwrap();
+    let agent = Agent::builder(store.clone(), "w", "tasks").build().unwrap();
+    let (run, ran) = work_signalling(&agent);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let sent = tokio::time::Instant::now();
+    queue.enqueue(NewTask::new("w", doc! {}).delay(Duration::from_secs(20))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), ran.notified()).await.expect("ran when due");
+    let after = sent.elapsed();
+    assert!(after >= Duration::from_secs(20) && after < Duration::from_secs(21), "run {after:?} after the insert");
+    agent.shutdown();
+    assert_eq!(run.await.unwrap().unwrap().completed, 1);
 }

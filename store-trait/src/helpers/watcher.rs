@@ -134,8 +134,10 @@ impl<S: Store> Watcher<S> {
         }
     }
 
-    /// The next change. Pending while there is no subscription, until one can
-    /// be made again (then a `Resync`); forever on a store without them.
+    /// The next change. A `Resync` when the subscription ends (changes may
+    /// have been missed); then pending while there is no subscription, until
+    /// one can be made again (then another `Resync`); forever on a store
+    /// without them.
     ///
     /// # Cancel safety
     ///
@@ -153,8 +155,12 @@ impl<S: Store> Watcher<S> {
                     Some(Ok(ev)) => return ev,
                     _ => {}
                 }
+                // Lost: say so at once, so a caller that relied on
+                // notifications falls back to its poll (`is_live` is false
+                // now) instead of waiting for the next subscription.
                 self.stream = None;
                 self.retry_at = Some(Instant::now() + self.retry);
+                return ChangeEvent { key: None, kind: ChangeKind::Resync };
             }
             match self.retry_at {
                 Some(at) if !self.unsupported => tokio::time::sleep_until(at).await,
