@@ -13,6 +13,7 @@ mod mechanisms;
 mod mongo_agent_spec;
 mod reserved;
 mod review_dedupe;
+mod review_idle;
 mod review_timeouts;
 mod schedules;
 mod simulation;
