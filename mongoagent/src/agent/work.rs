@@ -25,8 +25,10 @@ impl<S: Store + Clone> Agent<S> {
     /// Processes tasks until `process_while(log)` says stop or [`Agent::shutdown`]
     /// is called, up to `concurrency` at once. An idle agent wakes when a task
     /// arrives (change notification), when a delayed task or a lapsed claim
-    /// becomes due, or after `poll_interval`. On shutdown it stops claiming, lets
-    /// in-flight tasks finish within the drain timeout, then gives the rest back.
+    /// becomes due, and for a check every `recheck_interval` (10 min); without
+    /// change notifications, or with `process_while`, after `poll_interval`.
+    /// On shutdown it stops claiming, lets in-flight tasks finish within the
+    /// drain timeout, then gives the rest back.
     /// A claim error that trying again cannot mend ends it the same way, with
     /// a drain, and is returned.
     ///
