@@ -124,16 +124,14 @@ impl ControlWatch {
         rx
     }
 
-    /// What the running control task last published, without holding a
-    /// view; `None` (read your own document) when its read is
-    /// [`CONTROL_REFRESH`] old.
-    pub(crate) fn peek(&self) -> ControlView {
+    /// What the running control task last published, with when that read
+    /// was sent, without holding a view; `None` (read your own document)
+    /// when its read is [`CONTROL_REFRESH`] old.
+    pub(crate) fn peek(&self) -> Option<(Instant, Arc<HashSet<String>>)> {
         self.looked.mark();
-        let fresh = (*self.read_at.lock()).is_some_and(|at| at.elapsed() < CONTROL_REFRESH);
-        if !fresh {
-            return None;
-        }
-        self.task.lock().as_ref().and_then(|tx| tx.borrow().clone())
+        let at = (*self.read_at.lock()).filter(|at| at.elapsed() < CONTROL_REFRESH)?;
+        let names = self.task.lock().as_ref().and_then(|tx| tx.borrow().clone())?;
+        Some((at, names))
     }
 
     /// Returns once nobody holds a view, having forgotten the task's sender

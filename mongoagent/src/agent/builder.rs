@@ -94,7 +94,9 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// notification or a timer at the next due time wakes it. This check is
     /// the net under what neither foresees: another program's write that
     /// makes a task claimable in a way the agent's filter of notifications
-    /// passes over (`claim.rs`). Each costs about five commands; at the
+    /// passes over (`claim.rs`); and a store clock that steps forward while
+    /// the agent idles, which makes its timer late by the step, at most
+    /// this long. Each costs about five commands; at the
     /// default, an idle agent sends about 1.5 commands a minute in all on
     /// MongoDB.
     ///

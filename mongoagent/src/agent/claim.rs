@@ -267,17 +267,23 @@ impl<S: Store + Clone> Agent<S> {
         let inner = &self.inner;
         let cached = *inner.paused.lock();
         let view = inner.queue.control.peek();
-        let paused = match view {
-            Some(names) => names.contains(&inner.name),
+        // Stamped with when the read behind the answer was sent, not when
+        // it was looked at: an answer is trusted for `CONTROL_REFRESH` from
+        // the read, so that the bound holds from the pause's write.
+        let (read_at, paused) = match view {
+            Some((at, names)) => (at, names.contains(&inner.name)),
             None => match cached {
                 Some((at, paused)) if at.elapsed() < crate::CONTROL_REFRESH => return Ok(paused),
-                _ => inner.queue.is_paused(&inner.name).await?,
+                _ => {
+                    let sent = Instant::now();
+                    (sent, inner.queue.is_paused(&inner.name).await?)
+                }
             },
         };
         if cached.map_or(paused, |(_, was)| was != paused) {
             tracing::info!(agent = %inner.name, paused, "agent pause state seen");
         }
-        *inner.paused.lock() = Some((Instant::now(), paused));
+        *inner.paused.lock() = Some((read_at, paused));
         Ok(paused)
     }
 

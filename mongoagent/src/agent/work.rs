@@ -132,6 +132,14 @@ impl<S: Store + Clone> Agent<S> {
                     backoff.reset();
                     events = None;
                     control = None;
+                    // Busy, the agent watches nothing: delayed tasks and
+                    // claims that appear meanwhile are in no deadline it
+                    // read. Back to idle, it reads one again within a
+                    // poll's time, as a poll would have found them (not at
+                    // once: three commands per busy period, per task under
+                    // light load).
+                    let poll = Instant::now() + inner.poll_interval;
+                    idle_until = idle_until.map(|t| t.min(poll));
                     for c in start {
                         self.spawn_run(&mut running, c, &handler);
                     }
@@ -176,7 +184,11 @@ impl<S: Store + Clone> Agent<S> {
                             // (`AgentBuilder::recheck_interval`); without, poll.
                             // `process_while` is asked once per poll, as the
                             // seed's loop asks it once per sleep.
-                            let push = watcher.is_live() && inner.process_while.is_none();
+                            // Nor under a global concurrency limit: a permit
+                            // freed or lapsed elsewhere is no change to the
+                            // queue, and may land after the outcome that woke
+                            // the agent.
+                            let push = watcher.is_live() && inner.process_while.is_none() && !inner.limits.is_global();
                             let cap = if push { inner.recheck } else { inner.poll_interval };
                             idle_until = Some(Instant::now() + self.idle_wait(cap).await);
                             // Claim once more before sleeping: a task that became due
