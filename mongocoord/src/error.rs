@@ -216,7 +216,7 @@ impl std::fmt::Display for Lost {
 /// Why a `cron` line was refused, as its error says it.
 fn cron_line_reason(e: &AgentError) -> String {
     match e {
-        AgentError::Config(reason) => reason.clone(),
+        AgentError::Config(c) => c.reason().to_owned(),
         other => other.to_string(),
     }
 }
