@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::{doc, Bson};
+use mongolock::ConfigError;
 use store_trait::{ChangeEvent, ChangeKind, Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -246,13 +247,13 @@ async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<
 }
 
 fn control_key(agent: &str) -> Result<Key, AgentError> {
-    Key::new(format!("{KEY_PREFIX}{agent}")).map_err(|e| AgentError::Config(e.to_string()))
+    Key::new(format!("{KEY_PREFIX}{agent}")).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
 }
 
 impl<S: Store + Clone> Queue<S> {
     /// The control collection: `<queue>_control`.
     pub fn control_collection(&self) -> Result<Collection, AgentError> {
-        Collection::new(format!("{}_control", self.coll)).map_err(|e| AgentError::Config(e.to_string()))
+        Collection::new(format!("{}_control", self.coll)).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
     }
 
     /// Pauses (`true`) or resumes (`false`) every agent named `agent` on this

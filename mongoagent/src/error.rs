@@ -1,15 +1,16 @@
 //! Errors of the agent.
 
-use mongolock::LockError;
+use mongolock::{ConfigError, LockError};
 use store_trait::StoreError;
 
 /// Everything an agent or queue operation can fail with.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
-    /// The configuration was rejected (empty name, zero concurrency, …).
+    /// The configuration was rejected (empty name, zero concurrency, …), with
+    /// the error that rejected it where there is one.
     #[error("invalid agent configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// A task to enqueue, or a claimed task, is malformed.
     #[error("invalid task: {0}")]
     InvalidTask(String),

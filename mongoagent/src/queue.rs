@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
+use mongolock::ConfigError;
 use store_trait::{
     fields as reserved, Collection, Condition, FaultKind, IndexSpec, InsertOutcome, Key, Mutation, Order, Query,
     Record, Store, StoreError, StoreTime, Write,
@@ -61,7 +62,7 @@ fn failed_for_good() -> Condition {
 impl<S: Store + Clone> Queue<S> {
     /// The queue in collection `name`.
     pub fn new(store: S, name: &str) -> Result<Self, AgentError> {
-        let coll = Collection::new(name).map_err(|e| AgentError::Config(e.to_string()))?;
+        let coll = Collection::new(name).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
         Ok(Queue {
             store,
             coll,

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use bson::Bson;
-use mongolock::Backoff;
+use mongolock::{Backoff, ConfigError};
 use store_trait::{Collection, Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
 use tokio_util::sync::CancellationToken;
 
@@ -44,10 +44,14 @@ impl RateLimit {
     /// [`MAX_RATE_STARTS`]; `per` at least a millisecond and at most a year.
     pub fn new(n: u32, per: Duration) -> Result<RateLimit, AgentError> {
         if n == 0 || n > MAX_RATE_STARTS {
-            return Err(AgentError::Config(format!("a rate limit allows 1 to {MAX_RATE_STARTS} starts, not {n}")));
+            return Err(AgentError::Config(
+                format!("a rate limit allows 1 to {MAX_RATE_STARTS} starts, not {n}").into(),
+            ));
         }
         if per < Duration::from_millis(1) || per > Duration::from_secs(366 * 24 * 3600) {
-            return Err(AgentError::Config(format!("a rate limit's interval must be 1 ms to a year, not {per:?}")));
+            return Err(AgentError::Config(
+                format!("a rate limit's interval must be 1 ms to a year, not {per:?}").into(),
+            ));
         }
         Ok(RateLimit { n, per })
     }
@@ -83,7 +87,7 @@ pub(crate) struct RateGate<S> {
 impl<S: Store + Clone> RateGate<S> {
     pub(crate) fn new(store: S, coll: Collection, agent: &str, limit: RateLimit) -> Result<Self, AgentError> {
         let key = Key::new(format!("rate:{agent}:{}/{}", limit.n, limit.per_ms()))
-            .map_err(|e| AgentError::Config(e.to_string()))?;
+            .map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
         Ok(RateGate { store, coll, key, limit, seen: parking_lot::Mutex::new(0) })
     }
 

@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
+use crate::error::CliError;
+
 /// The longest duration any option accepts: a year, as for lease lengths.
 pub(crate) const MAX_SECONDS: f64 = 366.0 * 24.0 * 3600.0;
 
 /// `s` seconds for option `--what`: finite, not negative (zero only when
 /// `zero_ok`), at most [`MAX_SECONDS`].
-pub(crate) fn seconds(what: &str, s: f64, zero_ok: bool) -> Result<Duration, String> {
+pub(crate) fn seconds(what: &str, s: f64, zero_ok: bool) -> Result<Duration, CliError> {
     let ok = s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0)) && s <= MAX_SECONDS;
     // A positive value below a nanosecond would become zero.
     let d = if ok { Duration::try_from_secs_f64(s).ok().filter(|d| zero_ok || !d.is_zero()) } else { None };
@@ -16,7 +18,7 @@ pub(crate) fn seconds(what: &str, s: f64, zero_ok: bool) -> Result<Duration, Str
         let least = if zero_ok { "zero or more" } else { "a positive number of" };
         // `1e300` as typed, not three hundred digits.
         let typed = if s.abs() < 1e12 { format!("{s}") } else { format!("{s:e}") };
-        format!("--{what} must be {least} seconds, at most a year (31,622,400), not {typed}")
+        CliError::invalid(format!("--{what} must be {least} seconds, at most a year (31,622,400), not {typed}"))
     })
 }
 
@@ -31,8 +33,8 @@ pub(crate) struct Rate {
 /// Parses `--rate N/SECONDS` strictly: N a whole number from 1 to
 /// [`mongoagent::MAX_RATE_STARTS`] in plain digits, SECONDS as [`seconds`]
 /// (positive, at most a year); nothing else around them.
-pub(crate) fn rate(s: &str) -> Result<Rate, String> {
-    let usage = || format!("--rate must be N/SECONDS (such as 100/60), not {s:?}");
+pub(crate) fn rate(s: &str) -> Result<Rate, CliError> {
+    let usage = || CliError::invalid(format!("--rate must be N/SECONDS (such as 100/60), not {s:?}"));
     let (n, per) = s.split_once('/').ok_or_else(usage)?;
     if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
         return Err(usage());
@@ -42,14 +44,14 @@ pub(crate) fn rate(s: &str) -> Result<Rate, String> {
         .parse()
         .ok()
         .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| format!("--rate allows 1 to {max} starts per interval, not {n}"))?;
+        .ok_or_else(|| CliError::invalid(format!("--rate allows 1 to {max} starts per interval, not {n}")))?;
     if per.is_empty() || !per.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         return Err(usage());
     }
     let secs: f64 = per.parse().map_err(|_| usage())?;
     let per = seconds("rate's SECONDS", secs, false)?;
     if per < Duration::from_millis(1) {
-        return Err(format!("--rate's interval must be at least a millisecond, not {secs} s"));
+        return Err(CliError::invalid(format!("--rate's interval must be at least a millisecond, not {secs} s")));
     }
     Ok(Rate { n, per })
 }
@@ -75,9 +77,9 @@ mod tests {
 
     #[test]
     fn examples() {
-        assert_eq!(seconds("delay", 1.5, false), Ok(Duration::from_millis(1500)));
-        assert_eq!(seconds("delay", 0.0, true), Ok(Duration::ZERO));
-        assert!(seconds("delay", 1e300, false).is_err_and(|e| e.ends_with("not 1e300")));
+        assert_eq!(seconds("delay", 1.5, false).ok(), Some(Duration::from_millis(1500)));
+        assert_eq!(seconds("delay", 0.0, true).ok(), Some(Duration::ZERO));
+        assert!(seconds("delay", 1e300, false).is_err_and(|e| e.to_string().ends_with("not 1e300")));
         for bad in [0.0, -1.0, 1e20, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, MAX_SECONDS * 1.01] {
             assert!(seconds("delay", bad, false).is_err(), "{bad}");
         }
@@ -85,8 +87,8 @@ mod tests {
 
     #[test]
     fn rates() {
-        assert_eq!(rate("100/60"), Ok(Rate { n: 100, per: Duration::from_secs(60) }));
-        assert_eq!(rate("5/0.5"), Ok(Rate { n: 5, per: Duration::from_millis(500) }));
+        assert_eq!(rate("100/60").ok(), Some(Rate { n: 100, per: Duration::from_secs(60) }));
+        assert_eq!(rate("5/0.5").ok(), Some(Rate { n: 5, per: Duration::from_millis(500) }));
         for bad in [
             "",
             "100",
@@ -127,7 +129,7 @@ mod tests {
         fn never_panics(s in proptest::num::f64::ANY, zero_ok: bool) {
             match seconds("x", s, zero_ok) {
                 Ok(d) => prop_assert!(d.as_secs_f64() <= MAX_SECONDS && (zero_ok || !d.is_zero())),
-                Err(e) => prop_assert!(e.starts_with("--x must be")),
+                Err(e) => prop_assert!(e.to_string().starts_with("--x must be")),
             }
         }
     }
@@ -158,7 +160,7 @@ pub(crate) struct Command {
 
 impl Command {
     /// The checked run of this command under a lease of `ttl` seconds.
-    pub(crate) fn run(&self, ttl: f64) -> Result<crate::runners::Run<'_>, String> {
+    pub(crate) fn run(&self, ttl: f64) -> Result<crate::runners::Run<'_>, CliError> {
         crate::runners::Run::new("ttl", ttl, self.grace, self.pass_env, &self.cmd)
     }
 }

@@ -13,10 +13,11 @@
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{AgentError, Missed, NewTask, Overlap, Schedule, Schedules, Task, Upserted, When};
+use mongoagent::{Missed, NewTask, Overlap, Schedule, Schedules, Task, Upserted, When};
 use store_mongo::MongoStore;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::CliError;
 use crate::runners::{self, AgentOpts, Run};
 use crate::supervise;
 
@@ -101,13 +102,6 @@ pub(crate) struct CronArgs {
     command: crate::args::Command,
 }
 
-fn config(e: AgentError) -> String {
-    match e {
-        AgentError::Config(m) => m,
-        other => other.to_string(),
-    }
-}
-
 impl CronArgs {
     /// The options shared with the other runners.
     pub(crate) fn command(&self) -> &crate::args::Command {
@@ -115,21 +109,21 @@ impl CronArgs {
     }
 
     /// The runner's lease, grace and command, checked.
-    pub(crate) fn run(&self) -> Result<Run<'_>, String> {
+    pub(crate) fn run(&self) -> Result<Run<'_>, CliError> {
         self.timeout()?;
         self.command.run(self.lease)
     }
 
     /// `--timeout`, checked.
-    fn timeout(&self) -> Result<Option<std::time::Duration>, String> {
+    fn timeout(&self) -> Result<Option<std::time::Duration>, CliError> {
         self.timeout.map(|t| crate::args::seconds("timeout", t, false)).transpose()
     }
 
     /// The schedule this line defines, checked before connecting: a bad
     /// expression, zone or number is a usage error (status 2).
-    pub(crate) fn schedule(&self) -> Result<Schedule, String> {
+    pub(crate) fn schedule(&self) -> Result<Schedule, CliError> {
         if self.name.is_empty() {
-            return Err("the schedule needs a name".into());
+            return Err(CliError::invalid("the schedule needs a name"));
         }
         let when = match (&self.spec, self.every) {
             (Some(expr), None) => {
@@ -138,12 +132,12 @@ impl CronArgs {
             (None, Some(every)) => {
                 When::Every { every: crate::args::seconds("every", every, false)?, offset: Duration::ZERO }
             }
-            _ => return Err("give a cron expression or --every SECONDS".into()),
+            _ => return Err(CliError::invalid("give a cron expression or --every SECONDS")),
         };
         // The command is part of the definition: a line with another command
         // changes it, and is told so (`warn_of_another_command`).
         let task = NewTask::new(self.name.clone(), doc! { COMMAND: self.command.cmd.clone() });
-        let mut s = Schedule::new(self.name.clone(), when, task).map_err(config)?;
+        let mut s = Schedule::new(self.name.clone(), when, task).map_err(CliError::CronLine)?;
         s = s
             .overlap(match self.overlap {
                 OverlapArg::Skip => Overlap::Skip,
@@ -208,15 +202,15 @@ fn tick_env(task: &Task, ours: &[String]) -> Vec<(&'static str, String)> {
 
 /// `mongocoord cron NAME SPEC -- CMD`: runs until SIGTERM/SIGINT (status 0), or
 /// until the scheduler or the agent fails for good (status 2).
-pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, run: &Run<'_>) -> Result<u8, String> {
+pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, run: &Run<'_>) -> Result<u8, CliError> {
     let name = schedule.name().to_owned();
-    let schedules = Schedules::new(store.clone(), &a.queue).map_err(config)?;
+    let schedules = Schedules::new(store.clone(), &a.queue).map_err(CliError::CronLine)?;
     let ours = a.command.cmd.clone();
-    let before = schedules.get(&name).await.map_err(|e| e.to_string())?;
+    let before = schedules.get(&name).await?;
     if let Some(theirs) = before.and_then(|b| command_of(b.schedule.data())).filter(|t| *t != ours) {
         warn_of_another_command(&name, &theirs, &ours, "was defined by another line to run");
     }
-    if let Upserted::Changed(v) = schedules.upsert(&schedule).await.map_err(|e| e.to_string())? {
+    if let Upserted::Changed(v) = schedules.upsert(&schedule).await? {
         eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})");
     }
     let opts = AgentOpts {
@@ -227,7 +221,7 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
         timeout: a.timeout()?,
         limits: None,
     };
-    let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(config)?;
+    let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(CliError::CronLine)?;
     let signal = supervise::on_signal();
     let stop_scheduler = CancellationToken::new();
     let _stop_on_exit = stop_scheduler.clone().drop_guard();
@@ -258,8 +252,8 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
     );
     match scheduled {
         Ok(Ok(())) => Ok(0),
-        Ok(Err(e)) => Err(format!("the scheduler of {name} stopped: {e}")),
-        Err(e) => Err(format!("the scheduler of {name} stopped: {e}")),
+        Ok(Err(source)) => Err(CliError::Scheduler { name, source }),
+        Err(source) => Err(CliError::Join { what: format!("the scheduler of {name} stopped"), source }),
     }
 }
 
@@ -274,12 +268,12 @@ mod tests {
         args: CronArgs,
     }
 
-    fn parse(line: &[&str]) -> Result<CronArgs, String> {
-        Line::try_parse_from([&["cron"], line].concat()).map(|l| l.args).map_err(|e| e.to_string())
+    fn parse(line: &[&str]) -> Result<CronArgs, clap::Error> {
+        Line::try_parse_from([&["cron"], line].concat()).map(|l| l.args)
     }
 
-    fn schedule(line: &[&str]) -> Result<Schedule, String> {
-        parse(line)?.schedule()
+    fn schedule(line: &[&str]) -> Result<Schedule, CliError> {
+        parse(line).unwrap().schedule()
     }
 
     #[test]
@@ -300,7 +294,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_a_clear_error() {
-        let err = |line: &[&str]| schedule(line).unwrap_err();
+        let err = |line: &[&str]| schedule(line).unwrap_err().to_string();
         assert!(err(&["t", "61 * * * *", "--", "x"]).contains("cron expression \"61 * * * *\""));
         assert!(err(&["t", "* * * * *", "--tz", "Mars/Olympus", "--", "x"]).contains("time zone \"Mars/Olympus\""));
         assert!(err(&["t", "--", "x"]).contains("a cron expression or --every"));
@@ -315,6 +309,6 @@ mod tests {
         assert!(parse(&["t", "* * * * *", "--every", "2", "--", "x"]).is_err());
         assert!(parse(&["t", "* * * * *"]).is_err(), "a command is required");
         let grace = parse(&["t", "* * * * *", "--ttl", "2", "--grace", "5", "--", "x"]).unwrap();
-        assert!(grace.run().unwrap_err().contains("does not fit"));
+        assert!(grace.run().unwrap_err().to_string().contains("does not fit"));
     }
 }

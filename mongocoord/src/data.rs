@@ -13,18 +13,21 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use store_trait::{Collection, Order, Query, Record, Store, StoreError, StoreResult};
 
+use crate::error::CliError;
+
 /// A collection name from the user, checked.
-pub(crate) fn coll(name: &str) -> Result<Collection, String> {
-    Collection::new(name).map_err(|e| e.to_string())
+pub(crate) fn coll(name: &str) -> Result<Collection, CliError> {
+    Ok(Collection::new(name)?)
 }
 
 /// A JSON object given by the user; `what` names it in errors ("filter",
 /// "task").
-pub(crate) fn parse_object(what: &str, text: &str) -> Result<Document, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("the {what} is not valid JSON: {e}"))?;
-    match Bson::try_from(v).map_err(|e| format!("the {what} cannot be stored: {e}"))? {
+pub(crate) fn parse_object(what: &str, text: &str) -> Result<Document, CliError> {
+    let v: Value = serde_json::from_str(text)
+        .map_err(|source| CliError::Json { what: format!("the {what} is not valid JSON"), source })?;
+    match Bson::try_from(v).map_err(|source| CliError::Bson { what: format!("the {what} cannot be stored"), source })? {
         Bson::Document(d) => Ok(d),
-        _ => Err(format!("the {what} must be a JSON object")),
+        _ => Err(CliError::invalid(format!("the {what} must be a JSON object"))),
     }
 }
 
@@ -73,10 +76,10 @@ pub(crate) struct Locks {
 }
 
 /// Reads every lock document, with expiry measured on the store's clock.
-pub(crate) async fn locks<S: Store>(store: &S, collection: &str) -> Result<Locks, String> {
+pub(crate) async fn locks<S: Store>(store: &S, collection: &str) -> Result<Locks, CliError> {
     let c = coll(collection)?;
-    let now = store.now().await.map_err(|e| e.to_string())?;
-    let found = store.find_each(&c, &Query::all().sort("_id", Order::Asc)).await.map_err(|e| e.to_string())?;
+    let now = store.now().await?;
+    let found = store.find_each(&c, &Query::all().sort("_id", Order::Asc)).await?;
     let (records, skipped) = readable(found);
     let rows = records
         .iter()
@@ -130,11 +133,11 @@ pub(crate) struct Elections {
 
 /// The seed's `cluster_detail` for every election; status documents are read
 /// with the library's one reader (`mongoelector::status::read_reports`).
-pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &str) -> Result<Elections, String> {
+pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &str) -> Result<Elections, CliError> {
     let (c, s) = (coll(collection)?, coll(status)?);
-    let now = store.now().await.map_err(|e| e.to_string())?;
-    let leases = store.find(&c, &Query::all().sort("_id", Order::Asc)).await.map_err(|e| e.to_string())?;
-    let reports = mongoelector::status::read_reports(store, &s, None).await.map_err(|e| e.to_string())?;
+    let now = store.now().await?;
+    let leases = store.find(&c, &Query::all().sort("_id", Order::Asc)).await?;
+    let reports = mongoelector::status::read_reports(store, &s, None).await?;
     let elections = leases
         .iter()
         .map(|e| {
@@ -210,9 +213,9 @@ pub(crate) const SKIPPED_SCAN: u32 = 1_000;
 /// queue's length nor its documents' size costs a scan, and no agent is left
 /// out however long the queue. `mongocoord tasks --list` reads every document
 /// it lists, and reports each it cannot read.
-async fn agent_names<S: Store>(store: &S, c: &Collection) -> Result<(Vec<String>, Vec<Value>), String> {
-    let names = store.distinct_strings(c, fields::AGENT_NAME, &Query::all()).await.map_err(|e| e.to_string())?;
-    let found = store.find_each(c, &Query::all().limit(SKIPPED_SCAN)).await.map_err(|e| e.to_string())?;
+async fn agent_names<S: Store>(store: &S, c: &Collection) -> Result<(Vec<String>, Vec<Value>), CliError> {
+    let names = store.distinct_strings(c, fields::AGENT_NAME, &Query::all()).await?;
+    let found = store.find_each(c, &Query::all().limit(SKIPPED_SCAN)).await?;
     let (_, skipped) = readable(found);
     Ok((names, skipped))
 }
@@ -222,16 +225,16 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
     store: &S,
     queue: &str,
     agent: Option<&str>,
-) -> Result<QueueCounts, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+) -> Result<QueueCounts, CliError> {
+    let q = Queue::new(store.clone(), queue)?;
     let (names, skipped) = match agent {
         Some(a) => (vec![a.to_owned()], Vec::new()),
         None => agent_names(store, q.collection()).await?,
     };
     let mut agents = BTreeMap::new();
-    let paused = q.paused_agents().await.map_err(|e| e.to_string())?;
+    let paused = q.paused_agents().await?;
     for n in &names {
-        let s = q.stats(n).await.map_err(|e| e.to_string())?;
+        let s = q.stats(n).await?;
         agents.insert(
             n.clone(),
             StatsRow {
@@ -302,9 +305,9 @@ pub(crate) async fn task_list<S: Store + Clone>(
     filter: Document,
     skip: u32,
     limit: u32,
-) -> Result<TaskList, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
-    let found = q.tasks_page(filter, skip, limit).await.map_err(|e| e.to_string())?;
+) -> Result<TaskList, CliError> {
+    let q = Queue::new(store.clone(), queue)?;
+    let found = q.tasks_page(filter, skip, limit).await?;
     let (records, skipped) = readable(found);
     Ok(TaskList { tasks: records.iter().map(task_json).collect(), skipped })
 }
@@ -316,9 +319,9 @@ pub(crate) async fn failed_list<S: Store + Clone>(
     queue: &str,
     filter: Document,
     limit: u32,
-) -> Result<TaskList, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
-    let found = q.failed_tasks(filter, Some(limit)).await.map_err(|e| e.to_string())?;
+) -> Result<TaskList, CliError> {
+    let q = Queue::new(store.clone(), queue)?;
+    let found = q.failed_tasks(filter, Some(limit)).await?;
     let (records, skipped) = readable(found);
     Ok(TaskList { tasks: records.iter().map(task_json).collect(), skipped })
 }
@@ -334,11 +337,11 @@ pub(crate) struct TaskDetail {
 /// A string id the command line would read back as an `ObjectId` ([`task_id`]):
 /// refused where ids are given to new tasks, so that an id typed in an
 /// operator's command always names the task it was shown for.
-pub(crate) fn check_new_task_id(id: &str) -> Result<(), String> {
+pub(crate) fn check_new_task_id(id: &str) -> Result<(), CliError> {
     match task_id(id) {
-        Bson::ObjectId(_) => Err(format!(
+        Bson::ObjectId(_) => Err(CliError::invalid(format!(
             "the id {id:?} is 24 hex digits, which the command line reads as an ObjectId: give another id, or none for a fresh ObjectId"
-        )),
+        ))),
         _ => Ok(()),
     }
 }
@@ -357,23 +360,21 @@ pub(crate) async fn task_detail<S: Store + Clone>(
     store: &S,
     queue: &str,
     id: &str,
-) -> Result<Option<TaskDetail>, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+) -> Result<Option<TaskDetail>, CliError> {
+    let q = Queue::new(store.clone(), queue)?;
     let id = task_id(id);
-    let found = q.tasks_each(doc! { "_id": id.clone() }, Some(1)).await.map_err(|e| e.to_string())?;
-    let (records, skipped) = readable(found);
-    let Some(r) = records.first() else {
-        return match skipped.first() {
-            Some(s) => Err(format!("the task cannot be read: {}", s["error"].as_str().unwrap_or_default())),
-            None => Ok(None),
-        };
+    let found = q.tasks_each(doc! { "_id": id.clone() }, Some(1)).await?;
+    let r = match found.into_iter().next() {
+        None => return Ok(None),
+        Some(Err(e)) => return Err(CliError::UnreadableTask(e)),
+        Some(Ok(r)) => r,
     };
     let parent = r.data().get(fields::PARENT).map(|p| match p {
         Bson::String(s) => s.clone(),
         Bson::ObjectId(o) => o.to_hex(),
         other => other.to_string(),
     });
-    let found = q.tasks_each(doc! { fields::PARENT: id }, Some(100)).await.map_err(|e| e.to_string())?;
+    let found = q.tasks_each(doc! { fields::PARENT: id }, Some(100)).await?;
     let children = readable(found).0.iter().map(task_json).collect();
-    Ok(Some(TaskDetail { task: task_json(r), parent, children }))
+    Ok(Some(TaskDetail { task: task_json(&r), parent, children }))
 }

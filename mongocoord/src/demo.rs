@@ -23,6 +23,8 @@ use store_trait::{Collection, Condition, Query, Store};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::CliError;
+
 const ELECTION: &str = "demo-scheduler";
 const ELECTOR_COLL: &str = "demo_electorlocks";
 const STATUS_COLL: &str = "demo_electorstatus";
@@ -216,7 +218,7 @@ pub(crate) async fn run(
     seconds: u64,
     tasks: u32,
     json: bool,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     match target {
         None => {
             eprintln!("mongocoord demo: in-memory store (set MONGODB_URI or pass --uri to run it on MongoDB)");
@@ -224,18 +226,18 @@ pub(crate) async fn run(
         }
         Some(c) => {
             eprintln!("mongocoord demo: MongoDB at {c}");
-            let store: MongoStore = c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))?;
+            let store: MongoStore = crate::connect_to(&c).await?;
             for c in [ELECTOR_COLL, STATUS_COLL, LOCK_COLL, QUEUE] {
-                store.database().collection::<bson::Document>(c).drop().await.map_err(|e| e.to_string())?;
+                store.database().collection::<bson::Document>(c).drop().await?;
             }
             demo(store, "mongodb", seconds, tasks, json).await
         }
     }
 }
 
-async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u32, json: bool) -> Result<u8, String> {
+async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u32, json: bool) -> Result<u8, CliError> {
     let shared = Arc::new(Shared::default());
-    let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
+    let queue = Queue::new(store.clone(), QUEUE)?;
     let seeded: Vec<NewTask> = (0..tasks)
         .step_by(BATCH as usize)
         .map(|from| {
@@ -244,7 +246,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         })
         .collect();
     let batches = seeded.len() as u64;
-    queue.enqueue_all(&seeded).await.map_err(|e| e.to_string())?;
+    queue.enqueue_all(&seeded).await?;
 
     let mut electors: Vec<Node<S>> = (0..3).map(|i| start_elector(&store, i)).collect();
     let mut agents: Vec<(&'static str, Proc)> = vec![
@@ -284,10 +286,8 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         }));
     }
 
-    let leader_lock =
-        Lock::builder(store.clone(), ELECTION).collection(ELECTOR_COLL).build().map_err(|e| e.to_string())?;
-    let report_lock =
-        Lock::builder(store.clone(), "demo-report").collection(LOCK_COLL).build().map_err(|e| e.to_string())?;
+    let leader_lock = Lock::builder(store.clone(), ELECTION).collection(ELECTOR_COLL).build()?;
+    let report_lock = Lock::builder(store.clone(), "demo-report").collection(LOCK_COLL).build()?;
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
     let chaos_until = started + Duration::from_secs(seconds);
@@ -356,9 +356,9 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
             }
         }
         restarts = still;
-        let fetch = queue.stats("fetch").await.map_err(|e| e.to_string())?;
-        let parse = queue.stats("parse").await.map_err(|e| e.to_string())?;
-        let batch = queue.stats("batch").await.map_err(|e| e.to_string())?;
+        let fetch = queue.stats("fetch").await?;
+        let parse = queue.stats("parse").await?;
+        let batch = queue.stats("batch").await?;
         let fetch_done = fetch.completed + fetch.failed;
         let parse_done = parse.completed + parse.failed;
         let batch_done = batch.completed + batch.failed;
@@ -404,21 +404,19 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
     }
 
     // Verify.
-    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
-    let all = store.count(&coll, &Query::all()).await.map_err(|e| e.to_string())?;
+    let coll = Collection::new(QUEUE)?;
+    let all = store.count(&coll, &Query::all()).await?;
     let open = store
         .count(&coll, &Query::all().when(Condition::FieldEq("complete".into(), bson::Bson::Boolean(true)).negate()))
-        .await
-        .map_err(|e| e.to_string())?;
-    let fetch = queue.stats("fetch").await.map_err(|e| e.to_string())?;
-    let parse_total = store.count(&coll, &Query::eq(doc! {"agent_name": "parse"})).await.map_err(|e| e.to_string())?;
+        .await?;
+    let fetch = queue.stats("fetch").await?;
+    let parse_total = store.count(&coll, &Query::eq(doc! {"agent_name": "parse"})).await?;
     let joined = store
         .count(
             &coll,
             &Query::eq(doc! {"agent_name": "batch", "complete": true, "error_encountered": false, "round": 1}),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let tokens = shared.lock_tokens.lock().clone();
     let increasing = tokens.windows(2).all(|w| w[0] < w[1]);
     let checks = [

@@ -8,6 +8,8 @@ use mongoagent::{EventFilter, EventKind, Queue, QueueEvent, TaskEvent};
 use serde_json::{json, Value};
 use store_mongo::MongoStore;
 
+use crate::error::CliError;
+
 /// What `watch --queue` shows.
 #[derive(Debug)]
 pub(crate) struct WatchEvents<'a> {
@@ -22,19 +24,19 @@ pub(crate) struct WatchEvents<'a> {
 }
 
 /// Prints events until `count` were printed (or forever).
-pub(crate) async fn watch(store: &MongoStore, w: WatchEvents<'_>) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), w.queue).map_err(|e| e.to_string())?;
+pub(crate) async fn watch(store: &MongoStore, w: WatchEvents<'_>) -> Result<u8, CliError> {
+    let q = Queue::new(store.clone(), w.queue)?;
     let mut filter = EventFilter::all().poll_every(w.poll);
     if let Some(a) = w.agent {
         filter = filter.agent(a);
     }
-    let mut events = q.events(filter).await.map_err(|e| e.to_string())?;
+    let mut events = q.events(filter).await?;
     // On stderr, so NDJSON on stdout stays clean; after subscribing, so
     // nothing after this line is missed.
     eprintln!("watching the tasks of {} (Ctrl-C stops)", w.queue);
     let mut n = 0;
     while w.count.is_none_or(|c| n < c) {
-        let Some(ev) = events.next().await else { return Err("the event feed stopped".into()) };
+        let Some(ev) = events.next().await else { return Err(CliError::Stopped("the event feed")) };
         if w.json {
             println!("{}", event_json(&ev));
         } else {

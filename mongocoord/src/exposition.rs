@@ -26,6 +26,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::error::CliError;
+
 /// The most label sets a family keeps in one exposition. Names come from the
 /// database (agent names, lock keys, elections) and from whatever a process
 /// records, so without a cap one scrape could grow without bound; what is
@@ -329,10 +331,9 @@ pub(crate) fn installed() -> &'static Bridge {
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The process's library figures, as a whole exposition.
-pub(crate) fn render() -> Result<String, String> {
+pub(crate) fn render() -> Result<String, CliError> {
     let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &installed().registry())
-        .map_err(|e| format!("cannot encode the metrics: {e}"))?;
+    prometheus_client::encoding::text::encode(&mut out, &installed().registry()).map_err(CliError::Encode)?;
     Ok(out)
 }
 
@@ -342,11 +343,13 @@ pub(crate) fn render() -> Result<String, String> {
 /// # Cancel safety
 ///
 /// Cancel-safe: dropped before it returns, nothing is served.
-pub(crate) async fn serve(addr: &str) -> Result<std::net::SocketAddr, String> {
+pub(crate) async fn serve(addr: &str) -> Result<std::net::SocketAddr, CliError> {
     installed();
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
-    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("cannot listen on {addr} for metrics"), e))?;
+    let bound =
+        listener.local_addr().map_err(|e| CliError::io(format!("cannot read the address bound for {addr}"), e))?;
     let app = axum::Router::new().route("/metrics", axum::routing::get(metrics_text));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -361,7 +364,7 @@ async fn metrics_text() -> axum::response::Response {
     use axum::response::IntoResponse;
     match render() {
         Ok(text) => ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
-        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
@@ -388,7 +391,7 @@ pub(crate) mod tests {
     /// samples `name{label="value",…} number` whose label values escape
     /// backslash, double quote and line feed. The label sets of each sample,
     /// by name, are returned.
-    pub(crate) fn check_exposition(text: &str) -> Result<Vec<Sample>, String> {
+    pub(crate) fn check_exposition(text: &str) -> Result<Vec<Sample>, CliError> {
         let name_ok = |n: &str| {
             !n.is_empty()
                 && n.chars()
@@ -397,7 +400,7 @@ pub(crate) mod tests {
         };
         let mut samples = Vec::new();
         for (i, line) in text.lines().enumerate() {
-            let bad = |why: &str| Err(format!("line {}: {why}: {line:?}", i + 1));
+            let bad = |why: &str| Err(CliError::invalid(format!("line {}: {why}: {line:?}", i + 1)));
             if line.starts_with("# ") {
                 continue;
             }

@@ -12,6 +12,7 @@ mod cron;
 mod dashboard;
 mod data;
 mod demo;
+mod error;
 mod events;
 mod exposition;
 mod queue_ops;
@@ -26,13 +27,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use store_mongo::{ConnectionConfig, MongoStore};
 
-/// Exit status when the lock or leadership was lost while the command ran.
-pub(crate) const EXIT_LOST: u8 = 75;
-/// Exit status when the lock could not be acquired within `--timeout`, or a
-/// task waited for (`enqueue --wait`) had not ended within `--wait-timeout`.
-pub(crate) const EXIT_TIMEOUT: u8 = 74;
-/// Exit status for bad arguments or an unreachable server.
-pub(crate) const EXIT_USAGE: u8 = 2;
+use crate::error::CliError;
 
 #[derive(Debug, Parser)]
 #[command(name = "mongocoord", version, about = "Locks, leader election and task agents on MongoDB")]
@@ -380,13 +375,19 @@ enum Cmd {
 
 /// Where to connect: the flags, else the environment (`MONGODB_URI`, else
 /// `MONGO_HOST`; `MONGO_DB`), by the one set of rules in `store_mongo`.
-pub(crate) fn resolve_connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, String> {
-    ConnectionConfig::resolve(uri, db, |k| std::env::var(k).ok()).map_err(|e| e.to_string())
+pub(crate) fn resolve_connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, CliError> {
+    Ok(ConnectionConfig::resolve(uri, db, |k| std::env::var(k).ok())?)
 }
 
-pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<MongoStore, String> {
-    let c = resolve_connection(uri, db)?;
-    c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))
+/// The store the flags and the environment name, reached: an unreachable
+/// server is [`CliError::Connect`] (status 2), its URI shown without secrets.
+pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<MongoStore, CliError> {
+    connect_to(&resolve_connection(uri, db)?).await
+}
+
+/// [`connect`] to a connection already resolved.
+pub(crate) async fn connect_to(c: &ConnectionConfig) -> Result<MongoStore, CliError> {
+    c.connect().await.map_err(|source| CliError::Connect { target: c.to_string(), source })
 }
 
 /// The log filter when `RUST_LOG` is not set: `warn` (which records the
@@ -404,8 +405,7 @@ fn main() -> ExitCode {
     if matches!(cli.cmd, Cmd::Supervise { .. }) {
         // Before the runtime's threads exist: they inherit the signal mask.
         if let Err(e) = supervise::before_supervisor_runtime() {
-            eprintln!("mongocoord supervise: {e}");
-            return ExitCode::FAILURE;
+            return fail("mongocoord supervise", &e);
         }
     }
     let filter = default_log_filter(cli.verbose);
@@ -415,18 +415,20 @@ fn main() -> ExitCode {
         .try_init();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("mongocoord: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail("mongocoord", &CliError::Runtime(e)),
     };
     match rt.block_on(run(cli)) {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("mongocoord: {e}");
-            ExitCode::from(EXIT_USAGE)
-        }
+        Err(e) => fail("mongocoord", &e),
     }
+}
+
+/// Reports `e` on stderr as one line, `who: message`, and gives its exit
+/// status ([`CliError::exit_code`]). The message may quote the database (a
+/// holder, a task id, a document's field): it is made [`terminal::safe`].
+fn fail(who: &str, e: &CliError) -> ExitCode {
+    eprintln!("{who}: {}", terminal::safe(&e.to_string()));
+    ExitCode::from(e.exit_code())
 }
 
 impl Cmd {
@@ -445,13 +447,13 @@ impl Cmd {
 /// The URI the flags give: `--uri`, with a warning when it carries a secret
 /// (every user of the host can read a command line), or `--uri-file`'s first
 /// line.
-fn uri_from_flags(uri: Option<String>, file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+fn uri_from_flags(uri: Option<String>, file: Option<&std::path::Path>) -> Result<Option<String>, CliError> {
     if let Some(path) = file {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("cannot read --uri-file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::io(format!("cannot read --uri-file {}", path.display()), e))?;
         let line = text.lines().next().unwrap_or_default().trim().to_owned();
         if line.is_empty() {
-            return Err(format!("--uri-file {} holds no URI", path.display()));
+            return Err(CliError::invalid(format!("--uri-file {} holds no URI", path.display())));
         }
         return Ok(Some(line));
     }
@@ -465,7 +467,7 @@ fn uri_from_flags(uri: Option<String>, file: Option<&std::path::Path>) -> Result
     Ok(uri)
 }
 
-async fn run(cli: Cli) -> Result<u8, String> {
+async fn run(cli: Cli) -> Result<u8, CliError> {
     let uri = uri_from_flags(cli.uri, cli.uri_file.as_deref())?;
     let (uri, db, json) = (uri.as_deref(), cli.db.as_deref(), cli.json);
     if let Some(addr) = cli.cmd.metrics_bind() {

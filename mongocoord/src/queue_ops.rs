@@ -9,6 +9,7 @@ use store_mongo::MongoStore;
 use store_trait::Key;
 
 use crate::data::{parse_object, task_id};
+use crate::error::CliError;
 use crate::terminal::safe;
 
 /// Which tasks an action applies to, in which queue: these ids, or those
@@ -31,11 +32,11 @@ pub(crate) struct Selection {
 
 impl Selection {
     /// The equality filter each selected task is found with.
-    fn filters(&self) -> Result<Vec<bson::Document>, String> {
+    fn filters(&self) -> Result<Vec<bson::Document>, CliError> {
         match (self.ids.is_empty(), self.filter.as_deref()) {
             (false, None) => Ok(self.ids.iter().map(|id| bson::doc! { "_id": task_id(id) }).collect()),
             (true, Some(f)) => Ok(vec![parse_object("filter", f)?]),
-            _ => Err("give task ids or --filter (one of them)".into()),
+            _ => Err(CliError::invalid("give task ids or --filter (one of them)")),
         }
     }
 }
@@ -53,22 +54,22 @@ fn print(action: &str, done: &[Key], dry_run: bool, json: bool) {
 
 /// `mongocoord cancel`: ends tasks not yet ended as cancelled (a running one's
 /// agent loses its claim; the fence decides against a racing completion).
-pub(crate) async fn cancel(store: &MongoStore, which: &Selection, json: bool) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), &which.queue).map_err(|e| e.to_string())?;
+pub(crate) async fn cancel(store: &MongoStore, which: &Selection, json: bool) -> Result<u8, CliError> {
+    let q = Queue::new(store.clone(), &which.queue)?;
     let mut done = Vec::new();
     for f in which.filters()? {
-        done.extend(q.cancel(f).dry_run(which.dry_run).await.map_err(|e| e.to_string())?);
+        done.extend(q.cancel(f).dry_run(which.dry_run).await?);
     }
     print("cancelled", &done, which.dry_run, json);
     Ok(0)
 }
 
 /// `mongocoord delete`: removes ended tasks (with `force`, any task).
-pub(crate) async fn delete(store: &MongoStore, which: &Selection, force: bool, json: bool) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), &which.queue).map_err(|e| e.to_string())?;
+pub(crate) async fn delete(store: &MongoStore, which: &Selection, force: bool, json: bool) -> Result<u8, CliError> {
+    let q = Queue::new(store.clone(), &which.queue)?;
     let mut done = Vec::new();
     for f in which.filters()? {
-        done.extend(q.delete(f).force(force).dry_run(which.dry_run).await.map_err(|e| e.to_string())?);
+        done.extend(q.delete(f).force(force).dry_run(which.dry_run).await?);
     }
     print("deleted", &done, which.dry_run, json);
     Ok(0)
@@ -83,9 +84,9 @@ pub(crate) async fn set_paused(
     agent: &str,
     paused: bool,
     json: bool,
-) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
-    q.set_paused(agent, paused).await.map_err(|e| e.to_string())?;
+) -> Result<u8, CliError> {
+    let q = Queue::new(store.clone(), queue)?;
+    q.set_paused(agent, paused).await?;
     if json {
         println!("{}", json!({ "agent": agent, "paused": paused }));
     } else {

@@ -10,14 +10,14 @@ use std::time::Duration;
 use bson::{Bson, Document};
 use mongoagent::{Agent, AgentBuilder, AgentCounters, NewTask, Outcome, Task};
 use mongoelector::Elector;
-use mongolock::{Acquire, Lock, LockError};
+use mongolock::{Acquire, Lock};
 use store_mongo::MongoStore;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{CliError, Lost};
 use crate::supervise::{self, exit_code, Spec, Stops, Why};
-use crate::{EXIT_LOST, EXIT_TIMEOUT};
 
-fn secs(what: &str, s: f64) -> Result<Duration, String> {
+fn secs(what: &str, s: f64) -> Result<Duration, CliError> {
     crate::args::seconds(what, s, false)
 }
 
@@ -39,11 +39,11 @@ impl<'a> Run<'a> {
         grace: Option<f64>,
         pass_env: bool,
         cmd: &'a [String],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CliError> {
         let ttl = secs(lease, ttl)?;
         let grace = supervise::grace(lease, ttl, grace)?;
         if cmd.is_empty() {
-            return Err("no command given".into());
+            return Err(CliError::invalid("no command given"));
         }
         Ok(Run { ttl, grace, pass_env, cmd })
     }
@@ -51,31 +51,31 @@ impl<'a> Run<'a> {
     fn spec(&self, env: Vec<(&'static str, String)>, stdin: Option<Vec<u8>>, capture: bool) -> Spec<'a> {
         Spec { argv: self.cmd, env, stdin, capture, grace: self.grace, pass_env: self.pass_env }
     }
+
+    /// The command could not be run under its supervisor.
+    fn cannot_run(&self, e: std::io::Error) -> CliError {
+        CliError::io(format!("cannot run {:?}", self.cmd[0]), e)
+    }
 }
 
-/// `mongocoord lock KEY -- CMD`.
+/// `mongocoord lock KEY -- CMD`: the command's exit status; a lock not
+/// acquired within `timeout` is [`mongolock::LockError::Timeout`] (status 74), a lock
+/// lost while the command ran [`CliError::LockLost`] (status 75).
 pub(crate) async fn lock(
     store: MongoStore,
     key: &str,
     collection: &str,
     timeout: Option<f64>,
     run: &Run<'_>,
-) -> Result<u8, String> {
-    let lock = Lock::builder(store, key).collection(collection).ttl(run.ttl).build().map_err(|e| e.to_string())?;
+) -> Result<u8, CliError> {
+    let lock = Lock::builder(store, key).collection(collection).ttl(run.ttl).build()?;
     let signal = supervise::on_signal();
     let mut opts = Acquire::new().auto_renew();
     if let Some(t) = timeout {
         opts = opts.timeout(secs("timeout", t)?);
     }
     let guard = tokio::select! {
-        r = lock.acquire_with(opts) => match r {
-            Ok(g) => g,
-            Err(LockError::Timeout { .. }) => {
-                eprintln!("mongocoord: timed out waiting for lock {key}");
-                return Ok(EXIT_TIMEOUT);
-            }
-            Err(e) => return Err(e.to_string()),
-        },
+        r = lock.acquire_with(opts) => r?,
         _ = signal.cancelled() => return Ok(130),
     };
     tracing::info!(key, fence = guard.fence(), "lock acquired; running the command");
@@ -89,25 +89,16 @@ pub(crate) async fn lock(
     // lock let go of.
     let was_lost = guard.is_lost();
     let released = guard.release().await;
-    let done = done.map_err(|e| format!("cannot run {:?}: {e}", run.cmd[0]))?;
+    let done = done.map_err(|e| run.cannot_run(e))?;
+    let lost = |how| Err(CliError::LockLost { key: key.to_owned(), how });
     match done.stopped {
-        Some(Why::LeaseLost) => {
-            eprintln!("mongocoord: lock {key} was lost; the command was killed");
-            return Ok(EXIT_LOST);
-        }
-        Some(Why::LeaseAtRisk) => {
-            eprintln!("mongocoord: lock {key} could not be renewed in time; the command was stopped");
-            return Ok(EXIT_LOST);
-        }
-        _ if was_lost => {
-            eprintln!("mongocoord: lock {key} was lost");
-            return Ok(EXIT_LOST);
-        }
+        Some(Why::LeaseLost) => return lost(Lost::Killed),
+        Some(Why::LeaseAtRisk) => return lost(Lost::AtRisk),
+        _ if was_lost => return lost(Lost::AfterTheCommand),
         _ => {}
     }
-    if let Err(e) = released {
-        eprintln!("mongocoord: lock {key}: {e}");
-        return Ok(EXIT_LOST);
+    if let Err(source) = released {
+        return Err(CliError::Release { key: key.to_owned(), source });
     }
     if done.stopped == Some(Why::SupervisorKilled) {
         eprintln!("mongocoord: lock {key}: the command's supervisor was killed; its process tree was killed first");
@@ -116,9 +107,9 @@ pub(crate) async fn lock(
 }
 
 /// `mongocoord elect KEY -- CMD`.
-pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result<u8, String> {
-    let elector = Elector::builder(store, key).ttl(run.ttl).build().map_err(|e| e.to_string())?;
-    elector.start().map_err(|e| e.to_string())?;
+pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result<u8, CliError> {
+    let elector = Elector::builder(store, key).ttl(run.ttl).build()?;
+    elector.start()?;
     let signal = supervise::on_signal();
     let mut leadership = elector.leadership();
     loop {
@@ -131,7 +122,7 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
                     elector.stop().await;
                     return Ok(0);
                 }
-                r = leadership.changed() => if r.is_err() { return Err("elector stopped".into()) },
+                r = leadership.changed() => if r.is_err() { return Err(CliError::Stopped("elector")) },
             }
         };
         let token = elector.node_status().fence.unwrap_or_default();
@@ -157,7 +148,7 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
             Ok(d) => d,
             Err(e) => {
                 elector.stop().await;
-                return Err(format!("cannot run {:?}: {e}", run.cmd[0]));
+                return Err(run.cannot_run(e));
             }
         };
         match done.stopped {
@@ -205,24 +196,31 @@ pub(crate) fn task_json(task: &Task) -> Vec<u8> {
 /// Reads the command's stdout: empty, or a JSON object whose `follow_ups` array
 /// holds tasks to enqueue (each with an `agent_name`) and whose other fields are
 /// merged into the task.
-pub(crate) fn parse_output(stdout: &[u8]) -> Result<Outcome, String> {
+pub(crate) fn parse_output(stdout: &[u8]) -> Result<Outcome, CliError> {
     let text = String::from_utf8_lossy(stdout);
     if text.trim().is_empty() {
         return Ok(Outcome::done());
     }
-    let value: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| format!("stdout is not JSON: {e}"))?;
-    let serde_json::Value::Object(mut map) = value else { return Err("stdout is not a JSON object".into()) };
+    let value: serde_json::Value = serde_json::from_str(text.trim())
+        .map_err(|source| CliError::Json { what: "stdout is not JSON".into(), source })?;
+    let serde_json::Value::Object(mut map) = value else {
+        return Err(CliError::invalid("stdout is not a JSON object"));
+    };
     let follow_ups = map.remove("follow_ups");
-    let merge = Document::try_from(map).map_err(|e| format!("stdout cannot be stored: {e}"))?;
+    let merge =
+        Document::try_from(map).map_err(|source| CliError::Bson { what: "stdout cannot be stored".into(), source })?;
     let mut outcome = Outcome::done_with(merge);
     if let Some(v) = follow_ups {
-        let serde_json::Value::Array(items) = v else { return Err("follow_ups must be an array".into()) };
+        let serde_json::Value::Array(items) = v else { return Err(CliError::invalid("follow_ups must be an array")) };
         for item in items {
-            let serde_json::Value::Object(mut m) = item else { return Err("each follow-up must be an object".into()) };
-            let Some(serde_json::Value::String(agent)) = m.remove("agent_name") else {
-                return Err("each follow-up needs an agent_name string".into());
+            let serde_json::Value::Object(mut m) = item else {
+                return Err(CliError::invalid("each follow-up must be an object"));
             };
-            let data = Document::try_from(m).map_err(|e| format!("bad follow-up: {e}"))?;
+            let Some(serde_json::Value::String(agent)) = m.remove("agent_name") else {
+                return Err(CliError::invalid("each follow-up needs an agent_name string"));
+            };
+            let data =
+                Document::try_from(m).map_err(|source| CliError::Bson { what: "bad follow-up".into(), source })?;
             outcome = outcome.follow_up(NewTask::new(agent, data));
         }
     }
@@ -236,8 +234,8 @@ pub(crate) async fn agent(
     queue: &str,
     o: AgentOpts,
     run: &Run<'_>,
-) -> Result<u8, String> {
-    let agent = agent_builder(store, name, queue, o, run).build().map_err(|e| e.to_string())?;
+) -> Result<u8, CliError> {
+    let agent = agent_builder(store, name, queue, o, run).build()?;
     let signal = supervise::on_signal();
     let log = work_tasks(&agent, run, &signal, std::sync::Arc::new(|_: &Task| Vec::new())).await?;
     eprintln!(
@@ -305,7 +303,7 @@ pub(crate) async fn work_tasks(
     run: &Run<'_>,
     signal: &CancellationToken,
     env: TaskEnv,
-) -> Result<AgentCounters, String> {
+) -> Result<AgentCounters, CliError> {
     {
         let (a, s) = (agent.clone(), signal.clone());
         tokio::spawn(async move {
@@ -350,7 +348,7 @@ pub(crate) async fn work_tasks(
             task_outcome(&argv0, done)
         }
     };
-    agent.work(handler).await.map_err(|e| e.to_string())
+    Ok(agent.work(handler).await?)
 }
 
 /// The outcome of a task whose command's tree is gone.
@@ -372,7 +370,8 @@ fn task_outcome(argv0: &str, done: std::io::Result<supervise::Finished>) -> Outc
                 Outcome::failed("the command's supervisor was killed; its process tree was killed first")
             }
             None if done.status.success() => {
-                parse_output(&done.stdout.bytes).unwrap_or_else(Outcome::failed_permanently)
+                // The task's error says what was wrong with the output.
+                parse_output(&done.stdout.bytes).unwrap_or_else(|e| Outcome::failed_permanently(e.to_string()))
             }
             None => Outcome::failed(format!("exit status {}: {}", exit_code(done.status), done.stderr_tail())),
         },

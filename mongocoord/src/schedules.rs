@@ -5,6 +5,8 @@ use mongoagent::{Missed, Overlap, ScheduleInfo, Schedules, When};
 use serde_json::{json, Value};
 use store_trait::{Collection, Key, Store, StoreTime};
 
+use crate::error::CliError;
+
 /// What `mongocoord schedule` does to a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Action {
@@ -16,12 +18,12 @@ pub(crate) enum Action {
     Delete,
 }
 
-fn open<S: Store + Clone>(store: &S, queue: &str, collection: Option<&str>) -> Result<Schedules<S>, String> {
-    match collection {
+fn open<S: Store + Clone>(store: &S, queue: &str, collection: Option<&str>) -> Result<Schedules<S>, CliError> {
+    let s = match collection {
         Some(c) => Schedules::with_collection(store.clone(), queue, c),
         None => Schedules::new(store.clone(), queue),
-    }
-    .map_err(|e| e.to_string())
+    };
+    Ok(s?)
 }
 
 fn spec(info: &ScheduleInfo) -> (String, Option<String>) {
@@ -37,9 +39,9 @@ fn spec(info: &ScheduleInfo) -> (String, Option<String>) {
 /// How the task of the last tick went (`data::task_state`: completed,
 /// failed, running, ready, held waiting for the previous tick's task, …), or
 /// gone.
-async fn outcome<S: Store>(store: &S, queue: &Collection, task: &str) -> Result<String, String> {
-    let key = Key::new(task).map_err(|e| e.to_string())?;
-    let Some(r) = store.get(queue, &key).await.map_err(|e| e.to_string())?.record else {
+async fn outcome<S: Store>(store: &S, queue: &Collection, task: &str) -> Result<String, CliError> {
+    let key = Key::new(task)?;
+    let Some(r) = store.get(queue, &key).await?.record else {
         return Ok("gone".into());
     };
     Ok(crate::data::task_state(r.data()).into())
@@ -56,10 +58,10 @@ pub(crate) async fn rows<S: Store + Clone>(
     store: &S,
     queue: &str,
     collection: Option<&str>,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, CliError> {
     let s = open(store, queue, collection)?;
     let mut out = Vec::new();
-    for info in s.list().await.map_err(|e| e.to_string())? {
+    for info in s.list().await? {
         let (spec, zone) = spec(&info);
         let last_outcome = match &info.last_task {
             Some(t) => Some(outcome(store, s.queue().collection(), t).await?),
@@ -102,7 +104,7 @@ pub(crate) async fn list<S: Store + Clone>(
     queue: &str,
     collection: Option<&str>,
     json: bool,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     let rows = rows(store, queue, collection).await?;
     if json {
         println!("{}", Value::Array(rows));
@@ -122,14 +124,14 @@ pub(crate) async fn apply<S: Store + Clone>(
     collection: Option<&str>,
     action: Action,
     name: &str,
-) -> Result<bool, String> {
+) -> Result<bool, CliError> {
     let s = open(store, queue, collection)?;
-    match action {
+    let found = match action {
         Action::Pause => s.pause(name).await,
         Action::Resume => s.resume(name).await,
         Action::Delete => s.delete(name).await,
-    }
-    .map_err(|e| e.to_string())
+    };
+    Ok(found?)
 }
 
 /// `mongocoord schedule pause|resume|delete NAME`: exit status 1 when there is
@@ -141,7 +143,7 @@ pub(crate) async fn act<S: Store + Clone>(
     action: Action,
     name: &str,
     json: bool,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     let found = apply(store, queue, collection, action, name).await?;
     let verb = match action {
         Action::Pause => "paused",

@@ -11,9 +11,10 @@ use store_mongo::MongoStore;
 use store_trait::Store;
 
 use crate::data::{self, parse_object, StatsRow};
+use crate::error::CliError;
 use crate::terminal::{print_table, safe};
 
-fn parse_filter(text: &str) -> Result<bson::Document, String> {
+fn parse_filter(text: &str) -> Result<bson::Document, CliError> {
     parse_object("filter", text)
 }
 
@@ -39,7 +40,7 @@ fn to_json(v: &impl serde::Serialize) -> Value {
 }
 
 /// `mongocoord locks`.
-pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> Result<u8, String> {
+pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> Result<u8, CliError> {
     let data::Locks { rows, skipped } = data::locks(store, collection).await?;
     report_skipped("lock", &skipped);
     if json {
@@ -65,7 +66,7 @@ pub(crate) async fn locks(store: &MongoStore, collection: &str, json: bool) -> R
 /// `mongocoord leaders`: the seed's `cluster_detail` for every election. Status
 /// documents are read with the library's schema (`mongoelector::status`); those
 /// it cannot read are listed on stderr and under `skipped` in `--json`.
-pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, json: bool) -> Result<u8, String> {
+pub(crate) async fn leaders(store: &MongoStore, collection: &str, status: &str, json: bool) -> Result<u8, CliError> {
     let out = data::elections(store, collection, status).await?;
     for bad in &out.skipped {
         eprintln!("mongocoord: skipped {}", safe(bad["error"].as_str().unwrap_or_default()));
@@ -111,7 +112,7 @@ pub(crate) async fn tasks(
     filter: Option<&str>,
     limit: u32,
     json: bool,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     if only.failed {
         return failed(store, queue, only, filter, limit, json).await;
     }
@@ -176,7 +177,7 @@ async fn failed(
     filter: Option<&str>,
     limit: u32,
     json: bool,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     let mut f = filter.map(parse_filter).transpose()?.unwrap_or_default();
     if let Some(a) = only.agent {
         f.insert(mongoagent::fields::AGENT_NAME, a);
@@ -234,8 +235,8 @@ pub(crate) async fn enqueue(
     data: &str,
     o: EnqueueOpts,
     json: bool,
-) -> Result<u8, String> {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+) -> Result<u8, CliError> {
+    let q = Queue::new(store.clone(), queue)?;
     let mut t = NewTask::new(agent, parse_object("task", data)?).priority(o.priority);
     if let Some(d) = o.delay {
         t = t.delay(crate::args::seconds("delay", d, true)?);
@@ -250,7 +251,7 @@ pub(crate) async fn enqueue(
         data::check_new_task_id(&id)?;
         t = t.id(id);
     }
-    let (id, new) = q.enqueue(t).await.map_err(|e| e.to_string())?;
+    let (id, new) = q.enqueue(t).await?;
     if let Some(limit) = o.wait {
         return wait_for(&q, &id, new, limit).await;
     }
@@ -263,14 +264,14 @@ pub(crate) async fn enqueue(
 }
 
 /// `enqueue --wait`: waits for task `id` to end and prints it as JSON; exit
-/// status 0 if it completed, 1 if not, [`EXIT_TIMEOUT`](crate::EXIT_TIMEOUT)
-/// if `limit` passed first.
+/// status 0 if it completed, 1 if not, [`CliError::NotEnded`] (status 74) if
+/// `limit` passed first.
 async fn wait_for(
     q: &Queue<MongoStore>,
     id: &store_trait::Key,
     inserted: bool,
     limit: Option<std::time::Duration>,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     let waiting = q.wait_for(id);
     let ended = match limit {
         Some(l) => match tokio::time::timeout(l, waiting).await {
@@ -278,13 +279,11 @@ async fn wait_for(
             Err(_) => {
                 let out = json!({ "id": id.to_string(), "inserted": inserted, "ended": false });
                 println!("{out}");
-                eprintln!("mongocoord: task {} has not ended after {l:?}", safe(&id.to_string()));
-                return Ok(crate::EXIT_TIMEOUT);
+                return Err(CliError::NotEnded { task: id.to_string(), after: l });
             }
         },
         None => waiting.await,
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     let result = bson::Bson::Document(ended.data().clone()).into_relaxed_extjson();
     let out = json!({
         "id": id.to_string(),
@@ -308,7 +307,7 @@ pub(crate) async fn requeue(
     dry_run: bool,
     yes: bool,
     json: bool,
-) -> Result<u8, String> {
+) -> Result<u8, CliError> {
     let ask = |n: usize| async move {
         if yes {
             return true;
@@ -332,15 +331,15 @@ async fn requeue_asking<S, F, Fut>(
     dry_run: bool,
     json: bool,
     ask: F,
-) -> Result<u8, String>
+) -> Result<u8, CliError>
 where
     S: Store + Clone,
     F: FnOnce(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let q = Queue::new(store.clone(), queue).map_err(|e| e.to_string())?;
+    let q = Queue::new(store.clone(), queue)?;
     let f = parse_filter(filter)?;
-    let candidates = q.requeue(f).dry_run(true).await.map_err(|e| e.to_string())?;
+    let candidates = q.requeue(f).dry_run(true).await?;
     if dry_run || candidates.is_empty() {
         let ids: Vec<String> = candidates.iter().map(ToString::to_string).collect();
         if json {
@@ -354,7 +353,7 @@ where
         eprintln!("nothing changed");
         return Ok(1);
     }
-    let done = q.requeue_ids(&candidates).await.map_err(|e| e.to_string())?;
+    let done = q.requeue_ids(&candidates).await?;
     let ids: Vec<String> = done.iter().map(ToString::to_string).collect();
     if json {
         println!("{}", json!({ "dry_run": false, "ids": ids }));
@@ -366,7 +365,7 @@ where
 
 /// `mongocoord watch` without `--queue`: a refreshing view of locks and
 /// leaders (with `--queue`, the queue's events: `events::watch`).
-pub(crate) async fn watch(store: &MongoStore, interval: f64, count: Option<u64>) -> Result<u8, String> {
+pub(crate) async fn watch(store: &MongoStore, interval: f64, count: Option<u64>) -> Result<u8, CliError> {
     let interval = crate::args::seconds("interval", interval, false)?;
     // The screen is cleared only on a terminal: piped, the refreshes follow
     // one another.
@@ -376,7 +375,7 @@ pub(crate) async fn watch(store: &MongoStore, interval: f64, count: Option<u64>)
         if clear {
             print!("\x1b[2J\x1b[H");
         }
-        println!("mongocoord watch — {}", store.now().await.map_err(|e| e.to_string())?);
+        println!("mongocoord watch — {}", store.now().await?);
         println!("\nLOCKS");
         locks(store, mongolock::DEFAULT_COLLECTION, false).await?;
         println!("\nLEADERS");
@@ -419,7 +418,7 @@ mod tests {
                 true
             }
         };
-        assert_eq!(requeue_asking(&store, "jobs", r#"{"agent_name": "resize"}"#, false, true, ask).await, Ok(0));
+        assert_eq!(requeue_asking(&store, "jobs", r#"{"agent_name": "resize"}"#, false, true, ask).await.unwrap(), 0);
         let q = Queue::new(store.clone(), "jobs").unwrap();
         let ready = |id: &'static str| {
             let q = q.clone();

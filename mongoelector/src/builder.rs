@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use mongolock::{Identity, Lock, LockInfo};
+use mongolock::{ConfigError, Identity, Lock, LockInfo};
 use store_trait::{Collection, Store};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -181,8 +181,9 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             .poll_interval(self.step.unwrap_or(renew_every).max(Duration::from_millis(1)))
             .identity(identity.clone())
             .build()
-            .map_err(|e| ElectorError::Config(e.to_string()))?;
-        let status_coll = Collection::new(self.status_collection).map_err(|e| ElectorError::Config(e.to_string()))?;
+            .map_err(|e| ElectorError::Config(ConfigError::caused_by(e)))?;
+        let status_coll =
+            Collection::new(self.status_collection).map_err(|e| ElectorError::Config(ConfigError::caused_by(e)))?;
         let lifetime = CancellationToken::new();
         let inner = Arc::new(Inner {
             key: self.key.clone(),

@@ -1,15 +1,16 @@
 //! The elector's errors.
 
-use mongolock::LockError;
+use mongolock::{ConfigError, LockError};
 use store_trait::StoreError;
 
 /// Errors of the elector.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ElectorError {
-    /// The configuration was rejected. Nothing was written.
+    /// The configuration was rejected, with the error that rejected it where
+    /// there is one. Nothing was written.
     #[error("invalid elector configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// A lock operation failed.
     #[error(transparent)]
     Lock(#[from] LockError),

@@ -68,9 +68,10 @@ pub enum LockError {
         key: String,
     },
     /// The configuration was rejected (empty key, ttl zero or too large, renew
-    /// interval not below the ttl, …). Nothing was written.
+    /// interval not below the ttl, …), with the error that rejected it where
+    /// there is one. Nothing was written.
     #[error("invalid lock configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// The store failed. See [`StoreError::is_retryable`].
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -84,5 +85,74 @@ impl LockError {
             LockError::Store(e) => e.is_retryable(),
             _ => false,
         }
+    }
+}
+
+/// Why a configuration was rejected: what is wrong and, where another error
+/// rejected it (an invalid key, collection name or ttl from `store_trait`, the
+/// lease of a lock the configuration builds), that error as its
+/// [`source`](std::error::Error::source).
+///
+/// The `Config` variant of [`LockError`], `mongoelector::ElectorError` and
+/// `mongoagent::AgentError` carries one. Its message is the reason, the
+/// source's own message when there is a source, so a caller that prints only
+/// the error's message (as the CLI does) loses nothing.
+///
+/// ```
+/// use std::error::Error as _;
+/// use mongolock::{ConfigError, LockError};
+///
+/// let e = LockError::Config(ConfigError::caused_by(store_trait::Key::new("").unwrap_err()));
+/// assert!(e.to_string().starts_with("invalid lock configuration: invalid key"));
+/// let LockError::Config(c) = &e else { unreachable!() };
+/// assert!(c.source().unwrap().downcast_ref::<store_trait::StoreError>().is_some());
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
+pub struct ConfigError {
+    reason: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl ConfigError {
+    /// A rejection that no other error caused: `reason` says what is wrong.
+    pub fn new(reason: impl Into<String>) -> Self {
+        ConfigError { reason: reason.into(), source: None }
+    }
+
+    /// A rejection by another error, which it keeps as its source; its
+    /// message is the reason.
+    pub fn caused_by(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ConfigError { reason: source.to_string(), source: Some(Box::new(source)) }
+    }
+
+    /// This rejection, caused by `source` (which `reason` may quote).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// What is wrong.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl From<String> for ConfigError {
+    fn from(reason: String) -> Self {
+        ConfigError::new(reason)
+    }
+}
+
+impl From<&str> for ConfigError {
+    fn from(reason: &str) -> Self {
+        ConfigError::new(reason)
+    }
+}
+
+impl From<StoreError> for ConfigError {
+    fn from(source: StoreError) -> Self {
+        ConfigError::caused_by(source)
     }
 }

@@ -21,7 +21,7 @@ use crate::guard::LockGuard;
 use crate::info::{LockMetrics, Metrics};
 use crate::keeper::keeper;
 use crate::kept::{Confirmed, KeptLease, KeptState};
-use crate::{Identity, LeaseTiming, LockError};
+use crate::{ConfigError, Identity, LeaseTiming, LockError};
 
 /// Configures [`Leases`].
 #[derive(Debug)]
@@ -87,7 +87,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// Validates the configuration (the collection name, and the timing through
     /// [`LeaseTiming`]).
     pub fn build(self) -> Result<Leases<S>, LockError> {
-        let coll = Collection::new(self.collection).map_err(|e| LockError::Config(e.to_string()))?;
+        let coll = Collection::new(self.collection).map_err(|e| LockError::Config(ConfigError::caused_by(e)))?;
         let timing = LeaseTiming::new(self.ttl, self.renew_every, self.margin)?;
         Ok(Leases {
             config: Arc::new(LeaseConfig {
@@ -220,11 +220,14 @@ impl<S: Store + Clone> Leases<S> {
         if let Some(lease) = record.lease() {
             let granted = lease.until.as_millis().saturating_sub(lease.since.as_millis());
             if granted < self.config.ttl.as_millis() {
-                return Err(LockError::Config(format!(
-                    "the lease of {} lasts {granted} ms, less than the ttl {:?} it would be kept with",
-                    record.key(),
-                    self.ttl()
-                )));
+                return Err(LockError::Config(
+                    format!(
+                        "the lease of {} lasts {granted} ms, less than the ttl {:?} it would be kept with",
+                        record.key(),
+                        self.ttl()
+                    )
+                    .into(),
+                ));
             }
         }
         self.start(record, sent, true, None)

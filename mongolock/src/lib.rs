@@ -124,7 +124,7 @@ mod timing;
 
 pub use acquire::Acquire;
 pub use backoff::Backoff;
-pub use error::LockError;
+pub use error::{ConfigError, LockError};
 pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use info::{LockInfo, LockMetrics, LockStatus, FOREIGN_LOCK_FIELDS};

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::info::{check_native, LockInfo, LockMetrics, LockStatus, Metrics};
 use crate::lease::{Current, LeaseConfig, Leases, LeasesBuilder};
 use crate::timing::check_interval;
-use crate::{Identity, LockError};
+use crate::{ConfigError, Identity, LockError};
 
 /// The collection locks live in unless configured otherwise (as in `MongoLocker`).
 pub const DEFAULT_COLLECTION: &str = "mongolocker";
@@ -94,7 +94,7 @@ impl<S: Store + Clone> LockBuilder<S> {
 
     /// Validates the configuration.
     pub fn build(self) -> Result<Lock<S>, LockError> {
-        let key = self.key.map_err(|e| LockError::Config(e.to_string()))?;
+        let key = self.key.map_err(|e| LockError::Config(ConfigError::caused_by(e)))?;
         let leases = self.leases.build()?;
         check_interval("step", self.step)?;
         Ok(Lock {

@@ -18,7 +18,7 @@ use crate::info::data;
 use crate::lease::LeaseConfig;
 use crate::lock::{Lock, LockBuilder};
 use crate::Acquire;
-use crate::{LockError, LockGuard, LockMetrics};
+use crate::{ConfigError, LockError, LockGuard, LockMetrics};
 
 /// The fewest slot documents created at once when every existing one is held.
 const SLOT_CHUNK: u32 = 8;
@@ -73,7 +73,8 @@ impl<S: Store + Clone> Semaphore<S> {
         let lock: Lock<S> = config.build()?;
         let key = lock.key().to_string();
         // Every slot key must be a valid key: rejected here, not at the first claim.
-        store_trait::Key::new(format!("{key}#{}", permits - 1)).map_err(|e| LockError::Config(e.to_string()))?;
+        store_trait::Key::new(format!("{key}#{}", permits - 1))
+            .map_err(|e| LockError::Config(ConfigError::caused_by(e)))?;
         Ok(Semaphore { key, permits, lock, all_slots_seen: AtomicBool::new(false) })
     }
 

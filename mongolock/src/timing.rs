@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use store_trait::Ttl;
 
-use crate::LockError;
+use crate::{ConfigError, LockError};
 
 /// The longest poll interval or renewal interval accepted (a year): longer
 /// values are typos, and would overflow the clock arithmetic of a waiter.
@@ -36,20 +36,21 @@ impl LeaseTiming {
     /// ttl), reported lost `margin` before it could lapse (default a tenth of
     /// the ttl, between 5 ms and 2 s).
     pub fn new(ttl: Duration, renew_every: Option<Duration>, margin: Option<Duration>) -> Result<Self, LockError> {
-        let ttl = Ttl::new(ttl).map_err(|e| LockError::Config(e.to_string()))?;
+        let ttl = Ttl::new(ttl).map_err(|e| LockError::Config(ConfigError::caused_by(e)))?;
         let d = ttl.as_duration();
         let margin = margin.unwrap_or_else(|| (d / 10).clamp(Duration::from_millis(5), Duration::from_secs(2)));
         if margin.is_zero() || margin >= d {
-            return Err(LockError::Config(format!(
-                "safety margin {margin:?} must be positive and below the ttl {d:?}"
-            )));
+            return Err(LockError::Config(
+                format!("safety margin {margin:?} must be positive and below the ttl {d:?}").into(),
+            ));
         }
         let renew_every = renew_every.unwrap_or(d / 3);
         // `margin < d` and `renew_every` is checked against `d - margin`: no overflow.
         if renew_every.is_zero() || renew_every >= d - margin {
-            return Err(LockError::Config(format!(
-                "renew interval {renew_every:?} plus safety margin {margin:?} must be below the ttl {d:?}"
-            )));
+            return Err(LockError::Config(
+                format!("renew interval {renew_every:?} plus safety margin {margin:?} must be below the ttl {d:?}")
+                    .into(),
+            ));
         }
         Ok(LeaseTiming { ttl, renew_every, margin })
     }
@@ -74,7 +75,7 @@ impl LeaseTiming {
 /// positive and at most [`MAX_INTERVAL`].
 pub fn check_interval(what: &str, d: Duration) -> Result<Duration, LockError> {
     if d.is_zero() || d > MAX_INTERVAL {
-        return Err(LockError::Config(format!("{what} must be positive and at most a year, not {d:?}")));
+        return Err(LockError::Config(format!("{what} must be positive and at most a year, not {d:?}").into()));
     }
     Ok(d)
 }

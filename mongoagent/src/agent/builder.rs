@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use mongolock::{check_interval, Identity, LeaseTiming, Leases};
+use mongolock::{check_interval, ConfigError, Identity, LeaseTiming, Leases};
 use store_trait::{Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
@@ -269,7 +269,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
 
     /// Validates the configuration.
     pub fn build(self) -> Result<Agent<S>, AgentError> {
-        let bad = |m: String| Err(AgentError::Config(m));
+        let bad = |m: String| Err(AgentError::Config(m.into()));
         if self.name.is_empty() {
             return bad("an agent needs a non-empty name".into());
         }
@@ -288,12 +288,12 @@ impl<S: Store + Clone> AgentBuilder<S> {
         }
         if let Some(t) = self.timeout {
             crate::task::timeout_ms(t)
-                .map_err(|_| AgentError::Config(format!("timeout {t:?}: from 1 ms to a year")))?;
+                .map_err(|_| AgentError::Config(format!("timeout {t:?}: from 1 ms to a year").into()))?;
         }
         if self.timeout_grace > crate::MAX_TIMEOUT {
             return bad(format!("timeout_grace {:?} is above a year", self.timeout_grace));
         }
-        let config = |e: mongolock::LockError| AgentError::Config(e.to_string());
+        let config = |e: mongolock::LockError| AgentError::Config(ConfigError::caused_by(e));
         check_interval("poll_interval", self.poll_interval).map_err(config)?;
         check_interval("recheck_interval", self.recheck).map_err(config)?;
         if !self.drain.is_zero() {
@@ -308,7 +308,11 @@ impl<S: Store + Clone> AgentBuilder<S> {
         // The claim's lease is kept like a lock's: reject a lease that leaves no
         // room to renew it before it could lapse now, not after a claim.
         let lease = LeaseTiming::new(self.lease, None, None).map_err(config)?.ttl();
-        let retain = self.retain_finished.map(Ttl::new).transpose().map_err(|e| AgentError::Config(e.to_string()))?;
+        let retain = self
+            .retain_finished
+            .map(Ttl::new)
+            .transpose()
+            .map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
         let queue = self.queue?;
         let identity = self.identity.unwrap_or_else(Identity::current);
         let limits = super::limits::Limits::new(

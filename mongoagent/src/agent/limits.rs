@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use mongolock::{Identity, Lock, LockGuard, Semaphore};
+use mongolock::{ConfigError, Identity, Lock, LockGuard, Semaphore};
 use store_trait::{Mutation, Store};
 use tokio_util::sync::CancellationToken;
 
@@ -90,7 +90,7 @@ impl<S: Store + Clone> Limits<S> {
         global: Option<u32>,
         rate: Option<(u32, Duration)>,
     ) -> Result<Self, AgentError> {
-        let config = |e: mongolock::LockError| AgentError::Config(e.to_string());
+        let config = |e: mongolock::LockError| AgentError::Config(ConfigError::caused_by(e));
         let control = queue.control_collection()?;
         let permits = match global {
             None => None,

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
+use mongolock::ConfigError;
 use store_trait::{Key, StoreTime};
 
 use super::ticks::{self, Ticks};
@@ -117,9 +118,9 @@ pub(crate) const MAX_SPAN: Duration = Duration::from_secs(366 * 24 * 3600);
 
 pub(crate) fn ms_of(what: &str, d: Duration) -> Result<i64, AgentError> {
     if d > MAX_SPAN {
-        return Err(AgentError::Config(format!("{what} {d:?} is longer than 366 days")));
+        return Err(AgentError::Config(format!("{what} {d:?} is longer than 366 days").into()));
     }
-    i64::try_from(d.as_millis()).map_err(|_| AgentError::Config(format!("{what} {d:?} is too long")))
+    i64::try_from(d.as_millis()).map_err(|_| AgentError::Config(format!("{what} {d:?} is too long").into()))
 }
 
 impl Schedule {
@@ -142,8 +143,9 @@ impl Schedule {
         s.ticks()?;
         s.template(StoreTime::from_millis(0)).to_document()?;
         // The name is the schedule's key, and part of every tick's task id.
-        Key::new(s.name.as_str()).map_err(|e| AgentError::Config(e.to_string()))?;
-        Key::new(task_id(&s.name, StoreTime::from_millis(i64::MIN))).map_err(|e| AgentError::Config(e.to_string()))?;
+        Key::new(s.name.as_str()).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
+        Key::new(task_id(&s.name, StoreTime::from_millis(i64::MIN)))
+            .map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
         if s.name.is_empty() {
             return Err(AgentError::Config("a schedule needs a non-empty name".into()));
         }
@@ -236,7 +238,7 @@ impl Schedule {
                 if every_ms < 1 || offset_ms >= every_ms {
                     return Err(AgentError::Config(format!(
                         "an interval of {every:?} with offset {offset:?}: the interval must be at least 1 ms and the offset shorter"
-                    )));
+                    ).into()));
                 }
                 Ticks::Every { every_ms, offset_ms }
             }

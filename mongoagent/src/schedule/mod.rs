@@ -28,6 +28,7 @@ mod scheduler;
 mod ticks;
 
 use bson::{doc, Bson};
+use mongolock::ConfigError;
 use store_trait::{Collection, Condition, InsertOutcome, Key, Mutation, Query, Record, Store, StoreTime, Write};
 
 pub use definition::{fields, Missed, Overlap, Schedule, When};
@@ -110,7 +111,7 @@ impl<S: Store + Clone> Schedules<S> {
 
     /// The schedules of queue `queue`, kept in collection `collection`.
     pub fn with_collection(store: S, queue: &str, collection: &str) -> Result<Self, AgentError> {
-        let coll = Collection::new(collection).map_err(|e| AgentError::Config(e.to_string()))?;
+        let coll = Collection::new(collection).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
         Ok(Schedules { queue: Queue::new(store.clone(), queue)?, store, coll })
     }
 
@@ -130,7 +131,7 @@ impl<S: Store + Clone> Schedules<S> {
     }
 
     fn key(name: &str) -> Result<Key, AgentError> {
-        Key::new(name).map_err(|e| AgentError::Config(e.to_string()))
+        Key::new(name).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
     }
 
     /// Creates the schedule, or updates its definition by name. Idempotent: the

@@ -6,6 +6,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds};
 use croner::Cron;
+use mongolock::ConfigError;
 
 use crate::AgentError;
 
@@ -31,12 +32,13 @@ pub(crate) fn parse_cron(expr: &str) -> Result<Cron, AgentError> {
         .seconds(Seconds::Optional)
         .build()
         .parse(expr)
-        .map_err(|e| AgentError::Config(format!("cron expression {expr:?}: {e}")))
+        .map_err(|e| AgentError::Config(ConfigError::new(format!("cron expression {expr:?}: {e}")).with_source(e)))
 }
 
 /// Parses an IANA zone name (`"UTC"`, `"Europe/Berlin"`).
 pub(crate) fn parse_zone(zone: &str) -> Result<Tz, AgentError> {
-    zone.parse::<Tz>().map_err(|e| AgentError::Config(format!("time zone {zone:?}: {e}")))
+    zone.parse::<Tz>()
+        .map_err(|e| AgentError::Config(ConfigError::new(format!("time zone {zone:?}: {e}")).with_source(e)))
 }
 
 fn instant(tz: Tz, secs: i64) -> Option<DateTime<Tz>> {

@@ -50,6 +50,29 @@ async fn a_lease_too_short_to_keep_is_rejected_before_any_claim() {
     assert!(ok.process(|_t: Task| async { true }).await.unwrap().is_some(), "the task was never claimed");
 }
 
+/// A configuration error keeps the error that rejected it as its source
+/// (an invalid name from the store, a lease from the lock, a cron expression
+/// from its parser), and says what it says.
+#[test]
+fn a_configuration_error_keeps_what_rejected_it() {
+    use std::error::Error as _;
+    let source = |e: &AgentError| match e {
+        AgentError::Config(c) => c.source().map(ToString::to_string),
+        other => panic!("not a configuration error: {other}"),
+    };
+    let e = Queue::new(MemoryStore::new(), "").unwrap_err();
+    let AgentError::Config(c) = &e else { panic!("{e}") };
+    assert!(c.source().unwrap().downcast_ref::<store_trait::StoreError>().is_some(), "{e}");
+    assert_eq!(e.to_string(), format!("invalid agent configuration: {}", c.source().unwrap()));
+    let e = Agent::builder(MemoryStore::new(), "a", "q").ttl(Duration::from_millis(3)).build().unwrap_err();
+    let AgentError::Config(c) = &e else { panic!("{e}") };
+    assert!(c.source().unwrap().downcast_ref::<mongoagent::mongolock::LockError>().is_some(), "{e}");
+    let e = mongoagent::Schedule::cron("n", "61 * * * *", "UTC", NewTask::new("a", doc! {})).unwrap_err();
+    assert!(source(&e).is_some_and(|s| e.to_string().contains(&s)), "{e}");
+    let e = Agent::builder(MemoryStore::new(), "", "q").build().unwrap_err();
+    assert_eq!(source(&e), None, "nothing else rejected an empty name: {e}");
+}
+
 /// Rejected at `build` with a typed error.
 fn assert_rejected(b: mongoagent::AgentBuilder<MemoryStore>) {
     let built = b.build();

@@ -50,15 +50,15 @@ impl TaskForm {
             return confirm::parse_ids(&self.ids).map_err(Fail::Bad);
         }
         if !self.id.is_empty() {
-            return Key::from_bson(data::task_id(&self.id)).map(|k| vec![k]).map_err(|e| Fail::Bad(e.to_string()));
+            return Key::from_bson(data::task_id(&self.id)).map(|k| vec![k]).map_err(|e| Fail::Bad(e.into()));
         }
-        Err(Fail::Bad("a confirmation acts on the ids its preview listed: preview the action first".into()))
+        Err(Fail::bad("a confirmation acts on the ids its preview listed: preview the action first"))
     }
 }
 
 fn queue_of<S: Store + Clone>(app: &App<S>, name: &str) -> Result<Queue<S>, Fail> {
     let q = known_queue(app, Some(name))?;
-    Queue::new(app.store.clone(), q).map_err(|e| Fail::Bad(e.to_string()))
+    Queue::new(app.store.clone(), q).map_err(|e| Fail::Bad(e.into()))
 }
 
 /// Lists the tasks `f` selects as the requeue or cancel would (the library's
@@ -75,7 +75,7 @@ async fn preview<S: Store + Clone>(
         TaskAction::Requeue => q.requeue(filter).dry_run(true).await,
         TaskAction::Cancel => q.cancel(filter).dry_run(true).await,
     };
-    let ids = found.map_err(|e| Fail::Store(e.to_string()))?;
+    let ids = found.map_err(|e| Fail::Store(e.into()))?;
     let live = confirm::tasks(action, &f.queue, &f.id, &ids);
     let title = if action == TaskAction::Requeue { "Requeue?" } else { "Cancel?" };
     Ok(page(app, headers, Page { title: title.into(), live, ..Page::default() }))
@@ -95,7 +95,7 @@ async fn act<S: Store + Clone>(
         TaskAction::Requeue => q.requeue_ids(&ids).await,
         TaskAction::Cancel => q.cancel_ids(&ids).await,
     };
-    let done = done.map_err(|e| Fail::Store(e.to_string()))?;
+    let done = done.map_err(|e| Fail::Store(e.into()))?;
     app.changed().await;
     let done_ids: Vec<String> = done.iter().map(ToString::to_string).collect();
     audit::record(who, action.verb(), &f.queue, &done_ids);
@@ -156,12 +156,12 @@ impl AgentForm {
     /// Whether the action pauses (`true`) or resumes.
     fn pause(&self) -> Result<bool, Fail> {
         if self.agent.trim().is_empty() {
-            return Err(Fail::Bad("name the agent to pause or resume".into()));
+            return Err(Fail::bad("name the agent to pause or resume"));
         }
         match self.action.as_str() {
             "pause" => Ok(true),
             "resume" => Ok(false),
-            other => Err(Fail::Bad(format!("unknown agent action {other:?}: pause or resume"))),
+            other => Err(Fail::bad(format!("unknown agent action {other:?}: pause or resume"))),
         }
     }
 }
@@ -186,7 +186,7 @@ pub(super) async fn agent<S: Store + Clone>(
 ) -> Result<Response, Fail> {
     let q = queue_of(&app, &f.queue)?;
     let pause = f.pause()?;
-    q.set_paused(&f.agent, pause).await.map_err(|e| Fail::Store(e.to_string()))?;
+    q.set_paused(&f.agent, pause).await.map_err(|e| Fail::Store(e.into()))?;
     app.changed().await;
     audit::record(&who, &format!("{} agent", f.action), &f.queue, std::slice::from_ref(&f.agent));
     Ok(Redirect::to("/").into_response())
@@ -209,15 +209,15 @@ pub(super) async fn enqueue<S: Store + Clone>(
 ) -> Result<Response, Fail> {
     let q = queue_of(&app, &f.queue)?;
     if f.agent.trim().is_empty() {
-        return Err(Fail::Bad("the task needs an agent".into()));
+        return Err(Fail::bad("the task needs an agent"));
     }
     let data = data::parse_object("task", &f.data).map_err(Fail::Bad)?;
     let priority: i64 = match f.priority.trim() {
         "" => 0,
-        p => p.parse().map_err(|_| Fail::Bad(format!("the priority must be an integer, not {p:?}")))?,
+        p => p.parse().map_err(|_| Fail::bad(format!("the priority must be an integer, not {p:?}")))?,
     };
     let task = NewTask::new(f.agent.trim(), data).priority(priority);
-    let (id, inserted) = q.enqueue(task).await.map_err(|e| Fail::Bad(e.to_string()))?;
+    let (id, inserted) = q.enqueue(task).await.map_err(|e| Fail::Bad(e.into()))?;
     app.changed().await;
     let what = if inserted { "enqueue" } else { "enqueue (a duplicate, not inserted)" };
     audit::record(&who, what, &f.queue, &[id.to_string()]);
@@ -280,7 +280,7 @@ impl ScheduleForm {
         match self.action.as_str() {
             "pause" => Ok(Action::Pause),
             "resume" => Ok(Action::Resume),
-            other => Err(Fail::Bad(format!("unknown schedule action {other:?}: pause or resume"))),
+            other => Err(Fail::bad(format!("unknown schedule action {other:?}: pause or resume"))),
         }
     }
 }

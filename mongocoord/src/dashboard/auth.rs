@@ -15,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::error::CliError;
+
 /// The header a script sends the token in.
 pub(crate) const TOKEN_HEADER: &str = "x-mongocoord-token";
 /// The cookie the login page sets.
@@ -39,31 +41,32 @@ impl Token {
     /// The token in `path` (surrounding whitespace trimmed); at least 16
     /// characters, so that it cannot be guessed, in a file that only its
     /// owner may read or write: a token others can read is no secret.
-    pub(crate) fn from_file(path: &std::path::Path) -> Result<Token, String> {
-        let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    pub(crate) fn from_file(path: &std::path::Path) -> Result<Token, CliError> {
+        let cannot_read = |e| CliError::io(format!("cannot read {}", path.display()), e);
+        let meta = std::fs::metadata(path).map_err(cannot_read)?;
         let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777;
         if mode & 0o077 != 0 {
-            return Err(format!(
+            return Err(CliError::invalid(format!(
                 "the token file {} may be read or written by others (mode {mode:03o}): run `chmod 600` on it",
                 path.display()
-            ));
+            )));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(cannot_read)?;
         Token::new(text.trim())
     }
 
     /// A token given as text; at least 16 characters.
-    pub(crate) fn new(text: &str) -> Result<Token, String> {
+    pub(crate) fn new(text: &str) -> Result<Token, CliError> {
         if text.chars().count() < MIN_TOKEN {
-            return Err(format!("the dashboard token must have at least {MIN_TOKEN} characters"));
+            return Err(CliError::invalid(format!("the dashboard token must have at least {MIN_TOKEN} characters")));
         }
         Ok(Token(text.into()))
     }
 
     /// A random token: 32 bytes from the operating system, in hex.
-    pub(crate) fn random() -> Result<Token, String> {
+    pub(crate) fn random() -> Result<Token, CliError> {
         let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for the dashboard token: {e}"))?;
+        getrandom::fill(&mut bytes).map_err(CliError::Random)?;
         Ok(Token(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>().into()))
     }
 
@@ -99,8 +102,10 @@ pub(crate) struct PublicUrl {
 impl PublicUrl {
     /// Parses `http(s)://host[:port][/]`: no user, path or query, which an
     /// `Origin` never carries.
-    pub(crate) fn parse(text: &str) -> Result<PublicUrl, String> {
-        let bad = |why: &str| Err(format!("--public-url {text:?}: {why} (give e.g. https://dash.example.com)"));
+    pub(crate) fn parse(text: &str) -> Result<PublicUrl, CliError> {
+        let bad = |why: &str| {
+            Err(CliError::invalid(format!("--public-url {text:?}: {why} (give e.g. https://dash.example.com)")))
+        };
         let Ok(uri) = text.parse::<axum::http::Uri>() else { return bad("not a URL") };
         let secure = match uri.scheme_str() {
             Some("https") => true,
@@ -306,13 +311,13 @@ mod tests {
         std::fs::write(&f, "0123456789abcdef-from-a-file\n").unwrap();
         for mode in [0o644, 0o640, 0o604, 0o660, 0o602] {
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
-            let e = Token::from_file(&f).unwrap_err();
+            let e = Token::from_file(&f).unwrap_err().to_string();
             assert!(e.contains("chmod 600") && e.contains(&format!("{mode:03o}")), "{mode:o}: {e}");
         }
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(Token::from_file(&f).unwrap().reveal(), "0123456789abcdef-from-a-file");
         std::fs::write(&f, "short\n").unwrap();
-        assert!(Token::from_file(&f).unwrap_err().contains("at least 16"));
+        assert!(Token::from_file(&f).unwrap_err().to_string().contains("at least 16"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -10,6 +10,7 @@ use super::pages::{cell, esc, url};
 use store_trait::Key;
 
 use crate::data::StatsRow;
+use crate::error::CliError;
 
 /// An action on tasks selected by id or by filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,18 +83,22 @@ pub(crate) fn pin_ids(ids: &[Key]) -> (String, usize) {
 }
 
 /// The ids of a confirmation, as [`pin_ids`] wrote them.
-pub(crate) fn parse_ids(text: &str) -> Result<Vec<Key>, String> {
-    let bad = |why: String| format!("the confirmation's ids cannot be read: {why}");
-    let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    let Value::Array(items) = v else { return Err(bad("not a JSON array".into())) };
+pub(crate) fn parse_ids(text: &str) -> Result<Vec<Key>, CliError> {
+    read_ids(text).map_err(|e| e.context("the confirmation's ids cannot be read"))
+}
+
+fn read_ids(text: &str) -> Result<Vec<Key>, CliError> {
+    let v: Value =
+        serde_json::from_str(text).map_err(|source| CliError::Json { what: "not valid JSON".into(), source })?;
+    let Value::Array(items) = v else { return Err(CliError::invalid("not a JSON array")) };
     if items.len() > MAX_PINNED {
-        return Err(bad(format!("more than {MAX_PINNED}")));
+        return Err(CliError::invalid(format!("more than {MAX_PINNED}")));
     }
     items
         .into_iter()
         .map(|i| {
-            let b = bson::Bson::try_from(i).map_err(|e| bad(e.to_string()))?;
-            Key::from_bson(b).map_err(|e| bad(e.to_string()))
+            let b = bson::Bson::try_from(i).map_err(|source| CliError::Bson { what: "not an id".into(), source })?;
+            Ok(Key::from_bson(b)?)
         })
         .collect()
 }

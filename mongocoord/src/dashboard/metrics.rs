@@ -23,6 +23,7 @@ use prometheus_client::registry::{Metric, Registry};
 use super::live::LiveCounters;
 use super::pages::Overview;
 use crate::data::StatsRow;
+use crate::error::CliError;
 use crate::exposition::{labels, Capped, MAX_SERIES};
 
 /// The content type of the exposition.
@@ -70,7 +71,7 @@ fn int(n: u64) -> i64 {
 
 /// The exposition of `o`, of the dashboard's own live machinery, and of the
 /// process's library figures.
-pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<String, String> {
+pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<String, CliError> {
     let mut f = Families { reg: Registry::with_prefix("mongocoord"), truncated: Ints::default() };
     let mut tasks = Ints::default();
     let mut oldest = Floats::default();
@@ -145,6 +146,6 @@ pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<S
     encode_registry(&mut out, &reg)
         .and_then(|()| encode_registry(&mut out, &library))
         .and_then(|()| encode_eof(&mut out))
-        .map_err(|e| format!("cannot encode the metrics: {e}"))?;
+        .map_err(CliError::Encode)?;
     Ok(out)
 }

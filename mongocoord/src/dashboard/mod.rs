@@ -37,6 +37,8 @@ use std::time::Duration;
 use store_trait::Store;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::CliError;
+
 pub(crate) use routes::router;
 
 /// Largest request body an action accepts.
@@ -128,7 +130,7 @@ pub(crate) struct App<S> {
 
 impl<S: Store + Clone + 'static> App<S> {
     /// The state, with the watchers started (one per watched collection).
-    pub(crate) fn new(store: S, cfg: Config, token: Option<auth::Token>) -> Result<Arc<App<S>>, String> {
+    pub(crate) fn new(store: S, cfg: Config, token: Option<auth::Token>) -> Result<Arc<App<S>>, CliError> {
         let mut watched = vec![
             (crate::data::coll(&cfg.locks)?, "locks".to_owned()),
             (crate::data::coll(&cfg.elections)?, "elections".to_owned()),
@@ -136,7 +138,7 @@ impl<S: Store + Clone + 'static> App<S> {
         ];
         for q in &cfg.queues {
             watched.push((crate::data::coll(q)?, format!("queue:{q}")));
-            let schedules = mongoagent::Schedules::new(store.clone(), q).map_err(|e| e.to_string())?;
+            let schedules = mongoagent::Schedules::new(store.clone(), q)?;
             watched.push((schedules.collection().clone(), format!("queue:{q}")));
         }
         let live = live::Live::start(&store, watched, cfg.poll, cfg.limits.live_clients);
@@ -178,13 +180,15 @@ pub(crate) struct Opts {
 }
 
 /// `mongocoord dashboard`: serves until SIGINT or SIGTERM.
-pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result<u8, String> {
+pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result<u8, CliError> {
     // The library figures count from now on (see `metrics.rs`).
     crate::exposition::installed();
     let public = o.public_url.as_deref().map(auth::PublicUrl::parse).transpose()?;
-    let listener =
-        tokio::net::TcpListener::bind(&o.bind).await.map_err(|e| format!("cannot listen on {}: {e}", o.bind))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(&o.bind)
+        .await
+        .map_err(|e| CliError::io(format!("cannot listen on {}", o.bind), e))?;
+    let addr =
+        listener.local_addr().map_err(|e| CliError::io(format!("cannot read the address bound for {}", o.bind), e))?;
     // Anyone on the network may read what a dashboard on another interface
     // shows (task data, lock holders, host names): then reads need the token.
     let auth_reads = o.auth_reads || !addr.ip().is_loopback();
@@ -226,6 +230,6 @@ pub(crate) async fn run<S: Store + Clone + 'static>(store: S, o: Opts) -> Result
     axum::serve(listener, router.into_make_service_with_connect_info::<conns::Peer>())
         .with_graceful_shutdown(stop)
         .await
-        .map_err(|e| format!("the dashboard failed: {e}"))?;
+        .map_err(|e| CliError::io("the dashboard failed", e))?;
     Ok(0)
 }

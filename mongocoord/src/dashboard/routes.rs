@@ -20,26 +20,36 @@ use tower_http::timeout::TimeoutLayer;
 use super::pages::{self, Overview, Page};
 use super::{actions, auth, metrics, App, BODY_LIMIT};
 use crate::data;
+use crate::error::CliError;
 
 pub(super) type AppState<S> = State<Arc<App<S>>>;
 
-/// An error page with its status.
+/// An error page with its status: the status says whose fault it is, the
+/// error (kept with its source) what went wrong.
 #[derive(Debug)]
 pub(crate) enum Fail {
-    /// The request is wrong (bad JSON, an unknown queue, a bad number).
-    Bad(String),
-    /// No such task.
+    /// The request is wrong (bad JSON, an unknown queue, a bad number, a task
+    /// the queue refuses).
+    Bad(CliError),
+    /// No such task or schedule.
     NotFound(String),
     /// The store failed.
-    Store(String),
+    Store(CliError),
+}
+
+impl Fail {
+    /// A wrong request, with the dashboard's own message.
+    pub(super) fn bad(message: impl Into<String>) -> Fail {
+        Fail::Bad(CliError::invalid(message))
+    }
 }
 
 impl IntoResponse for Fail {
     fn into_response(self) -> Response {
         let (status, title, text) = match self {
-            Fail::Bad(t) => (StatusCode::BAD_REQUEST, "Bad request", t),
+            Fail::Bad(e) => (StatusCode::BAD_REQUEST, "Bad request", e.to_string()),
             Fail::NotFound(t) => (StatusCode::NOT_FOUND, "Not found", t),
-            Fail::Store(t) => (StatusCode::SERVICE_UNAVAILABLE, "The store failed", t),
+            Fail::Store(e) => (StatusCode::SERVICE_UNAVAILABLE, "The store failed", e.to_string()),
         };
         (status, html(pages::message(title, &text, "/").render(false, true))).into_response()
     }
@@ -204,14 +214,14 @@ pub(super) fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a
             .queues
             .first()
             .map(String::as_str)
-            .ok_or_else(|| Fail::Bad("the dashboard shows no queue: start it with --queue NAME".into())),
+            .ok_or_else(|| Fail::bad("the dashboard shows no queue: start it with --queue NAME")),
         Some(q) => app
             .cfg
             .queues
             .iter()
             .find(|k| *k == q)
             .map(String::as_str)
-            .ok_or_else(|| Fail::Bad(format!("the dashboard does not show queue {q}"))),
+            .ok_or_else(|| Fail::bad(format!("the dashboard does not show queue {q}"))),
     }
 }
 
@@ -228,7 +238,7 @@ fn state_filter(state: &str) -> Result<Document, Fail> {
         // missing field, so this is "not cancelled".
         "failed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true, fields::CANCELLED: Bson::Null },
         "cancelled" => doc! { fields::COMPLETE: true, fields::CANCELLED: true },
-        other => return Err(Fail::Bad(format!("unknown state {other:?}"))),
+        other => return Err(Fail::bad(format!("unknown state {other:?}"))),
     })
 }
 
@@ -236,7 +246,7 @@ async fn list<S: Store + Clone>(app: &App<S>, tq: &TaskQuery) -> Result<(String,
     let q = known_queue(app, tq.queue.as_deref())?.to_owned();
     let page: u32 = match tq.page.as_deref() {
         None | Some("") => 0,
-        Some(p) => p.parse().map_err(|_| Fail::Bad(format!("the page must be a number, not {p:?}")))?,
+        Some(p) => p.parse().map_err(|_| Fail::bad(format!("the page must be a number, not {p:?}")))?,
     };
     let mut f = state_filter(tq.state.as_deref().unwrap_or(""))?;
     if let Some(a) = tq.agent.as_deref().filter(|a| !a.is_empty()) {
@@ -246,7 +256,7 @@ async fn list<S: Store + Clone>(app: &App<S>, tq: &TaskQuery) -> Result<(String,
         f.insert("_id", data::task_id(id));
     }
     if page > MAX_PAGE {
-        return Err(Fail::Bad(format!(
+        return Err(Fail::bad(format!(
             "pages stop at {MAX_PAGE}: filter by agent, state or id to see tasks further in"
         )));
     }

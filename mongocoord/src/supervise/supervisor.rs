@@ -45,6 +45,7 @@ use tokio::time::Instant;
 
 use super::deadline::Deadlines;
 use super::tree::{Left, Tree};
+use crate::error::CliError;
 
 /// The supervisor's parent-death signal.
 pub(crate) const PARENT_DIED: Signal = Signal::SIGUSR2;
@@ -57,14 +58,16 @@ pub(crate) const KILL_NOW: Signal = Signal::SIGUSR1;
 /// mongocoord` hits a supervisor (only `pkill -f` with its arguments would).
 pub(crate) const NAME: &str = "mcoord-sup";
 
+/// [`NAME`] as `prctl` takes it.
+const NAME_C: &std::ffi::CStr = c"mcoord-sup";
+
 /// The signals the supervisor acts on (or looks at its parent on).
 const HANDLED: [Signal; 6] = [Signal::SIGCHLD, Signal::SIGTERM, KILL_NOW, PARENT_DIED, Signal::SIGINT, Signal::SIGHUP];
 
 /// Names the supervisor's process [`NAME`]. Run on the main thread, whose name
 /// is the process's comm, before the runtime's threads start.
-pub(crate) fn before_runtime() -> Result<(), String> {
-    let name = std::ffi::CString::new(NAME).map_err(|e| e.to_string())?;
-    prctl::set_name(&name).map_err(|e| format!("cannot set the process name: {e}"))
+pub(crate) fn before_runtime() -> Result<(), CliError> {
+    prctl::set_name(NAME_C).map_err(CliError::ProcessName)
 }
 
 /// Sets a handler that does nothing for every signal but [`HANDLED`] that can
@@ -79,7 +82,7 @@ pub(crate) fn before_runtime() -> Result<(), String> {
 /// runtime refuses (a handler that returns from a real fault would loop); and
 /// SIGPIPE, which the standard library already ignores. Real-time numbers the C
 /// library keeps for itself (32, 33) refuse a handler and are passed over.
-fn ignore_the_rest() -> Result<Vec<tokio::signal::unix::Signal>, String> {
+fn ignore_the_rest() -> Result<Vec<tokio::signal::unix::Signal>, CliError> {
     let skip = [Signal::SIGKILL, Signal::SIGSTOP, Signal::SIGSEGV, Signal::SIGILL, Signal::SIGFPE, Signal::SIGPIPE];
     let mut streams = Vec::new();
     for n in 1..=64 {
@@ -89,7 +92,7 @@ fn ignore_the_rest() -> Result<Vec<tokio::signal::unix::Signal>, String> {
         match signal(SignalKind::from_raw(n)) {
             Ok(s) => streams.push(s),
             // 1 to 31 are the standard signals: each must take.
-            Err(e) if n < 32 => return Err(format!("cannot handle signal {n}: {e}")),
+            Err(e) if n < 32 => return Err(CliError::io(format!("cannot handle signal {n}"), e)),
             Err(e) => tracing::debug!(signal = n, error = %e, "no handler for this signal number"),
         }
     }
@@ -101,15 +104,21 @@ const PARENT_CHECK: Duration = Duration::from_millis(500);
 
 /// `mongocoord supervise --parent PID --grace-ms MS [--deadline-fd FD] -- CMD...`:
 /// runs `argv` as described in the module documentation and returns the exit code.
-pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, argv: &[String]) -> Result<u8, String> {
+pub(crate) async fn run(
+    parent: i32,
+    grace: Duration,
+    deadline_fd: Option<i32>,
+    argv: &[String],
+) -> Result<u8, CliError> {
     let parent = Pid::from_raw(parent);
-    let (program, args) = argv.split_first().ok_or("no command given")?;
-    prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a child subreaper: {e}"))?;
+    let (program, args) = argv.split_first().ok_or_else(|| CliError::invalid("no command given"))?;
+    prctl::set_child_subreaper(true)
+        .map_err(|source| CliError::Os { what: "cannot become a child subreaper", source })?;
     // Handlers first, so that no signal takes its default action (which would
     // end this process and orphan the tree). Each listened-to signal is in
     // `HANDLED`; the rest do nothing.
     let _the_rest = ignore_the_rest()?;
-    let listen = |kind: SignalKind| signal(kind).map_err(|e| format!("cannot handle signals: {e}"));
+    let listen = |kind: SignalKind| signal(kind).map_err(|e| CliError::io("cannot handle signals", e));
     let mut chld = listen(SignalKind::child())?;
     let mut term = listen(SignalKind::terminate())?;
     let mut kill_now = listen(SignalKind::from_raw(KILL_NOW as i32))?;
@@ -118,20 +127,24 @@ pub(crate) async fn run(parent: i32, grace: Duration, deadline_fd: Option<i32>, 
     // a group of its own); it decides. Here they only prompt a look at the parent.
     let mut int = listen(SignalKind::interrupt())?;
     let mut hup = listen(SignalKind::hangup())?;
-    prctl::set_pdeathsig(PARENT_DIED).map_err(|e| format!("cannot set the parent-death signal: {e}"))?;
+    prctl::set_pdeathsig(PARENT_DIED)
+        .map_err(|source| CliError::Os { what: "cannot set the parent-death signal", source })?;
     if getppid() != parent {
         // The runner died before the parent-death signal was set.
         return Ok(1);
     }
     // Before the command starts, so that it does not inherit the pipe.
     let mut deadlines = match deadline_fd {
-        Some(fd) => Deadlines::open(fd).map_err(|e| format!("cannot read the lease's deadlines: {e}"))?,
+        Some(fd) => Deadlines::open(fd).map_err(|e| CliError::io("cannot read the lease's deadlines", e))?,
         None => Deadlines::none(),
     };
     let main = {
         use std::os::unix::process::CommandExt;
         match std::process::Command::new(program).args(args).process_group(0).spawn() {
-            Ok(child) => Pid::from_raw(i32::try_from(child.id()).map_err(|_| "bad pid")?),
+            Ok(child) => Pid::from_raw(
+                i32::try_from(child.id())
+                    .map_err(|e| CliError::io("bad pid", std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?,
+            ),
             Err(e) => {
                 eprintln!("mongocoord: cannot run {program:?}: {e}");
                 return Ok(if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 });
@@ -194,5 +207,15 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_name_prctl_sets_is_the_name() {
+        assert_eq!(NAME_C.to_str(), Ok(NAME));
     }
 }

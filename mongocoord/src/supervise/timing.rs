@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use mongolock::LeaseTiming;
 
+use crate::error::CliError;
+
 /// The longest default grace period.
 const MAX_DEFAULT: Duration = Duration::from_secs(10);
 
@@ -28,18 +30,18 @@ fn room(ttl: Duration) -> Option<Duration> {
 /// The grace period for a lease of `ttl` (`lease` names the option that set it, `--ttl`):
 /// `given` seconds, checked to fit (renew interval + grace < ttl − safety margin),
 /// or by default a quarter of the ttl, at most 10 s, which always fits.
-pub(crate) fn grace(lease: &str, ttl: Duration, given: Option<f64>) -> Result<Duration, String> {
-    let room = room(ttl).ok_or_else(|| format!("--{lease} {ttl:?} is too short for a lease"))?;
+pub(crate) fn grace(lease: &str, ttl: Duration, given: Option<f64>) -> Result<Duration, CliError> {
+    let room = room(ttl).ok_or_else(|| CliError::invalid(format!("--{lease} {ttl:?} is too short for a lease")))?;
     let Some(g) = given else {
         return Ok((ttl / 4).min(MAX_DEFAULT).min(room / 2));
     };
     if !g.is_finite() || g < 0.0 {
-        return Err(format!("--grace must be zero or a positive number of seconds, not {g}"));
+        return Err(CliError::invalid(format!("--grace must be zero or a positive number of seconds, not {g}")));
     }
-    let grace = Duration::try_from_secs_f64(g).map_err(|e| format!("--grace {g}: {e}"))?;
+    let grace = Duration::try_from_secs_f64(g).map_err(|e| CliError::invalid(format!("--grace {g}: {e}")))?;
     if grace >= room {
         let (renew, margin) = lease_timing(ttl).unwrap_or_default();
-        return Err(format!(
+        return Err(CliError::invalid(format!(
             "--grace {g} does not fit --{lease} {}: the lease is renewed every {:.3} s and counts as lost {:.3} s \
              before it could lapse, so the command must be stopped within {:.3} s of a renewal failing; give a \
              grace period below {:.3} s, or a longer --{lease}",
@@ -48,7 +50,7 @@ pub(crate) fn grace(lease: &str, ttl: Duration, given: Option<f64>) -> Result<Du
             margin.as_secs_f64(),
             room.as_secs_f64(),
             room.as_secs_f64(),
-        ));
+        )));
     }
     Ok(grace)
 }
@@ -77,9 +79,9 @@ mod tests {
     fn a_grace_that_cannot_fit_is_rejected() {
         // ttl 2 s: renewed every 0.667 s, lost 0.2 s early: 1.133 s of room.
         assert!(grace("ttl", s(2.0), Some(1.1)).is_ok());
-        let e = grace("ttl", s(2.0), Some(1.2)).unwrap_err();
+        let e = grace("ttl", s(2.0), Some(1.2)).unwrap_err().to_string();
         assert!(e.contains("does not fit") && e.contains("below 1.133"), "{e}");
-        assert!(grace("ttl", s(60.0), Some(38.0)).unwrap_err().contains("--ttl"));
+        assert!(grace("ttl", s(60.0), Some(38.0)).unwrap_err().to_string().contains("--ttl"));
         assert_eq!(grace("ttl", s(2.0), Some(0.0)).unwrap(), Duration::ZERO);
         assert!(grace("ttl", s(2.0), Some(-1.0)).is_err());
         assert!(grace("ttl", s(2.0), Some(f64::NAN)).is_err());
