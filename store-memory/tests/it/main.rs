@@ -155,9 +155,10 @@ async fn ttl_prune_deletes_only_expired() {
     assert!(s.get(&c, &Key::new("long").unwrap()).await.unwrap().record.is_some());
 }
 
-/// `store_trait::helpers::Watcher` subscribes again after its stream ends (as a server
-/// restart ends it), reports a resync then, and stays silent on a store without
-/// notifications.
+/// `store_trait::helpers::Watcher` reports a resync when its stream ends (as
+/// a server restart ends it), so a caller falls back to its poll at once;
+/// subscribes again after its retry interval and reports a resync then; and
+/// stays silent on a store without notifications.
 #[tokio::test(start_paused = true)]
 async fn watcher_comes_back_after_its_stream_ends() {
     use store_trait::{helpers::Watcher, ChangeKind};
@@ -177,6 +178,10 @@ async fn watcher_comes_back_after_its_stream_ends() {
 
     store.faults().end_change_streams();
     let ended = tokio::time::Instant::now();
+    let ev = w.changed().await;
+    assert_eq!(ev.kind, ChangeKind::Resync, "lost, and changes may have been missed");
+    assert!(ended.elapsed() < Duration::from_secs(1), "told at once, not at the retry");
+    assert!(!w.is_live());
     let ev = w.changed().await;
     assert_eq!(ev.kind, ChangeKind::Resync, "back, and changes may have been missed");
     assert!(ended.elapsed() >= Duration::from_secs(1), "not before the retry interval");
