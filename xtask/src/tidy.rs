@@ -140,6 +140,111 @@ mod tests {
         assert!(missing.is_empty(), "no `# Cancel safety` section:\n{}", missing.join("\n"));
     }
 
+    /// `ARCHITECTURE.md` is the map a newcomer reads in one sitting: the
+    /// bird's-eye view, the code map and the invariants. What takes longer to
+    /// read (each invariant in full, how the suites work, measurements) goes
+    /// into `docs/` and is linked from it.
+    #[test]
+    fn architecture_stays_a_map() {
+        let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+        let lines = text.lines().count();
+        assert!(
+            lines < 500,
+            "ARCHITECTURE.md has {lines} lines, 500 or more: move the long material into docs/ and link it"
+        );
+        for heading in ["## Bird's-eye view", "## Code map", "## Invariants"] {
+            assert!(text.lines().any(|l| l == heading), "ARCHITECTURE.md lacks `{heading}`");
+        }
+    }
+
+    /// The Markdown documents: the root's and `docs/`'s.
+    fn markdown_files() -> Vec<PathBuf> {
+        let mut files = vec![root().join("README.md"), root().join("ARCHITECTURE.md")];
+        for e in std::fs::read_dir(root().join("docs")).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "md") {
+                files.push(e.path());
+            }
+        }
+        files
+    }
+
+    /// Lines outside fenced code blocks.
+    fn prose(text: &str) -> Vec<&str> {
+        let mut fenced = false;
+        let mut out = Vec::new();
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            } else if !fenced {
+                out.push(line);
+            }
+        }
+        out
+    }
+
+    /// The anchors GitHub gives a document's headings: lower case, letters,
+    /// digits, `-` and `_` kept, spaces made `-`, the rest dropped; a repeated
+    /// anchor gets `-1`, `-2`, ….
+    fn anchors(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashMap::new();
+        for line in prose(text) {
+            let Some(title) = line.strip_prefix('#') else { continue };
+            let title = title.trim_start_matches('#');
+            if !title.starts_with(' ') {
+                continue;
+            }
+            let mut slug = String::new();
+            for c in title.trim().to_lowercase().chars() {
+                if c.is_alphanumeric() || c == '-' || c == '_' {
+                    slug.push(c);
+                } else if c == ' ' {
+                    slug.push('-');
+                }
+            }
+            let n = seen.entry(slug.clone()).or_insert(0);
+            out.push(if *n == 0 { slug } else { format!("{slug}-{n}") });
+            *n += 1;
+        }
+        out
+    }
+
+    /// Every relative link in the Markdown documents names a file that exists
+    /// and, with a `#fragment`, a heading of that file, so moving a section
+    /// cannot leave a link behind.
+    #[test]
+    fn markdown_links_resolve() {
+        let mut broken = Vec::new();
+        let mut checked = 0;
+        for file in markdown_files() {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for line in prose(&text) {
+                for (at, _) in line.match_indices("](") {
+                    let rest = &line[at + 2..];
+                    let Some(end) = rest.find(')') else { continue };
+                    let target = &rest[..end];
+                    if target.contains("://") || target.starts_with("mailto:") {
+                        continue;
+                    }
+                    checked += 1;
+                    let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+                    let linked = if path.is_empty() { file.clone() } else { file.parent().unwrap().join(path) };
+                    let shown = format!("{}: ({target})", file.strip_prefix(root()).unwrap_or(&file).display());
+                    if !linked.exists() {
+                        broken.push(format!("{shown}: no such file"));
+                    } else if !fragment.is_empty() {
+                        let linked_text = std::fs::read_to_string(&linked).unwrap_or_default();
+                        if !anchors(&linked_text).iter().any(|a| a == fragment) {
+                            broken.push(format!("{shown}: no heading with that anchor"));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 20, "found the links");
+        assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    }
+
     #[test]
     fn readme_gives_the_two_commands_and_ci_calls_the_test_command() {
         let readme = std::fs::read_to_string(root().join("README.md")).unwrap();

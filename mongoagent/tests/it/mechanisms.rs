@@ -1,5 +1,5 @@
 //! One deterministic test per agent safety mechanism that the suite and the
-//! simulation do not pin down on their own (see ARCHITECTURE.md, "Testing"):
+//! simulation do not pin down on their own (see docs/testing.md):
 //! each fails when its mechanism is removed.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
