@@ -46,6 +46,11 @@ pub struct QueueStats {
     pub completed: u64,
     /// Failed for good.
     pub failed: u64,
+    /// Whose latest attempt to have ended timed out
+    /// ([`TimedOutAttempt`](crate::TimedOutAttempt)): waiting to be retried,
+    /// held by the abandoned claim until it lapses, claimed again, or failed
+    /// for good by it; not cancelled. Each is counted in its state too.
+    pub timed_out: u64,
     /// How long the oldest ready task has waited, when its enqueue time is known
     /// (`ObjectId` ids carry it).
     pub oldest_ready_age: Option<Duration>,
@@ -359,6 +364,13 @@ impl<S: Store + Clone> Queue<S> {
             waiting: count(eq(doc! {}).when(Condition::Exists(fields::WAITING.into()))).await?,
             completed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false })).await?,
             failed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true })).await?,
+            timed_out: count(
+                eq(doc! {}).when(
+                    Condition::Exists(fields::TIMED_OUT_FENCE.into())
+                        .and(Condition::FieldEq(fields::CANCELLED.into(), Bson::Boolean(true)).negate()),
+                ),
+            )
+            .await?,
             oldest_ready_age,
         })
     }
@@ -430,6 +442,8 @@ impl<S: Store + Clone> Queue<S> {
                 .unset(fields::RUN_AT)
                 // Live again: the TTL index must not delete it.
                 .clear_gc();
+            // Its attempts start over: a timeout of the old ones is history.
+            let revive = crate::schema::timed_out::clear(revive, r.data());
             // A key moved off it when it ended (a later task took it) is taken
             // back, or the task is live beside another task with its key: the
             // unique index refuses the write while another task holds it, and

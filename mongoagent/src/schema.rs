@@ -3,6 +3,8 @@
 //! the pending marks of follow-ups, and the queries that define "not ended",
 //! "ready", "lapsed" and the claim order.
 
+use std::time::Duration;
+
 use bson::{doc, Bson, Document};
 use store_trait::{fields as reserved, Condition, Order, Query};
 
@@ -82,12 +84,22 @@ pub mod fields {
     /// A dedupe key that no longer blocks, kept for the record: moved here
     /// from [`DEDUPE_KEY`] when a later task with the key was enqueued.
     pub const DEDUPE_RETIRED: &str = "dedupe_key_retired";
-    /// The fence of a claim whose attempt timed out and was abandoned (its
-    /// handler ignored its cancellation past the grace): written, with
-    /// `last_error`, under that claim before it is left to lapse, so the next
-    /// claim knows the attempt failed ("timed out after …") and, with no
-    /// attempts left, fails the task for good without running it again.
+    /// The fence of the claim whose attempt timed out, while that attempt
+    /// is the latest to have ended (the next outcome of another kind, or a
+    /// requeue, removes it with [`TIMED_OUT_ATTEMPT`] and
+    /// [`TIMED_OUT_AFTER_MS`]; read together as a
+    /// [`TimedOutAttempt`](crate::TimedOutAttempt)). Written by the outcome
+    /// write of an attempt whose handler stopped within the grace, or, for
+    /// one whose handler ignored its cancellation past it, under that claim
+    /// before it is left to lapse: so the next claim knows the attempt
+    /// failed ("timed out after …") and, with no attempts left, fails the
+    /// task for good without running it again.
     pub const TIMED_OUT_FENCE: &str = "timed_out_fence";
+    /// The attempt that timed out (see [`TIMED_OUT_FENCE`]).
+    pub const TIMED_OUT_ATTEMPT: &str = "timed_out_attempt";
+    /// The timeout that attempt ran under, in milliseconds (see
+    /// [`TIMED_OUT_FENCE`]).
+    pub const TIMED_OUT_AFTER_MS: &str = "timed_out_after_ms";
 
     /// The fields the queue keeps for itself: the store's (`_id`, the lease,
     /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
@@ -95,7 +107,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 41] = [
+    pub const RESERVED: [&str; 43] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -135,6 +147,8 @@ pub mod fields {
         DEDUPE_UNTIL,
         DEDUPE_RETIRED,
         TIMED_OUT_FENCE,
+        TIMED_OUT_ATTEMPT,
+        TIMED_OUT_AFTER_MS,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];
@@ -196,6 +210,111 @@ pub(crate) mod pending {
             Condition::FieldEq(FENCE.into(), Bson::Int64(fence)),
             Mutation::new().set_all(stashed).unset(FENCE).unset(FIELDS),
         )
+    }
+}
+
+/// A task's latest attempt to have ended, when it timed out, as the task's
+/// document records it ([`fields::TIMED_OUT_FENCE`],
+/// [`fields::TIMED_OUT_ATTEMPT`], [`fields::TIMED_OUT_AFTER_MS`]): the one
+/// reading of those fields, which the event stream
+/// ([`EventKind::TimedOut`](crate::EventKind::TimedOut)) and the operator
+/// views share. The mark stays until the task's next outcome of another kind
+/// or a requeue; a handler that ignored its cancellation is aborted with
+/// the mark written under its claim, which then lapses (so the task is
+/// `running`, its lease lapsed, until it is claimed again).
+///
+/// ```
+/// use std::time::Duration;
+/// use mongoagent::TimedOutAttempt;
+///
+/// let task = bson::doc! { "timed_out_fence": 3_i64, "timed_out_attempt": 2_i64, "timed_out_after_ms": 1500_i64 };
+/// let t = TimedOutAttempt::of(&task).unwrap();
+/// assert_eq!((t.fence, t.attempt, t.after), (3, 2, Duration::from_millis(1500)));
+/// assert_eq!(t.to_string(), "attempt 2 timed out after 1.5 s");
+/// assert_eq!(TimedOutAttempt::of(&bson::doc! { "last_error": "timed out after 1.5 s" }), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TimedOutAttempt {
+    /// The fence of the claim that ran it.
+    pub fence: u64,
+    /// Which attempt it was (1 for the first of a round, as
+    /// [`Task::attempt`](crate::Task::attempt)).
+    pub attempt: u64,
+    /// The timeout it ran under.
+    pub after: Duration,
+}
+
+impl TimedOutAttempt {
+    /// The timed-out attempt a task's fields record, if any. Numbers may be
+    /// any BSON integer (or a whole double), as a document that went through
+    /// JSON comes back; a mark missing a field, or with a negative one, is
+    /// none.
+    pub fn of(task: &Document) -> Option<TimedOutAttempt> {
+        let int = |f: &str| match task.get(f)? {
+            Bson::Int32(i) => u64::try_from(*i).ok(),
+            Bson::Int64(i) => u64::try_from(*i).ok(),
+            // Below 2^63, so the conversion is exact for every whole number here.
+            Bson::Double(d) if d.fract() == 0.0 && (0.0..9.2e18).contains(d) => Some(*d as u64),
+            _ => None,
+        };
+        Some(TimedOutAttempt {
+            fence: int(fields::TIMED_OUT_FENCE)?,
+            attempt: int(fields::TIMED_OUT_ATTEMPT)?,
+            after: Duration::from_millis(int(fields::TIMED_OUT_AFTER_MS)?),
+        })
+    }
+}
+
+impl std::fmt::Display for TimedOutAttempt {
+    /// "attempt 2 timed out after 1.5 s".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "attempt {} timed out after {}", self.attempt, timed_out::seconds(self.after))
+    }
+}
+
+/// The writes of the timed-out mark ([`TimedOutAttempt`]), and the error a
+/// timed-out attempt fails with.
+pub(crate) mod timed_out {
+    use std::time::Duration;
+
+    use bson::Document;
+    use store_trait::Mutation;
+
+    use super::fields;
+
+    /// The error of an attempt that timed out: "timed out after 300 ms".
+    pub(crate) fn error(limit: Duration) -> String {
+        format!("timed out after {}", seconds(limit))
+    }
+
+    /// A duration as an operator reads it: "1.5 s", "300 s", "250 ms".
+    pub(crate) fn seconds(d: Duration) -> String {
+        if d < Duration::from_secs(1) {
+            format!("{} ms", d.as_millis())
+        } else {
+            format!("{} s", d.as_secs_f64())
+        }
+    }
+
+    /// `m`, recording that the attempt of the claim with `fence` timed out
+    /// after `limit`.
+    pub(crate) fn mark(m: Mutation, fence: u64, attempt: u64, limit: Duration) -> Mutation {
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        m.set(fields::TIMED_OUT_FENCE, int(fence))
+            .set(fields::TIMED_OUT_ATTEMPT, int(attempt))
+            .set(fields::TIMED_OUT_AFTER_MS, i64::try_from(limit.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// `m`, removing the mark of an earlier attempt from a task whose fields
+    /// are `data`, when it has one: so the mark always tells of the latest
+    /// attempt to have ended, and a write of a task that never timed out
+    /// stays as it was.
+    pub(crate) fn clear(m: Mutation, data: &Document) -> Mutation {
+        if !data.contains_key(fields::TIMED_OUT_FENCE) {
+            return m;
+        }
+        m.unset(fields::TIMED_OUT_FENCE).unset(fields::TIMED_OUT_ATTEMPT).unset(fields::TIMED_OUT_AFTER_MS)
     }
 }
 

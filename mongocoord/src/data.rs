@@ -180,6 +180,9 @@ pub(crate) struct StatsRow {
     pub(crate) waiting: u64,
     pub(crate) completed: u64,
     pub(crate) failed: u64,
+    /// Whose latest attempt timed out (`QueueStats::timed_out`): beside the
+    /// states, each also counted in one of them.
+    pub(crate) timed_out: u64,
     pub(crate) oldest_ready_age_ms: Option<u64>,
     /// Whether the agent name is paused on the queue (`Queue::set_paused`).
     pub(crate) paused: bool,
@@ -245,6 +248,7 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
                 waiting: s.waiting,
                 completed: s.completed,
                 failed: s.failed,
+                timed_out: s.timed_out,
                 oldest_ready_age_ms: s.oldest_ready_age.map(millis),
                 paused: paused.contains(n),
             },
@@ -277,6 +281,25 @@ pub(crate) fn task_state(d: &Document) -> &'static str {
         "ready"
     } else {
         "pending"
+    }
+}
+
+/// A task's latest attempt, in words, when it timed out ("attempt 2 timed
+/// out after 1.5 s"): the library's reading of its fields
+/// (`mongoagent::TimedOutAttempt`). None for a cancelled task, which
+/// `Queue::stats` does not count either: an operator ended it.
+pub(crate) fn timed_out(d: &Document) -> Option<String> {
+    if d.get_bool(fields::CANCELLED).ok() == Some(true) {
+        return None;
+    }
+    mongoagent::TimedOutAttempt::of(d).map(|t| t.to_string())
+}
+
+/// [`timed_out`] of a task as JSON ([`task_json`]).
+pub(crate) fn timed_out_json(t: &Value) -> Option<String> {
+    match Bson::try_from(t.clone()) {
+        Ok(Bson::Document(d)) => timed_out(&d),
+        _ => None,
     }
 }
 

@@ -64,6 +64,9 @@ pub(crate) fn details(kind: &EventKind) -> Value {
             json!({ "attempt": attempt, "error": error })
         }
         EventKind::Waiting { round } | EventKind::Woken { round } => json!({ "round": round }),
+        EventKind::TimedOut { attempt, timeout } => {
+            json!({ "attempt": attempt, "timeout_ms": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) })
+        }
         _ => json!({}),
     }
 }
@@ -119,5 +122,11 @@ mod tests {
         let f = ev(EventKind::Failed { attempt: 5, error: "boom".into() });
         assert_eq!(event_json(&f)["error"], "boom");
         assert_eq!(event_json(&QueueEvent::Resync { missed: 7 }), json!({"event": "resync", "missed": 7}));
+        let t = ev(EventKind::TimedOut { attempt: 2, timeout: Duration::from_millis(1500) });
+        assert_eq!(
+            event_json(&t),
+            json!({"event": "timed_out", "task": "t1", "agent": "resize", "fence": 3, "attempt": 2, "timeout_ms": 1500})
+        );
+        assert_eq!(event_line(&t), "timed_out  t1  resize  fence 3  attempt 2  timeout_ms 1500");
     }
 }

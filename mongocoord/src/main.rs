@@ -160,7 +160,8 @@ enum Cmd {
         #[arg(long, default_value = mongoelector::DEFAULT_STATUS_COLLECTION)]
         status_collection: String,
     },
-    /// Task counts by agent and state; with --list, the tasks themselves.
+    /// Task counts by agent and state (and how many timed out on their
+    /// latest attempt); with --list, the tasks themselves.
     Tasks {
         /// The queue collection.
         #[arg(long)]
@@ -172,7 +173,8 @@ enum Cmd {
         #[arg(long)]
         list: bool,
         /// List the tasks that failed for good (matching --filter), the
-        /// latest first, with their last error; `requeue` revives them.
+        /// latest first, with their last error and, when their last attempt
+        /// timed out, which and after how long; `requeue` revives them.
         #[arg(long, conflicts_with = "list")]
         failed: bool,
         /// With --list: only the tasks of this schedule's ticks.
@@ -319,8 +321,8 @@ enum Cmd {
     },
     /// A live view of locks and leaders; with --queue, the queue's task
     /// events as they happen (enqueued, claimed, progress, completed,
-    /// retrying, failed, lapsed, recovered, cancelled, waiting, woken,
-    /// requeued, deleted), one line each, or NDJSON with --json.
+    /// timed_out, retrying, failed, lapsed, recovered, cancelled, waiting,
+    /// woken, requeued, deleted), one line each, or NDJSON with --json.
     Watch {
         /// The queue whose task events to print.
         #[arg(long)]

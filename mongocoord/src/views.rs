@@ -156,20 +156,33 @@ pub(crate) async fn tasks(
         .map(|(n, s): (&String, &StatsRow)| {
             let mut r = vec![n.clone()];
             r.extend(s.counts().iter().map(ToString::to_string));
+            r.push(s.timed_out.to_string());
             r.push(s.oldest_ready_age_ms.map_or("-".into(), |m| ms(Duration::from_millis(m))));
             r.push(if s.paused { "PAUSED".into() } else { "-".into() });
             r
         })
         .collect();
     print_table(
-        &["AGENT", "READY", "DELAYED", "RUNNING", "STUCK", "WAITING", "COMPLETED", "FAILED", "OLDEST READY", "PAUSED"],
+        &[
+            "AGENT",
+            "READY",
+            "DELAYED",
+            "RUNNING",
+            "STUCK",
+            "WAITING",
+            "COMPLETED",
+            "FAILED",
+            "TIMED OUT",
+            "OLDEST READY",
+            "PAUSED",
+        ],
         &rows,
     );
     Ok(0)
 }
 
 /// `mongocoord tasks --failed`: the tasks that failed for good, the latest
-/// first, with their last error.
+/// first, with their last error, and whether their last attempt timed out.
 async fn failed(
     store: &MongoStore,
     queue: &str,
@@ -206,11 +219,12 @@ async fn failed(
                 text(t, mongoagent::fields::AGENT_NAME),
                 text(t, mongoagent::fields::ATTEMPTS),
                 text(t, mongoagent::fields::COMPLETED_AT),
+                data::timed_out_json(t).unwrap_or_else(|| "-".into()),
                 error,
             ]
         })
         .collect();
-    print_table(&["ID", "AGENT", "ATTEMPTS", "ENDED", "LAST ERROR"], &rows);
+    print_table(&["ID", "AGENT", "ATTEMPTS", "ENDED", "TIMED OUT", "LAST ERROR"], &rows);
     Ok(0)
 }
 

@@ -33,6 +33,8 @@ impl<S: Store + Clone> Agent<S> {
             .set_all(merge)
             .set(pending::PARENT_FENCE, i64::try_from(token).unwrap_or(i64::MAX))
             .set(pending::PARENT_FINISH, finish.as_str());
+        // A success: an earlier attempt's timeout is no longer the latest.
+        changes = crate::schema::timed_out::clear(changes, record.data());
         if matches!(finish, Finish::Wait) {
             // The next round's attempts count from here: waiting is no failure.
             changes = changes.set(fields::ROUND_FENCE, i64::try_from(token).unwrap_or(i64::MAX));

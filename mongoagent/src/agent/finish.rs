@@ -9,15 +9,42 @@ use store_trait::{Key, Mutation, Record, Store};
 
 use super::fan_in::{task_round, Finish};
 use super::{Agent, Processed};
-use crate::schema::fields;
+use crate::schema::{fields, timed_out};
 use crate::{AgentError, Outcome, Retry};
 
+/// What an outcome write records of a timed-out attempt
+/// ([`TimedOutAttempt`](crate::TimedOutAttempt)).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum TimeoutMark {
+    /// The attempt did not time out: the mark of an earlier one, if any, is
+    /// removed, so the mark always tells of the latest attempt to have ended.
+    Clear,
+    /// This claim's attempt timed out, after this long.
+    This(Duration),
+    /// The claim before this one timed out and was abandoned, and this one
+    /// fails the task for good for it without a run: its mark stays.
+    Keep,
+}
+
 impl<S: Store + Clone> Agent<S> {
+    /// Records `outcome`, the outcome of an attempt that did not time out.
     pub(super) async fn finish(
         &self,
         guard: LockGuard<S>,
         record: &Record,
         outcome: Outcome,
+    ) -> Result<Processed, AgentError> {
+        self.finish_marked(guard, record, outcome, TimeoutMark::Clear).await
+    }
+
+    /// Records `outcome`, and what `mark` says of a timeout, in one fenced
+    /// write (with the claim's release, unless a waiter must be told first).
+    pub(super) async fn finish_marked(
+        &self,
+        guard: LockGuard<S>,
+        record: &Record,
+        outcome: Outcome,
+        mark: TimeoutMark,
     ) -> Result<Processed, AgentError> {
         let inner = &self.inner;
         let key = record.key().clone();
@@ -91,6 +118,11 @@ impl<S: Store + Clone> Agent<S> {
                     ),
                 }
             }
+        };
+        let changes = match mark {
+            TimeoutMark::Clear => timed_out::clear(changes, record.data()),
+            TimeoutMark::This(limit) => timed_out::mark(changes, token, attempt, limit),
+            TimeoutMark::Keep => changes,
         };
         let ended = !matches!(result, Processed::Retried(_));
         let joined = ended && record.data().contains_key(fields::JOIN);

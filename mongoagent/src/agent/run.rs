@@ -11,8 +11,9 @@ use store_trait::{Key, Mutation, Record, Store};
 
 use super::claim::Claimed;
 use super::fan_in::{task_round, Finish};
+use super::finish::TimeoutMark;
 use super::{Agent, Processed};
-use crate::schema::{fields, pending};
+use crate::schema::{fields, pending, timed_out};
 use crate::{AgentError, Outcome, Task};
 
 /// A task handler: an async function from a [`Task`] to an [`Outcome`].
@@ -88,7 +89,8 @@ impl<S: Store + Clone> Agent<S> {
         if let Some(error) = self.abandoned_last_attempt(&record) {
             // The previous claim timed out on the round's last attempt and
             // was abandoned: the task failed, and is not run again.
-            return self.finish(guard, &record, Outcome::failed_permanently(error)).await;
+            let keep = TimeoutMark::Keep;
+            return self.finish_marked(guard, &record, Outcome::failed_permanently(error), keep).await;
         }
         let round = task_round(&record);
         let timeout = crate::task::timeout_of(&record, self.inner.timeout);
@@ -163,11 +165,11 @@ impl<S: Store + Clone> Agent<S> {
         self.bump(|l| l.tasks_processed += 1);
         // The attempt failed, whether its handler stops in time or not.
         self.bump(|l| l.failed_tasks += 1);
-        let error = format!("timed out after {}", seconds(limit));
+        let error = timed_out::error(limit);
         match tokio::time::timeout(grace, &mut handle.0).await {
             Ok(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "stopped");
-                self.finish(guard, record, Outcome::failed(error)).await
+                self.finish_marked(guard, record, Outcome::failed(error), TimeoutMark::This(limit)).await
             }
             Err(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
@@ -180,9 +182,9 @@ impl<S: Store + Clone> Agent<S> {
                 // touched): the next claim is the next attempt, or, with none
                 // left, fails the task for good saying why. Not written (the
                 // claim lost meanwhile): the next claim runs as after a crash.
-                let mark = Mutation::new()
-                    .set(fields::LAST_ERROR, error)
-                    .set(fields::TIMED_OUT_FENCE, i64::try_from(guard.fence()).unwrap_or(i64::MAX));
+                let attempt = crate::task::attempt(record);
+                let mark =
+                    timed_out::mark(Mutation::new().set(fields::LAST_ERROR, error), guard.fence(), attempt, limit);
                 if let Err(e) = guard.write(mark).await {
                     tracing::debug!(agent = %inner.name, task = %key, error = %e, "the timed-out attempt was not recorded");
                 }
@@ -196,7 +198,10 @@ impl<S: Store + Clone> Agent<S> {
 
     /// The error to fail `record`'s task with for good, without a run, when
     /// the claim before this one timed out and was abandoned on the round's
-    /// last attempt (`timed_out`): then no attempt is left.
+    /// last attempt (`timed_out`): then no attempt is left. (An attempt
+    /// whose handler stopped in time carries the mark too, but its outcome
+    /// write retried it only with an attempt left, so the claim after it is
+    /// within the limit.)
     fn abandoned_last_attempt(&self, record: &Record) -> Option<String> {
         let attempt = crate::task::attempt(record);
         let marked = record.get_i64(fields::TIMED_OUT_FENCE).and_then(|f| u64::try_from(f).ok());
@@ -226,14 +231,5 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// A duration as an operator reads it in an error: "1.5 s", "300 s", "250 ms".
-fn seconds(d: std::time::Duration) -> String {
-    if d < std::time::Duration::from_secs(1) {
-        format!("{} ms", d.as_millis())
-    } else {
-        format!("{} s", d.as_secs_f64())
     }
 }

@@ -1,13 +1,14 @@
 //! Reading lifecycle events from two successive snapshots of one task
 //! document: the one reading of the queue's fields that the event stream
 //! shares (what each transition writes is in `task.rs`, `agent/finish.rs`,
-//! `agent/fan_in.rs`, `cancel.rs` and `queue.rs`).
+//! `agent/run.rs` (a timeout), `agent/fan_in.rs`, `cancel.rs` and `queue.rs`).
 
 use bson::Bson;
 use store_trait::{Record, StoreTime};
 
 use super::EventKind;
 use crate::schema::{fields, pending};
+use crate::TimedOutAttempt;
 
 /// Where a task is, as far as its events go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,8 @@ pub(super) struct TaskState {
     /// `Lapsed` was reported for the claim with this fence.
     pub(super) lapsed: bool,
     pub(super) completed_at: Option<StoreTime>,
+    /// The claim whose attempt the task records as timed out, if any.
+    timed_out_fence: Option<u64>,
 }
 
 impl TaskState {
@@ -85,6 +88,7 @@ impl TaskState {
             lease_until: r.lease().map(|l| l.until),
             lapsed: false,
             completed_at: r.get_time(fields::COMPLETED_AT),
+            timed_out_fence: TimedOutAttempt::of(r.data()).map(|t| t.fence),
         }
     }
 
@@ -101,6 +105,7 @@ impl TaskState {
             lease_until: None,
             lapsed: false,
             completed_at: None,
+            timed_out_fence: None,
         }
     }
 }
@@ -130,6 +135,13 @@ pub(super) fn transitions(old: Option<&TaskState>, new: &mut TaskState, r: &Reco
     if !fresh && ((base.phase.ended() && !new.phase.ended()) || requeued_now) {
         out.push(EventKind::Requeued);
     }
+    // A timed-out attempt recorded since `old` (the mark names its claim):
+    // told after that claim and before what its failure led to.
+    let mut timed_out = TimedOutAttempt::of(r.data())
+        .filter(|t| Some(t.fence) != base.timed_out_fence)
+        .map(|t| (t.fence, EventKind::TimedOut { attempt: t.attempt, timeout: t.after }));
+    // The claim `old` showed (running, its outcome not yet written).
+    out.extend(take_if(&mut timed_out, |f| f <= base.fence));
     // An outcome of a run was recorded since `old`: a retry (the attempt count
     // moved while the task lives on), a wait for follow-ups, or the end.
     let waiting_before = matches!(base.phase, Phase::Waiting(_));
@@ -151,6 +163,8 @@ pub(super) fn transitions(old: Option<&TaskState>, new: &mut TaskState, r: &Reco
         if !base.lapsed {
             out.push(EventKind::Lapsed);
         }
+        // A claim in between, which no read showed, timed out and lapsed.
+        out.extend(take_if(&mut timed_out, |f| f < new.fence));
         out.push(EventKind::Recovered { attempt });
     } else {
         // A task waiting for its follow-ups was woken before anything else.
@@ -169,6 +183,10 @@ pub(super) fn transitions(old: Option<&TaskState>, new: &mut TaskState, r: &Reco
         if outcome && new.progress_at != base.progress_at && !new_claim {
             push_progress(&mut out, r);
         }
+        // The run whose outcome this is, or one before the claim running now.
+        if outcome {
+            out.extend(take_if(&mut timed_out, |f| !(new_claim && f == new.fence)));
+        }
         if retried {
             out.push(EventKind::Retrying { attempt: u64::try_from(new.attempts).unwrap_or(0), error: error() });
         }
@@ -185,6 +203,10 @@ pub(super) fn transitions(old: Option<&TaskState>, new: &mut TaskState, r: &Reco
     }
     if new.progress_at != base.progress_at && (!outcome || new_claim) {
         push_progress(&mut out, r);
+    }
+    // The claim running now timed out (its handler was abandoned).
+    if new_claim {
+        out.extend(take_if(&mut timed_out, |f| f == new.fence));
     }
     if new.phase != base.phase || fresh {
         match new.phase {
@@ -206,6 +228,15 @@ fn attempt_of(new: &TaskState, attempt: u64, new_claim: bool) -> u64 {
         u64::try_from(new.attempts).unwrap_or(0).max(1)
     } else {
         attempt
+    }
+}
+
+/// The event in `slot` when its claim's fence satisfies `whose`, taken out
+/// of it so it is told once.
+fn take_if(slot: &mut Option<(u64, EventKind)>, whose: impl Fn(u64) -> bool) -> Option<EventKind> {
+    match slot {
+        Some((f, _)) if whose(*f) => slot.take().map(|(_, ev)| ev),
+        _ => None,
     }
 }
 
@@ -282,6 +313,76 @@ mod tests {
         let requeued = doc! {"ready": true, "complete": false, "attempts": 3_i64, "round_fence": 4_i64};
         let (_, e) = step(Some(&s), &rec(7, 4, requeued));
         assert_eq!(e, ["requeued"]);
+    }
+
+    /// The mark of a timed-out attempt: its claim's fence, the attempt, 300 ms.
+    fn timed_out(fence: i64, attempt: i64) -> Document {
+        doc! {"timed_out_fence": fence, "timed_out_attempt": attempt, "timed_out_after_ms": 300_i64}
+    }
+
+    #[test]
+    fn a_timeout_is_told_before_its_retry_or_failure() {
+        let (s, _) = step(None, &rec(1, 0, doc! {"ready": true}));
+        let (s, _) = step(Some(&s), &rec(2, 1, doc! {"claimed": true}));
+        let mut retry =
+            doc! {"ready": true, "claimed": false, "attempts": 1_i64, "last_error": "timed out after 300 ms"};
+        retry.extend(timed_out(1, 1));
+        let (s, e) = step(Some(&s), &rec(3, 1, retry.clone()));
+        assert_eq!(e, ["timed_out", "retrying"]);
+        let mut again = retry.clone();
+        again.extend(doc! {"ready": false, "claimed": true});
+        let (s, e) = step(Some(&s), &rec(4, 2, again.clone()));
+        assert_eq!(e, ["claimed"], "the same mark is not news");
+        // The next outcome of another kind clears the mark.
+        let (_, e) = step(Some(&s), &rec(5, 2, doc! {"complete": true, "error_encountered": false, "attempts": 2_i64}));
+        assert_eq!(e, ["completed"]);
+        // The whole attempt and the retry between two reads.
+        let (q, _) = step(None, &rec(1, 0, doc! {"ready": true}));
+        let (_, e) = step(Some(&q), &rec(4, 2, again));
+        assert_eq!(e, ["claimed", "timed_out", "retrying", "claimed"]);
+        // The last attempt: it failed for good.
+        let (c, _) = step(Some(&q), &rec(2, 1, doc! {"claimed": true}));
+        let mut failed =
+            doc! {"complete": true, "error_encountered": true, "attempts": 1_i64, "last_error": "timed out"};
+        failed.extend(timed_out(1, 1));
+        let (_, e) = step(Some(&c), &rec(3, 1, failed.clone()));
+        assert_eq!(e, ["timed_out", "failed"]);
+        let (_, e) = step(Some(&q), &rec(3, 1, failed));
+        assert_eq!(e, ["claimed", "timed_out", "failed"]);
+        let (_, e) = step(None, &rec(1, 0, doc! {"ready": true}));
+        assert_eq!(e, ["enqueued"]);
+    }
+
+    #[test]
+    fn an_abandoned_timeout_is_told_before_its_lapse() {
+        let (q, _) = step(None, &rec(1, 0, doc! {"ready": true}));
+        let (c, _) = step(Some(&q), &rec(2, 1, doc! {"claimed": true}));
+        // Marked under the claim, which is left to lapse.
+        let mut held = doc! {"claimed": true, "last_error": "timed out after 300 ms"};
+        held.extend(timed_out(1, 1));
+        let (s, e) = step(Some(&c), &rec(3, 1, held.clone()));
+        assert_eq!(e, ["timed_out"]);
+        let mut next = held.clone();
+        next.insert("attempts", 0_i64);
+        let (_, e) = step(Some(&s), &rec(4, 2, next.clone()));
+        assert_eq!(e, ["lapsed", "recovered"]);
+        // The mark, the lapse and the next claim between two reads.
+        let (_, e) = step(Some(&c), &rec(4, 2, next));
+        assert_eq!(e, ["timed_out", "lapsed", "recovered"]);
+        // A claim no read showed, marked already.
+        let (_, e) = step(Some(&q), &rec(3, 1, held));
+        assert_eq!(e, ["claimed", "timed_out"]);
+        // With no attempt left, the next claim fails the task for good.
+        let mut failed =
+            doc! {"complete": true, "error_encountered": true, "attempts": 2_i64, "last_error": "timed out"};
+        failed.extend(timed_out(1, 1));
+        let (_, e) = step(Some(&q), &rec(5, 2, failed));
+        assert_eq!(e, ["claimed", "timed_out", "failed"]);
+        // Cancelled after a timeout no read showed: no run is told, nor its timeout.
+        let mut cancelled = doc! {"complete": true, "cancelled": true, "error_encountered": true, "attempts": 1_i64};
+        cancelled.extend(timed_out(1, 1));
+        let (_, e) = step(Some(&q), &rec(5, 2, cancelled));
+        assert_eq!(e, ["cancelled"]);
     }
 
     #[test]

@@ -37,6 +37,19 @@ pub enum EventKind {
     },
     /// It ended successfully.
     Completed,
+    /// An attempt ran past its execution timeout
+    /// ([`AgentBuilder::timeout`](crate::AgentBuilder::timeout),
+    /// [`NewTask::timeout`](crate::NewTask::timeout)). What follows tells how
+    /// the task goes on: `Retrying` or `Failed` when the handler stopped
+    /// within the grace; when it did not, the claim is left to lapse
+    /// (`Lapsed`), and the next claim (`Recovered`) runs the next attempt
+    /// or, with none left, fails the task (`Failed`).
+    TimedOut {
+        /// The attempt that timed out.
+        attempt: u64,
+        /// The timeout it ran under.
+        timeout: Duration,
+    },
     /// A run failed and the task will be tried again (after a backoff).
     Retrying {
         /// The attempt that failed.
@@ -79,13 +92,15 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// A short lower-case name (`"enqueued"`, `"claimed"`, …), as the CLI prints it.
+    /// A short lower-case name (`"enqueued"`, `"claimed"`, `"timed_out"`, …),
+    /// as the CLI prints it.
     pub fn name(&self) -> &'static str {
         match self {
             EventKind::Enqueued => "enqueued",
             EventKind::Claimed { .. } => "claimed",
             EventKind::Progress { .. } => "progress",
             EventKind::Completed => "completed",
+            EventKind::TimedOut { .. } => "timed_out",
             EventKind::Retrying { .. } => "retrying",
             EventKind::Failed { .. } => "failed",
             EventKind::Lapsed => "lapsed",

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Agent, EventFilter, EventStream, NewTask, Outcome, Queue, QueueEvent, Task};
+use mongoagent::{Agent, EventFilter, EventKind, EventStream, NewTask, Outcome, Queue, QueueEvent, Task};
 use store_trait::testing::Harness;
 use store_trait::{Claim, Collection, Mutation, Query, Store, Ttl};
 
@@ -17,7 +17,8 @@ macro_rules! events_suite {
         $crate::events_suite!(@each $harness, #[$attr],
             each_task_s_events_come_in_order, lapsed_claims_are_reported_and_recovered,
             operator_actions_are_events, a_slow_subscriber_gets_a_resync,
-            a_feed_forgets_ended_tasks_beyond_its_bound_and_never_retells_them
+            a_feed_forgets_ended_tasks_beyond_its_bound_and_never_retells_them,
+            a_timed_out_attempt_is_told_before_what_follows
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -247,4 +248,96 @@ pub(crate) async fn a_feed_forgets_ended_tasks_beyond_its_bound_and_never_retell
     assert!(firsts.iter().all(|f| *f == "enqueued" || *f == "requeued"), "{again:?}");
     let forgotten = firsts.iter().filter(|f| **f == "enqueued").count();
     assert!(forgotten >= 2, "two of four ended tasks are kept, the others forgotten: {again:?}");
+}
+
+/// An attempt past its timeout is `TimedOut` (with the attempt and the
+/// timeout), told before what its failure led to: the retry, the failure for
+/// good with no attempt left, or, for a handler that ignored its
+/// cancellation, the lapse of the claim it was abandoned with and the next
+/// claim.
+pub(crate) async fn a_timed_out_attempt_is_told_before_what_follows<H: Harness>(h: &H) {
+    let s = h.store("ev_timeout").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let mut events = q.events(filter()).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("slow")).await.unwrap();
+    q.enqueue(NewTask::new("w", doc! {}).id("last").max_attempts(1)).await.unwrap();
+    q.enqueue(NewTask::new("hung", doc! {}).id("hung")).await.unwrap();
+    let limit = Duration::from_millis(300);
+    let build = |name: &str| {
+        Agent::builder(s.clone(), name, "tasks")
+            .backoff(Duration::from_millis(10), Duration::from_millis(20))
+            .ttl(h.ttl())
+            .timeout(limit)
+            .timeout_grace(Duration::from_millis(200))
+            .build()
+            .unwrap()
+    };
+    // Stops at its cancellation on its first attempt, completes the second.
+    let stops = |t: Task| async move {
+        if t.attempt() == 1 {
+            t.cancellation().cancelled().await;
+        }
+        Outcome::done()
+    };
+    let w = build("w");
+    for _ in ["last", "slow"] {
+        let got = w.process(stops).await.unwrap();
+        assert!(matches!(got, Some(mongoagent::Processed::Failed(_) | mongoagent::Processed::Retried(_))), "{got:?}");
+    }
+    // The retry is seen before the next attempt runs: a poll that read only
+    // after it would see neither the retry nor the timeout (the next
+    // outcome clears the mark), as it sees no retry of any other failure.
+    let mut seen: HashMap<String, Vec<EventKind>> = HashMap::new();
+    let told = |seen: &HashMap<String, Vec<EventKind>>| {
+        seen.get("slow").is_some_and(|v| v.iter().any(|k| k.name() == "retrying"))
+    };
+    next_events(&mut events, &mut seen, told).await;
+    drain(&q, &w, "w", stops).await;
+    // Ignores its cancellation on its first attempt: aborted, its claim left
+    // to lapse; the next claim, after the lease's end, completes it.
+    let hung = build("hung");
+    let ignores = |t: Task| async move {
+        if t.attempt() == 1 {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Outcome::done()
+    };
+    assert!(matches!(hung.process(ignores).await.unwrap(), Some(mongoagent::Processed::Abandoned(_))));
+    tokio::time::sleep(h.ttl() + Duration::from_millis(500)).await;
+    drain(&q, &hung, "hung", ignores).await;
+
+    let done = |seen: &HashMap<String, Vec<EventKind>>| {
+        let last = |id: &str| seen.get(id).and_then(|v| v.last()).map(EventKind::name);
+        last("slow") == Some("completed") && last("last") == Some("failed") && last("hung") == Some("completed")
+    };
+    next_events(&mut events, &mut seen, done).await;
+    let names = |id: &str| seen[id].iter().map(EventKind::name).collect::<Vec<_>>();
+    let told = EventKind::TimedOut { attempt: 1, timeout: limit };
+    for id in ["slow", "last", "hung"] {
+        assert_eq!(seen[id].iter().filter(|k| **k == told).count(), 1, "{id}: {seen:?}");
+    }
+    // Every step of these is proved by the state that follows it.
+    assert_eq!(names("slow"), ["enqueued", "claimed", "timed_out", "retrying", "claimed", "completed"], "{seen:?}");
+    assert_eq!(names("last"), ["enqueued", "claimed", "timed_out", "failed"], "{seen:?}");
+    assert_eq!(names("hung"), ["enqueued", "claimed", "timed_out", "lapsed", "recovered", "completed"], "{seen:?}");
+    let failed = seen["last"].last().unwrap();
+    assert!(
+        matches!(failed, EventKind::Failed { attempt: 1, error } if error == "timed out after 300 ms"),
+        "{failed:?}"
+    );
+}
+
+/// Events by task id until `done` holds (or the wait ends).
+async fn next_events(
+    events: &mut EventStream,
+    seen: &mut HashMap<String, Vec<EventKind>>,
+    done: impl Fn(&HashMap<String, Vec<EventKind>>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done(seen) {
+        match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(QueueEvent::Task(ev))) => seen.entry(ev.task.to_string()).or_default().push(ev.kind),
+            other => panic!("{other:?}; so far {seen:?}"),
+        }
+    }
 }

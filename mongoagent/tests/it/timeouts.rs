@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Document};
-use mongoagent::{Agent, AgentError, NewTask, Outcome, Processed, Queue, Task};
+use mongoagent::{Agent, AgentError, NewTask, Outcome, Processed, Queue, Task, TimedOutAttempt};
 use store_trait::testing::Harness;
 use store_trait::{Collection, Key, Store};
 
@@ -21,7 +21,8 @@ macro_rules! timeouts_suite {
             a_timed_out_handler_is_cancelled_and_its_attempt_retried,
             a_timed_out_task_with_one_attempt_fails_for_good,
             a_handler_that_ignores_its_timeout_is_abandoned_and_fenced_out,
-            timeouts_out_of_range_are_refused
+            timeouts_out_of_range_are_refused,
+            a_success_with_follow_ups_clears_the_timeout
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -83,9 +84,22 @@ pub(crate) async fn a_timed_out_handler_is_cancelled_and_its_attempt_retried<H: 
     let d = doc_of(&s, "slow").await;
     assert_eq!(d.get_str("last_error").unwrap(), "timed out after 300 ms", "{d}");
     assert_ne!(d.get_bool("complete").ok(), Some(true), "{d}");
+    assert_marked(&d, 1, 1, 300);
+    assert_eq!(q.stats("t").await.unwrap().timed_out, 1);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let quick = a.process(|t: Task| async move { second_attempt(&t) });
     assert_eq!(quick.await.unwrap(), Some(Processed::Completed(id)));
+    // The latest attempt no longer timed out.
+    let d = doc_of(&s, "slow").await;
+    assert_eq!(TimedOutAttempt::of(&d), None, "{d}");
+    assert_eq!(q.stats("t").await.unwrap().timed_out, 0);
+}
+
+/// The task's fields tell that the attempt of the claim with `fence` timed
+/// out after `ms` (`TimedOutAttempt`, which the events and the views read).
+fn assert_marked(d: &Document, fence: u64, attempt: u64, ms: u64) {
+    let t = TimedOutAttempt::of(d).unwrap_or_else(|| panic!("no timed-out attempt in {d}"));
+    assert_eq!((t.fence, t.attempt, t.after), (fence, attempt, Duration::from_millis(ms)), "{d}");
 }
 
 /// A task's own timeout wins over the agent's (none here, or a long one),
@@ -110,6 +124,13 @@ pub(crate) async fn a_timed_out_task_with_one_attempt_fails_for_good<H: Harness>
     assert!(d.get_bool("complete").unwrap(), "{d}");
     assert!(d.get_bool("error_encountered").unwrap(), "{d}");
     assert_eq!(d.get_str("last_error").unwrap(), "timed out after 200 ms", "{d}");
+    assert_marked(&d, 1, 1, 200);
+    let stats = q.stats("t").await.unwrap();
+    assert_eq!((stats.failed, stats.timed_out), (1, 1), "{stats:?}");
+    // A requeue starts the attempts over: the timeout is history.
+    assert_eq!(q.requeue(doc! {"_id": "once"}).await.unwrap().len(), 1);
+    assert_eq!(TimedOutAttempt::of(&doc_of(&s, "once").await), None);
+    assert_eq!(q.stats("t").await.unwrap().timed_out, 0);
 }
 
 /// A handler that goes on past its timeout and the grace is aborted; its
@@ -155,6 +176,9 @@ pub(crate) async fn a_handler_that_ignores_its_timeout_is_abandoned_and_fenced_o
     assert!(record.lease().is_some(), "the claim was not released: {record:?}");
     let held = record.into_data();
     assert_ne!(held.get_bool("complete").ok(), Some(true), "no outcome was written: {held}");
+    // Marked under the claim it keeps.
+    assert_marked(&held, 1, 1, 200);
+    assert_eq!(q.stats("t").await.unwrap().timed_out, 1);
     // Nobody gets it before the lease's end.
     let early = b.process(|_t: Task| async { true }).await.unwrap();
     assert_eq!(early, None, "the abandoned claim still holds the task");
@@ -162,6 +186,7 @@ pub(crate) async fn a_handler_that_ignores_its_timeout_is_abandoned_and_fenced_o
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
     let again = b.process(|t: Task| async move { second_attempt(&t) });
     assert_eq!(again.await.unwrap(), Some(Processed::Completed(id)));
+    assert_eq!(q.stats("t").await.unwrap().timed_out, 0);
     // The work left running writes under its old claim: fenced out.
     let stale = left_rx.await.unwrap();
     let e = stale.progress(50).await.unwrap_err();
@@ -182,4 +207,32 @@ pub(crate) async fn timeouts_out_of_range_are_refused<H: Harness>(h: &H) {
     }
     let coll = Collection::new("tasks").unwrap();
     assert_eq!(s.count(&coll, &store_trait::Query::eq(doc! {})).await.unwrap(), 0);
+}
+
+/// A success that hands over to follow-ups (its own write, not the common
+/// outcome write) clears an earlier attempt's timeout too: the mark tells of
+/// the latest attempt only.
+pub(crate) async fn a_success_with_follow_ups_clears_the_timeout<H: Harness>(h: &H) {
+    let s = h.store("ag_timeout_cleared").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("split")).await.unwrap();
+    let a = Agent::builder(s.clone(), "t", "tasks")
+        .ttl(h.ttl())
+        .timeout(Duration::from_millis(100))
+        .backoff(Duration::from_millis(10), Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let run = |t: Task| async move {
+        if t.attempt() == 1 {
+            t.cancellation().cancelled().await;
+        }
+        Outcome::done().follow_up(NewTask::new("part", doc! {}))
+    };
+    assert_eq!(a.process(run).await.unwrap(), Some(Processed::Retried(id.clone())));
+    assert_marked(&doc_of(&s, "split").await, 1, 1, 100);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(a.process(run).await.unwrap(), Some(Processed::Completed(id)));
+    let d = doc_of(&s, "split").await;
+    assert!(d.get_bool("complete").unwrap() && TimedOutAttempt::of(&d).is_none(), "{d}");
+    assert_eq!(q.stats("t").await.unwrap().timed_out, 0);
 }

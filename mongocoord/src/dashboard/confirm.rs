@@ -177,8 +177,8 @@ pub(crate) fn agent(q: &str, agent: &str, pause: bool, row: Option<&StatsRow>) -
             for s in StatsRow::STATES {
                 let _ = write!(h, "<th>{s}</th>");
             }
-            h.push_str("<th>paused now</th></tr><tr>");
-            for n in r.counts() {
+            h.push_str("<th>timed out</th><th>paused now</th></tr><tr>");
+            for n in r.counts().into_iter().chain([r.timed_out]) {
                 let _ = write!(h, r#"<td class="n">{n}</td>"#);
             }
             let _ = write!(h, "<td>{}</td></tr></table>", if r.paused { "yes" } else { "no" });

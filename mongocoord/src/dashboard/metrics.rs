@@ -75,11 +75,13 @@ pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<S
     let mut f = Families { reg: Registry::with_prefix("mongocoord"), truncated: Ints::default() };
     let mut tasks = Ints::default();
     let mut oldest = Floats::default();
+    let mut timed_out = Ints::default();
     for (q, counts, _) in &o.queues {
         for (agent, s) in &counts.agents {
             for (state, n) in StatsRow::STATES.iter().zip(s.counts()) {
                 set_int(tasks.get_or_create(&labels(&[("queue", q), ("agent", agent), ("state", state)])), int(n));
             }
+            set_int(timed_out.get_or_create(&labels(&[("queue", q), ("agent", agent)])), int(s.timed_out));
             if let Some(ms) = s.oldest_ready_age_ms {
                 set_float(oldest.get_or_create(&labels(&[("queue", q), ("agent", agent)])), ms as f64 / 1000.0);
             }
@@ -87,6 +89,13 @@ pub(crate) fn render(o: &Overview, locks: &str, live: &LiveCounters) -> Result<S
     }
     f.register("queue_tasks", "Tasks by queue, agent and state", tasks.parts());
     f.register("queue_oldest_ready_age_seconds", "How long the oldest ready task has waited", oldest.parts());
+    // Its own family, not a state: each of these tasks is counted in a state
+    // too, and the states of `queue_tasks` add up to the queue.
+    f.register(
+        "queue_timed_out_tasks",
+        "Tasks whose latest attempt timed out, by queue and agent (each also counted in its state)",
+        timed_out.parts(),
+    );
 
     let mut held = Ints::default();
     let mut remaining = Floats::default();

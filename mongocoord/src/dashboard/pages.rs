@@ -168,9 +168,9 @@ fn queue(h: &mut String, q: &str, counts: &QueueCounts, actions: bool) {
         let _ = write!(h, "<th>{s}</th>");
     }
     h.push_str(if actions {
-        "<th>oldest ready</th><th>paused</th><th></th></tr>"
+        "<th>timed out</th><th>oldest ready</th><th>paused</th><th></th></tr>"
     } else {
-        "<th>oldest ready</th><th>paused</th></tr>"
+        "<th>timed out</th><th>oldest ready</th><th>paused</th></tr>"
     });
     for (agent, s) in &counts.agents {
         let _ = write!(h, "<tr><td>{}</td>", esc(agent));
@@ -186,6 +186,8 @@ fn queue(h: &mut String, q: &str, counts: &QueueCounts, actions: bool) {
                 url(agent)
             );
         }
+        // Not a link: the task list filters by equality, and this is a field's presence.
+        let _ = write!(h, r#"<td class="n timed-out">{}</td>"#, s.timed_out);
         let _ = write!(h, "<td>{}</td><td>{}</td>", secs(s.oldest_ready_age_ms), if s.paused { "paused" } else { "" });
         if actions {
             let action = if s.paused { "resume" } else { "pause" };
@@ -249,6 +251,13 @@ pub(crate) fn state(t: &Value) -> &'static str {
     }
 }
 
+/// A badge saying a task's latest attempt timed out (`data::timed_out`), or
+/// nothing.
+fn timed_out_badge(t: &Value) -> String {
+    crate::data::timed_out_json(t)
+        .map_or_else(String::new, |t| format!(r#" <span class="badge timed-out">{}</span>"#, esc(&t)))
+}
+
 /// A task's id as text (an `ObjectId` as its hex).
 pub(crate) fn id_text(t: &Value) -> String {
     match &t["_id"] {
@@ -290,11 +299,12 @@ pub(crate) fn task_list(q: &str, list: &TaskList, query: &str, page: u32, more: 
         let (id, st) = (id_text(t), state(t));
         let _ = write!(
             h,
-            r#"<tr class="{st}"><td><a href="/tasks/{}?queue={}">{}</a></td><td>{}</td><td>{st}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            r#"<tr class="{st}"><td><a href="/tasks/{}?queue={}">{}</a></td><td>{}</td><td>{st}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
             url(&id),
             url(q),
             esc(&id),
             cell(&t["agent_name"]),
+            timed_out_badge(t),
             cell(&t["attempts"]),
             cell(&t["priority"]),
             cell(&t["last_error"]),
@@ -376,6 +386,9 @@ pub(crate) fn task_detail(q: &str, d: &TaskDetail, seen: &TaskHistory, actions: 
         cell(&t["fence"]),
         cell(&t["priority"])
     );
+    if let Some(timed_out) = crate::data::timed_out_json(t) {
+        let _ = write!(h, r#"<dt>timed out</dt><dd id="timed-out" class="timed-out">{}</dd>"#, esc(&timed_out));
+    }
     for (label, field) in
         [("run at", "run_at"), ("started", "started_at"), ("on host", "agent_host"), ("ended", "completed_at")]
     {

@@ -96,6 +96,13 @@ fn the_dashboard_in_a_browser() {
     let failing =
         ["agent", "resize", "--queue", "jobs", "--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", "exit 3"];
     assert!(e.run(&failing).status.success());
+    // A task whose one attempt timed out.
+    let late = e.json(&["enqueue", "--queue", "jobs", "--agent", "slow", "{}", "--timeout", "0.5"])["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let slow = ["agent", "slow", "--queue", "jobs", "--max-tasks", "1", "--max-attempts", "1", "--", "sleep", "600"];
+    assert!(e.run(&slow).status.success());
 
     let (web, ro_port, drv_port) = (port(), port(), port());
     let _dash = dashboard(&e, web, &["--token-file", token_file.to_str().unwrap()]);
@@ -167,6 +174,14 @@ fn the_dashboard_in_a_browser() {
             mark(&c).await;
             wait_text(&c, "#live", "browser-lock", Duration::from_secs(10)).await;
             wait_text(&c, "#elections", "scheduler", Duration::from_secs(20)).await;
+            // The task that timed out: counted on the overview, marked on its page.
+            let counts = c.find_all(Locator::Css("td.timed-out")).await.unwrap();
+            let mut texts = Vec::new();
+            for td in counts {
+                texts.push(td.text().await.unwrap());
+            }
+            texts.sort();
+            assert_eq!(texts, ["0", "1"], "resize's tasks did not time out, slow's did");
             let shot = c.screenshot().await.unwrap();
             std::fs::write(store_mongo::testing::target_dir().join("dashboard.png"), &shot).unwrap();
             // The README's screenshot is refreshed on request only, so a test run
@@ -197,6 +212,13 @@ fn the_dashboard_in_a_browser() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             assert_eq!(find(&c, "#state").await.text().await.unwrap(), "cancelled");
+
+            c.goto(&format!("{base}/tasks/{late}?queue=jobs")).await.unwrap();
+            assert_eq!(find(&c, "#state").await.text().await.unwrap(), "failed");
+            assert_eq!(find(&c, "#timed-out").await.text().await.unwrap(), "attempt 1 timed out after 500 ms");
+            c.goto(&format!("{base}/tasks?queue=jobs&agent=slow")).await.unwrap();
+            let badge = find(&c, "span.badge.timed-out").await.text().await.unwrap();
+            assert_eq!(badge, "attempt 1 timed out after 500 ms");
 
             // A read-only dashboard offers no action.
             c.goto(&format!("http://127.0.0.1:{ro_port}/tasks?queue=jobs")).await.unwrap();

@@ -4,8 +4,12 @@
 //! fails for good. A task's own `enqueue --timeout` wins over the agent's.
 //! And `enqueue --wait`, which waits for the outcome.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 use crate::{env, wait_until};
 
@@ -56,6 +60,59 @@ fn agent_timeout_stops_the_tree_and_fails_the_task() {
     assert!(!alive(&child), "the command's child {child} was stopped with it");
     let failed = e.json(&["tasks", "--queue", "jobs", "--failed"]);
     assert_eq!(failed[0]["last_error"], "timed out after 1 s", "{failed}");
+    assert_eq!(
+        (failed[0]["timed_out_attempt"].as_u64(), failed[0]["timed_out_after_ms"].as_u64()),
+        (Some(1), Some(1000))
+    );
+    // The views tell a timeout from another failure.
+    let table = e.run(&["tasks", "--queue", "jobs", "--failed"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("TIMED OUT") && table.contains("attempt 1 timed out after 1 s"), "{table}");
+    let stats = e.json(&["tasks", "--queue", "jobs"]);
+    assert_eq!((stats["slow"]["failed"].as_u64(), stats["slow"]["timed_out"].as_u64()), (Some(1), Some(1)), "{stats}");
+    let table = e.run(&["tasks", "--queue", "jobs"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    let (header, row) = (table.lines().next().unwrap(), table.lines().nth(1).unwrap());
+    let columns: Vec<&str> = header.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    let at = |c: &str| columns.iter().position(|h| *h == c).unwrap_or_else(|| panic!("no {c}: {table}"));
+    assert_eq!((cells[at("FAILED")], cells[at("TIMED OUT")]), ("1", "1"), "{table}");
+}
+
+/// `watch --queue` prints a timed-out attempt (`timed_out`, with the attempt
+/// and the timeout) before the failure it led to; a failure of another kind
+/// is no timeout.
+#[test]
+fn watch_prints_a_timed_out_attempt_before_its_failure() {
+    let Some(e) = env("watch_timeout") else { return };
+    let mut watch = e
+        .cmd(&["watch", "--queue", "jobs", "--json", "--count", "7", "--interval", "0.2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = String::new();
+    BufReader::new(watch.stderr.take().unwrap()).read_line(&mut started).unwrap();
+    assert!(started.contains("watching the tasks of jobs"), "{started}");
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", r#"{"n": 1}"#, "--id", "late", "--timeout", "0.5"]);
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "w", r#"{"n": 2}"#, "--id", "bad", "--priority", "-1"]);
+    let script = r#"read -r t; case "$t" in *'"n": 2'*|*'"n":2'*) exit 3;; esac; exec sleep 600"#;
+    let out =
+        e.run(&["agent", "w", "--queue", "jobs", "--max-tasks", "2", "--max-attempts", "1", "--", "sh", "-c", script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until("watch to print seven events", Duration::from_secs(60), || watch.try_wait().unwrap().is_some());
+    let out = watch.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let events: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |id: &str| -> Vec<&Value> { events.iter().filter(|v| v["task"] == id).collect() };
+    let names = |id: &str| -> Vec<&str> { of(id).iter().map(|v| v["event"].as_str().unwrap()).collect() };
+    assert_eq!(names("late"), ["enqueued", "claimed", "timed_out", "failed"], "{events:?}");
+    assert_eq!(names("bad"), ["enqueued", "claimed", "failed"], "{events:?}");
+    let told = of("late")[2];
+    assert_eq!((told["attempt"].as_u64(), told["timeout_ms"].as_u64()), (Some(1), Some(500)), "{told}");
+    assert_eq!(of("late")[3]["error"], "timed out after 500 ms");
 }
 
 /// `enqueue --timeout` sets the task's own limit, which wins over the

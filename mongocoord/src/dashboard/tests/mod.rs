@@ -73,9 +73,17 @@ async fn seed<S: Store + Clone>(store: &S) -> (mongolock::LockGuard<S>, String, 
     let q = Queue::new(store.clone(), "jobs").unwrap();
     let (evil, _) = q.enqueue(NewTask::new("resize", doc! { "html": SCRIPT, "attr": IMG }).id("evil")).await.unwrap();
     let (failed, _) = q.enqueue(NewTask::new("resize", doc! { "n": 1 }).id("broken")).await.unwrap();
+    // It failed for good when its one attempt timed out, as an agent records it.
     let w = Write::new(
         Condition::Always,
-        Mutation::new().set("complete", true).set("error_encountered", true).set("ready", false),
+        Mutation::new()
+            .set("complete", true)
+            .set("error_encountered", true)
+            .set("ready", false)
+            .set("last_error", "timed out after 1.5 s")
+            .set("timed_out_fence", 1_i64)
+            .set("timed_out_attempt", 1_i64)
+            .set("timed_out_after_ms", 1500_i64),
     );
     assert!(store.write(q.collection(), &failed, &w).await.unwrap().is_applied());
     let every = mongoagent::Schedule::every("sweep", Duration::from_secs(60), NewTask::new("resize", doc! {})).unwrap();
@@ -133,6 +141,18 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
     let list = send(&r, get("/tasks?queue=jobs&state=failed")).await.body;
     assert!(list.contains("broken") && !list.contains(">evil<"), "{list}");
     assert!(list.contains("requeue…"), "a failed task offers requeue: {list}");
+    // Its timeout shows as a badge in the list, and on its page.
+    let badge = r#"<td>failed <span class="badge timed-out">attempt 1 timed out after 1.5 s</span></td>"#;
+    assert!(list.contains(badge), "{list}");
+    let broken = send(&r, get("/tasks/broken?queue=jobs")).await.body;
+    let dd = r#"<dd id="timed-out" class="timed-out">attempt 1 timed out after 1.5 s</dd>"#;
+    assert!(broken.contains(dd) && broken.contains(r#"<dd id="state" class="failed">failed</dd>"#), "{broken}");
+    let all = send(&r, get("/tasks?queue=jobs")).await.body;
+    assert_eq!(all.matches("badge timed-out").count(), 1, "only the task that timed out: {all}");
+    assert!(!detail.contains(r#"id="timed-out""#), "{detail}");
+    // The overview counts it beside the states.
+    assert!(o.body.contains("<th>failed</th><th>timed out</th>"), "{}", o.body);
+    assert!(o.body.contains(r#"<td class="n timed-out">1</td>"#), "{}", o.body);
 
     // JSON carries the data as it is, as JSON (never sniffed as HTML).
     let api = send(&r, get("/api/tasks?queue=jobs")).await;
@@ -143,12 +163,14 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
     let api: serde_json::Value = serde_json::from_str(&send(&r, get("/api/overview")).await.body).unwrap();
     assert_eq!(api["locks"]["rows"][0]["key"], "nightly-report");
     assert_eq!(api["queues"]["jobs"]["agents"]["resize"]["failed"], 1);
+    assert_eq!(api["queues"]["jobs"]["agents"]["resize"]["timed_out"], 1);
 
     let m = send(&r, get("/metrics")).await;
     assert!(m.headers[header::CONTENT_TYPE].to_str().unwrap().contains("openmetrics"));
     for line in [
         r#"mongocoord_queue_tasks{queue="jobs",agent="resize",state="ready"} 1"#,
         r#"mongocoord_queue_tasks{queue="jobs",agent="resize",state="failed"} 1"#,
+        r#"mongocoord_queue_timed_out_tasks{queue="jobs",agent="resize"} 1"#,
         r#"mongocoord_lock_held{collection="mongolocker",key="nightly-report",holder="#,
         r#"mongocoord_lock_remaining_seconds{collection="mongolocker",key="nightly-report"}"#,
         "mongocoord_dashboard_watchers 5",
@@ -432,6 +454,29 @@ async fn task_events_seen<S: Store + Clone + 'static>(store: S) {
     q.enqueue(NewTask::new("resize", doc! {}).id("other")).await.unwrap();
     let other = send(&r, get("/tasks/other?queue=jobs")).await.body;
     assert!(!other.contains(r#"<tr class="failed">"#), "{other}");
+
+    // An attempt past its timeout: the event before the failure, and the mark.
+    q.enqueue(NewTask::new("slow", doc! {}).id("late").max_attempts(1)).await.unwrap();
+    let slow =
+        mongoagent::Agent::builder(store.clone(), "slow", "jobs").timeout(Duration::from_millis(100)).build().unwrap();
+    let run = |t: mongoagent::Task| async move {
+        t.cancellation().cancelled().await;
+        mongoagent::Outcome::done()
+    };
+    assert!(slow.process(run).await.unwrap().is_some());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let page = send(&r, get("/tasks/late?queue=jobs")).await;
+        if page.body.contains(r#"<tr class="failed">"#) {
+            break page.body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no failed event seen: {}", page.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let at = |e: &str| body.find(&format!(r#"<tr class="{e}">"#)).unwrap_or_else(|| panic!("no {e}: {body}"));
+    assert!(at("claimed") < at("timed_out") && at("timed_out") < at("failed"), "{body}");
+    assert!(body.contains("attempt 1, timeout_ms 100"), "{body}");
+    assert!(body.contains(r#"<dd id="timed-out" class="timed-out">attempt 1 timed out after 100 ms</dd>"#), "{body}");
 }
 
 /// What `x"} 1\nforged_series_total 1\n#` would make of an exposition that
