@@ -83,7 +83,7 @@ pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
 pub use rate::{RateLimit, MAX_RATE_STARTS};
 pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
-pub use schema::{fields, TimedOutAttempt};
+pub use schema::{fields, TimedOutAttempt, MAX_DATA_DEPTH};
 pub use task::{Child, DedupeScope, NewTask, Task, MAX_TIMEOUT};
 pub use wait::Ended;
 

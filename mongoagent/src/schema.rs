@@ -359,6 +359,34 @@ pub(crate) fn check_user_fields(data: &Document) -> Result<(), AgentError> {
         }
         store_trait::check_field_name(k)?;
     }
+    check_depth(data)
+}
+
+/// How deep task data may nest: documents and arrays inside the task's
+/// data, counting the data itself as one. Every reader of the queue (an
+/// agent's claim, the views, an operator's command) decodes the whole
+/// document recursively, so a task nested deeper than a reader's stack
+/// allows would crash each of them in turn, for ever; MongoDB itself
+/// refuses documents nested past 100 levels.
+pub const MAX_DATA_DEPTH: usize = 32;
+
+/// Refuses data nested deeper than [`MAX_DATA_DEPTH`], walking it without
+/// recursion (so the check cannot overflow the stack it protects).
+fn check_depth(data: &Document) -> Result<(), AgentError> {
+    let mut stack: Vec<(&Bson, usize)> = data.values().map(|v| (v, 2)).collect();
+    while let Some((v, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Bson>> = match v {
+            Bson::Document(d) => Box::new(d.values()),
+            Bson::Array(a) => Box::new(a.iter()),
+            _ => continue,
+        };
+        if depth > MAX_DATA_DEPTH {
+            return Err(AgentError::InvalidTask(format!(
+                "task data nests deeper than {MAX_DATA_DEPTH} levels (documents and arrays)"
+            )));
+        }
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
     Ok(())
 }
 
@@ -380,5 +408,32 @@ mod tests {
             assert!(matches!(e, AgentError::Store(store_trait::StoreError::InvalidInput { .. })), "{f:?}: {e}");
         }
         check_user_fields(&doc! { "image": "cat.png", "ID": 1, "readyish": true }).unwrap();
+    }
+
+    /// Data nested to [`MAX_DATA_DEPTH`] passes, one level more is refused,
+    /// through documents and arrays alike, and very deep data is refused
+    /// without overflowing the stack.
+    #[test]
+    fn data_depth() {
+        let nest = |levels: usize, array: bool| {
+            let mut v = Bson::Int32(1);
+            for _ in 1..levels {
+                v = if array { Bson::Array(vec![v]) } else { Bson::Document(doc! { "a": v }) };
+            }
+            doc! { "a": v }
+        };
+        for array in [false, true] {
+            check_user_fields(&nest(MAX_DATA_DEPTH, array)).unwrap();
+            let e = check_user_fields(&nest(MAX_DATA_DEPTH + 1, array)).unwrap_err();
+            assert!(matches!(e, AgentError::InvalidTask(_)), "{e}");
+        }
+        let mut deep = Bson::Int32(1);
+        for _ in 0..100_000 {
+            deep = Bson::Array(vec![deep]);
+        }
+        let data = doc! { "a": deep };
+        assert!(check_user_fields(&data).is_err());
+        // The deep value's own drop is recursive: leak it in the test.
+        std::mem::forget(data);
     }
 }

@@ -155,6 +155,14 @@ impl NewTask {
         if self.agent_name.is_empty() {
             return Err(AgentError::InvalidTask("a task needs a non-empty agent_name".into()));
         }
+        // As for the agent name's control document, whose key it becomes.
+        if self.agent_name.len() > store_trait::Key::MAX_LEN {
+            return Err(AgentError::InvalidTask(format!(
+                "agent_name is {} bytes, longer than {}",
+                self.agent_name.len(),
+                store_trait::Key::MAX_LEN
+            )));
+        }
         crate::schema::check_user_fields(&self.data)?;
         if self.max_attempts == Some(0) {
             return Err(AgentError::InvalidTask("max_attempts must be at least 1".into()));

@@ -389,7 +389,24 @@ pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<Mongo
 
 /// [`connect`] to a connection already resolved.
 pub(crate) async fn connect_to(c: &ConnectionConfig) -> Result<MongoStore, CliError> {
-    c.connect().await.map_err(|source| CliError::Connect { target: c.to_string(), source })
+    let store = c.connect().await.map_err(|source| CliError::Connect { target: c.to_string(), source })?;
+    CLIENTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(store.database().client().clone());
+    Ok(store)
+}
+
+/// The clients this run connected, shut down before the runtime is
+/// ([`close_clients`]). Dropped with the runtime instead, a client's pool
+/// may still be ending its sessions as the runtime's tasks go, which the
+/// driver reports as a panic on stderr.
+static CLIENTS: std::sync::Mutex<Vec<store_mongo::mongodb::Client>> = std::sync::Mutex::new(Vec::new());
+
+/// Shuts down every client [`connect_to`] made, at once: nothing of this
+/// run's is left to wait for.
+async fn close_clients() {
+    let clients = std::mem::take(&mut *CLIENTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    for c in clients {
+        c.shutdown().immediate(true).await;
+    }
 }
 
 /// The log filter when `RUST_LOG` is not set: `warn` (which records the
@@ -415,11 +432,24 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))
         .with_writer(std::io::stderr)
         .try_init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    // A large stack for the workers: decoding a document is recursive, and a
+    // foreign document nested deep (MongoDB allows 100 levels) must not
+    // overflow the default 2 MiB of a debug build.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_stack_size(16 << 20)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail("mongocoord", &CliError::Runtime(e)),
     };
-    match rt.block_on(run(cli)) {
+    let result = rt.block_on(async {
+        let result = run(cli).await;
+        close_clients().await;
+        result
+    });
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => fail("mongocoord", &e),
     }

@@ -36,9 +36,28 @@ pub(crate) fn safe(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Prints a table of cells, each made [`safe`], in columns two spaces apart.
+/// The most characters a table cell shows; a longer one is cut, ending in
+/// `…` (`--json` has every value whole). Widths stay far below what
+/// `format!` can pad.
+const MAX_CELL: usize = 1000;
+
+/// Prints a table of cells, each made [`safe`] and cut at [`MAX_CELL`]
+/// characters, in columns two spaces apart.
 pub(crate) fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let rows: Vec<Vec<Cow<'_, str>>> = rows.iter().map(|r| r.iter().map(|c| safe(c)).collect()).collect();
+    for l in table_lines(header, rows) {
+        println!("{l}");
+    }
+}
+
+/// The lines [`print_table`] prints.
+fn table_lines(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
+    let cut = |c: Cow<'_, str>| -> String {
+        match c.char_indices().nth(MAX_CELL - 1) {
+            Some((at, _)) if c.chars().count() > MAX_CELL => format!("{}…", &c[..at]),
+            _ => c.into_owned(),
+        }
+    };
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| cut(safe(c))).collect()).collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -51,15 +70,28 @@ pub(crate) fn print_table(header: &[&str], rows: &[Vec<String>]) {
         let padded = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0)));
         padded.collect::<Vec<_>>().join("  ")
     };
-    println!("{}", line(header.to_vec()).trim_end());
+    let mut out = vec![line(header.to_vec()).trim_end().to_owned()];
     for r in &rows {
-        println!("{}", line(r.iter().map(AsRef::as_ref).collect()).trim_end());
+        out.push(line(r.iter().map(AsRef::as_ref).collect()).trim_end().to_owned());
     }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cell longer than [`MAX_CELL`] characters is cut (a wider one made
+    /// `format!`'s padding panic past 65,535), and the columns still line up.
+    #[test]
+    fn long_cells_are_cut() {
+        let long = "é".repeat(70_000);
+        let lines = table_lines(&["NAME", "N"], &[vec![long, "1".into()], vec!["a".into(), "2".into()]]);
+        let first = &lines[1];
+        assert_eq!(first.chars().count(), MAX_CELL + 3, "{}", &first[first.len() - 10..]);
+        assert!(first.ends_with("…  1"));
+        assert_eq!(lines[2].find('2').map(|b| lines[2][..b].chars().count()), Some(MAX_CELL + 2));
+    }
 
     #[test]
     fn controls_and_bidi_become_visible_escapes() {

@@ -279,7 +279,8 @@ pub(crate) async fn enqueue(
 
 /// `enqueue --wait`: waits for task `id` to end and prints it as JSON; exit
 /// status 0 if it completed, 1 if not, [`CliError::NotEnded`] (status 74) if
-/// `limit` passed first.
+/// `limit` passed first. When the wait ends otherwise (status 2), the task's
+/// id is still printed, with `"ended": false`.
 async fn wait_for(
     q: &Queue<MongoStore>,
     id: &store_trait::Key,
@@ -297,7 +298,17 @@ async fn wait_for(
             }
         },
         None => waiting.await,
-    }?;
+    };
+    let ended = match ended {
+        Ok(ended) => ended,
+        Err(e) => {
+            // The task is in the queue whatever the wait met (a deletion, a
+            // server gone): its id on stdout, so a retry need not enqueue
+            // another.
+            println!("{}", json!({ "id": id.to_string(), "inserted": inserted, "ended": false }));
+            return Err(e.into());
+        }
+    };
     let result = bson::Bson::Document(ended.data().clone()).into_relaxed_extjson();
     let out = json!({
         "id": id.to_string(),

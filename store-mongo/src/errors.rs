@@ -45,10 +45,31 @@ pub(crate) fn map_err(e: MongoError) -> StoreError {
         ErrorKind::Io(io) => (FaultKind::Transient, None, io.to_string()),
         ErrorKind::ConnectionPoolCleared { message, .. } => (FaultKind::Transient, None, message.clone()),
         ErrorKind::Shutdown => (FaultKind::Unreachable, None, "the client was shut down".into()),
-        _ if e.contains_label("RetryableWriteError") => (FaultKind::Transient, None, e.to_string()),
-        _ => (FaultKind::Permanent, None, e.to_string()),
+        _ if e.contains_label("RetryableWriteError") => (FaultKind::Transient, None, describe(&e)),
+        _ => (FaultKind::Permanent, None, describe(&e)),
     };
     StoreError::Backend { kind, code, message, source: Some(Box::new(e)) }
+}
+
+/// A driver error in one line: its kind's message, then its sources'. The
+/// driver's own `Display` adds its labels and its sources' debug form
+/// (`source: Some(Error { kind: Command(CommandError { … }) })`), which an
+/// operator should not have to read.
+fn describe(e: &MongoError) -> String {
+    let mut out = e.kind.to_string();
+    let mut next = std::error::Error::source(e);
+    while let Some(s) = next {
+        let part = match s.downcast_ref::<MongoError>() {
+            Some(m) => m.kind.to_string(),
+            None => s.to_string(),
+        };
+        if !out.contains(&part) {
+            out.push_str(": ");
+            out.push_str(&part);
+        }
+        next = s.source();
+    }
+    out
 }
 
 /// Adds the collection name to a duplicate-key error.
@@ -72,6 +93,18 @@ mod tests {
     use mongodb::error::{CommandError, WriteConcernError, WriteError};
 
     use super::*;
+
+    /// An error the match does not name is told by its kind's message, not
+    /// the driver's `Display` with its labels and debug dumps.
+    #[test]
+    fn other_errors_are_told_in_one_plain_line() {
+        let e = MongoError::custom("refused");
+        let shown = map_err(e).to_string();
+        assert!(shown.contains("Custom user error"), "{shown}");
+        for noise in ["Kind:", "labels", "source:", "server response"] {
+            assert!(!shown.contains(noise), "{noise} in {shown}");
+        }
+    }
 
     fn command(code: i32) -> MongoError {
         let e: CommandError = bson::deserialize_from_document(doc! { "code": code, "errmsg": "m" }).unwrap();

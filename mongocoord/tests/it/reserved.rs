@@ -98,3 +98,26 @@ fn uri_file_keeps_secrets_off_the_command_line() {
         "no warning without a secret"
     );
 }
+
+/// Data nested deeper than `mongoagent::MAX_DATA_DEPTH`, or a 70,000-byte
+/// agent name, is status 2 at `enqueue`: such a task was accepted, then
+/// crashed every reader of the queue (a stack overflow decoding it, a panic
+/// padding the name's column), the agent and `delete` included. A task
+/// whose long value makes a wide cell is listed with the cell cut.
+#[test]
+fn enqueue_refuses_data_too_deep_and_names_too_long() {
+    let Some(e) = env("enqueue_deep") else { return };
+    let deep = format!("{}1{}", r#"{"a":"#.repeat(40), "}".repeat(40));
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "a", &deep]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nests deeper"), "{}", String::from_utf8_lossy(&out.stderr));
+    let long = "n".repeat(70_000);
+    let out = e.run(&["enqueue", "--queue", "jobs", "--agent", &long, "{}"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let wide = format!(r#"{{"note": "{}"}}"#, "w".repeat(70_000));
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "a", &wide, "--id", "wide"]);
+    let out = e.run(&["tasks", "--queue", "jobs", "--list"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = e.run(&["tasks", "--queue", "jobs"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -227,3 +227,27 @@ fn enqueue_dedupe_until_ended() {
     let out = e.run(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-until-ended"]);
     assert_eq!(out.status.code(), Some(2), "a scope needs --dedupe-key");
 }
+
+/// `enqueue --wait` whose task is deleted while it waits exits 2, and still
+/// prints the task's id with `"ended": false` on stdout: the task was
+/// enqueued, and a retry must not enqueue another.
+#[test]
+fn enqueue_wait_prints_the_id_when_the_wait_fails() {
+    let Some(e) = env("enqueue_wait_fails") else { return };
+    let waiting = std::process::Command::new(env!("CARGO_BIN_EXE_mongocoord"))
+        .args(["--uri", &e.uri, "--db", &e.db, "enqueue", "--queue", "jobs", "--agent", "nobody", "{}"])
+        .args(["--id", "doomed", "--wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the task is enqueued", Duration::from_secs(30), || {
+        e.json(&["tasks", "--queue", "jobs", "--list"]).as_array().is_some_and(|a| !a.is_empty())
+    });
+    let out = e.run(&["delete", "--queue", "jobs", "--force", "doomed"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["id"].clone(), v["ended"].clone()), ("doomed".into(), false.into()), "{v}");
+}
