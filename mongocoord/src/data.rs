@@ -136,7 +136,15 @@ pub(crate) struct Elections {
 pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &str) -> Result<Elections, CliError> {
     let (c, s) = (coll(collection)?, coll(status)?);
     let now = store.now().await?;
-    let leases = store.find(&c, &Query::all().sort("_id", Order::Asc)).await?;
+    // Each lease read on its own: one unreadable document (another
+    // program's, a damaged one) is skipped and reported, not the end of the view.
+    let mut bad_leases = Vec::new();
+    let leases: Vec<store_trait::Record> = store
+        .find_each(&c, &Query::all().sort("_id", Order::Asc))
+        .await?
+        .into_iter()
+        .filter_map(|r| r.map_err(|e| bad_leases.push(json!({ "error": e.to_string() }))).ok())
+        .collect();
     let reports = mongoelector::status::read_reports(store, &s, None).await?;
     let elections = leases
         .iter()
@@ -166,7 +174,8 @@ pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &st
             }
         })
         .collect();
-    let skipped = reports.skipped.iter().map(|b| json!({"id": b.id, "error": b.to_string()})).collect();
+    let mut skipped: Vec<Value> = bad_leases;
+    skipped.extend(reports.skipped.iter().map(|b| json!({"id": b.id, "error": b.to_string()})));
     Ok(Elections { elections, skipped })
 }
 

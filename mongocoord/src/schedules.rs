@@ -61,7 +61,16 @@ pub(crate) async fn rows<S: Store + Clone>(
 ) -> Result<Vec<Value>, CliError> {
     let s = open(store, queue, collection)?;
     let mut out = Vec::new();
-    for info in s.list().await? {
+    for info in s.list_each().await? {
+        // One unreadable document (another program's, a damaged one) is
+        // skipped, said in the log, not the end of the view.
+        let info = match info {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::warn!(queue, error = %e, "skipped a schedule that cannot be read");
+                continue;
+            }
+        };
         let (spec, zone) = spec(&info);
         let last_outcome = match &info.last_task {
             Some(t) => Some(outcome(store, s.queue().collection(), t).await?),

@@ -69,10 +69,12 @@ pub(super) async fn put_figures(
         return Ok(());
     }
     let tick_hz = clock_ticks_per_s().await;
-    // A database per role: SecantusDB answers a waiting change-stream
-    // `getMore` at every write to its database, whatever the stream's filter,
-    // so the holder's and the leader's renewals would count against the
-    // processes that watch elsewhere.
+    // A database per role, so that no role's writes land in another's
+    // collections. secantusd-py still answers a waiting change-stream
+    // `getMore` at every write anywhere on the server, whatever the stream's
+    // filter and database: there the watching roles' figures include the
+    // holder's and the leader's renewals (docs/test-servers.md).
+    // secantusd-rs answers only at a matching change or the await's end.
     let db_of = |role: &str| format!("{db}_idle_{role}");
     let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, String> {
         let mut c = tokio::process::Command::new(mongocoord);

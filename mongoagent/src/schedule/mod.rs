@@ -241,9 +241,34 @@ impl<S: Store + Clone> Schedules<S> {
     ///
     /// Cancel-safe: reads only.
     pub async fn list(&self) -> Result<Vec<ScheduleInfo>, AgentError> {
+        self.list_each().await?.into_iter().collect()
+    }
+
+    /// Every schedule, by name, each read on its own: a document that is
+    /// not a schedule (another program's, a damaged one) is its own
+    /// `Err` (a [`StoreError::Malformed`](store_trait::StoreError::Malformed)
+    /// naming it), and the others are still read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: reads only.
+    pub async fn list_each(&self) -> Result<Vec<Result<ScheduleInfo, AgentError>>, AgentError> {
         let now = self.store.now().await?;
-        let all = self.store.find(&self.coll, &Query::all().sort("_id", store_trait::Order::Asc)).await?;
-        all.iter().map(|r| info(r, now)).collect()
+        let all = self.store.find_each(&self.coll, &Query::all().sort("_id", store_trait::Order::Asc)).await?;
+        let coll = self.coll.as_str();
+        Ok(all
+            .into_iter()
+            .map(|r| {
+                let r = r?;
+                info(&r, now).map_err(|e| {
+                    let reason = match e {
+                        AgentError::InvalidTask(reason) => reason,
+                        other => other.to_string(),
+                    };
+                    AgentError::Store(store_trait::StoreError::malformed(coll, r.key(), reason))
+                })
+            })
+            .collect())
     }
 
     /// Creates the index the scheduler's queries on the queue need (the
