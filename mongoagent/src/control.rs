@@ -247,6 +247,10 @@ async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<
 }
 
 fn control_key(agent: &str) -> Result<Key, AgentError> {
+    // No agent has an empty name (`AgentBuilder::build` refuses it).
+    if agent.is_empty() {
+        return Err(AgentError::Config("an agent name must not be empty".into()));
+    }
     Key::new(format!("{KEY_PREFIX}{agent}")).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
 }
 

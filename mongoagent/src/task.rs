@@ -155,6 +155,9 @@ impl NewTask {
         if self.agent_name.is_empty() {
             return Err(AgentError::InvalidTask("a task needs a non-empty agent_name".into()));
         }
+        if self.dedupe_key.as_deref() == Some("") {
+            return Err(AgentError::InvalidTask("a dedupe key must not be empty".into()));
+        }
         // As for the agent name's control document, whose key it becomes.
         if self.agent_name.len() > store_trait::Key::MAX_LEN {
             return Err(AgentError::InvalidTask(format!(

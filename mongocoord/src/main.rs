@@ -180,11 +180,11 @@ enum Cmd {
         /// With --list: only the tasks of this schedule's ticks.
         #[arg(long, requires = "list")]
         schedule: Option<String>,
-        /// Equality filter as a JSON object.
+        /// With --list or --failed: an equality filter as a JSON object.
         #[arg(long)]
         filter: Option<String>,
-        /// At most this many listed tasks.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many listed tasks (at least 1).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
     /// Enqueues a task from a JSON object.
@@ -390,7 +390,7 @@ pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<Mongo
 /// [`connect`] to a connection already resolved.
 pub(crate) async fn connect_to(c: &ConnectionConfig) -> Result<MongoStore, CliError> {
     let store = c.connect().await.map_err(|source| CliError::Connect { target: c.to_string(), source })?;
-    CLIENTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(store.database().client().clone());
+    CLIENTS.lock().push(store.database().client().clone());
     Ok(store)
 }
 
@@ -398,12 +398,12 @@ pub(crate) async fn connect_to(c: &ConnectionConfig) -> Result<MongoStore, CliEr
 /// ([`close_clients`]). Dropped with the runtime instead, a client's pool
 /// may still be ending its sessions as the runtime's tasks go, which the
 /// driver reports as a panic on stderr.
-static CLIENTS: std::sync::Mutex<Vec<store_mongo::mongodb::Client>> = std::sync::Mutex::new(Vec::new());
+static CLIENTS: parking_lot::Mutex<Vec<store_mongo::mongodb::Client>> = parking_lot::const_mutex(Vec::new());
 
 /// Shuts down every client [`connect_to`] made, at once: nothing of this
 /// run's is left to wait for.
 async fn close_clients() {
-    let clients = std::mem::take(&mut *CLIENTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let clients = std::mem::take(&mut *CLIENTS.lock());
     for c in clients {
         c.shutdown().immediate(true).await;
     }
@@ -541,6 +541,9 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             views::leaders(&connect(uri, db).await?, &collection, &status_collection, json).await
         }
         Cmd::Tasks { queue, agent, list, failed, schedule, filter, limit } => {
+            if filter.is_some() && !list && !failed {
+                return Err(CliError::invalid("--filter selects tasks to list: give --list or --failed too"));
+            }
             let only = views::Only { agent: agent.as_deref(), schedule: schedule.as_deref(), failed };
             views::tasks(&connect(uri, db).await?, &queue, only, list, filter.as_deref(), limit, json).await
         }

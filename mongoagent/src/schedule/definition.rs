@@ -140,6 +140,12 @@ impl Schedule {
             starting_deadline: Duration::from_secs(60),
             jitter: Duration::ZERO,
         };
+        // A cron expression of a date that never comes (the 30th of
+        // February) parses, then waits for ever.
+        let now = store_trait::Clock::now(&store_trait::SystemClock).as_millis();
+        if matches!(s.when, When::Cron { .. }) && s.ticks()?.next_at_or_after(now).is_none() {
+            return Err(AgentError::Config("the cron expression never fires".into()));
+        }
         s.ticks()?;
         s.template(StoreTime::from_millis(0)).to_document()?;
         // The name is the schedule's key, and part of every tick's task id.

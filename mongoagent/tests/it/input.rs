@@ -94,3 +94,19 @@ fn a_backoff_maximum_below_its_base_is_rejected() {
 fn a_rate_limit_of_no_starts_is_rejected() {
     assert_rejected(Agent::builder(MemoryStore::new(), "a", "q").rate_limit(0, Duration::from_secs(1)));
 }
+
+/// Input that means nothing is refused where it is given: a cron expression
+/// of a date that never comes (it parsed, then its scheduler waited for
+/// ever), an empty dedupe key, a pause of the empty agent name (no agent
+/// has it).
+#[tokio::test]
+async fn input_that_means_nothing_is_refused() {
+    let e = mongoagent::Schedule::cron("n", "0 0 30 2 *", "UTC", NewTask::new("a", doc! {})).unwrap_err();
+    assert!(e.to_string().contains("never fires"), "{e}");
+    mongoagent::Schedule::cron("leap", "0 0 29 2 *", "UTC", NewTask::new("a", doc! {})).unwrap();
+    let q = Queue::new(MemoryStore::new(), "q").unwrap();
+    let e = q.enqueue(NewTask::new("a", doc! {}).dedupe_key("")).await.unwrap_err();
+    assert!(matches!(e, AgentError::InvalidTask(_)), "{e}");
+    let e = q.set_paused("", true).await.unwrap_err();
+    assert!(matches!(e, AgentError::Config(_)), "{e}");
+}

@@ -121,3 +121,20 @@ fn enqueue_refuses_data_too_deep_and_names_too_long() {
     let out = e.run(&["tasks", "--queue", "jobs"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Flags that would mean nothing are status 2: `tasks --filter` without a
+/// listing (it counted every task, the filter ignored), `--limit 0`,
+/// `pause` of the empty agent name, an empty `--dedupe-key`.
+#[test]
+fn flags_that_would_mean_nothing_are_refused() {
+    let Some(e) = env("flags_nothing") else { return };
+    for args in [
+        vec!["tasks", "--queue", "jobs", "--filter", "{}"],
+        vec!["tasks", "--queue", "jobs", "--list", "--limit", "0"],
+        vec!["pause", "--queue", "jobs", "--agent", ""],
+        vec!["enqueue", "--queue", "jobs", "--agent", "a", "{}", "--dedupe-key", ""],
+    ] {
+        let out = e.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
