@@ -61,9 +61,10 @@ async fn wait_text(c: &Client, css: &str, text: &str, timeout: Duration) -> Dura
 
 /// The element `css` once the page has it (a click's navigation may still be
 /// under way; on two cores busy with the rest of the suite a navigation has
-/// taken over 10 s); the page's source if it never comes.
+/// taken over 10 s, and a confirmation page whose source had the element
+/// was not found within 30 s); the page's source if it never comes.
 async fn find(c: &Client, css: &str) -> fantoccini::elements::Element {
-    match c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css(css)).await {
+    match c.wait().at_most(Duration::from_secs(90)).for_element(Locator::Css(css)).await {
         Ok(el) => el,
         Err(e) => panic!("{css}: {e}: {}", c.source().await.unwrap_or_default()),
     }
