@@ -67,6 +67,7 @@ impl Outcome {
     }
 
     /// Adds a follow-up task (on success, or to wait for).
+    #[must_use]
     pub fn follow_up(mut self, t: NewTask) -> Self {
         if let Outcome::Complete { follow_ups, .. } | Outcome::Wait { follow_ups, .. } = &mut self {
             follow_ups.push(t);
@@ -87,6 +88,7 @@ impl Outcome {
     ///     .then(NewTask::new("sum", bson::doc! {}));
     /// # let _ = split;
     /// ```
+    #[must_use]
     pub fn then(mut self, task: NewTask) -> Self {
         if let Outcome::Complete { then, .. } = &mut self {
             *then = Some(Box::new(task));
@@ -111,6 +113,7 @@ impl Outcome {
     /// }
     /// # let _ = handle;
     /// ```
+    #[must_use]
     pub fn wait_for_follow_ups(self) -> Self {
         match self {
             Outcome::Complete { merge, follow_ups, .. } => Outcome::Wait { merge, follow_ups },
@@ -137,6 +140,7 @@ impl Outcome {
     }
 
     /// Adds fields to merge (success or failure).
+    #[must_use]
     pub fn merge(mut self, fields: Document) -> Self {
         match &mut self {
             Outcome::Complete { merge, .. } | Outcome::Wait { merge, .. } | Outcome::Fail { merge, .. } => {

@@ -75,18 +75,21 @@ impl NewTask {
     }
 
     /// An explicit id (default: a fresh `ObjectId`).
+    #[must_use]
     pub fn id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(Bson::String(id.into()));
         self
     }
 
     /// Priority: higher runs first (default 0).
+    #[must_use]
     pub fn priority(mut self, p: i64) -> Self {
         self.priority = p;
         self
     }
 
     /// Not before `d` from now (store clock).
+    #[must_use]
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = Some(d);
         self
@@ -94,12 +97,14 @@ impl NewTask {
 
     /// Not before the instant `at` on the store clock. With [`NewTask::delay`]
     /// too, the later of the two applies.
+    #[must_use]
     pub fn run_at(mut self, at: store_trait::StoreTime) -> Self {
         self.run_at = Some(at);
         self
     }
 
     /// Enqueuing another task with the same key is a no-op reported as a duplicate.
+    #[must_use]
     pub fn dedupe_key(mut self, k: impl Into<String>) -> Self {
         self.dedupe_key = Some(k.into());
         self
@@ -120,12 +125,14 @@ impl NewTask {
     /// let w = NewTask::new("mail", bson::doc! {}).dedupe_key("digest").dedupe_scope(DedupeScope::For(Duration::from_secs(3600)));
     /// # let _ = (t, w);
     /// ```
+    #[must_use]
     pub fn dedupe_scope(mut self, scope: DedupeScope) -> Self {
         self.dedupe_scope = scope;
         self
     }
 
     /// Overrides the agent's attempt limit for this task.
+    #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
         self
@@ -145,6 +152,7 @@ impl NewTask {
     /// let t = NewTask::new("render", bson::doc! {}).timeout(Duration::from_secs(30));
     /// # let _ = t;
     /// ```
+    #[must_use]
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self

@@ -57,18 +57,21 @@ impl<S: Store + Clone> ElectorBuilder<S> {
 
     /// The lease length (default [`DEFAULT_TTL`]): a silently crashed leader is
     /// replaced after at most this long.
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// The lease collection (default [`DEFAULT_COLLECTION`]).
+    #[must_use]
     pub fn collection(mut self, name: impl Into<String>) -> Self {
         self.collection = name.into();
         self
     }
 
     /// The status collection (default [`DEFAULT_STATUS_COLLECTION`]).
+    #[must_use]
     pub fn status_collection(mut self, name: impl Into<String>) -> Self {
         self.status_collection = name.into();
         self
@@ -76,6 +79,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
 
     /// How often a round runs (default a third of the ttl): the leader renews,
     /// then `on_loop` runs and status is reported.
+    #[must_use]
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self
@@ -84,12 +88,14 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// A follower's poll interval where the store has no change notifications
     /// (default: the renew interval).
     #[doc(alias = "step")]
+    #[must_use]
     pub fn poll_interval(mut self, step: Duration) -> Self {
         self.step = Some(step);
         self
     }
 
     /// The identity recorded for this node (default [`Identity::current`]).
+    #[must_use]
     pub fn identity(mut self, id: Identity) -> Self {
         self.identity = Some(id);
         self
@@ -99,6 +105,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// [`Elector::node_status`] (default: this crate's version). The Python `MongoElector`'s
     /// `app_version`.
     #[doc(alias = "app_version")]
+    #[must_use]
     pub fn version(mut self, version: impl Into<String>) -> Self {
         self.version = version.into();
         self
@@ -110,6 +117,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// in [`ElectorBuilder::on_leader_term`], which is told when the term ends.
     /// Replaces an earlier `on_leader` or `on_leader_term`.
     #[doc(alias = "onmaster", alias = "on_master")]
+    #[must_use]
     pub fn on_leader(self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_leader_term(move |_| f())
     }
@@ -121,6 +129,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// Cancelling the token yourself does not end the term. A term that ends
     /// before its `on_leader` could start is not reported at all (neither
     /// `on_leader` nor `on_leader_loss`). Replaces an earlier `on_leader`.
+    #[must_use]
     pub fn on_leader_term(mut self, f: impl Fn(CancellationToken) + Send + Sync + 'static) -> Self {
         self.handlers.on_leader = Some(Arc::new(f));
         self
@@ -130,6 +139,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// after that term's `on_leader` returned, and ahead of an `on_leader` that is
     /// waiting.
     #[doc(alias = "onmasterloss", alias = "on_master_loss")]
+    #[must_use]
     pub fn on_leader_loss(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.handlers.on_leader_loss = Some(Arc::new(f));
         self
@@ -140,6 +150,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// are coalesced into one pending call, and it never delays `on_leader` or
     /// `on_leader_loss` (which may therefore run at the same time).
     #[doc(alias = "onloop")]
+    #[must_use]
     pub fn on_loop(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.handlers.on_loop = Some(Arc::new(f));
         self
@@ -150,6 +161,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// runs in `on_loop`'s lane, coalesced: when leadership changes faster than
     /// the callback returns, only the latest leader is reported. The same
     /// information as [`Elector::leadership`], pushed instead of watched.
+    #[must_use]
     pub fn on_new_leader(mut self, f: impl Fn(LockInfo) + Send + Sync + 'static) -> Self {
         self.handlers.on_new_leader = Some(Arc::new(f));
         self
@@ -159,12 +171,14 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// release and the callbacks of the ending term (`on_leader` still running,
     /// then `on_leader_loss`). Callbacks still running then finish in the
     /// background, in order.
+    #[must_use]
     pub fn stop_timeout(mut self, timeout: Duration) -> Self {
         self.stop_timeout = Some(timeout);
         self
     }
 
     /// Whether each node upserts a status document every round (default `true`).
+    #[must_use]
     pub fn report_status(mut self, on: bool) -> Self {
         self.report_status = on;
         self

@@ -47,6 +47,7 @@ impl Acquire {
     }
 
     /// Give up after `d` with [`LockError::Timeout`].
+    #[must_use]
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self
@@ -54,12 +55,14 @@ impl Acquire {
 
     /// CAUTION: take the lock even if someone holds it. The previous holder's fence
     /// becomes stale; its renewals and fenced writes are rejected from now on.
+    #[must_use]
     pub fn force(mut self) -> Self {
         self.force = true;
         self
     }
 
     /// Renew the lease in the background until the guard is released or dropped.
+    #[must_use]
     pub fn auto_renew(mut self) -> Self {
         self.auto_renew = true;
         self

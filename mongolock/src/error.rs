@@ -128,6 +128,7 @@ impl ConfigError {
     }
 
     /// This rejection, caused by `source` (which `reason` may quote).
+    #[must_use]
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
         self

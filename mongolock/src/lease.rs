@@ -40,6 +40,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// The lease length: the ttl every grant kept by these leases was made with
     /// (default [`DEFAULT_TTL`](crate::DEFAULT_TTL)).
     #[doc(alias = "lease")]
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -47,6 +48,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
 
     /// How often a kept lease is renewed (default a third of the ttl). Must
     /// leave room for the safety margin below the ttl.
+    #[must_use]
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self
@@ -55,12 +57,14 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// How long before a lease could lapse on the server its holder is told it
     /// lost it, when renewal could not be confirmed (default a tenth of the ttl,
     /// between 5 ms and 2 s).
+    #[must_use]
     pub fn safety_margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
     }
 
     /// The identity of the holder (default [`Identity::current`]).
+    #[must_use]
     pub fn identity(mut self, id: Identity) -> Self {
         self.identity = Some(id);
         self
@@ -69,6 +73,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// The client's wall clock (default [`SystemClock`]), compared with its
     /// monotonic companion to notice time that passed unseen (a host suspend),
     /// which counts as a loss. Leases never depend on it otherwise.
+    #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -79,6 +84,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// (a queue's claims), whose document ends with the task. Without it such a
     /// write fails with [`LockError::GcOnLock`]: a lock document never gets a
     /// `gc_at`, so no TTL index can delete it and reset its fence.
+    #[must_use]
     pub fn allow_gc(mut self) -> Self {
         self.allow_gc = true;
         self

@@ -29,6 +29,7 @@ pub struct LockBuilder<S> {
 
 impl<S: Store + Clone> LockBuilder<S> {
     /// The collection (default [`DEFAULT_COLLECTION`]).
+    #[must_use]
     pub fn collection(mut self, name: impl Into<String>) -> Self {
         self.leases.collection = name.into();
         self
@@ -37,12 +38,14 @@ impl<S: Store + Clone> LockBuilder<S> {
     /// The lease length (default [`DEFAULT_TTL`]). If the holder neither renews nor
     /// releases within it, the lock is free for others.
     #[doc(alias = "lease")]
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.leases = self.leases.ttl(ttl);
         self
     }
 
     /// The lease length in seconds, as the Python original takes it.
+    #[must_use]
     pub fn ttl_secs(self, secs: f64) -> Self {
         // An invalid value (negative, NaN) is reported by `build`.
         let d = if secs.is_finite() && secs > 0.0 {
@@ -56,6 +59,7 @@ impl<S: Store + Clone> LockBuilder<S> {
     /// How often a waiter re-checks when change notifications are unavailable
     /// (default [`DEFAULT_POLL_INTERVAL`]).
     #[doc(alias = "step")]
+    #[must_use]
     pub fn poll_interval(mut self, step: Duration) -> Self {
         self.step = step;
         self
@@ -63,6 +67,7 @@ impl<S: Store + Clone> LockBuilder<S> {
 
     /// How often auto-renew renews (default a third of the ttl). Must leave room
     /// for the safety margin below the ttl.
+    #[must_use]
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.leases = self.leases.renew_every(every);
         self
@@ -71,12 +76,14 @@ impl<S: Store + Clone> LockBuilder<S> {
     /// How long before the lease could lapse on the server the holder is told it
     /// lost the lock, when renewal could not be confirmed (default a tenth of the
     /// ttl, between 5 ms and 2 s).
+    #[must_use]
     pub fn safety_margin(mut self, margin: Duration) -> Self {
         self.leases = self.leases.safety_margin(margin);
         self
     }
 
     /// The identity recorded as holder (default [`Identity::current`]).
+    #[must_use]
     pub fn identity(mut self, id: Identity) -> Self {
         self.leases = self.leases.identity(id);
         self
@@ -87,6 +94,7 @@ impl<S: Store + Clone> LockBuilder<S> {
     /// ([`Lock::clock_offset_ms`]), and a holder compares its advance with its
     /// monotonic companion ([`Clock::monotonic`]) to notice time that passed
     /// unseen (a host suspend), which it treats as a loss.
+    #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.leases = self.leases.clock(clock);
         self

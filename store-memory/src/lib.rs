@@ -90,6 +90,7 @@ impl MemoryStoreBuilder {
     /// leases are granted and checked on this clock, so they lapse early, late or
     /// come back with it, while tokio time (the clients' monotonic clock) goes on
     /// as before.
+    #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -97,6 +98,7 @@ impl MemoryStoreBuilder {
 
     /// Whether [`Store::watch`] works (default `true`). Turn it off to test the
     /// polling fallback of the crates above, as on a standalone `mongod`.
+    #[must_use]
     pub fn change_streams(mut self, on: bool) -> Self {
         self.change_streams = on;
         self

@@ -189,6 +189,7 @@ impl MongoStore {
     }
 
     /// Sets the consistency level (default [`Consistency::Majority`]).
+    #[must_use]
     pub fn with_consistency(mut self, c: Consistency) -> Self {
         self.consistency = c;
         self
@@ -198,6 +199,7 @@ impl MongoStore {
     /// [`DEFAULT_OPERATION_TIMEOUT`]): `maxTimeMS` on the server, and the time
     /// after which the call gives up with [`FaultKind::Timeout`] (a little later).
     /// A zero duration is taken as one millisecond.
+    #[must_use]
     pub fn with_operation_timeout(mut self, d: Duration) -> Self {
         self.op_timeout = d.max(Duration::from_millis(1));
         self

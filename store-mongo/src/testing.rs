@@ -424,6 +424,7 @@ impl MongoHarness {
 
     /// Its stores read as on a server of `max_wire_version`
     /// ([`assuming_wire_version`]).
+    #[must_use]
     pub fn assuming_wire_version(self, max_wire_version: i32) -> MongoHarness {
         MongoHarness { wire_version: Some(max_wire_version) }
     }

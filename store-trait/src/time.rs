@@ -35,6 +35,7 @@ impl StoreTime {
     }
 
     /// This time plus a lease length.
+    #[must_use]
     pub fn plus(self, ttl: Ttl) -> StoreTime {
         StoreTime(self.0.saturating_add(ttl.as_millis()))
     }

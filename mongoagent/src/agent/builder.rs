@@ -83,6 +83,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// when a task arrives, and checks anyway only every
     /// [`recheck_interval`](Self::recheck_interval).
     #[doc(alias = "sleep_between")]
+    #[must_use]
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
         self
@@ -119,12 +120,14 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// The claim lease's length (default 60 s; `ttl` as for a lock), renewed every third of it while the handler
     /// runs; a crashed agent's task is claimable again once it lapses.
     #[doc(alias = "lease")]
+    #[must_use]
     pub fn ttl(mut self, d: Duration) -> Self {
         self.lease = d;
         self
     }
 
     /// Attempts before a task fails for good (default 5).
+    #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n;
         self
@@ -132,6 +135,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
 
     /// Retry backoff: `base * 2^(attempt-1)`, capped at `max`, with ±50 % jitter
     /// (default 1 s and 10 min).
+    #[must_use]
     pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
         self.backoff = (base, max);
         self
@@ -159,6 +163,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     ///     .unwrap();
     /// # let _ = agent;
     /// ```
+    #[must_use]
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self
@@ -167,12 +172,14 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// How long a handler whose timeout passed has to end after its
     /// cancellation fires (default 10 s) before it is aborted and its claim
     /// left to lapse.
+    #[must_use]
     pub fn timeout_grace(mut self, d: Duration) -> Self {
         self.timeout_grace = d;
         self
     }
 
     /// Tasks in flight at once in [`Agent::work`] (default 1).
+    #[must_use]
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
         self
@@ -192,6 +199,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// [`Agent::shutdown`]; a stop by [`process_while`](Self::process_while)
     /// gives it back unstarted, and its next run is still the same attempt.
     #[doc(alias = "claim_ahead")]
+    #[must_use]
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
         self
@@ -204,6 +212,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// claim (as many as it has free slots, in one batch) and gives it back
     /// when the task ends; a crashed process's permits lapse with their lease.
     /// Every process of a name must give the same `n`.
+    #[must_use]
     pub fn global_concurrency(mut self, n: u32) -> Self {
         self.global_concurrency = Some(n);
         self
@@ -214,6 +223,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// beyond the limit waits; it never fails. One conditional write per start
     /// on a control document ([`RateLimit`](crate::RateLimit)). Every process
     /// of a name must give the same limit (another limit is counted apart).
+    #[must_use]
     pub fn rate_limit(mut self, n: u32, per: Duration) -> Self {
         self.rate_limit = Some((n, per));
         self
@@ -221,6 +231,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
 
     /// How long a stopping agent lets in-flight tasks finish before it gives
     /// their claims back (default 30 s).
+    #[must_use]
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain = d;
         self
@@ -231,12 +242,14 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// whenever a task is made ready again (requeue, retry, wake, claim). A
     /// follow-up something waits for is marked only once its waiter has ended
     /// for good, so the waiter always reads every one of them.
+    #[must_use]
     pub fn retain_finished(mut self, d: Duration) -> Self {
         self.retain_finished = Some(d);
         self
     }
 
     /// The identity recorded on claims (default [`Identity::current`]).
+    #[must_use]
     pub fn identity(mut self, id: Identity) -> Self {
         self.identity = Some(id);
         self
@@ -253,6 +266,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// // tokio::spawn(async move { tokio::signal::ctrl_c().await.ok(); stop.cancel() });
     /// # let _ = agent; Ok(()) }
     /// ```
+    #[must_use]
     pub fn shutdown_on(mut self, token: &CancellationToken) -> Self {
         self.shutdown = Some(token.child_token());
         self
@@ -262,6 +276,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// forever). It is asked before every claim, and an idle agent with it
     /// claims once per [`poll_interval`](Self::poll_interval), as the seed's
     /// `work` loop does, even with change notifications.
+    #[must_use]
     pub fn process_while(mut self, f: impl Fn(&AgentCounters) -> bool + Send + Sync + 'static) -> Self {
         self.process_while = Some(Arc::new(f));
         self

@@ -186,6 +186,7 @@ impl EventFilter {
     }
 
     /// Only the tasks of this agent name.
+    #[must_use]
     pub fn agent(mut self, name: impl Into<String>) -> Self {
         self.agent = Some(name.into());
         self
@@ -194,6 +195,7 @@ impl EventFilter {
     /// How many events wait for a slow subscriber before it gets a
     /// [`QueueEvent::Resync`] instead (default 4096; at least 1, at most
     /// [`EventFilter::MAX_BUFFER`]).
+    #[must_use]
     pub fn buffer(mut self, events: usize) -> Self {
         self.buffer = events.clamp(1, Self::MAX_BUFFER);
         self
@@ -202,6 +204,7 @@ impl EventFilter {
     /// How often the tasks are read when the store has no change
     /// notifications (a standalone `mongod`), and how often running claims
     /// are checked for a lapsed lease (default 1 s; at least 10 ms).
+    #[must_use]
     pub fn poll_every(mut self, every: Duration) -> Self {
         self.poll = every.max(Duration::from_millis(10));
         self
@@ -214,6 +217,7 @@ impl EventFilter {
     /// (`Enqueued` where `Requeued` would have been), and its deletion is not
     /// reported. Keep it at 1,000 or more where the store has no change
     /// notifications: each poll reads the latest 1,000 ended tasks.
+    #[must_use]
     pub fn remember_ended(mut self, tasks: usize) -> Self {
         self.remember_ended = tasks.max(1);
         self

@@ -179,12 +179,14 @@ impl Schedule {
     }
 
     /// The overlap policy (default [`Overlap::Skip`]).
+    #[must_use]
     pub fn overlap(mut self, o: Overlap) -> Self {
         self.overlap = o;
         self
     }
 
     /// The missed-tick policy (default [`Missed::Skip`]).
+    #[must_use]
     pub fn missed(mut self, m: Missed) -> Self {
         self.missed = m;
         self
@@ -192,6 +194,7 @@ impl Schedule {
 
     /// A tick older than this when a scheduler notices it is missed (default
     /// 60 s; at least 1 ms, at most 366 days; longer values are capped).
+    #[must_use]
     pub fn starting_deadline(mut self, d: Duration) -> Self {
         self.starting_deadline = d.clamp(Duration::from_millis(1), MAX_SPAN);
         self
@@ -200,6 +203,7 @@ impl Schedule {
     /// Each tick's task is made ready up to this much after the tick (a
     /// pseudo-random amount derived from the name and the tick; default none;
     /// at most 366 days).
+    #[must_use]
     pub fn jitter(mut self, d: Duration) -> Self {
         self.jitter = d.min(MAX_SPAN);
         self

@@ -99,6 +99,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// cron` does) enqueues only that schedule's ticks: the ticks of a schedule
     /// whose processes are all down are then not enqueued meanwhile, and its
     /// missed-tick policy decides what runs when they come back.
+    #[must_use]
     pub fn only(mut self, name: impl Into<String>) -> Self {
         self.only = Some(name.into());
         self
@@ -107,6 +108,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// On a store without change notifications, how often to look for changed
     /// schedules (default 5 s). Also the delay before re-subscribing after a
     /// change stream ends.
+    #[must_use]
     pub fn poll_every(mut self, d: Duration) -> Self {
         self.poll = d.max(Duration::from_millis(1));
         self

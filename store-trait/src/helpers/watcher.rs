@@ -101,6 +101,7 @@ impl<S: Store> Watcher<S> {
 
     /// [`Watcher::changed`] passes over [`ChangeKind::Renewed`]: for watchers
     /// that care who holds what, not until when.
+    #[must_use]
     pub fn ignore_renewals(mut self) -> Self {
         self.skip_renewals = true;
         self

@@ -112,18 +112,21 @@ impl ChangeFilter {
     }
 
     /// Delivers inserts too.
+    #[must_use]
     pub fn inserts(mut self) -> Self {
         self.inserts = true;
         self
     }
 
     /// Delivers deletes too.
+    #[must_use]
     pub fn deletes(mut self) -> Self {
         self.deletes = true;
         self
     }
 
     /// Delivers the updates matching `clause` too.
+    #[must_use]
     pub fn update(mut self, clause: UpdateClause) -> Self {
         self.updates.push(clause);
         self
@@ -176,6 +179,7 @@ impl UpdateClause {
     }
 
     /// Only those that do not also set `field` to `value`.
+    #[must_use]
     pub fn unless_sets(mut self, field: impl Into<String>, value: impl Into<bson::Bson>) -> Self {
         self.not_sets.push((field.into(), value.into()));
         self

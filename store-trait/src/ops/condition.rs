@@ -55,6 +55,7 @@ pub enum Condition {
 
 impl Condition {
     /// `self AND other`.
+    #[must_use]
     pub fn and(self, other: Condition) -> Condition {
         match self {
             Condition::All(mut v) => {
@@ -67,6 +68,7 @@ impl Condition {
     }
 
     /// `self OR other`.
+    #[must_use]
     pub fn or(self, other: Condition) -> Condition {
         match self {
             Condition::Any(mut v) => {
@@ -78,6 +80,7 @@ impl Condition {
     }
 
     /// `NOT self`.
+    #[must_use]
     pub fn negate(self) -> Condition {
         Condition::Not(Box::new(self))
     }

@@ -69,47 +69,55 @@ impl Mutation {
     }
 
     /// Grants (or renews) the lease to `owner` for `ttl` from store-now.
+    #[must_use]
     pub fn grant(mut self, owner: impl Into<String>, ttl: Ttl) -> Self {
         self.lease = LeaseOp::Grant { owner: owner.into(), ttl };
         self
     }
 
     /// Releases the lease (keeps the fencing counter).
+    #[must_use]
     pub fn release(mut self) -> Self {
         self.lease = LeaseOp::Release;
         self
     }
 
     /// Increments the fencing counter by one.
+    #[must_use]
     pub fn bump_fence(mut self) -> Self {
         self.bump_fence = true;
         self
     }
 
     /// Sets a user field.
+    #[must_use]
     pub fn set(mut self, field: impl Into<String>, value: impl Into<Bson>) -> Self {
         self.set.insert(field.into(), value.into());
         self
     }
 
     /// Sets several user fields.
+    #[must_use]
     pub fn set_all(mut self, doc: Document) -> Self {
         self.set.extend(doc);
         self
     }
 
     /// Removes a user field.
+    #[must_use]
     pub fn unset(mut self, field: impl Into<String>) -> Self {
         self.unset.push(field.into());
         self
     }
 
     /// Sets a user field to the store's current time (a BSON date).
+    #[must_use]
     pub fn set_now(self, field: impl Into<String>) -> Self {
         self.set_time_after(field, Duration::ZERO)
     }
 
     /// Sets a user field to the store's current time plus `delay` (a BSON date).
+    #[must_use]
     pub fn set_time_after(mut self, field: impl Into<String>, delay: Duration) -> Self {
         let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         self.set_time.push((field.into(), ms));
@@ -117,6 +125,7 @@ impl Mutation {
     }
 
     /// Adds `by` to a numeric user field (a missing field counts as 0).
+    #[must_use]
     pub fn inc(mut self, field: impl Into<String>, by: i64) -> Self {
         self.inc.push((field.into(), by));
         self
@@ -124,6 +133,7 @@ impl Mutation {
 
     /// Marks the document for garbage collection by a TTL index on
     /// [`fields::GC_AT`](crate::fields::GC_AT) after `ttl` from store-now. Never relied on for correctness.
+    #[must_use]
     pub fn gc_after(mut self, ttl: Ttl) -> Self {
         self.gc = Some(ttl);
         self
@@ -132,6 +142,7 @@ impl Mutation {
     /// Removes [`fields::GC_AT`](crate::fields::GC_AT): the document is live again (a task made ready
     /// after it ended), so a TTL index must not delete it. Every write that
     /// brings a document back from "may be collected" carries this.
+    #[must_use]
     pub fn clear_gc(mut self) -> Self {
         self.clear_gc = true;
         self

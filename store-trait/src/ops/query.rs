@@ -55,18 +55,21 @@ impl Query {
     }
 
     /// Adds a condition.
+    #[must_use]
     pub fn when(mut self, c: Condition) -> Self {
         self.condition = std::mem::replace(&mut self.condition, Condition::Always).and(c);
         self
     }
 
     /// Adds a sort field.
+    #[must_use]
     pub fn sort(mut self, field: impl Into<String>, order: Order) -> Self {
         self.sort.push((field.into(), order));
         self
     }
 
     /// Limits the number of results.
+    #[must_use]
     pub fn limit(mut self, n: u32) -> Self {
         self.limit = Some(n);
         self
@@ -80,6 +83,7 @@ impl Query {
     /// let q = Query::all().keys([Key::new("a").unwrap(), Key::new("b").unwrap()]);
     /// assert_eq!(q.keys.map(|k| k.len()), Some(2));
     /// ```
+    #[must_use]
     pub fn keys(mut self, keys: impl IntoIterator<Item = Key>) -> Self {
         self.keys = Some(keys.into_iter().collect());
         self
@@ -191,12 +195,14 @@ impl IndexSpec {
     }
 
     /// Makes it unique.
+    #[must_use]
     pub fn unique(mut self) -> Self {
         self.unique = true;
         self
     }
 
     /// Makes it sparse.
+    #[must_use]
     pub fn sparse(mut self) -> Self {
         self.sparse = true;
         self

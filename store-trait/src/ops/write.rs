@@ -38,6 +38,7 @@ impl Write {
     }
 
     /// Creates the document if it does not exist.
+    #[must_use]
     pub fn upsert(mut self) -> Self {
         self.upsert = true;
         self
@@ -58,6 +59,7 @@ impl Write {
     /// let release = Write::new(Condition::FenceIs(7), Mutation::new().release()).with_nonce(nonce.clone());
     /// assert_eq!(release.nonce, Some(nonce));
     /// ```
+    #[must_use]
     pub fn with_nonce(mut self, nonce: Nonce) -> Self {
         self.nonce = Some(nonce);
         self
