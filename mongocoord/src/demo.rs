@@ -226,7 +226,7 @@ pub(crate) async fn run(
         }
         Some(c) => {
             eprintln!("mongocoord demo: MongoDB at {c}");
-            let store: MongoStore = crate::connect_to(&c).await?;
+            let store: MongoStore = crate::connection::connect_to(&c).await?;
             for c in [ELECTOR_COLL, STATUS_COLL, LOCK_COLL, QUEUE] {
                 store.database().collection::<bson::Document>(c).drop().await?;
             }
