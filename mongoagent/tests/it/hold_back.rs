@@ -32,6 +32,9 @@ pub(crate) struct HoldBack<S> {
     reached: Arc<Notify>,
     open: Arc<Semaphore>,
     stalled: Arc<Mutex<Vec<String>>>,
+    /// Writes to this collection arrive this late (a process farther from
+    /// the server).
+    late: Arc<Mutex<Option<(String, std::time::Duration)>>>,
 }
 
 impl<S> HoldBack<S> {
@@ -42,6 +45,19 @@ impl<S> HoldBack<S> {
             reached: Arc::default(),
             open: Arc::new(Semaphore::new(0)),
             stalled: Arc::default(),
+            late: Arc::default(),
+        }
+    }
+
+    /// Writes to `coll` from now on arrive `delay` late.
+    pub(crate) fn delay_writes(&self, coll: &str, delay: std::time::Duration) {
+        *self.late.lock().unwrap() = Some((coll.to_owned(), delay));
+    }
+
+    async fn late(&self, c: &Collection) {
+        let delay = self.late.lock().unwrap().as_ref().filter(|(coll, _)| coll == c.as_str()).map(|(_, d)| *d);
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
         }
     }
 
@@ -104,10 +120,12 @@ impl<S: Store> Store for HoldBack<S> {
         self.inner.get(c, k).await
     }
     async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
+        self.late(c).await;
         self.pass(c, Op::Write(w)).await;
         self.inner.write(c, k, w).await
     }
     async fn write_many(&self, c: &Collection, w: &[(Key, Write)]) -> StoreResult<Vec<BatchOutcome>> {
+        self.late(c).await;
         self.inner.write_many(c, w).await
     }
     async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {

@@ -16,10 +16,7 @@ use std::time::Duration;
 use bson::doc;
 use mongoagent::{Agent, AgentCounters, AgentError, NewTask, Outcome, Processed, Queue, Task, CONTROL_REFRESH};
 use store_memory::MemoryStore;
-use store_trait::{
-    BatchOutcome, ChangeFilter, ChangeStream, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome,
-    Key, Mutation, Query, Record, Snapshot, Store, StoreResult, StoreTime, TestClock, Ttl, Write, WriteOutcome,
-};
+use store_trait::{Claim, Collection, Key, Mutation, Query, Store, TestClock, Ttl};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -173,76 +170,6 @@ async fn a_permit_that_lapses_is_found_within_a_poll() {
     assert_eq!(stop(&agent, run).await.completed, 1);
 }
 
-/// A store whose writes to `tasks_control` (permits, rate limits, pause
-/// documents) arrive `delay` late: a process farther from the server.
-#[derive(Debug, Clone)]
-struct LateControlWrites {
-    inner: MemoryStore,
-    delay: Duration,
-}
-
-impl LateControlWrites {
-    async fn late(&self, c: &Collection) {
-        if c.as_str() == "tasks_control" {
-            tokio::time::sleep(self.delay).await;
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for LateControlWrites {
-    fn backend_name(&self) -> &'static str {
-        self.inner.backend_name()
-    }
-    async fn now(&self) -> StoreResult<StoreTime> {
-        self.inner.now().await
-    }
-    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
-        self.inner.get(c, k).await
-    }
-    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
-        self.late(c).await;
-        self.inner.write(c, k, w).await
-    }
-    async fn write_many(&self, c: &Collection, w: &[(Key, Write)]) -> StoreResult<Vec<BatchOutcome>> {
-        self.late(c).await;
-        self.inner.write_many(c, w).await
-    }
-    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
-        self.inner.delete(c, k, cond).await
-    }
-    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        self.inner.claim(c, claim).await
-    }
-    async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
-        self.inner.claim_many(c, claim, limit).await
-    }
-    async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
-        self.inner.insert_many(c, docs).await
-    }
-    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
-        self.inner.find(c, q).await
-    }
-    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        self.inner.find_each(c, q).await
-    }
-    async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
-        self.inner.find_keys(c, q).await
-    }
-    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
-        self.inner.count(c, q).await
-    }
-    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
-        self.inner.watch(c, k).await
-    }
-    async fn watch_filtered(&self, c: &Collection, f: &ChangeFilter) -> StoreResult<ChangeStream> {
-        self.inner.watch_filtered(c, f).await
-    }
-    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
-        self.inner.ensure_indexes(c, i).await
-    }
-}
-
 /// Under `global_concurrency(1)` the permit's holder is 20 ms farther from
 /// the server than the idle agent. The holder's outcome (a queue change)
 /// wakes the idle agent, which asks for the permit before the holder's
@@ -255,7 +182,9 @@ async fn a_permit_released_just_after_the_outcome_is_found_within_a_poll() {
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("w", doc! {}).id("first").priority(1)).await.unwrap();
     q.enqueue(NewTask::new("w", doc! {}).id("second")).await.unwrap();
-    let far = LateControlWrites { inner: store.clone(), delay: Duration::from_millis(20) };
+    // A process farther from the server: its permit writes arrive late.
+    let far = HoldBack::new(store.clone());
+    far.delay_writes("tasks_control", Duration::from_millis(20));
     let holder = Agent::builder(far, "w", "tasks").global_concurrency(1).build().unwrap();
     let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let held = tokio::spawn({
