@@ -30,6 +30,8 @@ pub(crate) mod table;
 use counted::{counted_store, Counts};
 use figures::{Figures, Section};
 
+use crate::server::ServerSpec;
+
 /// How big a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -132,6 +134,8 @@ pub(crate) struct BenchOpts {
     /// The installed Agenda harness (a directory with `bench.mjs` and its
     /// `node_modules`); without it the Agenda figures are skipped.
     pub(crate) agenda: Option<PathBuf>,
+    /// The server each of Agenda's settings gets fresh; `None`: the run's.
+    pub(crate) peer_server: Option<ServerSpec>,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -346,20 +350,25 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         }
     }
 
-    // Agenda last: on a slow server its lock queries pile up (see
-    // lab/bench/agenda/bench.mjs) and keep the server busy after it stops.
+    // Last of the queue's on the run's server: its 16 processes load a slow
+    // server the most.
+    scaling::put_figures(&mut f, uri, db, &store, tasks).await?;
+
+    // Agenda last, each setting on a fresh server when we have one: on a slow
+    // server its lock queries pile up (see lab/bench/agenda/bench.mjs) and
+    // keep the server busy after it stops, which would weigh on whatever ran
+    // next, and a server our sections loaded would weigh on Agenda.
     match &o.agenda {
         Some(dir) => {
-            agenda::put_figures(&mut f, dir, uri, db, size.agenda).await;
-            agenda::put_idle_figures(&mut f, dir, uri, db, size.idle_s.min(60)).await;
+            let peer = agenda::PeerServer::new(o.peer_server.clone(), uri);
+            agenda::put_figures(&mut f, dir, &peer, db, size.agenda).await;
+            agenda::put_idle_figures(&mut f, dir, &peer, db, size.idle_s.min(60)).await;
         }
         None => f.skip(
             Section::Agenda,
             "no --agenda harness (cargo xtask bench installs it when node and npm exist; --smoke only uses an installed one)",
         ),
     }
-    // Last of the queue's: its 16 processes load a slow server the most.
-    scaling::put_figures(&mut f, uri, db, &store, tasks).await?;
 
     // Against Agenda at its best setting of the sweep.
     let agenda = f.get("agenda_best_tasks_per_s");
@@ -385,6 +394,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         ("server_version", &version),
         ("mode", o.mode.name()),
         ("commit", &commit),
+        ("agenda_server", if o.peer_server.is_some() { "a fresh server per setting" } else { "the run's server" }),
         ("date", date),
     ];
     f.write(&o.out, &header)?;

@@ -6,6 +6,7 @@
 mod bench;
 mod chaos;
 mod cron;
+mod server;
 mod tick_lag;
 
 use std::path::PathBuf;
@@ -58,6 +59,16 @@ enum Cmd {
         /// `node_modules` (run as `node DIR/bench.mjs URI DB N PICKS`).
         #[arg(long)]
         agenda: Option<PathBuf>,
+        /// A server binary (`secantusd-py` or `secantusd-rs`) to start fresh
+        /// for each of Agenda's settings, so that no setting runs on a server
+        /// our sections, or another setting, left busy; without it Agenda
+        /// runs on the `--uri` server.
+        #[arg(long)]
+        fresh_server_bin: Option<PathBuf>,
+        /// Start those fresh servers in memory (`secantusd-py`), not on disk
+        /// under the `--out` directory.
+        #[arg(long, requires = "fresh_server_bin")]
+        fresh_server_in_memory: bool,
     },
     /// Rewrites the README's Performance table (between its markers) from
     /// bench summaries, one column each.
@@ -166,7 +177,17 @@ async fn connect(c: &ConnectionConfig) -> Result<MongoStore, String> {
 async fn run(cli: Cli) -> Result<u8, String> {
     let (uri, db) = (cli.uri.as_deref(), cli.db.as_deref());
     match cli.cmd {
-        Cmd::Bench { quick, smoke, out, mongocoord, python, seed_script, agenda } => {
+        Cmd::Bench {
+            quick,
+            smoke,
+            out,
+            mongocoord,
+            python,
+            seed_script,
+            agenda,
+            fresh_server_bin,
+            fresh_server_in_memory,
+        } => {
             let mode = match (smoke, quick) {
                 (true, _) => bench::Mode::Smoke,
                 (false, true) => bench::Mode::Quick,
@@ -174,7 +195,15 @@ async fn run(cli: Cli) -> Result<u8, String> {
             };
             let c = connection(uri, db)?;
             let store = connect(&c).await?;
-            let opts = bench::BenchOpts { mode, out, mongocoord, python, seed_script, agenda };
+            let peer_server = fresh_server_bin.map(|bin| server::ServerSpec {
+                bin,
+                storage: if fresh_server_in_memory {
+                    server::Storage::Memory
+                } else {
+                    server::Storage::Dir(out.parent().unwrap_or(std::path::Path::new(".")).to_owned())
+                },
+            });
+            let opts = bench::BenchOpts { mode, out, mongocoord, python, seed_script, agenda, peer_server };
             bench::run(c.uri(), c.database(), store, opts).await
         }
         Cmd::BenchTable { readme, summaries } => {

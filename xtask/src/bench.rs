@@ -2,7 +2,8 @@
 //! `mongocoord` and `lab`, a fresh server (`py`, the default: SecantusDB's
 //! Python server; `rs`: its Rust server, `secantusd-rs`; or a URI, the
 //! default when `MONGODB_URI` is set), the pinned Agenda harness (when `node`
-//! and `npm` exist), then `lab bench`, which writes
+//! and `npm` exist; each of its settings then gets a fresh server of the
+//! same kind), then `lab bench`, which writes
 //! `target/bench/summary-<py|rs|uri>.json` and a copy as `summary.json`
 //! (`--smoke`: `smoke-<server>.json`, then checks that every promised figure
 //! is there).
@@ -58,7 +59,7 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
         .env("MONGOCOORD_BENCH_SERVER_NAME", target.name())
         .env("MONGOCOORD_BENCH_COMMIT", commit());
     if let Some(dir) = &agenda {
-        cmd.arg("--agenda").arg(dir);
+        cmd.arg("--agenda").arg(dir).args(target.fresh_server_args(&venv)?);
     }
     match mode {
         Mode::Smoke => {

@@ -109,6 +109,21 @@ impl Target {
         }
     }
 
+    /// `lab bench`'s arguments for the fresh servers it starts for a peer's
+    /// settings: the same server as the run's (none for a URI, whose server
+    /// we cannot start).
+    pub(crate) fn fresh_server_args(&self, venv: &Path) -> Result<Vec<std::ffi::OsString>, String> {
+        Ok(match self {
+            Target::Py => vec![
+                "--fresh-server-bin".into(),
+                venv.join("bin").join("secantusd-py").into(),
+                "--fresh-server-in-memory".into(),
+            ],
+            Target::Rs => vec!["--fresh-server-bin".into(), rs_binary()?.into()],
+            Target::Uri(_) => Vec::new(),
+        })
+    }
+
     /// Starts the server (none for a URI); returns it, its URI and a label.
     pub(crate) fn start(&self, venv: &Path) -> Result<(Option<Server>, String, String), String> {
         match self {

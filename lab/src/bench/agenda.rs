@@ -9,6 +9,33 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::figures::{AgendaSetting, Figures, Section, AGENDA_SWEEP};
+use crate::server::{Server, ServerSpec};
+
+/// Where Agenda runs: a fresh server per setting when there is a spec,
+/// else the run's own server.
+pub(super) struct PeerServer<'a> {
+    spec: Option<ServerSpec>,
+    shared_uri: &'a str,
+}
+
+impl<'a> PeerServer<'a> {
+    pub(super) fn new(spec: Option<ServerSpec>, shared_uri: &'a str) -> Self {
+        PeerServer { spec, shared_uri }
+    }
+
+    /// A server for one setting, and its URI; the server (if fresh) stops
+    /// when the first is dropped.
+    async fn get(&self) -> Result<(Option<Server>, String), String> {
+        match &self.spec {
+            Some(spec) => {
+                let s = Server::fresh(spec).await?;
+                let uri = s.uri("serverSelectionTimeoutMS=5000");
+                Ok((Some(s), uri))
+            }
+            None => Ok((None, self.shared_uri.to_owned())),
+        }
+    }
+}
 
 /// How much to ask of Agenda.
 #[derive(Debug, Clone, Copy)]
@@ -24,7 +51,7 @@ pub(super) struct AgendaSize {
 /// Runs every setting of [`AGENDA_SWEEP`] and puts `agenda_<setting>_*`, the
 /// best rate and its setting (`agenda_best_*`) and `agenda_pickup_ms_p50`.
 /// A setting that cannot run is reported as skipped; the others still count.
-pub(super) async fn put_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str, size: AgendaSize) {
+pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, db: &str, size: AgendaSize) {
     let mut best: Option<(f64, AgendaSetting)> = None;
     for (i, setting) in AGENDA_SWEEP.iter().enumerate() {
         let picks = if i == 0 { size.picks } else { 0 };
@@ -35,7 +62,7 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str
             setting.process_every_ms,
             if picks > 0 { format!("; {picks} pickups with its defaults") } else { String::new() },
         );
-        let a = match run(dir, uri, db, *setting, size, picks).await {
+        let a = match run(dir, peer, db, *setting, size, picks).await {
             Ok(a) => a,
             Err(e) => {
                 let reason =
@@ -82,10 +109,22 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str
 /// An idle Agenda (a job defined, none saved) for `seconds`: at its default
 /// `processEvery` (5 s), `agenda_idle_{commands_per_min,cpu_s_per_min,rss_mb}`,
 /// and at the 100 ms its best throughput may need, its commands a minute.
-pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, uri: &str, db: &str, seconds: u64) {
+pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, db: &str, seconds: u64) {
     for (every_ms, prefix) in [(5000_u32, "agenda_idle"), (100, "agenda_idle_every_100ms")] {
         eprintln!("Agenda idle: a job defined, none saved, processEvery {every_ms} ms, {seconds} s…");
         let script = dir.join("bench.mjs");
+        let names: &[&str] =
+            if every_ms == 5000 { &["commands_per_min", "cpu_s_per_min", "rss_mb"] } else { &["commands_per_min"] };
+        let (_server, uri) = match peer.get().await {
+            Ok(s) => s,
+            Err(e) => {
+                for name in names {
+                    f.skip_figure(&format!("{prefix}_{name}"), format!("no fresh server: {e}"));
+                }
+                continue;
+            }
+        };
+        let uri = uri.as_str();
         let run = tokio::process::Command::new("node")
             .arg(&script)
             .env("AGENDA_IDLE_S", seconds.to_string())
@@ -107,8 +146,6 @@ pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, uri: &str, db:
                     .and_then(|l| serde_json::from_str::<Value>(l).map_err(|e| format!("bench.mjs printed {l:?}: {e}")))
             }
         };
-        let names: &[&str] =
-            if every_ms == 5000 { &["commands_per_min", "cpu_s_per_min", "rss_mb"] } else { &["commands_per_min"] };
         for name in names {
             let figure = format!("{prefix}_{name}");
             match parsed.as_ref().map(|v| v.get(*name).and_then(Value::as_f64)) {
@@ -129,17 +166,19 @@ struct AgendaRun {
     timed_out: bool,
 }
 
-/// Runs the Agenda harness at `setting` on the same server, in a database of
+/// Runs the Agenda harness at `setting` on `peer`'s server, in a database of
 /// its own (the script drops it first), and parses its one JSON line.
 async fn run(
     dir: &Path,
-    uri: &str,
+    peer: &PeerServer<'_>,
     db: &str,
     setting: AgendaSetting,
     size: AgendaSize,
     picks: u32,
 ) -> Result<AgendaRun, String> {
     let script = dir.join("bench.mjs");
+    let (_server, uri) = peer.get().await.map_err(|e| format!("no fresh server: {e}"))?;
+    let uri = uri.as_str();
     let agenda_db = format!("{db}_agenda");
     let run = tokio::process::Command::new("node")
         .arg(&script)

@@ -47,6 +47,8 @@ use store_mongo::MongoStore;
 use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write, WriteOutcome};
 use tokio::time::Instant;
 
+use crate::server::{Server, ServerSpec, Storage};
+
 const LOCK: &str = "chaos-lock";
 const ELECTION: &str = "chaos-leader";
 const QUEUE: &str = "chaos_tasks";
@@ -279,44 +281,6 @@ pub(crate) async fn ledger_writer(uri: &str, db: &str, log_path: &Path, fence: u
     }
 }
 
-/// The server, when this run owns it (so it can kill and restart it).
-struct Server {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    child: Option<tokio::process::Child>,
-}
-
-impl Server {
-    async fn start(&mut self) -> Result<(), String> {
-        let child = tokio::process::Command::new(&self.bin)
-            .args(["--port", &self.port.to_string(), "--storage-path"])
-            .arg(&self.data)
-            .args(["--log-level", "WARNING"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start the server: {e}"))?;
-        self.child = Some(child);
-        let start = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
-            if start.elapsed() > Duration::from_secs(60) {
-                return Err("the server did not come back within 60 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
-    }
-
-    async fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.start_kill();
-            let _ = c.wait().await;
-        }
-    }
-}
-
 /// Options of a chaos run.
 #[derive(Debug, Clone)]
 pub(crate) struct ChaosOpts {
@@ -393,23 +357,19 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     let mut server = None;
     let uri = match (uri, &o.server_bin) {
         (_, Some(bin)) => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| e.to_string())?
-                .port();
-            let mut s = Server { bin: bin.clone(), data: o.dir.join("data"), port, child: None };
+            let spec = ServerSpec { bin: bin.clone(), storage: Storage::Dir(o.dir.join("data")) };
+            let mut s = Server::new(spec)?;
             s.start().await?;
-            server = Some(s);
-            // retryWrites=false: SecantusDB keeps a record of every retryable
-            // write and slows down twentyfold after some 10,000 of them
-            // (`test-server.md`); the workers pass that within a minute, and
-            // the drain then crawled until the stall check tripped (claims
+            // retryWrites=false (in `uri`): SecantusDB keeps a record of every
+            // retryable write and slows down twentyfold after some 10,000 of
+            // them (`test-server.md`); the workers pass that within a minute,
+            // and the drain then crawled until the stall check tripped (claims
             // answered after their 2 s leases could lapse). The store's own
             // handling of ambiguous writes (nonces, read-backs) is what the
             // run checks anyway; the driver's retry would only hide some of it.
-            format!(
-                "mongodb://127.0.0.1:{port}/?directConnection=true&retryWrites=false&serverSelectionTimeoutMS=2000&heartbeatFrequencyMS=500"
-            )
+            let uri = s.uri("serverSelectionTimeoutMS=2000&heartbeatFrequencyMS=500");
+            server = Some(s);
+            uri
         }
         (Some(u), None) => u,
         (None, None) => return Err("chaos needs --server-bin (to own a restartable server) or --uri".into()),
