@@ -136,6 +136,21 @@ pub(crate) struct BenchOpts {
     pub(crate) agenda: Option<PathBuf>,
     /// The server each of Agenda's settings gets fresh; `None`: the run's.
     pub(crate) peer_server: Option<ServerSpec>,
+    /// Tasks per queue run (ours, the raw loop's and Agenda's alike), in
+    /// place of the mode's.
+    pub(crate) tasks: Option<u32>,
+}
+
+impl BenchOpts {
+    /// The mode's sizes, with the queue's task count overridden if asked.
+    fn size(&self) -> Size {
+        let mut size = self.mode.size();
+        if let Some(n) = self.tasks {
+            size.tasks = n;
+            size.agenda.jobs = n;
+        }
+        size
+    }
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -154,7 +169,7 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
 /// Runs the benchmark against `store` (database `db` at `uri`).
 pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) -> Result<u8, String> {
     let mut f = Figures::default();
-    let size = o.mode.size();
+    let size = o.size();
     let version = store
         .database()
         .run_command(doc! {"buildInfo": 1})

@@ -69,6 +69,10 @@ enum Cmd {
         /// under the `--out` directory.
         #[arg(long, requires = "fresh_server_bin")]
         fresh_server_in_memory: bool,
+        /// Tasks per queue run (ours, the raw loop's and Agenda's alike), in
+        /// place of the mode's (20, 400 with `--quick`, else 2,000).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        tasks: Option<u32>,
     },
     /// Rewrites the README's Performance table (between its markers) from
     /// bench summaries, one column each.
@@ -187,6 +191,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
             agenda,
             fresh_server_bin,
             fresh_server_in_memory,
+            tasks,
         } => {
             let mode = match (smoke, quick) {
                 (true, _) => bench::Mode::Smoke,
@@ -203,7 +208,7 @@ async fn run(cli: Cli) -> Result<u8, String> {
                     server::Storage::Dir(out.parent().unwrap_or(std::path::Path::new(".")).to_owned())
                 },
             });
-            let opts = bench::BenchOpts { mode, out, mongocoord, python, seed_script, agenda, peer_server };
+            let opts = bench::BenchOpts { mode, out, mongocoord, python, seed_script, agenda, peer_server, tasks };
             bench::run(c.uri(), c.database(), store, opts).await
         }
         Cmd::BenchTable { readme, summaries } => {

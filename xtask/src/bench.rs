@@ -68,6 +68,13 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
         Mode::Quick => {
             cmd.arg("--quick");
         }
+        // On `secantusd-py` every write costs time in proportion to its
+        // collection's size, so a full run's 2,000 tasks per queue run would
+        // take hours and measure the server: there the queue sections keep
+        // `--quick`'s 400 (ours, the raw loop's and Agenda's alike).
+        Mode::Full if *target == Target::Py => {
+            cmd.args(["--tasks", "400"]);
+        }
         Mode::Full => {}
     }
     if strict {
