@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use store_trait::Store;
+use store_trait::helpers::Watcher;
+use store_trait::{ChangeFilter, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::elector::Inner;
@@ -14,9 +15,13 @@ use crate::Leadership;
 pub(crate) async fn observer<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
     let (store, coll, key) = (inner.lock.store().clone(), inner.lock.collection().clone(), inner.lock.key().clone());
     // Re-subscribes by itself after the stream ends (a server restart).
-    // Renewals change nothing it publishes that the timer below does not refresh.
-    let mut events =
-        store_trait::helpers::Watcher::open(store, coll, Some(key), inner.renew_every).await.ignore_renewals();
+    // Renewals change nothing it publishes that the timer below does not
+    // refresh: the server keeps them back, and a backend that cannot is
+    // filtered here.
+    let mut events = Watcher::open_filtered(store, coll, ChangeFilter::lease_changes(), inner.renew_every)
+        .await
+        .only(key)
+        .ignore_renewals();
     loop {
         inner.refresh().await;
         tokio::select! {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use store_trait::helpers::Watcher;
-use store_trait::{Condition, Mutation, Record, Store, StoreError, Write, WriteOutcome};
+use store_trait::{ChangeFilter, Condition, Mutation, Record, Store, StoreError, Write, WriteOutcome};
 use tokio::time::Instant;
 
 use crate::guard::LockGuard;
@@ -154,10 +154,14 @@ impl<S: Store + Clone> Lock<S> {
             holder,
         };
         // Subscribed before the first try, so a release after it is not missed;
-        // renewals of the holder's lease wake nobody.
+        // renewals of the holder's lease wake nobody: the server keeps them
+        // back (an idle waiter's `getMore` stays unanswered while the holder
+        // renews), and a backend that cannot is filtered here.
         let mut events = if opts.blocking {
-            let open = Watcher::open(cfg.store.clone(), cfg.coll.clone(), Some(inner.key.clone()), inner.step);
+            let open =
+                Watcher::open_filtered(cfg.store.clone(), cfg.coll.clone(), ChangeFilter::lease_changes(), inner.step);
             let Some(w) = within(deadline, open).await else { return Err(timed_out(None)) };
+            let w = w.only(inner.key.clone());
             if !w.is_live() {
                 tracing::debug!("no change notifications; waiters poll every step");
             }

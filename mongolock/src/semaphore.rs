@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bson::doc;
 use store_trait::helpers::Watcher;
-use store_trait::{Claim, Condition, Mutation, Order, Query, Record, Store, StoreError};
+use store_trait::{ChangeFilter, Claim, Condition, Mutation, Order, Query, Record, Store, StoreError};
 use tokio::time::Instant;
 
 use crate::info::data;
@@ -144,8 +144,12 @@ impl<S: Store + Clone> Semaphore<S> {
         let (timeout, auto_renew) = (if opts.blocking { opts.timeout } else { Some(Duration::ZERO) }, opts.auto_renew);
         let start = Instant::now();
         let (first, step) = (self.config(), self.lock.inner.step);
-        // Renewals of held permits free nothing: they wake no waiter.
-        let mut events = Watcher::open(first.store.clone(), first.coll.clone(), None, step).await.ignore_renewals();
+        // Renewals of held permits free nothing: they wake no waiter (kept
+        // back on the server where the backend can, else passed over here).
+        let mut events =
+            Watcher::open_filtered(first.store.clone(), first.coll.clone(), ChangeFilter::lease_changes(), step)
+                .await
+                .ignore_renewals();
         loop {
             if let Some(g) = self.try_once(auto_renew).await? {
                 return Ok(g);

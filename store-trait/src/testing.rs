@@ -88,7 +88,7 @@ macro_rules! conformance_tests {
             claim_respects_leases_and_due_times, claim_on_empty_queue, insert_many_reports_duplicates,
             unique_index_dedupes, data_mutations_on_store_clock, find_and_count, field_conditions,
             due_by_tolerates_malformed_values, watch_or_clean_absence, watch_filtered_delivers_what_it_admits,
-            bad_inputs_are_typed_errors,
+            lease_changes_pass_over_renewals, bad_inputs_are_typed_errors,
             foreign_documents_are_readable, gc_at_is_set_and_cleared, claims_pass_over_unreadable_documents,
             retried_write_recognises_its_nonce, claim_many_bumps_each_fence_in_order,
             claim_many_abandoned_batch_is_reclaimed, claim_many_racers_share_nothing,
@@ -879,6 +879,71 @@ pub async fn watch_filtered_delivers_what_it_admits<H: Harness>(h: &H) {
     // An invalid filter is a typed error, never a subscription to everything.
     let bad = ChangeFilter::new().update(UpdateClause::sets("a.b", true));
     assert!(matches!(s.watch_filtered(&c, &bad).await, Err(StoreError::InvalidInput { .. })));
+}
+
+/// [`ChangeFilter::lease_changes`](crate::ChangeFilter::lease_changes), what
+/// lock waiters and followers subscribe to: a lease granted, handed over, let
+/// go or removed is delivered; its renewals, and writes that leave the lease
+/// alone, are not.
+pub async fn lease_changes_pass_over_renewals<H: Harness>(h: &H) {
+    use crate::ChangeFilter;
+    use futures::StreamExt;
+    let s = h.store("lease_changes_pass_over_renewals").await;
+    let c = coll("locks");
+    let stream = s.watch_filtered(&c, &ChangeFilter::lease_changes()).await;
+    match (&stream, h.change_streams_expected()) {
+        (Err(StoreError::Unsupported { .. }), false) => return,
+        (Ok(_), true) => {}
+        (Err(e), _) => panic!("a filtered watch: {e}"),
+        (Ok(_), false) => panic!("change streams reported where none were expected"),
+    }
+    let mut stream = stream.unwrap();
+    let ttl = ttl_of(Duration::from_secs(30));
+    let w = |m: Mutation| Write::new(Condition::Always, m);
+    let l = key("l");
+    // Each write, and whether a waiter is told of it.
+    let writes: Vec<(Write, bool)> = vec![
+        (w(Mutation::new().grant("a", ttl).bump_fence()).upsert(), true),
+        (w(Mutation::new().grant("a", ttl)), false),
+        (w(Mutation::new().grant("a", ttl)), false),
+        (w(Mutation::new().set("note", 1)), false),
+        (w(Mutation::new().release()), true),
+        (w(Mutation::new().grant("b", ttl).bump_fence()), true),
+        (w(Mutation::new().grant("b", ttl)), false),
+        // The same owner granted again (after its lease lapsed): a new fence.
+        (w(Mutation::new().grant("b", ttl).bump_fence()), true),
+        (w(Mutation::new().grant("c", ttl)), true),
+    ];
+    let mut want = Vec::new();
+    for (i, (write, told)) in writes.iter().enumerate() {
+        assert!(s.write(&c, &l, write).await.unwrap().is_applied(), "write {i}");
+        if *told {
+            want.push(i);
+        }
+    }
+    s.delete(&c, &l, &Condition::Always).await.unwrap();
+    let end = key("end");
+    s.write(&c, &end, &w(Mutation::new().set("x", 1)).upsert()).await.unwrap();
+    let mut got = 0;
+    let mut kinds = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a change event within 10 s")
+            .expect("stream open")
+            .expect("event");
+        match ev.key {
+            None => continue,
+            Some(k) if k == end => break,
+            Some(_) => {
+                got += 1;
+                kinds.push(ev.kind);
+            }
+        }
+    }
+    assert_eq!(got, want.len() + 1, "told of writes {want:?} and the delete; got {kinds:?}");
+    assert!(!kinds.contains(&ChangeKind::Renewed), "no renewal delivered: {kinds:?}");
+    assert_eq!(kinds.last(), Some(&ChangeKind::Delete));
 }
 
 pub async fn bad_inputs_are_typed_errors<H: Harness>(h: &H) {

@@ -38,6 +38,9 @@ pub struct Watcher<S> {
     retry_at: Option<Instant>,
     unsupported: bool,
     skip_renewals: bool,
+    /// With a filter: the one document whose changes are delivered, matched
+    /// on this side ([`Watcher::only`]).
+    only: Option<Key>,
 }
 
 impl<S> std::fmt::Debug for Watcher<S> {
@@ -94,6 +97,7 @@ impl<S: Store> Watcher<S> {
             retry_at: None,
             unsupported: false,
             skip_renewals: false,
+            only: None,
         };
         w.subscribe().await;
         w
@@ -105,6 +109,38 @@ impl<S: Store> Watcher<S> {
     pub fn ignore_renewals(mut self) -> Self {
         self.skip_renewals = true;
         self
+    }
+
+    /// Delivers the changes to the document `key` only (and resyncs), for a
+    /// watcher opened with [`Watcher::open_filtered`]: the filter runs where
+    /// the changes happen, the key here, so the watchers of many documents
+    /// share one filtered subscription (on MongoDB, one change stream).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use store_trait::{helpers::Watcher, ChangeFilter, Collection, Key, Store};
+    ///
+    /// // Woken when the lease on "nightly" changes hands, not at its renewals.
+    /// async fn wait_for_holder_change<S: Store>(store: S) {
+    ///     let locks = Collection::new("locks").unwrap();
+    ///     let mut w = Watcher::open_filtered(store, locks, ChangeFilter::lease_changes(), Duration::from_secs(1))
+    ///         .await
+    ///         .only(Key::from("nightly"));
+    ///     let ev = w.changed().await;
+    ///     println!("{ev:?}: re-read");
+    /// }
+    /// ```
+    #[must_use]
+    pub fn only(mut self, key: Key) -> Self {
+        self.only = Some(key);
+        self
+    }
+
+    /// Whether `ev` is for this watcher ([`Watcher::ignore_renewals`],
+    /// [`Watcher::only`]).
+    fn wanted(&self, ev: &ChangeEvent) -> bool {
+        !(self.skip_renewals && ev.kind == ChangeKind::Renewed)
+            && (ev.key.is_none() || self.only.is_none() || ev.key == self.only)
     }
 
     /// Whether a subscription is open right now.
@@ -152,8 +188,8 @@ impl<S: Store> Watcher<S> {
                 // An error or the end: the backend dropped the subscription (it
                 // logs why); subscribe again after `retry`.
                 match std::future::poll_fn(|cx| s.as_mut().poll_next(cx)).await {
-                    Some(Ok(ev)) if self.skip_renewals && ev.kind == ChangeKind::Renewed => continue,
-                    Some(Ok(ev)) => return ev,
+                    Some(Ok(ev)) if self.wanted(&ev) => return ev,
+                    Some(Ok(_)) => continue,
                     _ => {}
                 }
                 // Lost: say so at once, so a caller that relied on
@@ -182,15 +218,16 @@ impl<S: Store> Watcher<S> {
 
     /// Like [`Watcher::drain_ready`], showing each notification taken to `seen`.
     pub fn drain_ready_with(&mut self, mut seen: impl FnMut(&ChangeEvent)) -> bool {
-        let Some(s) = self.stream.as_mut() else { return false };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut any = false;
         loop {
+            let Some(s) = self.stream.as_mut() else { return any };
             match s.as_mut().poll_next(&mut cx) {
-                std::task::Poll::Ready(Some(Ok(ev))) if self.skip_renewals && ev.kind == ChangeKind::Renewed => {}
                 std::task::Poll::Ready(Some(Ok(ev))) => {
-                    seen(&ev);
-                    any = true;
+                    if self.wanted(&ev) {
+                        seen(&ev);
+                        any = true;
+                    }
                 }
                 std::task::Poll::Ready(_) => {
                     self.stream = None;

@@ -111,6 +111,21 @@ impl ChangeFilter {
         Self::default()
     }
 
+    /// The changes a lease's waiters wait for: the lease handed to another
+    /// holder or let go. Inserts, deletes, and the updates that touch its
+    /// owner (a grant to another, a release) or its fence (every grant bumps
+    /// it, even to the owner it had); a renewal touches neither, so an idle
+    /// waiter's subscription stays quiet while the holder renews.
+    ///
+    /// ```
+    /// use store_trait::ChangeFilter;
+    /// assert!(ChangeFilter::lease_changes().validate().is_ok());
+    /// ```
+    pub fn lease_changes() -> Self {
+        use crate::fields::{FENCE, LEASE_OWNER};
+        Self::new().inserts().deletes().update(UpdateClause::touches(LEASE_OWNER)).update(UpdateClause::touches(FENCE))
+    }
+
     /// Delivers inserts too.
     #[must_use]
     pub fn inserts(mut self) -> Self {
