@@ -156,17 +156,17 @@ impl<S: Store + Clone> Lock<S> {
         // Subscribed before the first try, so a release after it is not missed;
         // renewals of the holder's lease wake nobody.
         let mut events = if opts.blocking {
-            let open = Watcher::open(cfg.store.clone(), cfg.coll.clone(), Some(inner.key.clone()), inner.step);
+            let open = Watcher::open(cfg.store.clone(), cfg.coll.clone(), Some(inner.key.clone()), inner.poll_interval);
             let Some(w) = within(deadline, open).await else { return Err(timed_out(None)) };
             if !w.is_live() {
-                tracing::debug!("no change notifications; waiters poll every step");
+                tracing::debug!("no change notifications; waiters poll every poll interval");
             }
             Some(w.ignore_renewals())
         } else {
             None
         };
         let mut waited = false;
-        let mut backoff = Backoff::new(Duration::from_millis(20), inner.step.max(Duration::from_millis(20)));
+        let mut backoff = Backoff::new(Duration::from_millis(20), inner.poll_interval.max(Duration::from_millis(20)));
         // The holder last seen, for the timeout error.
         let mut seen: Option<Box<LockInfo>> = None;
         loop {
@@ -203,13 +203,13 @@ impl<S: Store + Clone> Lock<S> {
                     let store = cfg.store.clone();
                     let remaining = match within(deadline, async move { store.now().await }).await {
                         Some(Ok(now)) => now.until(h.expires),
-                        Some(Err(_)) | None => inner.step,
+                        Some(Err(_)) | None => inner.poll_interval,
                     };
                     let jitter = Duration::from_millis(fastrand::u64(0..=5));
                     if events.as_ref().is_some_and(Watcher::is_live) {
                         remaining + jitter
                     } else {
-                        remaining.min(inner.step) + jitter
+                        remaining.min(inner.poll_interval) + jitter
                     }
                 }
                 None => backoff.next_delay(),

@@ -7,7 +7,7 @@
 //! | operation | what it is for |
 //! |---|---|
 //! | [`Store::get`] | read a record and the store's current time |
-//! | [`Store::write`] | "if absent, or its lease lapsed, or I own it: grant me the lease until now + ttl and bump the fencing token" — returns the new record, or the current one when the condition fails |
+//! | [`Store::write`] | "if absent, or its lease lapsed, or I own it: grant me the lease until now + ttl and bump the fence" — returns the new record, or the current one when the condition fails |
 //! | [`Store::delete`] | conditional delete |
 //! | [`Store::claim`] | find the first matching document in a given order and change it, atomically (a task queue's claim) |
 //! | [`Store::insert_many`] | idempotent inserts, duplicates reported per document |
@@ -19,7 +19,7 @@
 //! use store_trait::{Collection, Condition, Key, Mutation, Store, StoreResult, Ttl, Write, WriteOutcome};
 //! use std::time::Duration;
 //!
-//! /// Try once to take a lease; `Ok(Some(token))` when we got it.
+//! /// Try once to take a lease; `Ok(Some(fence))` when we got it.
 //! async fn try_lock(store: &impl Store, me: &str) -> StoreResult<Option<u64>> {
 //!     let coll = Collection::new("locks")?;
 //!     let key = Key::new("nightly-report")?;
