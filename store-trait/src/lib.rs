@@ -167,6 +167,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// fence. So the mutation must grant a lease and bump the fence
     /// ([`StoreError::InvalidInput`] otherwise). The default claims one at a
     /// time with [`Store::claim`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, some documents may have been claimed
+    /// without the caller learning which, as when the call fails after an
+    /// update. They stay under the lease the mutation granted, which lapses
+    /// unless renewed, and are claimed again with a higher fence.
     async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
         claim.validate_batch()?;
         let mut out = Vec::new();
