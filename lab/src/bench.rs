@@ -551,7 +551,7 @@ async fn preload(store: &MongoStore, tasks: u32, coll: &str) -> Result<Queue<Mon
 
 /// The server's limit for an unbatched queue: one client claims the next task
 /// (the agent's filter and sort, one `findAndModify` with a lease and a fence)
-/// and completes it with an update fenced on that token, until none is left.
+/// and completes it with an update conditional on that fence, until none is left.
 /// Same documents, claim index and write concern as the agents'.
 async fn raw_queue_run(uri: &str, db: &str, store: &MongoStore, tasks: u32, coll: &str) -> Result<QueueRun, String> {
     preload(store, tasks, coll).await?;

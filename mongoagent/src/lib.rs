@@ -12,7 +12,7 @@
 //! - **Leases and crash recovery**: the claim is renewed while the handler runs;
 //!   a crashed or hung agent's task is claimable again once its lease lapses.
 //! - **Fenced outcomes**: completion and failure are applied only if this agent's
-//!   claim token still holds; a stale agent's late result is rejected and counted.
+//!   claim's fence still holds; a stale agent's late result is rejected and counted.
 //! - **Retries** with exponential backoff and jitter up to an attempt limit, then
 //!   failure for good (`complete: true, error_encountered: true`).
 //! - **Pipelines**: follow-up tasks are enqueued idempotently, with ids derived

@@ -155,7 +155,7 @@ impl<'a, S: Store + Clone + 'a> IntoFuture for Delete<'a, S> {
 
 impl<S: Store + Clone> Queue<S> {
     /// Makes tasks matching an equality `filter` that failed for good (not
-    /// those [cancelled](Queue::cancel)), or are stuck with a lapsed claim,
+    /// those [cancelled](Queue::cancel)), or whose claim lapsed before they ended,
     /// ready again: their attempts start over, and the fence grows, so the
     /// lapsed claim's holder can write nothing more. Awaited, it returns their
     /// ids; [`Requeue::dry_run`] only lists them.
@@ -169,7 +169,7 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// As [`Queue::requeue`], for the tasks with these ids: those still
-    /// failed for good or stuck are requeued, the others (missing, cancelled,
+    /// failed for good or lapsed are requeued, the others (missing, cancelled,
     /// picked up or ended since) are passed over. What a confirmation acts
     /// on: the ids its preview listed, never a filter read again.
     ///

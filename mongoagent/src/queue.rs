@@ -39,7 +39,7 @@ pub struct QueueStats {
     pub running: u64,
     /// Claimed by an agent whose lease lapsed (crashed or hung): claimable again
     /// (to run, or to finish the fan-in step of a task that ended).
-    pub stuck: u64,
+    pub lapsed: u64,
     /// Waiting for their follow-ups to end (fan-in).
     pub waiting: u64,
     /// Completed successfully.
@@ -360,7 +360,7 @@ impl<S: Store + Clone> Queue<S> {
             delayed: count(ready().when(due.negate())).await?,
             running: count(claimed().when(Condition::Free.negate())).await?,
             // Including ended tasks whose agent died before the fan-in step.
-            stuck: count(eq(doc! { fields::CLAIMED: true }).when(Condition::Free)).await?,
+            lapsed: count(eq(doc! { fields::CLAIMED: true }).when(Condition::Free)).await?,
             waiting: count(eq(doc! {}).when(Condition::Exists(fields::WAITING.into()))).await?,
             completed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false })).await?,
             failed: count(eq(doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: true })).await?,
@@ -416,10 +416,10 @@ impl<S: Store + Clone> Queue<S> {
     pub(crate) async fn requeue_matching(&self, filter: Document, dry_run: bool) -> Result<Vec<Key>, AgentError> {
         // A cancelled task stays cancelled: an operator ended it on purpose.
         let failed = failed_for_good();
-        let stuck = Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true))
+        let lapsed = Condition::FieldEq(fields::CLAIMED.into(), Bson::Boolean(true))
             .and(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
             .and(Condition::Free);
-        let which = failed.or(stuck);
+        let which = failed.or(lapsed);
         let mut out = Vec::new();
         for r in self.readable_matches(filter, which.clone(), "requeue").await? {
             if dry_run {

@@ -33,7 +33,7 @@ pub mod fields {
     pub const RUN_AT: &str = "run_at";
     /// Set while an agent holds the task (its lease may have lapsed).
     pub const CLAIMED: &str = "claimed";
-    /// How many times the task was claimed (the claim token).
+    /// How many times the task was claimed (the claim's fence).
     pub const ATTEMPTS: &str = "attempts";
     /// The last failure's message.
     pub const LAST_ERROR: &str = "last_error";

@@ -285,7 +285,7 @@ pub(crate) fn attempt(record: &store_trait::Record) -> u64 {
 /// with the claim's, so the next claim is the same attempt as this one. A
 /// give-back is not a try, and must not use up a task's retries. Nor is it a
 /// crashed agent's claim: a task claimed to run is made ready and unclaimed
-/// again, as it was (no view shows it stuck); one claimed to finish a crashed
+/// again, as it was (no view shows it lapsed); one claimed to finish a crashed
 /// agent's fan-in step stays claimed, to be finished as a lapsed claim.
 pub(crate) fn not_started(record: &store_trait::Record) -> store_trait::Mutation {
     let from = record.get_i64(fields::ROUND_FENCE).unwrap_or(0);

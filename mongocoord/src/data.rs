@@ -105,7 +105,7 @@ pub(crate) async fn locks<S: Store>(store: &S, collection: &str) -> Result<Locks
 pub(crate) struct NodeRow {
     pub(crate) node: String,
     pub(crate) host: String,
-    pub(crate) pid: i64,
+    pub(crate) pid: u32,
     pub(crate) version: String,
     pub(crate) is_leader: bool,
     pub(crate) last_seen_ms_ago: i64,
@@ -154,7 +154,7 @@ pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &st
             let nodes = reports
                 .nodes
                 .iter()
-                .filter(|n| n.election == key)
+                .filter(|n| n.key == key)
                 .map(|n| NodeRow {
                     node: n.node.clone(),
                     host: n.host.clone(),
@@ -185,7 +185,7 @@ pub(crate) struct StatsRow {
     pub(crate) ready: u64,
     pub(crate) delayed: u64,
     pub(crate) running: u64,
-    pub(crate) stuck: u64,
+    pub(crate) lapsed: u64,
     pub(crate) waiting: u64,
     pub(crate) completed: u64,
     pub(crate) failed: u64,
@@ -200,11 +200,11 @@ pub(crate) struct StatsRow {
 impl StatsRow {
     /// The states, in the order the views show them.
     pub(crate) const STATES: [&'static str; 7] =
-        ["ready", "delayed", "running", "stuck", "waiting", "completed", "failed"];
+        ["ready", "delayed", "running", "lapsed", "waiting", "completed", "failed"];
 
     /// The counts in the order of [`StatsRow::STATES`].
     pub(crate) fn counts(&self) -> [u64; 7] {
-        [self.ready, self.delayed, self.running, self.stuck, self.waiting, self.completed, self.failed]
+        [self.ready, self.delayed, self.running, self.lapsed, self.waiting, self.completed, self.failed]
     }
 }
 
@@ -253,7 +253,7 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
                 ready: s.ready,
                 delayed: s.delayed,
                 running: s.running,
-                stuck: s.stuck,
+                lapsed: s.lapsed,
                 waiting: s.waiting,
                 completed: s.completed,
                 failed: s.failed,

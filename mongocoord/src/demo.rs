@@ -78,8 +78,8 @@ impl Drop for Proc {
 
 #[derive(Default)]
 struct Shared {
-    /// Lock tokens in the order they were granted.
-    lock_tokens: Mutex<Vec<u64>>,
+    /// Lock fences in the order they were granted.
+    lock_fences: Mutex<Vec<u64>>,
     lock_holders: AtomicUsize,
     lock_overlaps: AtomicU64,
     /// Per task: how many handlers run it right now.
@@ -275,7 +275,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
                     _ = stop.cancelled() => break,
                 };
                 let Ok(guard) = acquired else { continue };
-                shared.lock_tokens.lock().push(guard.fence());
+                shared.lock_fences.lock().push(guard.fence());
                 if shared.lock_holders.fetch_add(1, Ordering::SeqCst) > 0 {
                     shared.lock_overlaps.fetch_add(1, Ordering::SeqCst);
                 }
@@ -302,9 +302,9 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = Instant::now();
-        // At most one live elector believes it is master.
-        let masters = electors.iter().filter(|n| n.elector.as_ref().is_some_and(Elector::is_leader)).count();
-        if masters > 1 {
+        // At most one live elector believes it leads.
+        let leading = electors.iter().filter(|n| n.elector.as_ref().is_some_and(Elector::is_leader)).count();
+        if leading > 1 {
             shared.two_leaders.fetch_add(1, Ordering::Relaxed);
         }
         let leader = leader_lock.get_current().await.ok().flatten();
@@ -417,12 +417,12 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
             &Query::eq(doc! {"agent_name": "batch", "complete": true, "error_encountered": false, "round": 1}),
         )
         .await?;
-    let tokens = shared.lock_tokens.lock().clone();
-    let increasing = tokens.windows(2).all(|w| w[0] < w[1]);
+    let fences = shared.lock_fences.lock().clone();
+    let increasing = fences.windows(2).all(|w| w[0] < w[1]);
     let checks = [
         ("at most one leader at a time", shared.two_leaders.load(Ordering::Relaxed) == 0),
         ("lock never held twice at once", shared.lock_overlaps.load(Ordering::Relaxed) == 0),
-        ("lock tokens strictly increase", increasing && !tokens.is_empty()),
+        ("lock fences strictly increase", increasing && !fences.is_empty()),
         ("no task ran twice at once", shared.double_runs.load(Ordering::Relaxed) == 0),
         ("every task finished", open == 0 && fetch.completed + fetch.failed == total),
         ("one follow-up per completed fetch", parse_total == fetch.completed),
@@ -438,7 +438,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         "seconds": started.elapsed().as_secs_f64(),
         "leader_kills": kills, "clean_stops": clean_stops, "agent_kills": agent_kills,
         "leadership_terms_seen": leader_changes,
-        "lock_acquisitions": tokens.len(),
+        "lock_acquisitions": fences.len(),
         "tasks": all, "handler_runs": shared.handler_runs.load(Ordering::Relaxed),
         "checks": checks.iter().map(|(name, pass)| json!({"check": name, "pass": pass})).collect::<Vec<_>>(),
         "ok": ok,
@@ -450,7 +450,7 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
         println!("  {kills} leader kills, {clean_stops} clean stops, {agent_kills} agent kills, {leader_changes} leadership terms seen");
         println!(
             "  {} lock acquisitions, {all} tasks ({} handler runs)",
-            tokens.len(),
+            fences.len(),
             shared.handler_runs.load(Ordering::Relaxed)
         );
         for (name, pass) in &checks {

@@ -71,7 +71,7 @@ enum Cmd {
         #[arg(long)]
         memory: bool,
     },
-    /// Acquires a lock, runs CMD while holding it (auto-renewed, fencing token in
+    /// Acquires a lock, runs CMD while holding it (auto-renewed, its fence in
     /// $MONGOCOORD_FENCE), releases it once CMD and every process it started are
     /// gone. If the lock is at risk or lost, they are stopped (SIGTERM, SIGKILL
     /// before the lease can lapse) and the exit status is 75.
@@ -90,7 +90,7 @@ enum Cmd {
         #[command(flatten)]
         command: args::Command,
     },
-    /// Campaigns for leadership of KEY; while leader runs CMD (term token in
+    /// Campaigns for leadership of KEY; while leader runs CMD (the term's fence in
     /// $MONGOCOORD_FENCE); on loss stops CMD's whole process tree and campaigns
     /// again; on SIGTERM or SIGINT stops it and then releases leadership at once.
     Elect {
@@ -146,13 +146,13 @@ enum Cmd {
     /// CMD runs as `agent` runs it: its process tree is stopped before the
     /// claim can lapse, and on SIGTERM/SIGINT.
     Cron(cron::CronArgs),
-    /// Lock holders, tokens and expiry on the server clock.
+    /// Lock holders, fences and expiry on the server clock.
     Locks {
         /// The lock collection.
         #[arg(long, default_value = mongolock::DEFAULT_COLLECTION)]
         collection: String,
     },
-    /// Per election: master, since when, and the nodes that reported recently.
+    /// Per election: leader, since when, and the nodes that reported recently.
     Leaders {
         /// The election lease collection.
         #[arg(long, default_value = mongoelector::DEFAULT_COLLECTION)]
@@ -231,7 +231,7 @@ enum Cmd {
         #[arg(long, value_name = "SECS", requires = "wait")]
         wait_timeout: Option<f64>,
     },
-    /// Makes failed or stuck tasks ready again.
+    /// Makes failed or lapsed tasks ready again.
     Requeue {
         /// The queue collection.
         #[arg(long)]

@@ -125,8 +125,8 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
                 r = leadership.changed() => if r.is_err() { return Err(CliError::Stopped("elector")) },
             }
         };
-        let token = elector.node_status().fence.unwrap_or_default();
-        eprintln!("mongocoord: elected leader of {key} (term {token})");
+        let fence = elector.node_status().fence.unwrap_or_default();
+        eprintln!("mongocoord: elected leader of {key} (term {fence})");
         let mut stops = Stops::new();
         stops.terminate_on(&signal, Why::Signal);
         stops.kill_on(&term, Why::LeaseLost);
@@ -135,7 +135,7 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
             // The term ended already.
             None => stops.kill_now(Why::LeaseLost),
         }
-        let env = vec![("MONGOCOORD_FENCE", token.to_string()), ("MONGOCOORD_KEY", key.to_owned())];
+        let env = vec![("MONGOCOORD_FENCE", fence.to_string()), ("MONGOCOORD_KEY", key.to_owned())];
         let done = supervise::run(&run.spec(env, None, false), &stops).await;
         drop(stops);
         // The command's whole tree is gone: only now is leadership let go of.

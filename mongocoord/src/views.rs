@@ -1,4 +1,4 @@
-//! Operator views: who holds which lock until when, who leads, what is stuck in
+//! Operator views: who holds which lock until when, who leads, what has lapsed in
 //! which queue; and repairs (enqueue, requeue). Tables for people, `--json` for
 //! scripts.
 
@@ -168,7 +168,7 @@ pub(crate) async fn tasks(
             "READY",
             "DELAYED",
             "RUNNING",
-            "STUCK",
+            "LAPSED",
             "WAITING",
             "COMPLETED",
             "FAILED",
@@ -337,7 +337,7 @@ pub(crate) async fn requeue(
         if yes {
             return true;
         }
-        eprint!("Requeue {n} failed or stuck task(s) in {queue}? [y/N] ");
+        eprint!("Requeue {n} failed or lapsed task(s) in {queue}? [y/N] ");
         let mut answer = String::new();
         let _ = std::io::stdin().lock().read_line(&mut answer);
         matches!(answer.trim(), "y" | "Y" | "yes")

@@ -22,7 +22,7 @@ pub struct ElectorBuilder<S> {
     ttl: Duration,
     collection: String,
     status_collection: String,
-    step: Option<Duration>,
+    poll_interval: Option<Duration>,
     renew_every: Option<Duration>,
     identity: Option<Identity>,
     version: String,
@@ -45,7 +45,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             ttl: DEFAULT_TTL,
             collection: DEFAULT_COLLECTION.into(),
             status_collection: DEFAULT_STATUS_COLLECTION.into(),
-            step: None,
+            poll_interval: None,
             renew_every: None,
             identity: None,
             version: env!("CARGO_PKG_VERSION").into(),
@@ -89,8 +89,8 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// (default: the renew interval).
     #[doc(alias = "step")]
     #[must_use]
-    pub fn poll_interval(mut self, step: Duration) -> Self {
-        self.step = Some(step);
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = Some(every);
         self
     }
 
@@ -126,7 +126,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
     /// term's cancellation token: it is cancelled when the term ends (lost before
     /// the lease can lapse, released, or stopped), so a callback that runs leader
     /// work itself can return in time. `on_leader_loss` runs after it returns.
-    /// Cancelling the token yourself does not end the term. A term that ends
+    /// Cancelling it yourself does not end the term. A term that ends
     /// before its `on_leader` could start is not reported at all (neither
     /// `on_leader` nor `on_leader_loss`). Replaces an earlier `on_leader`.
     #[must_use]
@@ -192,7 +192,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             .collection(self.collection)
             .ttl(self.ttl)
             .renew_every(renew_every)
-            .poll_interval(self.step.unwrap_or(renew_every).max(Duration::from_millis(1)))
+            .poll_interval(self.poll_interval.unwrap_or(renew_every).max(Duration::from_millis(1)))
             .identity(identity.clone())
             .build()
             .map_err(|e| ElectorError::Config(ConfigError::caused_by(e)))?;

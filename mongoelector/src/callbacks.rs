@@ -56,7 +56,7 @@ struct Pending {
     /// The latest leader not yet reported to `on_new_leader`.
     new_leader: Option<LockInfo>,
     /// An `on_loop` to run.
-    tick: bool,
+    round: bool,
     /// The elector is gone: the term lane delivers what is pending and ends; the
     /// info lane ends.
     closed: bool,
@@ -69,7 +69,7 @@ enum Job {
     Leader(CancellationToken),
     Loss,
     NewLeader(LockInfo),
-    Tick,
+    Round,
 }
 
 impl Pending {
@@ -92,19 +92,19 @@ impl Pending {
             self.loss = false;
             return Some(Job::Loss);
         }
-        let token = self.leader.take()?;
-        if token.is_cancelled() {
+        let cancel = self.leader.take()?;
+        if cancel.is_cancelled() {
             return None;
         }
         self.reported = true;
-        Some(Job::Leader(token))
+        Some(Job::Leader(cancel))
     }
 
     fn next_info_job(&mut self) -> Option<Job> {
         if let Some(l) = self.new_leader.take() {
             return Some(Job::NewLeader(l));
         }
-        std::mem::take(&mut self.tick).then_some(Job::Tick)
+        std::mem::take(&mut self.round).then_some(Job::Round)
     }
 
     fn push_leader(&mut self, term: CancellationToken) {
@@ -187,9 +187,9 @@ impl Dispatcher {
     }
 
     /// One round passed: `on_loop` is due (coalesced).
-    pub(crate) fn tick(&self) {
+    pub(crate) fn round_passed(&self) {
         if self.shared.handlers.on_loop.is_some() {
-            self.update(|p| p.tick = true);
+            self.update(|p| p.round = true);
         }
     }
 
@@ -237,7 +237,7 @@ async fn run(shared: &Shared, job: Job) {
         Job::Leader(term) => ("on_leader", h.on_leader.clone().map(|f| Box::new(move || f(term)) as _)),
         Job::Loss => ("on_leader_loss", h.on_leader_loss.clone().map(|f| Box::new(move || f()) as _)),
         Job::NewLeader(l) => ("on_new_leader", h.on_new_leader.clone().map(|f| Box::new(move || f(l)) as _)),
-        Job::Tick => ("on_loop", h.on_loop.clone().map(|f| Box::new(move || f()) as _)),
+        Job::Round => ("on_loop", h.on_loop.clone().map(|f| Box::new(move || f()) as _)),
     };
     let Some(f) = f else { return };
     if let Err(e) = tokio::task::spawn_blocking(f).await {
@@ -302,18 +302,18 @@ mod tests {
             Some(Job::Leader(_)) => "leader",
             Some(Job::Loss) => "loss",
             Some(Job::NewLeader(_)) => "leader",
-            Some(Job::Tick) => "tick",
+            Some(Job::Round) => "round",
             None => "-",
         }
     }
 
     #[test]
-    fn ticks_coalesce() {
+    fn rounds_coalesce() {
         let mut p = Pending::default();
         for _ in 0..5 {
-            p.tick = true;
+            p.round = true;
         }
-        assert_eq!(kind(p.next_info_job()), "tick");
+        assert_eq!(kind(p.next_info_job()), "round");
         assert_eq!(kind(p.next_info_job()), "-");
     }
 

@@ -1,5 +1,5 @@
 //! The main loop: campaign as follower, lead until the term ends, again, until
-//! stopped. The lease is renewed by the rounds (`ticker.rs`); its guard's keeper
+//! stopped. The lease is renewed by the rounds (`round.rs`); its guard's keeper
 //! ends the term before the lease can lapse when a renewal is not confirmed.
 
 use std::sync::Arc;

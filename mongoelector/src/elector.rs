@@ -16,7 +16,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::callbacks::Dispatcher;
 use crate::status::{ClusterDetail, NodeStatus};
 use crate::term::{Term, TermSnapshot};
-use crate::{campaign, observer, ticker, ElectorBuilder, ElectorError, Leadership, Role};
+use crate::{campaign, observer, round, ElectorBuilder, ElectorError, Leadership, Role};
 
 pub(crate) struct RunState {
     pub(crate) stop: CancellationToken,
@@ -108,7 +108,7 @@ impl<S: Store + Clone> Elector<S> {
         let stop = self.inner.lifetime.child_token();
         let main = tokio::spawn(campaign::main_loop(self.inner.clone(), stop.clone()));
         tokio::spawn(observer::observer(self.inner.clone(), stop.clone()));
-        tokio::spawn(ticker::ticker(self.inner.clone(), stop.clone()));
+        tokio::spawn(round::rounds(self.inner.clone(), stop.clone()));
         self.inner.running.store(true, Ordering::SeqCst);
         tracing::info!(key = %self.inner.key, node = %self.inner.identity, "elector started");
         *run = Some(RunState { stop, main });
@@ -219,7 +219,7 @@ impl<S: Store + Clone> Elector<S> {
         if role == Role::Follower {
             inner.step_down("lost", false).await;
         }
-        inner.callbacks.tick();
+        inner.callbacks.round_passed();
         if inner.report {
             inner.report_status().await?;
         }
@@ -248,7 +248,7 @@ impl<S: Store + Clone> Elector<S> {
         self.inner.running.load(Ordering::SeqCst)
     }
 
-    /// A channel of leadership changes (who leads, with which token), for leaders
+    /// A channel of leadership changes (who leads, with which fence), for leaders
     /// and followers alike. Followers learn of a new leader by change notification
     /// where the store has them, else within a renew interval. To be called back
     /// instead, see [`ElectorBuilder::on_new_leader`].
@@ -282,7 +282,7 @@ impl<S: Store + Clone> Elector<S> {
         Fut: Future,
     {
         let mut rx = self.leadership();
-        let token = loop {
+        let cancel = loop {
             if let Some(t) = self.term_cancellation() {
                 break t;
             }
@@ -294,8 +294,8 @@ impl<S: Store + Clone> Elector<S> {
         // count as done while leader.
         tokio::select! {
             biased;
-            _ = token.cancelled() => None,
-            out = work(token.clone()) => Some(out),
+            _ = cancel.cancelled() => None,
+            out = work(cancel.clone()) => Some(out),
         }
     }
 

@@ -28,6 +28,6 @@ pub struct MalformedReport {
     pub id: String,
     /// The first field that could not be read.
     pub field: &'static str,
-    /// What is wrong with it: missing, or of another type.
+    /// What is wrong with it: missing, of another type, or out of range.
     pub problem: &'static str,
 }

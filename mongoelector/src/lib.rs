@@ -10,7 +10,7 @@
 //! - **Leader-scoped work stops in time**: each term has a cancellation token that
 //!   fires *before* the lease can lapse when renewal cannot be confirmed. Run
 //!   leader work with [`Elector::while_leader`], or in
-//!   [`ElectorBuilder::on_leader_term`], which is handed the token.
+//!   [`ElectorBuilder::on_leader_term`], which is handed it.
 //! - **Callbacks cannot delay a loss**: callbacks run on blocking threads, never on
 //!   the renewal path, in two lanes. `on_leader` and `on_leader_loss` strictly
 //!   alternate, and a pending loss goes ahead of anything else; `on_loop` and
@@ -58,7 +58,7 @@
 //!
 //! Code map: `builder.rs` (configuration), `elector.rs` (the handle), `term.rs`
 //! (a term: how it begins and ends), `campaign.rs` (campaign and lead),
-//! `ticker.rs` (the rounds: renewal, `on_loop`, status), `observer.rs` (who
+//! `round.rs` (the rounds: renewal, `on_loop`, status), `observer.rs` (who
 //! leads), `callbacks.rs` (the callback lanes), `status.rs` (the status-document
 //! schema), `metrics.rs` (the figures emitted through the `metrics` facade:
 //! `mongoelector_*`, see [`metrics`]), `error.rs`.
@@ -70,9 +70,9 @@ mod elector;
 mod error;
 pub mod metrics;
 mod observer;
+mod round;
 pub mod status;
 mod term;
-mod ticker;
 
 use std::time::Duration;
 
@@ -108,7 +108,7 @@ pub enum Role {
 /// Who leads, as this node last observed it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Leadership {
-    /// The leader, if any (owner, host, pid, since, expiry, fencing token).
+    /// The leader, if any (owner, host, pid, since, expiry, fence).
     pub leader: Option<LockInfo>,
     /// Whether this node is the leader.
     pub is_me: bool,

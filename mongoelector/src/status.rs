@@ -20,7 +20,7 @@ use crate::{ElectorError, MalformedReport};
 
 /// The status document's field names.
 pub mod fields {
-    /// The election key.
+    /// The election key ([`NodeReport::key`](super::NodeReport::key)).
     pub const ELECTION: &str = "election";
     /// The node's identity (`host/pid/instance`).
     pub const NODE: &str = "node";
@@ -53,7 +53,7 @@ pub struct NodeStatus {
     pub running: bool,
     /// Whether this node leads.
     pub is_leader: bool,
-    /// This node's current term's fencing token, when leading.
+    /// This node's current term's fence, when leading.
     pub fence: Option<u64>,
     /// The leader as last observed.
     pub leader: Option<LockInfo>,
@@ -67,14 +67,14 @@ pub struct NodeStatus {
 /// One node as reported in the status collection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeReport {
-    /// The election key.
-    pub election: String,
+    /// The election key (stored as `election`).
+    pub key: String,
     /// The node's identity.
     pub node: String,
     /// Its host.
     pub host: String,
     /// Its process id.
-    pub pid: i64,
+    pub pid: u32,
     /// The application's version.
     pub version: String,
     /// Whether it reported itself leader.
@@ -114,21 +114,27 @@ fn field<T>(
     if r.get(name).is_none() {
         return Err(bad("is missing"));
     }
-    read(r, name).ok_or_else(|| bad("has another type"))
+    read(r, name).ok_or_else(|| bad("has another type, or a value out of range"))
 }
 
 fn string(r: &Record, name: &str) -> Option<String> {
     r.get_str(name).map(str::to_owned)
 }
 
+/// A process id, stored as a 64-bit integer: one out of `u32`'s range is not
+/// a process id, and the document is reported as unreadable.
+fn pid(r: &Record, name: &str) -> Option<u32> {
+    r.get_i64(name).and_then(|p| u32::try_from(p).ok())
+}
+
 impl NodeReport {
     /// Reads a status document.
     pub fn from_record(r: &Record) -> Result<NodeReport, MalformedReport> {
         Ok(NodeReport {
-            election: field(r, fields::ELECTION, string)?,
+            key: field(r, fields::ELECTION, string)?,
             node: field(r, fields::NODE, string)?,
             host: field(r, fields::HOST, string)?,
-            pid: field(r, fields::PID, Record::get_i64)?,
+            pid: field(r, fields::PID, pid)?,
             version: field(r, fields::VERSION, string)?,
             is_leader: field(r, fields::IS_LEADER, Record::get_bool)?,
             last_poll: field(r, fields::LAST_POLL, Record::get_time)?,
@@ -136,18 +142,14 @@ impl NodeReport {
     }
 }
 
-/// Reads the status documents in `coll`, of one election or of all, sorted by
-/// election, then node. Documents that cannot be read are returned apart.
+/// Reads the status documents in `coll`, of the election `key` or of all,
+/// sorted by election key, then node. Documents that cannot be read are returned apart.
 ///
 /// # Cancel safety
 ///
 /// Cancel-safe: reads only.
-pub async fn read_reports<S: Store>(
-    store: &S,
-    coll: &Collection,
-    election: Option<&str>,
-) -> Result<Reports, StoreError> {
-    let q = match election {
+pub async fn read_reports<S: Store>(store: &S, coll: &Collection, key: Option<&str>) -> Result<Reports, StoreError> {
+    let q = match key {
         Some(e) => Query::eq(doc! { fields::ELECTION: e }),
         None => Query::all(),
     };

@@ -33,7 +33,7 @@ impl TermSnapshot {
         !self.cancel.is_cancelled() && !self.validity.is_lost()
     }
 
-    /// The term's fencing token.
+    /// The term's fence.
     pub(crate) fn fence(&self) -> u64 {
         self.fence
     }
@@ -74,7 +74,7 @@ impl<S: Store + Clone> Inner<S> {
         self.changed.notify_one();
     }
 
-    /// Ends this node's term, if any: cancels the term's token first (leader-only
+    /// Ends this node's term, if any: cancels the term's cancellation token first (leader-only
     /// work stops), reports the loss, then releases the lease when `release` is
     /// set. Returns whether there was a term.
     ///

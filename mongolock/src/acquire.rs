@@ -158,19 +158,23 @@ impl<S: Store + Clone> Lock<S> {
         // back (an idle waiter's `getMore` stays unanswered while the holder
         // renews), and a backend that cannot is filtered here.
         let mut events = if opts.blocking {
-            let open =
-                Watcher::open_filtered(cfg.store.clone(), cfg.coll.clone(), ChangeFilter::lease_changes(), inner.step);
+            let open = Watcher::open_filtered(
+                cfg.store.clone(),
+                cfg.coll.clone(),
+                ChangeFilter::lease_changes(),
+                inner.poll_interval,
+            );
             let Some(w) = within(deadline, open).await else { return Err(timed_out(None)) };
             let w = w.only(inner.key.clone());
             if !w.is_live() {
-                tracing::debug!("no change notifications; waiters poll every step");
+                tracing::debug!("no change notifications; waiters poll every poll interval");
             }
             Some(w.ignore_renewals())
         } else {
             None
         };
         let mut waited = false;
-        let mut backoff = Backoff::new(Duration::from_millis(20), inner.step.max(Duration::from_millis(20)));
+        let mut backoff = Backoff::new(Duration::from_millis(20), inner.poll_interval.max(Duration::from_millis(20)));
         // The holder last seen, for the timeout error.
         let mut seen: Option<Box<LockInfo>> = None;
         loop {
@@ -207,13 +211,13 @@ impl<S: Store + Clone> Lock<S> {
                     let store = cfg.store.clone();
                     let remaining = match within(deadline, async move { store.now().await }).await {
                         Some(Ok(now)) => now.until(h.expires),
-                        Some(Err(_)) | None => inner.step,
+                        Some(Err(_)) | None => inner.poll_interval,
                     };
                     let jitter = Duration::from_millis(fastrand::u64(0..=5));
                     if events.as_ref().is_some_and(Watcher::is_live) {
                         remaining + jitter
                     } else {
-                        remaining.min(inner.step) + jitter
+                        remaining.min(inner.poll_interval) + jitter
                     }
                 }
                 None => backoff.next_delay(),

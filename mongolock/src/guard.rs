@@ -87,7 +87,7 @@ impl Validity {
 #[derive(Debug)]
 #[must_use = "dropping the guard releases the lock at once: hold it while the protected work runs"]
 pub struct LockGuard<S: Store + Clone> {
-    pub(crate) term: Arc<KeptLease<S>>,
+    pub(crate) kept: Arc<KeptLease<S>>,
 }
 
 impl<S: Store + Clone> LockGuard<S> {
@@ -95,27 +95,27 @@ impl<S: Store + Clone> LockGuard<S> {
     /// Pass it to whatever the lock protects, which should reject smaller ones.
     #[doc(alias = "token")]
     pub fn fence(&self) -> u64 {
-        self.term.fence
+        self.kept.fence
     }
 
     /// The lock's key.
     pub fn key(&self) -> &Key {
-        &self.term.key
+        &self.kept.key
     }
 
     /// The owner string recorded in the store for this acquisition.
     pub fn owner(&self) -> &str {
-        &self.term.owner
+        &self.kept.owner
     }
 
     /// When this acquisition took the lock (store clock).
     pub fn since(&self) -> StoreTime {
-        self.term.since
+        self.kept.since
     }
 
     /// The last confirmed expiry (store clock).
     pub fn expires(&self) -> StoreTime {
-        self.term.state().expires
+        self.kept.state().expires
     }
 
     /// Whether the lock has been lost (or may have lapsed). Also true as soon as
@@ -129,7 +129,7 @@ impl<S: Store + Clone> LockGuard<S> {
     /// A cheap handle that answers [`LockGuard::is_lost`] from anywhere, without the
     /// guard.
     pub fn validity(&self) -> Validity {
-        Validity { lost: self.term.lost.clone(), state: self.term.state.clone() }
+        Validity { lost: self.kept.lost.clone(), state: self.kept.state.clone() }
     }
 
     /// Waits until the lock is lost; use it in `select!`.
@@ -138,13 +138,13 @@ impl<S: Store + Clone> LockGuard<S> {
     ///
     /// Cancel-safe: it only waits for the signal.
     pub async fn lost(&self) {
-        self.term.lost.cancelled().await;
+        self.kept.lost.cancelled().await;
     }
 
     /// A cancellation token that is cancelled when the lock is lost, for handing
     /// to other tasks. Cancelling it yourself does not affect the lock.
     pub fn cancellation(&self) -> CancellationToken {
-        self.term.lost.child_token()
+        self.kept.lost.child_token()
     }
 
     /// Renews the lease now (the Python `MongoLocker`'s `touch`); returns the new expiry.
@@ -156,8 +156,8 @@ impl<S: Store + Clone> LockGuard<S> {
     /// applied, which extends the lease as a renewal should, and the keeper keeps
     /// the lease either way.
     pub async fn touch(&self) -> Result<StoreTime, LockError> {
-        let out = self.term.renew().await;
-        self.term.wake.notify_one();
+        let out = self.kept.renew().await;
+        self.kept.wake.notify_one();
         out
     }
 
@@ -173,14 +173,14 @@ impl<S: Store + Clone> LockGuard<S> {
     /// Cancel-safe in effect, as [`LockGuard::touch`]: dropped between retries,
     /// the lease is kept as it was (or as a renewal still in flight left it).
     pub async fn renew(&self) -> Result<StoreTime, LockError> {
-        let out = crate::keeper::renew_with_retries(&self.term).await;
-        self.term.wake.notify_one();
+        let out = crate::keeper::renew_with_retries(&self.kept).await;
+        self.kept.wake.notify_one();
         out
     }
 
     /// Asks the auto-renew task to renew at once instead of at its next interval.
     pub fn renew_now(&self) {
-        self.term.wake.notify_one();
+        self.kept.wake.notify_one();
     }
 
     /// Stops keeping the lock without releasing it: no more renewals, and the
@@ -206,9 +206,9 @@ impl<S: Store + Clone> LockGuard<S> {
     /// # }
     /// ```
     pub fn abandon(self) {
-        tracing::info!(key = %self.term.key, fence = self.term.fence, "lock abandoned: its lease lapses at its expiry");
-        self.term.lost_marked.store(true, Ordering::SeqCst);
-        self.term.clear_current();
+        tracing::info!(key = %self.kept.key, fence = self.kept.fence, "lock abandoned: its lease lapses at its expiry");
+        self.kept.lost_marked.store(true, Ordering::SeqCst);
+        self.kept.clear_current();
         // The drop stops the renewals and fires the cancellation, and, the
         // loss being marked, releases nothing.
     }
@@ -224,7 +224,7 @@ impl<S: Store + Clone> LockGuard<S> {
     /// not have been applied; an unapplied one leaves the lease to lapse at its
     /// expiry.
     pub async fn release(self) -> Result<(), LockError> {
-        self.term.release(Mutation::new()).await.map(drop)
+        self.kept.release(Mutation::new()).await.map(drop)
     }
 
     /// Releases the lock and applies `changes` to its document in the same
@@ -244,14 +244,14 @@ impl<S: Store + Clone> LockGuard<S> {
     /// or may not have been applied, together with the release or not at all.
     pub async fn release_with(self, changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
-        self.term.release(changes).await
+        self.kept.release(changes).await
     }
 
     /// Lock documents never get a `gc_at`: a TTL index deleting one would reset
     /// its fence. Only task leases may be marked.
     pub(crate) fn check_gc(&self, changes: &Mutation) -> Result<(), LockError> {
-        if changes.gc.is_some() && !self.term.leases.allow_gc {
-            return Err(LockError::GcOnLock { key: self.term.key.to_string() });
+        if changes.gc.is_some() && !self.kept.leases.allow_gc {
+            return Err(LockError::GcOnLock { key: self.kept.key.to_string() });
         }
         Ok(())
     }
@@ -270,14 +270,14 @@ impl<S: Store + Clone> LockGuard<S> {
     pub async fn write(&self, mut changes: Mutation) -> Result<Record, LockError> {
         self.check_gc(&changes)?;
         changes.lease = store_trait::LeaseOp::Keep;
-        let leases = &self.term.leases;
+        let leases = &self.kept.leases;
         let w =
-            Write::new(Condition::HeldBy(self.term.owner.clone()).and(Condition::FenceIs(self.term.fence)), changes);
-        match leases.store.write(&leases.coll, &self.term.key, &w).await? {
+            Write::new(Condition::HeldBy(self.kept.owner.clone()).and(Condition::FenceIs(self.kept.fence)), changes);
+        match leases.store.write(&leases.coll, &self.kept.key, &w).await? {
             WriteOutcome::Applied(r) => Ok(r),
             WriteOutcome::Rejected(current) => {
-                self.term.mark_lost("a fenced write was rejected");
-                Err(self.term.lost_error(current.as_ref()))
+                self.kept.mark_lost("a fenced write was rejected");
+                Err(self.kept.lost_error(current.as_ref()))
             }
         }
     }
@@ -285,17 +285,17 @@ impl<S: Store + Clone> LockGuard<S> {
 
 impl<S: Store + Clone> Drop for LockGuard<S> {
     fn drop(&mut self) {
-        self.term.stop.cancel();
+        self.kept.stop.cancel();
         // Whatever still runs under this guard's cancellation must stop: the lock is
         // being let go.
-        self.term.lost.cancel();
+        self.kept.lost.cancel();
         // A guard dropped after its loss was signalled does not release either:
         // the lease lapses by itself (see the keeper).
-        let lost = self.term.lost_marked.load(Ordering::SeqCst);
-        if !self.term.released.swap(true, Ordering::SeqCst) && !lost {
-            tracing::debug!(key = %self.term.key, fence = self.term.fence, "lock guard dropped without release");
-            self.term.clear_current();
-            self.term.release_in_background();
+        let lost = self.kept.lost_marked.load(Ordering::SeqCst);
+        if !self.kept.released.swap(true, Ordering::SeqCst) && !lost {
+            tracing::debug!(key = %self.kept.key, fence = self.kept.fence, "lock guard dropped without release");
+            self.kept.clear_current();
+            self.kept.release_in_background();
         }
     }
 }

@@ -15,20 +15,20 @@ use crate::kept::KeptLease;
 use crate::{Backoff, LockError};
 
 /// Renews until the guard goes away or the lease is lost.
-pub(crate) async fn keeper<S: Store + Clone>(term: Arc<KeptLease<S>>, auto_renew: bool) {
-    let every = term.leases.renew_every;
+pub(crate) async fn keeper<S: Store + Clone>(kept: Arc<KeptLease<S>>, auto_renew: bool) {
+    let every = kept.leases.renew_every;
     // Without auto-renew the keeper still wakes every interval, for the clock
     // check alone (no store operation).
     let mut next_renew = Instant::now() + every;
     loop {
-        let deadline = term.deadline();
+        let deadline = kept.deadline();
         let renew_due = tokio::select! {
             biased;
-            _ = term.stop.cancelled() => return,
-            _ = term.lost.cancelled() => break,
+            _ = kept.stop.cancelled() => return,
+            _ = kept.lost.cancelled() => break,
             _ = tokio::time::sleep_until(deadline) => {
-                if term.deadline() <= Instant::now() {
-                    term.mark_lost("lease not renewed before it could lapse");
+                if kept.deadline() <= Instant::now() {
+                    kept.mark_lost("lease not renewed before it could lapse");
                     break;
                 }
                 false
@@ -37,14 +37,14 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<KeptLease<S>>, auto_renew
                 next_renew = Instant::now() + every;
                 auto_renew
             }
-            _ = term.wake.notified() => auto_renew,
+            _ = kept.wake.notified() => auto_renew,
         };
-        if term.time_passed_unseen() {
+        if kept.time_passed_unseen() {
             break;
         }
         if renew_due {
-            // Whatever the outcome, a loss has been marked on the term.
-            let _ = renew_with_retries(&term).await;
+            // Whatever the outcome, a loss has been marked on the kept lease.
+            let _ = renew_with_retries(&kept).await;
             next_renew = Instant::now() + every;
         }
     }
@@ -60,31 +60,31 @@ pub(crate) async fn keeper<S: Store + Clone>(term: Arc<KeptLease<S>>, auto_renew
 /// is lost). A permanent failure is reported as a loss too. The keeper's rounds
 /// and [`LockGuard::renew`](crate::LockGuard::renew) (a leadership term's rounds)
 /// both renew through it.
-pub(crate) async fn renew_with_retries<S: Store + Clone>(term: &KeptLease<S>) -> Result<StoreTime, LockError> {
-    let lock = &term.leases;
+pub(crate) async fn renew_with_retries<S: Store + Clone>(kept: &KeptLease<S>) -> Result<StoreTime, LockError> {
+    let lock = &kept.leases;
     let mut backoff = Backoff::new((lock.renew_every / 20).max(Duration::from_millis(5)), lock.renew_every / 2);
     loop {
-        match term.renew().await {
+        match kept.renew().await {
             Ok(t) => return Ok(t),
             Err(e @ LockError::Lost { .. }) => return Err(e),
             Err(e) => {
                 Metrics::bump(&lock.metrics.renew_failures);
-                tracing::warn!(key = %term.key, fence = term.fence, error = %e, "lock renewal failed");
+                tracing::warn!(key = %kept.key, fence = kept.fence, error = %e, "lock renewal failed");
                 if !e.is_retryable() {
-                    term.mark_lost("renewal failed permanently");
+                    kept.mark_lost("renewal failed permanently");
                     return Err(e);
                 }
                 let now = Instant::now();
-                let deadline = term.deadline();
+                let deadline = kept.deadline();
                 if now >= deadline {
-                    term.mark_lost("lease not renewed before it could lapse");
-                    return Err(term.lost_error(None));
+                    kept.mark_lost("lease not renewed before it could lapse");
+                    return Err(kept.lost_error(None));
                 }
                 let base = backoff.next_delay();
                 let jitter = Duration::from_millis(fastrand::u64(0..=base.as_millis().min(50) as u64));
                 let pause = (base + jitter).min(deadline - now);
                 tokio::select! {
-                    _ = term.stop.cancelled() => return Err(term.lost_error(None)),
+                    _ = kept.stop.cancelled() => return Err(kept.lost_error(None)),
                     _ = tokio::time::sleep(pause) => {}
                 }
             }

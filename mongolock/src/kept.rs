@@ -165,7 +165,7 @@ impl<S: Store + Clone> KeptLease<S> {
     /// early; a step never gets past half the margin), plus 1 ms per second for
     /// the rates of two NTP-disciplined clocks and 2 ms for millisecond stamps.
     pub(crate) fn store_clock_tolerance(&self, interval: Duration) -> Duration {
-        let (margin, ttl) = (self.leases.margin, self.leases.ttl.as_duration());
+        let (margin, ttl) = (self.leases.safety_margin, self.leases.ttl.as_duration());
         let share = margin.as_nanos().saturating_mul(interval.as_nanos()) / ttl.as_nanos().max(1);
         let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX));
         Duration::from_millis(2) + interval / 1000 + share.min(margin / 2)
@@ -235,7 +235,7 @@ impl<S: Store + Clone> KeptLease<S> {
                 let stamp = until.as_millis().saturating_sub(lock.ttl.as_millis());
                 let next = Confirmed { sent, replied: Instant::now(), stamp, wall, wall_mono };
                 let mut st = self.state();
-                st.deadline = st.deadline.max(sent + lock.ttl.as_duration() - lock.margin);
+                st.deadline = st.deadline.max(sent + lock.ttl.as_duration() - lock.safety_margin);
                 st.expires = until;
                 // The reference stays the latest sent when renewals are answered
                 // out of order (a touch racing the keeper); the comparison holds

@@ -30,7 +30,7 @@ pub struct LeasesBuilder<S> {
     pub(crate) collection: String,
     pub(crate) ttl: Duration,
     pub(crate) renew_every: Option<Duration>,
-    pub(crate) margin: Option<Duration>,
+    pub(crate) safety_margin: Option<Duration>,
     pub(crate) identity: Option<Identity>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) allow_gc: bool,
@@ -59,7 +59,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// between 5 ms and 2 s).
     #[must_use]
     pub fn safety_margin(mut self, margin: Duration) -> Self {
-        self.margin = Some(margin);
+        self.safety_margin = Some(margin);
         self
     }
 
@@ -94,14 +94,14 @@ impl<S: Store + Clone> LeasesBuilder<S> {
     /// [`LeaseTiming`]).
     pub fn build(self) -> Result<Leases<S>, LockError> {
         let coll = Collection::new(self.collection).map_err(|e| LockError::Config(ConfigError::caused_by(e)))?;
-        let timing = LeaseTiming::new(self.ttl, self.renew_every, self.margin)?;
+        let timing = LeaseTiming::new(self.ttl, self.renew_every, self.safety_margin)?;
         Ok(Leases {
             config: Arc::new(LeaseConfig {
                 store: self.store,
                 coll,
                 ttl: timing.ttl(),
                 renew_every: timing.renew_every(),
-                margin: timing.safety_margin(),
+                safety_margin: timing.safety_margin(),
                 identity: self.identity.unwrap_or_else(Identity::current),
                 clock: self.clock,
                 allow_gc: self.allow_gc,
@@ -159,7 +159,7 @@ pub(crate) struct LeaseConfig<S> {
     pub(crate) coll: Collection,
     pub(crate) ttl: Ttl,
     pub(crate) renew_every: Duration,
-    pub(crate) margin: Duration,
+    pub(crate) safety_margin: Duration,
     pub(crate) identity: Identity,
     pub(crate) clock: Arc<dyn Clock>,
     /// Whether guards may mark their documents for garbage collection (task leases).
@@ -183,14 +183,14 @@ impl<S> Current<S> {
         self.0.lock().as_ref().and_then(Weak::upgrade)
     }
 
-    fn set(&self, term: Option<&Arc<KeptLease<S>>>) {
-        *self.0.lock() = term.map(Arc::downgrade);
+    fn set(&self, kept: Option<&Arc<KeptLease<S>>>) {
+        *self.0.lock() = kept.map(Arc::downgrade);
     }
 
-    /// Forgets `term` if it is the current one.
-    pub(crate) fn clear(&self, term: &KeptLease<S>) {
+    /// Forgets the kept lease `kept` if it is the current one.
+    pub(crate) fn clear(&self, kept: &KeptLease<S>) {
         let mut slot = self.0.lock();
-        if slot.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), term)) {
+        if slot.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), kept)) {
             *slot = None;
         }
     }
@@ -204,7 +204,7 @@ impl<S: Store + Clone> Leases<S> {
             collection: collection.into(),
             ttl: crate::DEFAULT_TTL,
             renew_every: None,
-            margin: None,
+            safety_margin: None,
             identity: None,
             clock: Arc::new(SystemClock),
             allow_gc: false,
@@ -264,7 +264,7 @@ impl<S: Store + Clone> Leases<S> {
             wall_mono: config.clock.monotonic(),
         };
         let round_trip = confirmed.replied.saturating_duration_since(sent);
-        let term = Arc::new(KeptLease {
+        let kept = Arc::new(KeptLease {
             leases: config.clone(),
             key: record.key().clone(),
             current,
@@ -272,11 +272,11 @@ impl<S: Store + Clone> Leases<S> {
             fence: record.fence(),
             since: lease.since,
             state: Arc::new(Mutex::new(KeptState {
-                deadline: sent + config.ttl.as_duration() - config.margin,
+                deadline: sent + config.ttl.as_duration() - config.safety_margin,
                 expires: lease.until,
                 confirmed,
                 clock: config.clock.clone(),
-                gap_limit: config.margin / 2,
+                gap_limit: config.safety_margin / 2,
             })),
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
@@ -286,23 +286,23 @@ impl<S: Store + Clone> Leases<S> {
         });
         Metrics::bump(&config.metrics.acquisitions);
         crate::metrics::acquired(&config.coll);
-        tracing::info!(key = %term.key, owner = %term.owner, fence = term.fence, auto_renew, "lock acquired");
-        if let Some(c) = &term.current {
-            c.set(Some(&term));
+        tracing::info!(key = %kept.key, owner = %kept.owner, fence = kept.fence, auto_renew, "lock acquired");
+        if let Some(c) = &kept.current {
+            c.set(Some(&kept));
         }
         // A reply that came after the lease could lapse: lost at once, and
         // said so (not as a renewal that failed): the store's round trips are
         // too slow for this ttl, which only a longer ttl or a faster store mends.
-        if round_trip >= config.ttl.as_duration().saturating_sub(config.margin) {
-            term.mark_lost(&format!(
+        if round_trip >= config.ttl.as_duration().saturating_sub(config.safety_margin) {
+            kept.mark_lost(&format!(
                 "the grant's reply took {round_trip:?}, past the point its lease ({:?}, margin {:?}) could lapse: \
                  the ttl is too short for the store's round trips",
                 config.ttl.as_duration(),
-                config.margin
+                config.safety_margin
             ));
         }
-        tokio::spawn(keeper(term.clone(), auto_renew));
-        Ok(LockGuard { term })
+        tokio::spawn(keeper(kept.clone(), auto_renew));
+        Ok(LockGuard { kept })
     }
 
     /// The collection.

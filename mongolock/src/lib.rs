@@ -3,7 +3,7 @@
 //!
 //! - **Leases on the store clock**: expiry is the server's `$$NOW` + ttl; a client
 //!   whose clock is off by an hour behaves like the rest.
-//! - **Fences**: every acquisition gets a fence (a fencing token) greater than every earlier
+//! - **Fences**: every acquisition gets a fence, a number greater than every earlier
 //!   one for the key, across release, expiry, force and server restarts.
 //! - **One round trip** per acquire, renew and release.
 //! - **A lost-lock signal** that fires *before* the lease can lapse on the server
@@ -23,7 +23,7 @@
 //! let guard = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(30)).auto_renew()).await?;
 //! tokio::select! {
 //!     _ = guard.lost() => eprintln!("lost the lock; stop writing"),
-//!     _ = async { /* write the report, passing guard.fence() along as a fencing token */ } => {}
+//!     _ = async { /* write the report, passing guard.fence() along */ } => {}
 //! }
 //! guard.release().await?;
 //! assert!(!lock.locked().await?);

@@ -24,7 +24,7 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 pub struct LockBuilder<S> {
     leases: LeasesBuilder<S>,
     key: Result<Key, StoreError>,
-    step: Duration,
+    poll_interval: Duration,
 }
 
 impl<S: Store + Clone> LockBuilder<S> {
@@ -60,8 +60,8 @@ impl<S: Store + Clone> LockBuilder<S> {
     /// (default [`DEFAULT_POLL_INTERVAL`]).
     #[doc(alias = "step")]
     #[must_use]
-    pub fn poll_interval(mut self, step: Duration) -> Self {
-        self.step = step;
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
         self
     }
 
@@ -104,12 +104,12 @@ impl<S: Store + Clone> LockBuilder<S> {
     pub fn build(self) -> Result<Lock<S>, LockError> {
         let key = self.key.map_err(|e| LockError::Config(ConfigError::caused_by(e)))?;
         let leases = self.leases.build()?;
-        check_interval("step", self.step)?;
+        check_interval("poll_interval", self.poll_interval)?;
         Ok(Lock {
             inner: Arc::new(LockInner {
                 leases,
                 key,
-                step: self.step,
+                poll_interval: self.poll_interval,
                 seq: AtomicU64::new(1),
                 current: Arc::new(Current::default()),
             }),
@@ -135,7 +135,7 @@ impl<S> Clone for Lock<S> {
 pub(crate) struct LockInner<S> {
     pub(crate) leases: Leases<S>,
     pub(crate) key: Key,
-    pub(crate) step: Duration,
+    pub(crate) poll_interval: Duration,
     pub(crate) seq: AtomicU64,
     /// This instance's live acquisition, for `release`, `touch` and `owned`.
     pub(crate) current: Arc<Current<S>>,
@@ -204,7 +204,7 @@ impl<S: Store + Clone> Lock<S> {
     }
 
     fn builder_for(store: S, key: Result<Key, StoreError>) -> LockBuilder<S> {
-        LockBuilder { leases: Leases::builder(store, DEFAULT_COLLECTION), key, step: DEFAULT_POLL_INTERVAL }
+        LockBuilder { leases: Leases::builder(store, DEFAULT_COLLECTION), key, poll_interval: DEFAULT_POLL_INTERVAL }
     }
 
     /// The key.
@@ -243,7 +243,7 @@ impl<S: Store + Clone> Lock<S> {
     /// applied; an unapplied one leaves the lease to lapse at its expiry.
     pub async fn release(&self) -> Result<(), LockError> {
         match self.inner.current.get() {
-            Some(term) => term.release(Mutation::new()).await.map(drop),
+            Some(kept) => kept.release(Mutation::new()).await.map(drop),
             None => Err(LockError::NotHeld { key: self.inner.key_string() }),
         }
     }
@@ -266,8 +266,8 @@ impl<S: Store + Clone> Lock<S> {
         let cfg = self.inner.config();
         let w = Write::new(Condition::Free.negate(), Mutation::new().release().bump_fence());
         let out = cfg.store.write(&cfg.coll, &self.inner.key, &w).await?;
-        if let Some(term) = self.inner.current.get() {
-            term.mark_lost("released by force");
+        if let Some(kept) = self.inner.current.get() {
+            kept.mark_lost("released by force");
         }
         if out.is_applied() {
             Metrics::bump(&cfg.metrics.steals);
@@ -314,7 +314,7 @@ impl<S: Store + Clone> Lock<S> {
     /// Cancel-safe, as [`LockGuard::touch`](crate::LockGuard::touch).
     pub async fn touch(&self) -> Result<StoreTime, LockError> {
         match self.inner.current.get() {
-            Some(term) => term.renew().await,
+            Some(kept) => kept.renew().await,
             None => Err(LockError::NotHeld { key: self.inner.key_string() }),
         }
     }
@@ -328,7 +328,7 @@ impl<S: Store + Clone> Lock<S> {
     /// Cancel-safe in effect, as [`LockGuard::renew`](crate::LockGuard::renew).
     pub async fn renew(&self) -> Result<StoreTime, LockError> {
         match self.inner.current.get() {
-            Some(term) => crate::keeper::renew_with_retries(&term).await,
+            Some(kept) => crate::keeper::renew_with_retries(&kept).await,
             None => Err(LockError::NotHeld { key: self.inner.key_string() }),
         }
     }

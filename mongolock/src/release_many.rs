@@ -28,29 +28,29 @@ impl<S: Store + Clone> LockGuard<S> {
         let mut results: Vec<Option<Result<(), LockError>>> = Vec::with_capacity(items.len());
         let mut batch: Vec<(usize, LockGuard<S>, Key, Write, Nonce)> = Vec::new();
         let mut alone: Vec<(usize, LockGuard<S>, Mutation)> = Vec::new();
-        let leases = items.first().map(|(g, _)| g.term.leases.clone());
+        let leases = items.first().map(|(g, _)| g.kept.leases.clone());
         for (i, (guard, changes)) in items.into_iter().enumerate() {
             results.push(None);
             if let Err(e) = guard.check_gc(&changes) {
                 results[i] = Some(Err(e));
                 continue;
             }
-            if !leases.as_ref().is_some_and(|l| Arc::ptr_eq(l, &guard.term.leases)) {
+            if !leases.as_ref().is_some_and(|l| Arc::ptr_eq(l, &guard.kept.leases)) {
                 alone.push((i, guard, changes));
                 continue;
             }
-            let term = &guard.term;
-            if term.released.swap(true, Ordering::SeqCst) {
-                results[i] = Some(Err(LockError::NotHeld { key: term.key.to_string() }));
+            let kept = &guard.kept;
+            if kept.released.swap(true, Ordering::SeqCst) {
+                results[i] = Some(Err(LockError::NotHeld { key: kept.key.to_string() }));
                 continue;
             }
             // As `Term::release`: the keeper stops and work under the lock stops.
-            term.stop.cancel();
-            term.lost.cancel();
-            term.clear_current();
+            kept.stop.cancel();
+            kept.lost.cancel();
+            kept.clear_current();
             let nonce = Nonce::generate();
-            let write = Write::new(term.fenced(), changes.release()).with_nonce(nonce.clone());
-            let key = term.key.clone();
+            let write = Write::new(kept.fenced(), changes.release()).with_nonce(nonce.clone());
+            let key = kept.key.clone();
             batch.push((i, guard, key, write, nonce));
         }
         if let (Some(leases), false) = (leases, batch.is_empty()) {
@@ -69,7 +69,7 @@ impl<S: Store + Clone> LockGuard<S> {
             match outcomes {
                 Ok(outcomes) => {
                     for ((i, guard, _, _, nonce), outcome) in batch.iter().zip(outcomes) {
-                        let term = &guard.term;
+                        let kept = &guard.kept;
                         results[*i] = Some(match outcome {
                             BatchOutcome::Applied => Ok(()),
                             // An earlier attempt that reported an error was applied after all.
@@ -78,11 +78,11 @@ impl<S: Store + Clone> LockGuard<S> {
                             {
                                 Ok(())
                             }
-                            BatchOutcome::Rejected(current) => Err(term.lost_error(current.as_deref())),
-                            _ => Err(term.lost_error(None)),
+                            BatchOutcome::Rejected(current) => Err(kept.lost_error(current.as_deref())),
+                            _ => Err(kept.lost_error(None)),
                         });
                         if results[*i].as_ref().is_some_and(Result::is_ok) {
-                            tracing::info!(key = %term.key, owner = %term.owner, fence = term.fence, "lock released");
+                            tracing::info!(key = %kept.key, owner = %kept.owner, fence = kept.fence, "lock released");
                         }
                     }
                 }

@@ -56,7 +56,7 @@ pub struct Semaphore<S> {
     key: String,
     permits: u32,
     /// The semaphore as one lock configuration: its leases keep every permit
-    /// (one counter set, one renewal configuration), its step paces waiters.
+    /// (one counter set, one renewal configuration), its poll interval paces waiters.
     lock: Lock<S>,
     /// Whether a count has seen every slot document: from then on a claim
     /// that finds no free slot is not one that missed slots being created.
@@ -143,25 +143,29 @@ impl<S: Store + Clone> Semaphore<S> {
         }
         let (timeout, auto_renew) = (if opts.blocking { opts.timeout } else { Some(Duration::ZERO) }, opts.auto_renew);
         let start = Instant::now();
-        let (first, step) = (self.config(), self.lock.inner.step);
+        let (first, poll_interval) = (self.config(), self.lock.inner.poll_interval);
         // Renewals of held permits free nothing: they wake no waiter (kept
         // back on the server where the backend can, else passed over here).
-        let mut events =
-            Watcher::open_filtered(first.store.clone(), first.coll.clone(), ChangeFilter::lease_changes(), step)
-                .await
-                .ignore_renewals();
+        let mut events = Watcher::open_filtered(
+            first.store.clone(),
+            first.coll.clone(),
+            ChangeFilter::lease_changes(),
+            poll_interval,
+        )
+        .await
+        .ignore_renewals();
         loop {
             if let Some(g) = self.try_once(auto_renew).await? {
                 return Ok(g);
             }
-            let mut wait = step;
+            let mut wait = poll_interval;
             if events.is_live() {
                 // Until the earliest lease of a slot lapses, unless a change comes first.
                 let now = first.store.now().await?;
                 let q = Query::eq(doc! { slot::SEMAPHORE: &self.key, slot::PERMITS: i64::from(self.permits) });
                 let soonest =
                     first.store.find(&first.coll, &q).await?.iter().filter_map(|r| r.lease().map(|l| l.until)).min();
-                wait = soonest.map_or(step, |t| now.until(t)) + Duration::from_millis(fastrand::u64(0..=5));
+                wait = soonest.map_or(poll_interval, |t| now.until(t)) + Duration::from_millis(fastrand::u64(0..=5));
             }
             let mut until = Instant::now() + wait;
             if let Some(t) = timeout {

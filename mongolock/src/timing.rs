@@ -71,7 +71,7 @@ impl LeaseTiming {
     }
 }
 
-/// Checks a user-given interval (a poll step, a drain timeout, a backoff):
+/// Checks a user-given interval (a poll interval, a drain timeout, a backoff):
 /// positive and at most [`MAX_INTERVAL`].
 pub fn check_interval(what: &str, d: Duration) -> Result<Duration, LockError> {
     if d.is_zero() || d > MAX_INTERVAL {
@@ -95,7 +95,7 @@ mod tests {
         assert!(LeaseTiming::new(s, Some(Duration::ZERO), None).is_err());
         assert!(LeaseTiming::new(s, None, Some(Duration::ZERO)).is_err());
         assert!(LeaseTiming::new(Ttl::MAX, None, None).is_ok());
-        assert!(check_interval("step", Duration::MAX).is_err());
-        assert!(check_interval("step", Duration::ZERO).is_err());
+        assert!(check_interval("poll_interval", Duration::MAX).is_err());
+        assert!(check_interval("poll_interval", Duration::ZERO).is_err());
     }
 }

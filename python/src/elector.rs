@@ -217,7 +217,7 @@ impl NativeElector {
         let nodes = PyList::empty(py);
         for n in &c.nodes {
             let d = PyDict::new(py);
-            d.set_item("key", &n.election)?;
+            d.set_item("key", &n.key)?;
             d.set_item("node", &n.node)?;
             d.set_item("host", &n.host)?;
             d.set_item("pid", n.pid)?;

@@ -54,7 +54,7 @@ impl MongoStore {
                     .find(filter.clone())
                     .projection(doc! { fields::ID: 1 })
                     .limit(i64::try_from(limit.saturating_mul(WINDOW)).unwrap_or(i64::MAX))
-                    .max_time(self.op_timeout);
+                    .max_time(self.operation_timeout);
                 if let Some(s) = &sort {
                     find = find.sort(s.clone());
                 }
@@ -88,8 +88,9 @@ impl MongoStore {
             return Ok(Vec::new());
         }
         let ids = &ids[..tried];
-        let mut read =
-            collection.find(doc! { fields::ID: { "$in": ids }, fields::LAST_OP: &nonce }).max_time(self.op_timeout);
+        let mut read = collection
+            .find(doc! { fields::ID: { "$in": ids }, fields::LAST_OP: &nonce })
+            .max_time(self.operation_timeout);
         if let Some(s) = sort {
             read = read.sort(s);
         }

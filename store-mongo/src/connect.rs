@@ -332,7 +332,7 @@ pub(crate) async fn client_options(uri: &str) -> StoreResult<(ClientOptions, Dur
     };
     let mut parsed = ConnectionString::parse(uri).map_err(bad_uri)?;
     #[allow(deprecated)]
-    let op_timeout = parsed.socket_timeout.take().filter(|d| !d.is_zero()).unwrap_or(DEFAULT_OPERATION_TIMEOUT);
+    let operation_timeout = parsed.socket_timeout.take().filter(|d| !d.is_zero()).unwrap_or(DEFAULT_OPERATION_TIMEOUT);
     let mut opts = ClientOptions::parse(parsed).await.map_err(bad_uri)?;
     if opts.app_name.is_none() {
         opts.app_name = Some("mongocoord".into());
@@ -343,7 +343,7 @@ pub(crate) async fn client_options(uri: &str) -> StoreResult<(ClientOptions, Dur
     if opts.connect_timeout.is_none() {
         opts.connect_timeout = Some(DEFAULT_CONNECT_TIMEOUT);
     }
-    Ok((opts, op_timeout))
+    Ok((opts, operation_timeout))
 }
 
 pub(crate) fn check_db_name(db: &str) -> StoreResult<&str> {

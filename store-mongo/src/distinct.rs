@@ -18,7 +18,7 @@ impl MongoStore {
         let found = self
             .coll(coll)
             .distinct(field, compile::claim_filter(query))
-            .max_time(self.op_timeout)
+            .max_time(self.operation_timeout)
             .await
             .map_err(map_err)?;
         let mut out: Vec<String> = found.into_iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();

@@ -30,7 +30,7 @@
 //! [`Consistency::Local`] trades that away for latency: `w: 1` and local reads.
 //! Writes are journaled (`j: true`) at both levels: a write acknowledged before it
 //! reached the journal is lost when the server crashes, and a fencing counter
-//! then goes back below a token already handed out.
+//! then goes back below a fence already handed out.
 //!
 //! # Deadlines
 //!
@@ -111,7 +111,7 @@ pub use server::MIN_SERVER_VERSION;
 /// Read and write concerns for the operations that grant or check ownership.
 ///
 /// A lease or fencing counter that a server crash can roll back is as bad as one a
-/// failover can: after the restart the counter is lower than a token already
+/// failover can: after the restart the counter is lower than a fence already
 /// handed out. So the default asks for journaled majority writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -142,7 +142,7 @@ const CLIENT_GRACE: Duration = Duration::from_secs(1);
 pub struct MongoStore {
     db: Database,
     consistency: Consistency,
-    op_timeout: Duration,
+    operation_timeout: Duration,
     nonce_prefix: Arc<str>,
     nonce: Arc<AtomicU64>,
     hub: Arc<watch::Hub>,
@@ -164,11 +164,11 @@ impl MongoStore {
     ///
     /// Cancel-safe: nothing is written; dropping the future drops the client.
     pub async fn connect(uri: &str, db: &str) -> StoreResult<MongoStore> {
-        let (opts, op_timeout) = client_options(uri).await?;
+        let (opts, operation_timeout) = client_options(uri).await?;
         // The driver's messages may quote the URI: none that quotes one of
         // its secrets is passed on.
         let client = Client::with_options(opts).map_err(|e| redact_error(map_err(e), uri))?;
-        let store = MongoStore::new(client.database(check_db_name(db)?)).with_operation_timeout(op_timeout);
+        let store = MongoStore::new(client.database(check_db_name(db)?)).with_operation_timeout(operation_timeout);
         // One round trip now, so a wrong address fails here with a clear error.
         store.now().await.map_err(|e| redact_error(e, uri))?;
         Ok(store)
@@ -180,7 +180,7 @@ impl MongoStore {
         MongoStore {
             db,
             consistency: Consistency::default(),
-            op_timeout: DEFAULT_OPERATION_TIMEOUT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             nonce_prefix: prefix.into(),
             nonce: Arc::new(AtomicU64::new(0)),
             hub: Arc::new(watch::Hub::new()),
@@ -201,13 +201,13 @@ impl MongoStore {
     /// A zero duration is taken as one millisecond.
     #[must_use]
     pub fn with_operation_timeout(mut self, d: Duration) -> Self {
-        self.op_timeout = d.max(Duration::from_millis(1));
+        self.operation_timeout = d.max(Duration::from_millis(1));
         self
     }
 
     /// The operation timeout.
     pub fn operation_timeout(&self) -> Duration {
-        self.op_timeout
+        self.operation_timeout
     }
 
     /// This store reading as it does on a server of wire version `wire`: how
@@ -225,7 +225,7 @@ impl MongoStore {
         what: &'static str,
         fut: impl std::future::Future<Output = StoreResult<T>> + Send + 'static,
     ) -> StoreResult<T> {
-        let limit = self.op_timeout + CLIENT_GRACE;
+        let limit = self.operation_timeout + CLIENT_GRACE;
         match tokio::time::timeout(limit, tokio::spawn(fut)).await {
             Ok(Ok(out)) => out,
             Ok(Err(e)) => Err(StoreError::backend(FaultKind::Transient, format!("{what}: task failed: {e}"))),
@@ -251,7 +251,7 @@ impl MongoStore {
                     WriteConcern::builder()
                         .w(Acknowledgment::Majority)
                         .journal(true)
-                        .w_timeout(self.op_timeout)
+                        .w_timeout(self.operation_timeout)
                         .build(),
                 )
                 .read_concern(ReadConcern::majority())
@@ -321,7 +321,7 @@ impl MongoStore {
         if *condition != Condition::Always {
             filter.insert("$expr", compile::condition(condition));
         }
-        match self.coll(coll).find_one_and_delete(filter).max_time(self.op_timeout).await.map_err(map_err)? {
+        match self.coll(coll).find_one_and_delete(filter).max_time(self.operation_timeout).await.map_err(map_err)? {
             Some(doc) => Ok(DeleteOutcome::Deleted(Record::from_document(coll.as_str(), doc)?)),
             None => Ok(DeleteOutcome::Rejected(self.get_op(coll, key).await?.record)),
         }
@@ -337,7 +337,7 @@ impl MongoStore {
                 compile::update(compile::Applies::Matched(&claim.query.condition), &claim.mutation, &nonce),
             )
             .return_document(ReturnDocument::After)
-            .max_time(self.op_timeout);
+            .max_time(self.operation_timeout);
         if let Some(sort) = compile::sort(&claim.query) {
             op = op.sort(sort);
         }
@@ -396,7 +396,7 @@ impl MongoStore {
     ) -> StoreResult<Vec<Document>> {
         query.validate()?;
         let collection = self.coll(coll);
-        let mut op = collection.find(filter).max_time(self.op_timeout);
+        let mut op = collection.find(filter).max_time(self.operation_timeout);
         if let Some(p) = projection {
             op = op.projection(p);
         }
@@ -411,7 +411,7 @@ impl MongoStore {
 
     async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
         query.validate()?;
-        self.coll(coll).count_documents(compile::filter(query)).max_time(self.op_timeout).await.map_err(map_err)
+        self.coll(coll).count_documents(compile::filter(query)).max_time(self.operation_timeout).await.map_err(map_err)
     }
 
     async fn watch_op(

@@ -116,14 +116,14 @@ impl MongoStore {
         let pipeline = form.pipeline(coll, key);
         let cursor = match form {
             ReadForm::Documents => {
-                let mut agg = self.db.aggregate(pipeline).max_time(self.op_timeout);
+                let mut agg = self.db.aggregate(pipeline).max_time(self.operation_timeout);
                 if self.consistency == Consistency::Majority {
                     agg = agg.read_concern(ReadConcern::majority());
                 }
                 agg.await
             }
             // The collection's options carry the read concern.
-            ReadForm::Facet => self.coll(coll).aggregate(pipeline).max_time(self.op_timeout).await,
+            ReadForm::Facet => self.coll(coll).aggregate(pipeline).max_time(self.operation_timeout).await,
         };
         let rows: Vec<Document> = cursor.map_err(map_err)?.try_collect().await.map_err(map_err)?;
         parse_row(coll, rows)

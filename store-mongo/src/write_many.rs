@@ -77,7 +77,7 @@ impl MongoStore {
         let ids: Vec<Bson> = writes.iter().map(|(k, _)| k.as_bson().clone()).collect();
         let docs: Vec<Document> = collection
             .find(doc! { fields::ID: { "$in": ids } })
-            .max_time(self.op_timeout)
+            .max_time(self.operation_timeout)
             .await
             .map_err(map_err)?
             .try_collect()

@@ -36,7 +36,7 @@ impl fmt::Display for FaultKind {
 ///
 /// A condition that did not hold is **not** an error: conditional writes return
 /// [`WriteOutcome::Rejected`](crate::WriteOutcome::Rejected) carrying the current
-/// record (who holds it, until when, with which fencing token).
+/// record (who holds it, until when, with which fence).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

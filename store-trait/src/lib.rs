@@ -7,7 +7,7 @@
 //! | operation | what it is for |
 //! |---|---|
 //! | [`Store::get`] | read a record and the store's current time |
-//! | [`Store::write`] | "if absent, or its lease lapsed, or I own it: grant me the lease until now + ttl and bump the fencing token" — returns the new record, or the current one when the condition fails |
+//! | [`Store::write`] | "if absent, or its lease lapsed, or I own it: grant me the lease until now + ttl and bump the fence" — returns the new record, or the current one when the condition fails |
 //! | [`Store::delete`] | conditional delete |
 //! | [`Store::claim`] | find the first matching document in a given order and change it, atomically (a task queue's claim) |
 //! | [`Store::insert_many`] | idempotent inserts, duplicates reported per document |
@@ -19,7 +19,7 @@
 //! use store_trait::{Collection, Condition, Key, Mutation, Store, StoreResult, Ttl, Write, WriteOutcome};
 //! use std::time::Duration;
 //!
-//! /// Try once to take a lease; `Ok(Some(token))` when we got it.
+//! /// Try once to take a lease; `Ok(Some(fence))` when we got it.
 //! async fn try_lock(store: &impl Store, me: &str) -> StoreResult<Option<u64>> {
 //!     let coll = Collection::new("locks")?;
 //!     let key = Key::new("nightly-report")?;
@@ -167,6 +167,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// fence. So the mutation must grant a lease and bump the fence
     /// ([`StoreError::InvalidInput`] otherwise). The default claims one at a
     /// time with [`Store::claim`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel-safe: dropped half-way, some documents may have been claimed
+    /// without the caller learning which, as when the call fails after an
+    /// update. They stay under the lease the mutation granted, which lapses
+    /// unless renewed, and are claimed again with a higher fence.
     async fn claim_many(&self, coll: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
         claim.validate_batch()?;
         let mut out = Vec::new();

@@ -254,7 +254,7 @@ pub async fn lease_expires_on_store_clock<H: Harness>(h: &H) {
     assert!(snap.record.as_ref().unwrap().holder_at(snap.now).is_none(), "lapsed lease reads as free");
     let b = applied(s.write(&c, &k, &acquire("b", ttl)).await.unwrap());
     assert_eq!(b.lease().unwrap().owner, "b");
-    assert_eq!(b.fence(), 2, "a new holder gets a larger token");
+    assert_eq!(b.fence(), 2, "a new holder gets a larger fence");
 }
 
 pub async fn owner_renews_and_keeps_since<H: Harness>(h: &H) {
@@ -267,7 +267,7 @@ pub async fn owner_renews_and_keeps_since<H: Harness>(h: &H) {
     let second = applied(s.write(&c, &k, &renew).await.unwrap());
     assert!(second.lease().unwrap().until > first.lease().unwrap().until);
     assert_eq!(second.lease().unwrap().since, first.lease().unwrap().since);
-    assert_eq!(second.fence(), first.fence(), "renewal does not bump the token");
+    assert_eq!(second.fence(), first.fence(), "renewal does not bump the fence");
     assert_eq!(second.rev(), first.rev() + 1);
     // Re-acquiring through the acquire path while live is also a renewal of the same term.
     let third = applied(s.write(&c, &k, &acquire("a", ttl)).await.unwrap());
@@ -319,7 +319,7 @@ pub async fn fence_grows_over_1000_cycles<H: Harness>(h: &H) {
     for i in 0..1000 {
         let owner = if i % 2 == 0 { "a" } else { "b" };
         let r = applied(s.write(&c, &k, &acquire(owner, ttl)).await.unwrap());
-        assert!(r.fence() > last, "cycle {i}: token {} after {last}", r.fence());
+        assert!(r.fence() > last, "cycle {i}: fence {} after {last}", r.fence());
         last = r.fence();
         applied(s.write(&c, &k, &release(owner)).await.unwrap());
     }
@@ -590,7 +590,7 @@ pub async fn claim_respects_leases_and_due_times<H: Harness>(h: &H) {
     assert_eq!(again.key().to_string(), "now");
     assert_eq!(again.fence(), 2);
     assert_eq!(again.data().get("attempts"), Some(&Bson::Int64(2)));
-    // The stale claimant's completion, fenced by its token, is rejected.
+    // The stale claimant's completion, fenced by its claim, is rejected.
     let complete = |owner: &str, fence: u64| {
         Write::new(
             Condition::OwnedBy(owner.into()).and(Condition::FenceIs(fence)),

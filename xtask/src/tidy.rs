@@ -1,14 +1,17 @@
 //! Tidy checks that run as ordinary tests (`cargo test -p xtask`).
 
 #[cfg(test)]
+mod names;
+
+#[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
 
-    fn root() -> PathBuf {
+    pub(super) fn root() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
     }
 
-    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    pub(super) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
         for e in entries.flatten() {
             let p = e.path();
@@ -85,7 +88,7 @@ mod tests {
     }
 
     /// The library crates and the binary: what users run.
-    const SHIPPED: [&str; 7] =
+    pub(super) const SHIPPED: [&str; 7] =
         ["store-trait", "store-memory", "store-mongo", "mongolock", "mongoelector", "mongoagent", "mongocoord"];
 
     fn shipped_sources() -> Vec<PathBuf> {
@@ -112,18 +115,32 @@ mod tests {
     }
 
     /// Every async public fn of what ships says what happens when its future is
-    /// dropped, as tokio's do.
+    /// dropped, as tokio's do: a `pub async fn`, and an `async fn` of a public
+    /// trait (which an implementor reads too, to keep the promise).
     #[test]
     fn every_async_public_fn_documents_cancel_safety() {
         let mut missing = Vec::new();
+        let mut seen = 0;
         // The conformance suites (`testing.rs`) are test code: their module says it once.
         for f in shipped_sources().into_iter().filter(|f| !f.ends_with("testing.rs")) {
             let text = std::fs::read_to_string(&f).unwrap();
             let lines: Vec<&str> = text.lines().collect();
+            // The indentation of the public trait whose body this line is in.
+            let mut in_trait: Option<usize> = None;
             for (i, line) in lines.iter().enumerate() {
-                if !line.trim_start().starts_with(concat!("pub async ", "fn")) {
+                let t = line.trim_start();
+                let indent = line.len() - t.len();
+                if in_trait.is_none() && t.starts_with("pub trait ") && !t.ends_with(';') && !t.ends_with('}') {
+                    in_trait = Some(indent);
+                } else if in_trait == Some(indent) && t.starts_with('}') {
+                    in_trait = None;
+                }
+                let public = t.starts_with(concat!("pub async ", "fn"));
+                let in_public_trait = in_trait.is_some_and(|d| indent > d) && t.starts_with(concat!("async ", "fn"));
+                if !public && !in_public_trait {
                     continue;
                 }
+                seen += usize::from(in_public_trait);
                 let documented = lines[..i]
                     .iter()
                     .rev()
@@ -137,6 +154,7 @@ mod tests {
                 }
             }
         }
+        assert!(seen > 10, "found the async fns of public traits (the `Store` trait's)");
         assert!(missing.is_empty(), "no `# Cancel safety` section:\n{}", missing.join("\n"));
     }
 

@@ -35,7 +35,7 @@ pub(super) struct Report {
 /// Reads every worker's log and the store, and verifies the history.
 pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
     let mut r = Report::default();
-    // token -> (first, last) server time at which its holder confirmed it held.
+    // fence -> (first, last) server time at which its holder confirmed it held.
     // The first confirmation, not the lease's `since`, marks the start: a server
     // stamps `$$NOW` when a command starts, which can be before the write takes
     // effect (seen: 22 ms on a loaded SecantusDB), so `since` may precede the
@@ -98,7 +98,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Str
             }
         }
     }
-    // No holder confirmed it still held the lock after a later token's holder had
+    // No holder confirmed it still held the lock after a later fence's holder had
     // confirmed its own (both on the server clock).
     let check_overlaps = |m: &BTreeMap<u64, (i64, i64)>, what: &str, v: &mut Vec<String>| {
         let list: Vec<(u64, i64, i64)> = m.iter().map(|(t, (f, l))| (*t, *f, *l)).collect();
@@ -112,7 +112,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Str
             }
         }
     };
-    check_overlaps(&holds, "lock token", &mut r.violations);
+    check_overlaps(&holds, "lock fence", &mut r.violations);
     check_overlaps(&terms, "term", &mut r.violations);
     check_overlaps(&fork_holds, "forked runner fence", &mut r.violations);
     r.limited = runs.check(&mut r.violations);

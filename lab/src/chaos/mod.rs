@@ -5,13 +5,13 @@
 //! all logs and the store afterwards and verifies the history.
 //!
 //! Log lines (`<kind> <fields…>`, times on the server clock in epoch ms):
-//! - `hold <token> <now>`: the lock holder with `token` confirmed, at server time
+//! - `hold <fence> <now>`: the lock holder with `fence` confirmed, at server time
 //!   `now`, that its guard was still valid (read `now`, then checked not lost);
-//! - `acq <token> <since>`: acquired (`since` is the lease's, for reference);
-//! - `write <token> <rev> ok|rejected`: a fenced write to the ledger;
+//! - `acq <fence> <since>`: acquired (`since` is the lease's, for reference);
+//! - `write <fence> <rev> ok|rejected`: a fenced write to the ledger;
 //! - `lead <term> <now>`: the elector still believed it led at server time `now`;
 //! - `term <term> <since>`: a term began (for reference);
-//! - `done <task> <token>`, `stale <task> <token>`: a task outcome applied / rejected;
+//! - `done <task> <fence>`, `stale <task> <fence>`: a task outcome applied / rejected;
 //! - `joined <task> <ended> <seen>`: a task that waited for its follow-ups ran
 //!   again, and saw `seen` of them, `ended` of which had ended;
 //! - `fwrite <fence> <rev> ok|rejected`, `fhold <fence> <now>`: a ledger writer
@@ -107,22 +107,22 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };
-                let token = guard.fence();
-                log.line(format!("acq {token} {}", guard.since().as_millis()));
+                let fence = guard.fence();
+                log.line(format!("acq {fence} {}", guard.since().as_millis()));
                 let hold_until = Instant::now() + Duration::from_millis(fastrand::u64(50..600));
                 let ledger_key = Key::new("ledger").map_err(|e| e.to_string())?;
-                // A write only a holder with the newest token may make.
+                // A write only a holder with the newest fence may make.
                 let write = || async {
-                    let t = i64::try_from(token).unwrap_or(i64::MAX);
+                    let t = i64::try_from(fence).unwrap_or(i64::MAX);
                     let w = Write::new(
-                        Condition::AtMost("last_token".into(), t),
-                        Mutation::new().set("last_token", t).inc("writes", 1),
+                        Condition::AtMost("last_fence".into(), t),
+                        Mutation::new().set("last_fence", t).inc("writes", 1),
                     )
                     .upsert();
                     match store.write(&ledger, &ledger_key, &w).await {
-                        Ok(WriteOutcome::Applied(r)) => log.line(format!("write {token} {} ok", r.rev())),
+                        Ok(WriteOutcome::Applied(r)) => log.line(format!("write {fence} {} ok", r.rev())),
                         Ok(WriteOutcome::Rejected(r)) => {
-                            log.line(format!("write {token} {} rejected", r.map_or(0, |r| r.rev())))
+                            log.line(format!("write {fence} {} rejected", r.map_or(0, |r| r.rev())))
                         }
                         Err(_) => {}
                     }
@@ -131,7 +131,7 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, S
                     write().await;
                     if let Ok(now) = store.now().await {
                         if !guard.is_lost() {
-                            log.line(format!("hold {token} {}", now.as_millis()));
+                            log.line(format!("hold {fence} {}", now.as_millis()));
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;

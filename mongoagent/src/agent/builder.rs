@@ -28,19 +28,19 @@ pub struct AgentBuilder<S> {
     name: String,
     queue: Result<Queue<S>, AgentError>,
     poll_interval: Duration,
-    recheck: Duration,
-    lease: Duration,
+    recheck_interval: Duration,
+    ttl: Duration,
     max_attempts: u32,
     backoff: (Duration, Duration),
     timeout: Option<Duration>,
     timeout_grace: Duration,
     concurrency: usize,
     prefetch: Option<usize>,
-    drain: Duration,
+    drain_timeout: Duration,
     retain_finished: Option<Duration>,
     identity: Option<Identity>,
     process_while: Option<ProcessWhile>,
-    shutdown: Option<CancellationToken>,
+    shutdown_on: Option<CancellationToken>,
     global_concurrency: Option<u32>,
     rate_limit: Option<(u32, Duration)>,
 }
@@ -59,19 +59,19 @@ impl<S: Store + Clone> AgentBuilder<S> {
             name,
             queue,
             poll_interval: Duration::from_secs(5),
-            recheck: DEFAULT_RECHECK,
-            lease: Duration::from_secs(60),
+            recheck_interval: DEFAULT_RECHECK,
+            ttl: Duration::from_secs(60),
             max_attempts: 5,
             backoff: (Duration::from_secs(1), Duration::from_secs(600)),
             timeout: None,
             timeout_grace: DEFAULT_TIMEOUT_GRACE,
             concurrency: 1,
             prefetch: None,
-            drain: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
             retain_finished: None,
             identity: None,
             process_while: None,
-            shutdown: None,
+            shutdown_on: None,
             global_concurrency: None,
             rate_limit: None,
         }
@@ -113,7 +113,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// ```
     #[must_use]
     pub fn recheck_interval(mut self, d: Duration) -> Self {
-        self.recheck = d;
+        self.recheck_interval = d;
         self
     }
 
@@ -122,7 +122,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     #[doc(alias = "lease")]
     #[must_use]
     pub fn ttl(mut self, d: Duration) -> Self {
-        self.lease = d;
+        self.ttl = d;
         self
     }
 
@@ -233,7 +233,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// their claims back (default 30 s).
     #[must_use]
     pub fn drain_timeout(mut self, d: Duration) -> Self {
-        self.drain = d;
+        self.drain_timeout = d;
         self
     }
 
@@ -268,7 +268,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// ```
     #[must_use]
     pub fn shutdown_on(mut self, token: &CancellationToken) -> Self {
-        self.shutdown = Some(token.child_token());
+        self.shutdown_on = Some(token.child_token());
         self
     }
 
@@ -310,9 +310,9 @@ impl<S: Store + Clone> AgentBuilder<S> {
         }
         let config = |e: mongolock::LockError| AgentError::Config(ConfigError::caused_by(e));
         check_interval("poll_interval", self.poll_interval).map_err(config)?;
-        check_interval("recheck_interval", self.recheck).map_err(config)?;
-        if !self.drain.is_zero() {
-            check_interval("drain_timeout", self.drain).map_err(config)?;
+        check_interval("recheck_interval", self.recheck_interval).map_err(config)?;
+        if !self.drain_timeout.is_zero() {
+            check_interval("drain_timeout", self.drain_timeout).map_err(config)?;
         }
         let (base, max) = self.backoff;
         check_interval("backoff base", base).map_err(config)?;
@@ -322,7 +322,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
         }
         // The claim's lease is kept like a lock's: reject a lease that leaves no
         // room to renew it before it could lapse now, not after a claim.
-        let lease = LeaseTiming::new(self.lease, None, None).map_err(config)?.ttl();
+        let ttl = LeaseTiming::new(self.ttl, None, None).map_err(config)?.ttl();
         let retain = self
             .retain_finished
             .map(Ttl::new)
@@ -334,13 +334,13 @@ impl<S: Store + Clone> AgentBuilder<S> {
             &self.store,
             &queue,
             &self.name,
-            (lease.as_duration(), &identity),
+            (ttl.as_duration(), &identity),
             self.global_concurrency,
             self.rate_limit,
         )?;
         // Every claim's lease is kept through these, like a lock's acquisition.
         let leases = Leases::builder(self.store.clone(), queue.coll.as_str())
-            .ttl(lease.as_duration())
+            .ttl(ttl.as_duration())
             .identity(identity.clone())
             // Task leases: a task's document is marked for collection when it ends.
             .allow_gc()
@@ -352,8 +352,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 name: self.name,
                 queue,
                 poll_interval: self.poll_interval,
-                recheck: self.recheck.max(self.poll_interval),
-                lease,
+                recheck_interval: self.recheck_interval.max(self.poll_interval),
+                ttl,
                 leases,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
@@ -362,14 +362,14 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 concurrency: self.concurrency,
                 prefetch,
                 run_times: super::ahead::RunTimes::default(),
-                drain: self.drain,
+                drain_timeout: self.drain_timeout,
                 retain,
                 identity,
                 process_while: self.process_while,
                 log: Mutex::new(AgentCounters::default()),
                 seq: AtomicU64::new(1),
                 paused: Mutex::new(None),
-                shutdown: self.shutdown.unwrap_or_default(),
+                shutdown: self.shutdown_on.unwrap_or_default(),
                 committer: std::sync::OnceLock::new(),
                 limits,
             }),

@@ -294,7 +294,7 @@ impl<S: Store + Clone> Agent<S> {
         let claim = Claim {
             query: query.clone(),
             mutation: Mutation::new()
-                .grant(owner, inner.lease)
+                .grant(owner, inner.ttl)
                 .bump_fence()
                 .set(fields::READY, false)
                 .set(fields::CLAIMED, true)

@@ -28,22 +28,22 @@ impl<S: Store + Clone> Agent<S> {
         finish: Finish,
     ) -> Result<Processed, AgentError> {
         let key = record.key().clone();
-        let token = guard.fence();
+        let fence = guard.fence();
         let mut changes = Mutation::new()
             .set_all(merge)
-            .set(pending::PARENT_FENCE, i64::try_from(token).unwrap_or(i64::MAX))
+            .set(pending::PARENT_FENCE, i64::try_from(fence).unwrap_or(i64::MAX))
             .set(pending::PARENT_FINISH, finish.as_str());
         // A success: an earlier attempt's timeout is no longer the latest.
         changes = crate::schema::timed_out::clear(changes, record.data());
         if matches!(finish, Finish::Wait) {
             // The next round's attempts count from here: waiting is no failure.
-            changes = changes.set(fields::ROUND_FENCE, i64::try_from(token).unwrap_or(i64::MAX));
+            changes = changes.set(fields::ROUND_FENCE, i64::try_from(fence).unwrap_or(i64::MAX));
         }
         match guard.write(changes).await {
             Ok(_) => {}
             Err(LockError::Lost { current, .. }) => {
-                self.discard_stale_follow_ups(&key, token).await?;
-                return Ok(self.stale(&key, token, current));
+                self.discard_stale_follow_ups(&key, fence).await?;
+                return Ok(self.stale(&key, fence, current));
             }
             Err(e) => return Err(e.into()),
         }
@@ -57,9 +57,9 @@ impl<S: Store + Clone> Agent<S> {
                 Processed::Waiting(key.clone())
             }
         };
-        tracing::info!(agent = %self.inner.name, task = %key, token, outcome = ?result, "task finished; activating its follow-ups");
+        tracing::info!(agent = %self.inner.name, task = %key, fence, outcome = ?result, "task finished; activating its follow-ups");
         crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &result);
-        self.end_with_follow_ups(guard, &key, record, token, finish).await?;
+        self.end_with_follow_ups(guard, &key, record, fence, finish).await?;
         Ok(result)
     }
 

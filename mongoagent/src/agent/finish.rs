@@ -48,7 +48,7 @@ impl<S: Store + Clone> Agent<S> {
     ) -> Result<Processed, AgentError> {
         let inner = &self.inner;
         let key = record.key().clone();
-        let token = guard.fence();
+        let fence = guard.fence();
         let round = task_round(record);
         let outcome = match outcome {
             Outcome::Complete { merge, follow_ups, then } => {
@@ -59,7 +59,7 @@ impl<S: Store + Clone> Agent<S> {
                     // claim's fenced outcome write: a stale run's never run.
                     Ok(()) => {
                         let finish = if then.is_some() { Finish::CompleteThen } else { Finish::Complete };
-                        match self.enqueue_follow_ups(record, round, token, follow_ups, then.map(|t| *t)).await {
+                        match self.enqueue_follow_ups(record, round, fence, follow_ups, then.map(|t| *t)).await {
                             Ok(()) => return self.hand_over(guard, record, merge, finish).await,
                             Err(e) => follow_ups_not_enqueued(&e),
                         }
@@ -74,7 +74,7 @@ impl<S: Store + Clone> Agent<S> {
                     Err(e) => Outcome::failed_permanently(e),
                     Ok(()) => {
                         let join = (key.as_bson().clone(), round);
-                        match self.enqueue_children(&key, round, token, follow_ups, Some(join)).await {
+                        match self.enqueue_children(&key, round, fence, follow_ups, Some(join)).await {
                             Ok(()) => return self.hand_over(guard, record, merge, Finish::Wait).await,
                             Err(e) => follow_ups_not_enqueued(&e),
                         }
@@ -121,7 +121,7 @@ impl<S: Store + Clone> Agent<S> {
         };
         let changes = match mark {
             TimeoutMark::Clear => timed_out::clear(changes, record.data()),
-            TimeoutMark::This(limit) => timed_out::mark(changes, token, attempt, limit),
+            TimeoutMark::This(limit) => timed_out::mark(changes, fence, attempt, limit),
             TimeoutMark::Keep => changes,
         };
         let ended = !matches!(result, Processed::Retried(_));
@@ -145,7 +145,7 @@ impl<S: Store + Clone> Agent<S> {
                     Processed::Failed(_) => l.failed_permanently += 1,
                     _ => {}
                 });
-                tracing::info!(agent = %inner.name, task = %key, token, outcome = ?result, "task finished");
+                tracing::info!(agent = %inner.name, task = %key, fence, outcome = ?result, "task finished");
                 crate::metrics::outcome(&inner.queue.coll, &inner.name, &result);
                 if let Some(guard) = kept {
                     self.notify_waiter(record).await?;
@@ -157,10 +157,10 @@ impl<S: Store + Clone> Agent<S> {
                 if ended {
                     self.collect_children(&key, record).await;
                 }
-                self.collect_older_follow_ups(&key, record, token).await;
+                self.collect_older_follow_ups(&key, record, fence).await;
                 Ok(result)
             }
-            Err(LockError::Lost { current, .. }) => Ok(self.stale(&key, token, current)),
+            Err(LockError::Lost { current, .. }) => Ok(self.stale(&key, fence, current)),
             Err(e) => Err(e.into()),
         }
     }
@@ -170,9 +170,9 @@ impl<S: Store + Clone> Agent<S> {
         record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(self.inner.max_attempts), |n| n.max(1) as u64)
     }
 
-    pub(super) fn stale(&self, key: &Key, token: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
+    pub(super) fn stale(&self, key: &Key, fence: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
         self.bump(|l| l.stale_rejected += 1);
-        tracing::warn!(agent = %self.inner.name, task = %key, token, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
+        tracing::warn!(agent = %self.inner.name, task = %key, fence, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
         crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &Processed::Stale(key.clone()));
         Processed::Stale(key.clone())
     }

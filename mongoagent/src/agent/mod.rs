@@ -1,5 +1,5 @@
 //! The agent: claims tasks atomically, runs the handler under a renewed lease,
-//! and records the outcome with a write fenced by the claim token.
+//! and records the outcome with a write fenced by the claim's fence.
 //!
 //! One concern per file: [`builder`](AgentBuilder) (configuration), `work`
 //! (the loop: concurrency, idle wait, drain), `claim` (claim queries, order,
@@ -97,8 +97,8 @@ struct Inner<S: Store + Clone> {
     queue: Queue<S>,
     poll_interval: Duration,
     /// The idle agent's check with live notifications (never under `poll_interval`).
-    recheck: Duration,
-    lease: Ttl,
+    recheck_interval: Duration,
+    ttl: Ttl,
     /// Keeps every claim's lease: built once per agent, used by every claim.
     leases: Leases<S>,
     max_attempts: u32,
@@ -112,7 +112,7 @@ struct Inner<S: Store + Clone> {
     prefetch: usize,
     /// The handler's run times, which decide whether to claim ahead.
     run_times: ahead::RunTimes,
-    drain: Duration,
+    drain_timeout: Duration,
     retain: Option<Ttl>,
     identity: Identity,
     process_while: Option<ProcessWhile>,

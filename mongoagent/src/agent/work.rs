@@ -189,7 +189,7 @@ impl<S: Store + Clone> Agent<S> {
                             // queue, and may land after the outcome that woke
                             // the agent.
                             let push = watcher.is_live() && inner.process_while.is_none() && !inner.limits.is_global();
-                            let cap = if push { inner.recheck } else { inner.poll_interval };
+                            let cap = if push { inner.recheck_interval } else { inner.poll_interval };
                             idle_until = Some(Instant::now() + self.idle_wait(cap).await);
                             // Claim once more before sleeping: a task that became due
                             // (or whose claim lapsed) between the claim and the due-time
@@ -342,7 +342,7 @@ impl<S: Store + Clone> Agent<S> {
             return;
         }
         tracing::info!(agent = %self.inner.name, in_flight = running.len(), ahead = ahead.len(), "draining");
-        let deadline = Instant::now() + self.inner.drain;
+        let deadline = Instant::now() + self.inner.drain_timeout;
         loop {
             for c in ahead.start(self.inner.concurrency.saturating_sub(running.len())) {
                 self.spawn_run(&mut running, c, handler);

@@ -71,7 +71,7 @@ impl<S: Store + Clone> Feed<S> {
         filter: EventFilter,
         tx: broadcast::Sender<QueueEvent>,
     ) -> Result<Self, AgentError> {
-        let watcher = Watcher::open(store.clone(), coll.clone(), None, filter.poll).await.ignore_renewals();
+        let watcher = Watcher::open(store.clone(), coll.clone(), None, filter.poll_every).await.ignore_renewals();
         let since = store.now().await?;
         let mut feed = Feed {
             store,
@@ -92,7 +92,7 @@ impl<S: Store + Clone> Feed<S> {
 
     /// Runs until the subscriber is gone.
     pub(super) async fn run(mut self) {
-        let mut tick = tokio::time::interval(self.filter.poll);
+        let mut tick = tokio::time::interval(self.filter.poll_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         while self.tx.receiver_count() > 0 {

@@ -166,13 +166,13 @@ pub enum QueueEvent {
 pub struct EventFilter {
     pub(crate) agent: Option<String>,
     pub(crate) buffer: usize,
-    pub(crate) poll: Duration,
+    pub(crate) poll_every: Duration,
     pub(crate) remember_ended: usize,
 }
 
 impl Default for EventFilter {
     fn default() -> Self {
-        EventFilter { agent: None, buffer: 4096, poll: Duration::from_secs(1), remember_ended: 10_000 }
+        EventFilter { agent: None, buffer: 4096, poll_every: Duration::from_secs(1), remember_ended: 10_000 }
     }
 }
 
@@ -206,7 +206,7 @@ impl EventFilter {
     /// are checked for a lapsed lease (default 1 s; at least 10 ms).
     #[must_use]
     pub fn poll_every(mut self, every: Duration) -> Self {
-        self.poll = every.max(Duration::from_millis(10));
+        self.poll_every = every.max(Duration::from_millis(10));
         self
     }
 

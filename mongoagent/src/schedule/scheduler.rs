@@ -24,7 +24,7 @@ use crate::AgentError;
 #[derive(Debug, Clone)]
 pub struct Scheduler<S> {
     schedules: Schedules<S>,
-    poll: Duration,
+    poll_every: Duration,
     retry_max: Duration,
     only: Option<String>,
 }
@@ -91,7 +91,7 @@ impl Default for Pass {
 impl<S: Store + Clone> Scheduler<S> {
     /// A scheduler for `schedules`.
     pub fn new(schedules: Schedules<S>) -> Self {
-        Scheduler { schedules, poll: Duration::from_secs(5), retry_max: Duration::from_secs(5), only: None }
+        Scheduler { schedules, poll_every: Duration::from_secs(5), retry_max: Duration::from_secs(5), only: None }
     }
 
     /// Handles only the schedule named `name` (default: every schedule in the
@@ -110,7 +110,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// change stream ends.
     #[must_use]
     pub fn poll_every(mut self, d: Duration) -> Self {
-        self.poll = d.max(Duration::from_millis(1));
+        self.poll_every = d.max(Duration::from_millis(1));
         self
     }
 
@@ -147,7 +147,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 Err(e) => return Err(e),
             }
         }
-        let mut events = Watcher::open(s.store.clone(), s.coll.clone(), None, self.poll).await;
+        let mut events = Watcher::open(s.store.clone(), s.coll.clone(), None, self.poll_every).await;
         let push = events.is_live();
         tracing::info!(schedules = %s.coll, push, "scheduler running");
         backoff.reset();
@@ -169,7 +169,7 @@ impl<S: Store + Clone> Scheduler<S> {
                     backoff.reset();
                     held = pass.held;
                     if held && task_events.is_none() {
-                        let w = Watcher::open(s.store.clone(), s.queue.coll.clone(), None, self.poll).await;
+                        let w = Watcher::open(s.store.clone(), s.queue.coll.clone(), None, self.poll_every).await;
                         task_events = Some(w.ignore_renewals());
                         // A task may have ended before the subscription: look again.
                         continue;
@@ -178,9 +178,9 @@ impl<S: Store + Clone> Scheduler<S> {
                     // moment it read it.
                     let at_tick =
                         pass.next_tick.map(|t| pass.read_at + pass.read_now.until(t).max(Duration::from_millis(1)));
-                    // Without notifications, look for changed schedules every `poll`.
+                    // Without notifications, look for changed schedules every `poll_every`.
                     let task_push = !held || task_events.as_ref().is_some_and(Watcher::is_live);
-                    let cap = if events.is_live() && task_push { None } else { Some(Instant::now() + self.poll) };
+                    let cap = if events.is_live() && task_push { None } else { Some(Instant::now() + self.poll_every) };
                     [at_tick, cap].into_iter().flatten().min()
                 }
                 Err(e) if e.is_retryable() => {

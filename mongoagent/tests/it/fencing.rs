@@ -35,7 +35,7 @@ async fn a_requeue_between_retries_is_not_taken_for_done() {
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 store.faults().set_unreachable(false);
                 // The outcome write fails before it applies; an operator requeues
-                // the stuck task while the agent backs off.
+                // the lapsed task while the agent backs off.
                 store.faults().fail_next(1);
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -45,14 +45,14 @@ async fn a_requeue_between_retries_is_not_taken_for_done() {
             }
         }
     };
-    let token = record(&store, "t").fence() + 1;
+    let fence = record(&store, "t").fence() + 1;
     let out = a.process(handler).await.unwrap();
     assert_eq!(out, Some(Processed::Stale(Key::new("t").unwrap())), "the outcome was never written");
     assert_eq!(a.counters().completed, 0);
     let r = record(&store, "t");
     assert_eq!((r.data().get_bool("ready").unwrap(), r.data().get_bool("complete").unwrap()), (true, false));
     assert!(r.data().get("result").is_none());
-    assert_eq!(r.fence(), token + 1, "a requeue bumps the fence");
+    assert_eq!(r.fence(), fence + 1, "a requeue bumps the fence");
 }
 
 /// A handler that signals it runs, then waits for the go-ahead and returns

@@ -1278,9 +1278,9 @@ async fn a_claim_given_back_before_its_rate_start_is_not_an_attempt() {
     limited.shutdown();
     let first = worker.await.unwrap();
     assert_eq!(first.tasks_processed, 1, "the limit lets one task start in the hour");
-    // Given back unstarted, they are ready and unclaimed, not shown as stuck.
+    // Given back unstarted, they are ready and unclaimed, not shown as lapsed.
     let stats = q.stats("r").await.unwrap();
-    assert_eq!((stats.ready, stats.stuck, stats.completed), (2, 0, 1), "{stats:?}");
+    assert_eq!((stats.ready, stats.lapsed, stats.completed), (2, 0, 1), "{stats:?}");
     let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
     let rest = Agent::builder(store.clone(), "r", "tasks")
         .poll_interval(Duration::from_secs(60))
@@ -1601,7 +1601,7 @@ async fn a_fan_in_step_is_not_cancelled() {
     assert_eq!(split.process(split_job).await.unwrap(), Some(Processed::Completed(job)));
 }
 
-/// Requeue takes tasks failed for good and stuck ones (claimed by an agent
+/// Requeue takes tasks failed for good and lapsed ones (claimed by an agent
 /// whose lease lapsed), never a running one: its holder's claim is live, and
 /// a requeue would take it away and run the task a second time.
 #[tokio::test(start_paused = true)]

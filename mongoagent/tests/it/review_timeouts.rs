@@ -43,7 +43,7 @@ async fn hang(runs: Arc<AtomicUsize>) -> Outcome {
 async fn an_abandoned_last_attempt_fails_for_good_without_running_again() {
     let s = MemoryStore::new();
     let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("stuck").max_attempts(1)).await.unwrap();
+    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("hung").max_attempts(1)).await.unwrap();
     let a = agent(&s).build().unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     for _ in 0..3 {
@@ -59,7 +59,7 @@ async fn an_abandoned_last_attempt_fails_for_good_without_running_again() {
         tokio::time::sleep(TTL + Duration::from_millis(500)).await;
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once: one attempt allowed");
-    let d = doc_of(&s, "stuck").await;
+    let d = doc_of(&s, "hung").await;
     assert_eq!(d.get_bool("complete").ok(), Some(true), "{d}");
     assert_eq!(d.get_bool("error_encountered").ok(), Some(true), "{d}");
     assert_eq!(d.get_str("last_error").ok(), Some("timed out after 200 ms"), "{d}");
@@ -71,12 +71,12 @@ async fn an_abandoned_last_attempt_fails_for_good_without_running_again() {
 async fn an_abandoned_attempt_with_attempts_left_runs_again() {
     let s = MemoryStore::new();
     let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("stuck").max_attempts(2)).await.unwrap();
+    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("hung").max_attempts(2)).await.unwrap();
     let a = agent(&s).build().unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
     assert_eq!(a.process(move |_t: Task| hang(r.clone())).await.unwrap(), Some(Processed::Abandoned(id.clone())));
-    let d = doc_of(&s, "stuck").await;
+    let d = doc_of(&s, "hung").await;
     assert_eq!(d.get_str("last_error").ok(), Some("timed out after 200 ms"), "told while it lapses: {d}");
     tokio::time::sleep(TTL + Duration::from_millis(500)).await;
     let got = a.process(|t: Task| async move { t.attempt() == 2 }).await.unwrap();
@@ -91,13 +91,13 @@ async fn an_abandoned_attempt_with_attempts_left_runs_again() {
 async fn an_abandoned_tasks_permit_is_not_given_back_early() {
     let s = MemoryStore::new();
     let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (stuck, _) = q.enqueue(NewTask::new("t", doc! {}).id("a").priority(9)).await.unwrap();
+    let (hung, _) = q.enqueue(NewTask::new("t", doc! {}).id("a").priority(9)).await.unwrap();
     let (next, _) = q.enqueue(NewTask::new("t", doc! {}).id("b")).await.unwrap();
     let a = agent(&s).global_concurrency(1).build().unwrap();
     let b = agent(&s).global_concurrency(1).build().unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    assert_eq!(a.process(move |_t: Task| hang(r.clone())).await.unwrap(), Some(Processed::Abandoned(stuck)));
+    assert_eq!(a.process(move |_t: Task| hang(r.clone())).await.unwrap(), Some(Processed::Abandoned(hung)));
     // The abandoned claim has not lapsed: its permit must not be free.
     let early = b.process(|_t: Task| async { true }).await.unwrap();
     assert_eq!(early, None, "a second task started beside the abandoned one");
@@ -178,7 +178,7 @@ async fn a_schedules_ticks_keep_the_tasks_timeout() {
 async fn an_abandoned_attempt_counts_as_a_failed_task() {
     let s = MemoryStore::new();
     let q = Queue::new(s.clone(), "tasks").unwrap();
-    q.enqueue(NewTask::new("t", doc! {}).id("stuck")).await.unwrap();
+    q.enqueue(NewTask::new("t", doc! {}).id("hung")).await.unwrap();
     let a = agent(&s).build().unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();

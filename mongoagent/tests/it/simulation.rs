@@ -52,7 +52,7 @@ struct Checks {
     reruns: AtomicU64,
     /// Fan-in runs checked.
     fan_in_runs: AtomicU64,
-    /// Per task, the newest claim (token) a handler ran under, and whether that
+    /// Per task, the newest claim (fence) a handler ran under, and whether that
     /// run panicked (and so wrote no outcome of its own).
     last_run: Mutex<HashMap<String, (u64, bool)>>,
 }
@@ -93,7 +93,7 @@ fn handler(
                 if !others.iter().all(CancellationToken::is_cancelled) {
                     Checks::violation(
                         &checks.overlaps,
-                        format!("task {id} runs twice at once (token {})", task.fence()),
+                        format!("task {id} runs twice at once (fence {})", task.fence()),
                     );
                 }
                 others.push(task.cancellation().clone());
@@ -139,7 +139,7 @@ fn handler(
                 _ => Outcome::done(),
             };
             // Every outcome says which claim wrote it.
-            outcome.merge(doc! {"outcome_token": i64::try_from(task.fence()).unwrap()})
+            outcome.merge(doc! {"outcome_fence": i64::try_from(task.fence()).unwrap()})
         })
     }
 }
@@ -283,12 +283,12 @@ async fn agents_under_crashes_partitions_and_faults() {
     let last_run = checks.last_run.lock().unwrap();
     let mut outcomes_checked = 0;
     for r in &docs {
-        let Some(&(token, panicked)) = last_run.get(&r.key().to_string()) else { continue };
+        let Some(&(fence, panicked)) = last_run.get(&r.key().to_string()) else { continue };
         if panicked {
             continue;
         }
-        let written = r.data().get_i64("outcome_token").ok();
-        assert_eq!(written, Some(i64::try_from(token).unwrap()), "{}: outcome written by an older claim", r.key());
+        let written = r.data().get_i64("outcome_fence").ok();
+        assert_eq!(written, Some(i64::try_from(fence).unwrap()), "{}: outcome written by an older claim", r.key());
         outcomes_checked += 1;
     }
     assert!(outcomes_checked > docs.len() / 2, "{outcomes_checked} outcomes checked");

@@ -271,7 +271,7 @@ pub(crate) async fn crashed_claims_are_recovered_and_stale_outcomes_rejected<H: 
         assert_eq!(log.completed, 1);
     }
     assert_eq!(get(&s, &id).await.get_bool("error_encountered").ok(), Some(false), "the second attempt completed");
-    // The dead agent's late completion, fenced by its claim token, is rejected.
+    // The dead agent's late completion, fenced by its claim's fence, is rejected.
     let late = Write::new(
         Condition::OwnedBy("dead-agent".into()).and(Condition::FenceIs(claimed.fence())),
         Mutation::new().release().set("complete", true).set("error_encountered", true),
@@ -431,7 +431,7 @@ pub(crate) async fn queue_stats<H: Harness>(h: &H) {
     a.process(|t: Task| async move { !t.data().get_bool("fail").unwrap_or(false) }).await.unwrap();
     a.process(|_t: Task| async { true }).await.unwrap();
     let st = q.stats("w").await.unwrap();
-    assert_eq!((st.ready, st.delayed, st.running, st.stuck, st.completed, st.failed), (1, 1, 0, 0, 1, 1));
+    assert_eq!((st.ready, st.delayed, st.running, st.lapsed, st.completed, st.failed), (1, 1, 0, 0, 1, 1));
     let requeued = q.requeue(doc! {"agent_name": "w"}).dry_run(true).await.unwrap();
     assert_eq!(requeued, [Key::new("f1").unwrap()]);
     assert_eq!(q.stats("w").await.unwrap().failed, 1, "dry run changes nothing");
@@ -622,7 +622,7 @@ pub(crate) async fn fan_in_recovers_from_a_crash_mid_step<H: Harness>(h: &H) {
     assert!(!get(&s, &key("job")).await.get_bool("ready").unwrap());
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let st = q.stats("count").await.unwrap();
-    assert_eq!((st.stuck, st.completed, st.failed), (1, 2, 1), "ended, and its claim lapsed: {st:?}");
+    assert_eq!((st.lapsed, st.completed, st.failed), (1, 2, 1), "ended, and its claim lapsed: {st:?}");
     let recover = agent(&s, "count").poll_interval(Duration::from_secs(3600)).process_while(|l| l.recovered < 1);
     let log = tokio::time::timeout(WAIT, recover.build().unwrap().work(count_part)).await.expect("recovered").unwrap();
     assert_eq!((log.recovered, log.tasks_processed), (1, 0), "no handler ran again");
@@ -918,20 +918,20 @@ pub(crate) async fn stale_pending_follow_ups_are_collected_when_their_parent_end
     assert_eq!(done, Processed::Completed(Key::new("p").unwrap()));
     assert!(s.get(&coll(), &Key::new("p/0").unwrap()).await.unwrap().record.is_none(), "the older claim's is gone");
     assert!(s.get(&coll(), &Key::new("p/9").unwrap()).await.unwrap().record.is_some(), "a newer fence's is left");
-    // A stuck parent cancelled by an operator: its crashed run's pending
+    // A parent whose claim lapsed, cancelled by an operator: its crashed run's pending
     // follow-up goes with it, and no longer holds its dedupe key.
-    q.enqueue(NewTask::new("p", doc! {}).id("stuck")).await.unwrap();
+    q.enqueue(NewTask::new("p", doc! {}).id("lapsed")).await.unwrap();
     let claim = Claim {
-        query: Query::eq(doc! {"_id": "stuck"}),
+        query: Query::eq(doc! {"_id": "lapsed"}),
         mutation: Mutation::new().grant("gone", Ttl::new(Duration::from_millis(1)).unwrap()).bump_fence(),
     };
     s.claim(&coll(), &claim).await.unwrap().unwrap();
-    let mut orphan = debris("stuck/0", 1);
-    orphan.insert("parent", "stuck");
+    let mut orphan = debris("lapsed/0", 1);
+    orphan.insert("parent", "lapsed");
     orphan.insert("dedupe_key", "once");
     s.insert_many(&coll(), vec![orphan]).await.unwrap();
-    assert_eq!(q.cancel_ids(&[Key::new("stuck").unwrap()]).await.unwrap().len(), 1);
-    assert!(s.get(&coll(), &Key::new("stuck/0").unwrap()).await.unwrap().record.is_none(), "removed with its parent");
+    assert_eq!(q.cancel_ids(&[Key::new("lapsed").unwrap()]).await.unwrap().len(), 1);
+    assert!(s.get(&coll(), &Key::new("lapsed/0").unwrap()).await.unwrap().record.is_none(), "removed with its parent");
     let (_, inserted) = q.enqueue(NewTask::new("c", doc! {}).dedupe_key("once")).await.unwrap();
     assert!(inserted, "the dedupe key is free again");
 }

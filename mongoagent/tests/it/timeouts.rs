@@ -140,7 +140,7 @@ pub(crate) async fn a_timed_out_task_with_one_attempt_fails_for_good<H: Harness>
 pub(crate) async fn a_handler_that_ignores_its_timeout_is_abandoned_and_fenced_out<H: Harness>(h: &H) {
     let s = h.store("ag_timeout_abandoned").await;
     let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("stuck")).await.unwrap();
+    let (id, _) = q.enqueue(NewTask::new("t", doc! {}).id("hung")).await.unwrap();
     let ttl = h.ttl();
     let build = || {
         Agent::builder(s.clone(), "t", "tasks")
@@ -172,7 +172,7 @@ pub(crate) async fn a_handler_that_ignores_its_timeout_is_abandoned_and_fenced_o
         .unwrap();
     assert_eq!(got, Some(Processed::Abandoned(id.clone())));
     let coll = Collection::new("tasks").unwrap();
-    let record = s.get(&coll, &Key::new("stuck").unwrap()).await.unwrap().record.unwrap();
+    let record = s.get(&coll, &Key::new("hung").unwrap()).await.unwrap().record.unwrap();
     assert!(record.lease().is_some(), "the claim was not released: {record:?}");
     let held = record.into_data();
     assert_ne!(held.get_bool("complete").ok(), Some(true), "no outcome was written: {held}");
@@ -191,7 +191,7 @@ pub(crate) async fn a_handler_that_ignores_its_timeout_is_abandoned_and_fenced_o
     let stale = left_rx.await.unwrap();
     let e = stale.progress(50).await.unwrap_err();
     assert!(matches!(e, AgentError::ClaimLost { fence: 1, .. }), "{e}");
-    assert!(doc_of(&s, "stuck").await.get("progress").is_none());
+    assert!(doc_of(&s, "hung").await.get("progress").is_none());
 }
 
 /// A timeout of zero or above a year is a typed error, at enqueue and at

@@ -15,7 +15,7 @@ use crate::error::CliError;
 /// An action on tasks selected by id or by filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TaskAction {
-    /// `Queue::requeue`: failed or stuck tasks run again.
+    /// `Queue::requeue`: failed or lapsed tasks run again.
     Requeue,
     /// `Queue::cancel`: tasks not yet ended end as cancelled.
     Cancel,
@@ -40,7 +40,7 @@ impl TaskAction {
 
     fn which(self) -> &'static str {
         match self {
-            TaskAction::Requeue => "failed or stuck",
+            TaskAction::Requeue => "failed or lapsed",
             TaskAction::Cancel => "pending or running",
         }
     }

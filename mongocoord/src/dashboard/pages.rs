@@ -278,7 +278,7 @@ fn task_button(action: TaskAction, q: &str, id: &str) -> String {
 }
 
 /// The actions the page offers for a task in `state` (each previewed, which
-/// tells whether it applies after all: a running task may be stuck or not).
+/// tells whether it applies after all: a running task's claim may have lapsed or not).
 fn task_buttons(q: &str, id: &str, state: &str) -> String {
     let mut h = String::new();
     if matches!(state, "failed" | "running") {
@@ -459,7 +459,7 @@ pub(crate) fn action_forms(queues: &[String]) -> String {
     }
     format!(
         r#"<section id="actions"><h2>Enqueue a task</h2><form method="post" action="/enqueue">queue <select name="queue">{opts}</select> agent <input name="agent" required> priority <input name="priority" value="0" size="4"><br><textarea name="data" rows="3" cols="60">{{}}</textarea><br><button>enqueue</button></form>
-<h2>Requeue failed or stuck tasks</h2><form method="post" action="/requeue/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form>
+<h2>Requeue failed or lapsed tasks</h2><form method="post" action="/requeue/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form>
 <h2>Cancel pending or running tasks</h2><form method="post" action="/cancel/preview">queue <select name="queue">{opts}</select> filter <input name="filter" value="{{}}" size="40"> <button>preview…</button></form></section>"#
     )
 }

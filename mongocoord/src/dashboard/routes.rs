@@ -226,13 +226,14 @@ pub(super) fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a
 }
 
 /// The equality filter of a task-list state. States that need a time or
-/// lease condition list their nearest superset (delayed with ready, stuck
-/// with claimed); waiting needs an existence test and is not listed.
+/// lease condition list their nearest superset (delayed with ready, lapsed
+/// with claimed, also under its former name, which saved links hold);
+/// waiting needs an existence test and is not listed.
 fn state_filter(state: &str) -> Result<Document, Fail> {
     Ok(match state {
         "" => doc! {},
         "ready" | "delayed" => doc! { fields::READY: true },
-        "running" | "stuck" | "claimed" => doc! { fields::CLAIMED: true },
+        "running" | "lapsed" | "stuck" | "claimed" => doc! { fields::CLAIMED: true },
         "completed" => doc! { fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false },
         // A cancelled task carries the error mark too; `null` matches a
         // missing field, so this is "not cancelled".
@@ -332,4 +333,19 @@ async fn metrics_text<S: Store + Clone>(State(app): AppState<S>) -> Result<Respo
     let o = gather(&app).await?;
     let text = metrics::render(&o, &app.cfg.locks, &app.live.counters).map_err(Fail::Store)?;
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::state_filter;
+
+    /// Every state a task list offers has a filter, and a saved link with
+    /// lapsed's former name still lists the lapsed tasks.
+    #[test]
+    fn each_shown_state_has_a_filter_and_the_former_name_is_still_read() {
+        for s in crate::data::StatsRow::STATES.iter().filter(|s| **s != "waiting") {
+            assert!(state_filter(s).is_ok(), "{s}");
+        }
+        assert_eq!(state_filter("stuck").ok(), state_filter("lapsed").ok());
+    }
 }

@@ -72,15 +72,15 @@ fn push(log: &Log, what: &'static str) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
+async fn a_slow_on_loop_and_a_blocking_on_leader_do_not_delay_the_loss() {
     let store = MemoryStore::new();
     let client = store.client();
     let log: Log = Arc::default();
     let (loop_tx, loops) = channel();
-    let (master_tx, masters) = channel();
+    let (leader_tx, leaders) = channel();
     let (loss_tx, losses) = channel();
-    let (loops, masters, losses) =
-        (Arc::new(Mutex::new(loops)), Arc::new(Mutex::new(masters)), Arc::new(Mutex::new(losses)));
+    let (loops, leaders, losses) =
+        (Arc::new(Mutex::new(loops)), Arc::new(Mutex::new(leaders)), Arc::new(Mutex::new(losses)));
     // `on_loop` blocks until the test drops the gate: slower than any lease.
     let (gate, gate_rx) = channel::<()>();
     let gate_rx = Mutex::new(gate_rx);
@@ -94,8 +94,8 @@ async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
         })
         // A blocking `on_leader` that runs the leader's work until the term ends.
         .on_leader_term(move |term| {
-            push(&l1, "master");
-            let _ = master_tx.send(());
+            push(&l1, "leader");
+            let _ = leader_tx.send(());
             tokio::runtime::Handle::current().block_on(term.cancelled());
         })
         .on_leader_loss(move || {
@@ -106,7 +106,7 @@ async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
         .unwrap();
     a.start().unwrap();
     recv(&loops, "on_loop started").await;
-    recv(&masters, "on_leader started while on_loop blocks").await;
+    recv(&leaders, "on_leader started while on_loop blocks").await;
     assert!(a.is_leader());
     // Rounds go by while both callbacks block: renewal goes on.
     let end = Instant::now() + TTL * 2;
@@ -131,16 +131,16 @@ async fn a_slow_on_loop_and_a_blocking_on_master_do_not_delay_the_loss() {
     let took = drive(TTL * 3, a.stop()).await.expect("stop returns while on_loop blocks");
     assert!(took < TTL, "stop took {took:?}, as if it waited for on_loop");
     drop(gate);
-    assert_eq!(*log.lock().unwrap(), ["master", "loss"]);
+    assert_eq!(*log.lock().unwrap(), ["leader", "loss"]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn stop_is_bounded_when_on_master_ignores_its_term() {
+async fn stop_is_bounded_when_on_leader_ignores_its_term() {
     let store = MemoryStore::new();
     let log: Log = Arc::default();
-    let (master_tx, masters) = channel();
+    let (leader_tx, leaders) = channel();
     let (loss_tx, losses) = channel();
-    let (masters, losses) = (Arc::new(Mutex::new(masters)), Arc::new(Mutex::new(losses)));
+    let (leaders, losses) = (Arc::new(Mutex::new(leaders)), Arc::new(Mutex::new(losses)));
     let (gate, gate_rx) = channel::<()>();
     let gate_rx = Mutex::new(gate_rx);
     let (l1, l2) = (log.clone(), log.clone());
@@ -150,8 +150,8 @@ async fn stop_is_bounded_when_on_master_ignores_its_term() {
         .report_status(false)
         .stop_timeout(limit)
         .on_leader(move || {
-            push(&l1, "master");
-            let _ = master_tx.send(());
+            push(&l1, "leader");
+            let _ = leader_tx.send(());
             let _ = gate_rx.lock().unwrap().recv();
         })
         .on_leader_loss(move || {
@@ -161,14 +161,14 @@ async fn stop_is_bounded_when_on_master_ignores_its_term() {
         .build()
         .unwrap();
     a.start().unwrap();
-    recv(&masters, "on_leader started").await;
+    recv(&leaders, "on_leader started").await;
     let took = drive(limit * 10, a.stop()).await.expect("stop returns while on_leader blocks");
-    assert!(took >= limit && took <= limit + 2 * STEP, "stop waited {took:?} for a blocked on_master");
+    assert!(took >= limit && took <= limit + 2 * STEP, "stop waited {took:?} for a blocked on_leader");
     assert!(!a.is_leader());
     let lock = mongolock::Lock::builder(store.clone(), "scheduler").collection(DEFAULT_COLLECTION).build().unwrap();
     assert!(!lock.locked().await.unwrap(), "the lease was released at once");
-    assert_eq!(*log.lock().unwrap(), ["master"], "the loss waits for on_master");
+    assert_eq!(*log.lock().unwrap(), ["leader"], "the loss waits for on_leader");
     gate.send(()).unwrap();
     recv(&losses, "on_leader_loss after on_leader returned").await;
-    assert_eq!(*log.lock().unwrap(), ["master", "loss"]);
+    assert_eq!(*log.lock().unwrap(), ["leader", "loss"]);
 }

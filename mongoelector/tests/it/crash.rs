@@ -115,7 +115,7 @@ async fn mongo_leader_with_a_hung_renewal_steps_down_in_time() {
     }
     assert!(term(&leader).max(term(&follower)) > first_term, "a new term began");
     assert!(stepped_down, "the hung leader stepped down");
-    assert_eq!(both, 0, "never two masters");
+    assert_eq!(both, 0, "never two leaders");
     admin
         .database("admin")
         .run_command(bson::doc! { "configureFailPoint": "failCommand", "mode": "off" })

@@ -114,6 +114,18 @@ async fn status_documents_carry_the_version_and_are_garbage_collected() {
     assert_eq!((reports.nodes[0].version.as_str(), reports.nodes[0].is_leader), ("app-1.2.3", true));
     assert_eq!(reports.skipped.len(), 1);
     assert_eq!((reports.skipped[0].id.as_str(), reports.skipped[0].field), ("by-hand", status::fields::NODE));
+    // A pid out of a process id's range (`u32`) is not read as one.
+    let mut wide = Mutation::new().set(status::fields::PID, i64::from(u32::MAX) + 1);
+    for (k, v) in [(status::fields::NODE, "n"), (status::fields::HOST, "h"), (status::fields::VERSION, "v")] {
+        wide = wide.set(k, v);
+    }
+    let wide = wide
+        .set(status::fields::ELECTION, "other")
+        .set(status::fields::IS_LEADER, false)
+        .set_now(status::fields::LAST_POLL);
+    store.write(&coll, &Key::new("wide-pid").unwrap(), &Write::new(Condition::Always, wide).upsert()).await.unwrap();
+    let other = status::read_reports(&store, &coll, Some("other")).await.unwrap();
+    assert_eq!((other.nodes.len(), other.skipped[0].field), (0, status::fields::PID), "{other:?}");
     let detail = a.cluster_detail().await.unwrap();
     assert_eq!(detail.nodes, reports.nodes);
     a.stop().await;

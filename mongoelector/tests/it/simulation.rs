@@ -4,13 +4,13 @@
 //! then failed, slow, change streams ended) and steps of the store clock
 //! (back by up to a ttl; forward by up to 1.2 s, four times the safety margin,
 //! which the leader reports as a loss at its next renewal). A forward step is only
-//! made while no master is cut off, and no node is cut off until the leader has
+//! made while no leader is cut off, and no node is cut off until the leader has
 //! renewed once after it: a leader that cannot reach the store cannot learn of
 //! the step, the window the lost signal's bound leaves to fencing (see
 //! `mongolock`'s docs, "Clocks"). Checked at every step:
-//! - never two nodes believe they are master, and a node that believes it is
-//!   master holds the live lease on the store clock;
-//! - each node's callbacks strictly alternate master / loss;
+//! - never two nodes believe they are leader, and a node that believes it is
+//!   leader holds the live lease on the store clock;
+//! - each node's callbacks strictly alternate leader / loss;
 //! - while a healthy node runs, the store is never without a live leader for more
 //!   than one renew interval, plus the forward steps of the store clock in the
 //!   last ttl (waiters sleep until an expiry that such a step brought closer), so
@@ -40,7 +40,7 @@ fn elector(client: &Client, log: &Arc<Mutex<Vec<&'static str>>>) -> Elector<Clie
     Elector::builder(client.clone(), "scheduler")
         .ttl(TTL)
         .report_status(false)
-        .on_leader(move || a.lock().unwrap().push("master"))
+        .on_leader(move || a.lock().unwrap().push("leader"))
         .on_leader_loss(move || b.lock().unwrap().push("loss"))
         .build()
         .unwrap()
@@ -67,12 +67,12 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
     let mut leaderless_since: Option<tokio::time::Instant> = None;
     let (mut steps, mut terms) = (0, 0);
     let mut injected = FaultSchedule::default();
-    let mut last_token = 0;
+    let mut last_fence = 0;
     // After a forward step of the store clock: no partition until the leader has
     // renewed once, and no other forward step.
     let mut quiet_until = tokio::time::Instant::now();
     let mut forward_steps: Vec<(tokio::time::Instant, Duration)> = Vec::new();
-    // A master (node, term token) that must have reported a forward step beyond
+    // A leader (node, term's fence) that must have reported a forward step beyond
     // the safety margin (a tenth of the ttl) by the given time.
     let mut must_report: Option<(usize, u64, tokio::time::Instant)> = None;
     let mut reported = 0;
@@ -89,7 +89,7 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
                 }
                 nodes[i].client = store.client();
                 nodes[i].partitioned = false;
-                // A new process keeps a new log; the dead one's may end on "master".
+                // A new process keeps a new log; the dead one's may end on "leader".
                 nodes[i].log = Arc::new(Mutex::new(Vec::new()));
                 logs.push(nodes[i].log.clone());
             }
@@ -120,17 +120,17 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
             19..=20 => {
                 // The store clock steps forward: the leader's lease ends early.
                 let now = tokio::time::Instant::now();
-                let master_cut =
+                let leader_cut =
                     nodes.iter().any(|n| n.partitioned && n.elector.as_ref().is_some_and(|e| e.is_leader()));
-                if !master_cut && now >= quiet_until {
+                if !leader_cut && now >= quiet_until {
                     let ms = rng.u64(1..=1_200);
                     clock.jump(i64::try_from(ms).unwrap());
                     quiet_until = now + renew + Duration::from_millis(800);
                     forward_steps.push((now, Duration::from_millis(ms)));
-                    let master = (0..NODES).find(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_leader()));
-                    if let (Some(m), true) = (master, Duration::from_millis(ms) > TTL / 10) {
-                        let token = nodes[m].elector.as_ref().unwrap().node_status().fence.unwrap();
-                        must_report = Some((m, token, quiet_until));
+                    let leader = (0..NODES).find(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_leader()));
+                    if let (Some(m), true) = (leader, Duration::from_millis(ms) > TTL / 10) {
+                        let fence = nodes[m].elector.as_ref().unwrap().node_status().fence.unwrap();
+                        must_report = Some((m, fence, quiet_until));
                     }
                 }
             }
@@ -142,30 +142,30 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
         // Invariants.
         let snap = store.peek(&coll, &key).unwrap();
         let live = snap.record.as_ref().and_then(|r| r.holder_at(snap.now).map(|l| (l.owner.clone(), r.fence())));
-        let masters: Vec<usize> =
+        let leaders: Vec<usize> =
             (0..NODES).filter(|&n| nodes[n].elector.as_ref().is_some_and(|e| e.is_leader())).collect();
-        assert!(masters.len() <= 1, "step {steps}: two masters {masters:?}");
-        if let [m] = masters[..] {
+        assert!(leaders.len() <= 1, "step {steps}: two leaders {leaders:?}");
+        if let [m] = leaders[..] {
             let e = nodes[m].elector.as_ref().unwrap();
-            let token = e.node_status().fence.unwrap();
+            let fence = e.node_status().fence.unwrap();
             assert_eq!(
                 live.as_ref().map(|l| l.1),
-                Some(token),
-                "step {steps}: node {m} believes it leads with token {token}; store: {live:?}"
+                Some(fence),
+                "step {steps}: node {m} believes it leads with fence {fence}; store: {live:?}"
             );
         }
-        if let Some((m, token, by)) = must_report {
+        if let Some((m, fence, by)) = must_report {
             if tokio::time::Instant::now() >= by {
-                let still = nodes[m].elector.as_ref().is_some_and(|e| e.node_status().fence == Some(token));
-                assert!(!still, "step {steps}: node {m} leads on with token {token} after a store clock jump");
+                let still = nodes[m].elector.as_ref().is_some_and(|e| e.node_status().fence == Some(fence));
+                assert!(!still, "step {steps}: node {m} leads on with fence {fence} after a store clock jump");
                 must_report = None;
                 reported += 1;
             }
         }
-        if let Some((_, token)) = &live {
-            if *token > last_token {
+        if let Some((_, fence)) = &live {
+            if *fence > last_fence {
                 terms += 1;
-                last_token = *token;
+                last_fence = *fence;
             }
         }
         let healthy = nodes.iter().any(|n| n.elector.is_some() && !n.partitioned);
@@ -192,7 +192,7 @@ async fn simulate(seed: u64, minutes: u64) -> (usize, usize, usize) {
     for (i, log) in logs.iter().enumerate() {
         let log = log.lock().unwrap();
         for (j, ev) in log.iter().enumerate() {
-            let want = if j % 2 == 0 { "master" } else { "loss" };
+            let want = if j % 2 == 0 { "leader" } else { "loss" };
             assert_eq!(*ev, want, "process {i}: callbacks do not alternate: {log:?}");
         }
     }
@@ -208,7 +208,7 @@ async fn five_electors_for_a_simulated_hour() {
     let (steps, terms, reported) = simulate(7, 60).await;
     assert!(steps > 3_000, "{steps} steps");
     assert!(terms > 50, "leadership changed hands {terms} times");
-    assert!(reported > 20, "{reported} store clock jumps reported by the master");
+    assert!(reported > 20, "{reported} store clock jumps reported by the leader");
 }
 
 #[tokio::test(start_paused = true)]

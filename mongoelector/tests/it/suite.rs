@@ -46,9 +46,9 @@ fn step<H: Harness>(h: &H) -> Duration {
 pub(crate) async fn wait_leader<S: store_trait::Store + Clone>(electors: &[Elector<S>]) -> usize {
     tokio::time::timeout(WAIT, async {
         loop {
-            let masters: Vec<usize> = (0..electors.len()).filter(|&i| electors[i].is_leader()).collect();
-            assert!(masters.len() <= 1, "two masters: {masters:?}");
-            if let [i] = masters[..] {
+            let leaders: Vec<usize> = (0..electors.len()).filter(|&i| electors[i].is_leader()).collect();
+            assert!(leaders.len() <= 1, "two leaders: {leaders:?}");
+            if let [i] = leaders[..] {
                 return i;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -105,12 +105,12 @@ pub(crate) async fn handover_on_stop<H: Harness>(h: &H) {
         e.start().unwrap();
     }
     let first = wait_leader(&electors).await;
-    let old_token = electors[first].node_status().fence.unwrap();
+    let old_fence = electors[first].node_status().fence.unwrap();
     electors[first].stop().await;
     assert!(!electors[first].is_leader());
     let rest: Vec<_> = electors.iter().enumerate().filter(|(i, _)| *i != first).map(|(_, e)| e.clone()).collect();
     let next = wait_leader(&rest).await;
-    assert!(rest[next].node_status().fence.unwrap() > old_token);
+    assert!(rest[next].node_status().fence.unwrap() > old_fence);
     for e in &rest {
         e.stop().await;
     }
@@ -153,7 +153,7 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
         .ttl(ttl(h))
         .poll_interval(step(h))
         .on_leader(move || {
-            l1.lock().unwrap().push("master");
+            l1.lock().unwrap().push("leader");
             panic!("a buggy on_leader callback");
         })
         .on_leader_loss(move || {
@@ -193,7 +193,7 @@ pub(crate) async fn callbacks_alternate_and_panics_are_contained<H: Harness>(h: 
     a.stop().await;
     logged(8).await;
     let log = log.lock().unwrap().clone();
-    assert_eq!(log, ["master", "loss", "master", "loss", "master", "loss", "master", "loss"]);
+    assert_eq!(log, ["leader", "loss", "leader", "loss", "leader", "loss", "leader", "loss"]);
     assert!(loops.load(Ordering::SeqCst) >= 3);
 }
 
@@ -206,16 +206,16 @@ pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
     let worker = {
         let a = a.clone();
         tokio::spawn(async move {
-            a.while_leader(|token| async move {
+            a.while_leader(|term| async move {
                 s2.fetch_add(1, Ordering::SeqCst);
-                token.cancelled().await;
+                term.cancelled().await;
                 "unreachable: the select returns first"
             })
             .await
         })
     };
     wait_leader(std::slice::from_ref(&a)).await;
-    let token = a.term_cancellation().unwrap();
+    let cancel = a.term_cancellation().unwrap();
     // Another process takes over by force: the term ends at the next renewal.
     let other = mongolock::Lock::builder(store.clone(), "scheduler")
         .collection(mongoelector::DEFAULT_COLLECTION)
@@ -223,7 +223,7 @@ pub(crate) async fn leader_work_is_cancelled_on_loss<H: Harness>(h: &H) {
         .build()
         .unwrap();
     let _forced = other.acquire_with(mongolock::Acquire::new().force().auto_renew()).await.unwrap();
-    tokio::time::timeout(WAIT, token.cancelled()).await.expect("term token cancelled");
+    tokio::time::timeout(WAIT, cancel.cancelled()).await.expect("term cancelled");
     assert_eq!(worker.await.unwrap(), None, "leader-only work was stopped");
     assert_eq!(started.load(Ordering::SeqCst), 1);
     assert!(!a.is_leader());
@@ -241,12 +241,12 @@ pub(crate) async fn cluster_detail_lists_nodes<H: Harness>(h: &H) {
     }
     let detail = electors[0].cluster_detail().await.unwrap();
     assert_eq!(detail.nodes.len(), 3);
-    let master = detail.leader.unwrap();
-    assert_eq!(Some(master.fence), electors[leader].node_status().fence);
-    let reported_masters: Vec<_> = detail.nodes.iter().filter(|n| n.is_leader).collect();
-    assert_eq!(reported_masters.len(), 1);
-    assert_eq!(reported_masters[0].node, electors[leader].identity().to_string());
-    assert!(detail.nodes.iter().all(|n| n.pid == i64::from(std::process::id()) && !n.version.is_empty()));
+    let holder = detail.leader.unwrap();
+    assert_eq!(Some(holder.fence), electors[leader].node_status().fence);
+    let reported_leaders: Vec<_> = detail.nodes.iter().filter(|n| n.is_leader).collect();
+    assert_eq!(reported_leaders.len(), 1);
+    assert_eq!(reported_leaders[0].node, electors[leader].identity().to_string());
+    assert!(detail.nodes.iter().all(|n| n.pid == std::process::id() && !n.version.is_empty()));
     let status = electors[leader].node_status();
     assert!(status.is_leader && status.running && status.terms_won == 1);
     for e in &electors {
@@ -305,10 +305,10 @@ pub(crate) async fn dropping_the_handle_releases<H: Harness>(h: &H) {
         e.start().unwrap();
     }
     let first = wait_leader(&electors).await;
-    let token = electors[first].node_status().fence.unwrap();
+    let fence = electors[first].node_status().fence.unwrap();
     drop(electors.remove(first));
     let next = wait_leader(&electors).await;
-    assert!(electors[next].node_status().fence.unwrap() > token);
+    assert!(electors[next].node_status().fence.unwrap() > fence);
     electors[next].stop().await;
 }
 

@@ -95,7 +95,7 @@ async fn release_retry_is_not_fooled_by_a_forced_release() {
     let store = MemoryStore::new();
     let lock = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).build().unwrap();
     let g = lock.acquire().await.unwrap();
-    let token = g.fence();
+    let fence = g.fence();
     store.faults().fail_next(1);
     let release = tokio::spawn(g.release_with(store_trait::Mutation::new().set("outcome", "done")));
     // The release failed once and backs off; an operator forces the lock free.
@@ -106,7 +106,7 @@ async fn release_retry_is_not_fooled_by_a_forced_release() {
     assert!(matches!(out, Err(LockError::Lost { .. })), "the outcome was never written: {out:?}");
     let r = store.peek(&Collection::new("mongolocker").unwrap(), &Key::new("job").unwrap()).unwrap().record.unwrap();
     assert!(r.data().get("outcome").is_none());
-    assert_eq!(r.fence(), token + 1, "a forced release bumps the fence");
+    assert_eq!(r.fence(), fence + 1, "a forced release bumps the fence");
 }
 
 /// A store that never answers (a black-holed primary) does not hold an acquire

@@ -11,7 +11,7 @@
 //!   cannot know before it talks to the store again; fencing covers it);
 //! - a holder that confirmed its lease across such a jump has been told it lost
 //!   the lock (the store-clock check), so the window closes at its next renewal;
-//! - fencing tokens of successive acquisitions strictly increase.
+//! - fences of successive acquisitions strictly increase.
 
 use std::time::Duration;
 
@@ -140,7 +140,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let (coll, key) = (Collection::new("mongolocker").unwrap(), Key::new("job").unwrap());
     let mut clients: Vec<Client> = (0..CLIENTS).map(|_| client(&store)).collect();
-    let mut max_token = 0;
+    let mut max_fence = 0;
     // The store's latency now. A jump hides in a slow round trip (a grant is
     // known only to lie between a send and its reply), up to twice the latency
     // in effect since the last confirmation (`Client::latency_peak`).
@@ -152,8 +152,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if c.guard.is_none() {
                     let opts = if auto_renew { Acquire::try_once().auto_renew() } else { Acquire::try_once() };
                     if let Ok(g) = c.lock.acquire_with(opts).await {
-                        prop_assert!(g.fence() > max_token, "step {step}: token {} after {max_token}", g.fence());
-                        max_token = g.fence();
+                        prop_assert!(g.fence() > max_fence, "step {step}: fence {} after {max_fence}", g.fence());
+                        max_fence = g.fence();
                         c.hold(g);
                     }
                 }
@@ -184,8 +184,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                     }
                     if let Ok(g) = got {
-                        prop_assert!(g.fence() > max_token);
-                        max_token = g.fence();
+                        prop_assert!(g.fence() > max_fence);
+                        max_fence = g.fence();
                         clients[client].hold(g);
                     }
                 }
@@ -230,8 +230,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if c.guard.is_none() {
                     let opts = Acquire::new().timeout(Duration::from_millis(ms)).auto_renew();
                     if let Ok(g) = c.lock.acquire_with(opts).await {
-                        prop_assert!(g.fence() > max_token, "step {step}: token {} after {max_token}", g.fence());
-                        max_token = g.fence();
+                        prop_assert!(g.fence() > max_fence, "step {step}: fence {} after {max_fence}", g.fence());
+                        max_fence = g.fence();
                         c.hold(g);
                     }
                 }
@@ -281,7 +281,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             let unconfirmed_jump = c.stepped_peak >= MARGIN_MS - 2 || c.since_grant_peak >= MARGIN_MS - 2;
             prop_assert!(
                 holds || unconfirmed_jump,
-                "step {step}: client {i} believes it holds token {} but the store has {:?} at {}",
+                "step {step}: client {i} believes it holds fence {} but the store has {:?} at {}",
                 g.fence(),
                 rec,
                 snap.now
@@ -310,7 +310,7 @@ proptest! {
     #![proptest_config(config())]
 
     #[test]
-    fn at_most_one_believing_holder_and_increasing_tokens(ops in prop::collection::vec(op(), 1..80)) {
+    fn at_most_one_believing_holder_and_increasing_fences(ops in prop::collection::vec(op(), 1..80)) {
         // The lock's jitter draws from this thread's generator, and the runtime
         // runs every task on this thread: seeded from the case, a case replays
         // exactly (and shrinks).

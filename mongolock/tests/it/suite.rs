@@ -12,7 +12,7 @@ use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TestCl
 macro_rules! lock_suite {
     ($harness:path, #[$attr:meta]) => {
         $crate::lock_suite!(@each $harness, #[$attr],
-            parity_basics, tokens_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
+            parity_basics, fences_increase_across_release_expiry_and_force, lost_signal_fires_before_expiry,
             auto_renew_keeps_the_lock, waiter_wakes_on_release, waiter_wakes_at_expiry_of_a_crashed_holder,
             acquire_times_out_with_the_holder, bad_input_is_rejected, dropped_guard_releases,
             racers_32_one_holder, semaphore_admits_n, semaphore_racers_on_missing_slots_are_not_refused, semaphore_waiter_wakes_on_release, semaphore_adopts_documents_at_its_slot_ids, client_clock_skew_leaves_leases_alone, forced_release_signals_the_holder,
@@ -81,29 +81,29 @@ pub(crate) async fn parity_basics<H: Harness>(h: &H) {
     assert_eq!((m.acquisitions, m.losses), (1, 0));
 }
 
-pub(crate) async fn tokens_increase_across_release_expiry_and_force<H: Harness>(h: &H) {
-    let (_, make) = lock(h, "lock_tokens").await;
+pub(crate) async fn fences_increase_across_release_expiry_and_force<H: Harness>(h: &H) {
+    let (_, make) = lock(h, "lock_fences").await;
     let (a, b) = (make(), make());
-    let mut tokens = Vec::new();
+    let mut fences = Vec::new();
     let g = a.acquire().await.unwrap();
-    tokens.push(g.fence());
+    fences.push(g.fence());
     g.release().await.unwrap();
     let g = b.acquire().await.unwrap();
-    tokens.push(g.fence());
+    fences.push(g.fence());
     // Let it lapse: no renewal.
     lost_within_lease(&g, ttl(h)).await;
     tokio::time::sleep(ttl(h) / 4).await;
     let g2 = a.acquire_with(Acquire::new().auto_renew()).await.unwrap();
-    tokens.push(g2.fence());
+    fences.push(g2.fence());
     drop(g);
     let forced = b.acquire_with(Acquire::new().force().auto_renew()).await.unwrap();
-    tokens.push(forced.fence());
+    fences.push(forced.fence());
     assert_eq!(b.metrics().steals, 1);
     tokio::time::timeout(Duration::from_secs(10), g2.lost()).await.expect("the forced-out holder learns it lost");
     assert!(b.release_by_force().await.unwrap());
     let g = a.acquire().await.unwrap();
-    tokens.push(g.fence());
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens strictly increase: {tokens:?}");
+    fences.push(g.fence());
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences strictly increase: {fences:?}");
     assert!(matches!(forced.release().await, Err(LockError::Lost { .. })), "the force-released guard cannot release");
     g.release().await.unwrap();
 }
@@ -155,7 +155,7 @@ pub(crate) async fn auto_renew_keeps_the_lock<H: Harness>(h: &H) {
     assert!(g.expires() > first_expiry, "renewed");
     assert!(b.try_acquire().await.unwrap().is_none());
     let cur = b.get_current().await.unwrap().unwrap();
-    assert_eq!(cur.fence, g.fence(), "renewal keeps the token");
+    assert_eq!(cur.fence, g.fence(), "renewal keeps the fence");
     g.renew_now();
     g.release().await.unwrap();
     assert!(b.try_acquire().await.unwrap().is_some());
@@ -277,11 +277,11 @@ pub(crate) async fn semaphore_admits_n<H: Harness>(h: &H) {
     keys.sort();
     assert_eq!(keys, ["exports#0", "exports#1", "exports#2"]);
     let freed = held.pop().unwrap();
-    let (freed_key, freed_token) = (freed.key().clone(), freed.fence());
+    let (freed_key, freed_fence) = (freed.key().clone(), freed.fence());
     freed.release().await.unwrap();
     let next = sems[5].acquire_with(mongolock::Acquire::new().timeout(Duration::from_secs(10))).await.unwrap();
     assert_eq!(next.key(), &freed_key);
-    assert!(next.fence() > freed_token, "each permit's token grows");
+    assert!(next.fence() > freed_fence, "each permit's fence grows");
     assert!(sems[6].try_acquire().await.unwrap().is_none());
 }
 

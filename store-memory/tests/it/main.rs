@@ -63,7 +63,7 @@ async fn fail_after_apply_is_ambiguous_but_applied() {
     assert!(s.write(&c, &k, &acquire("a")).await.unwrap_err().is_ambiguous());
     let r = s.get(&c, &k).await.unwrap().record.unwrap();
     assert_eq!(r.lease().unwrap().owner, "a", "the write was applied although it reported an error");
-    // Retrying the same acquire is safe: the owner still holds it, with a new token.
+    // Retrying the same acquire is safe: the owner still holds it, with a new fence.
     match s.write(&c, &k, &acquire("a")).await.unwrap() {
         WriteOutcome::Applied(r) => assert_eq!((r.fence(), r.lease().unwrap().owner.as_str()), (2, "a")),
         other => panic!("{other:?}"),

@@ -88,7 +88,7 @@ async fn lock_and_claim_operations_are_one_command_each() {
     assert!(s.claim(&q, &claim).await.unwrap().is_some());
     assert_eq!(take(&seen), ["findAndModify"], "claim");
     // Grants must survive a server crash and a failover: a rolled-back grant would
-    // hand out a fencing token twice (found by the chaos run).
+    // hand out a fence twice (found by the chaos run).
     let concerns = concerns.lock().unwrap().clone();
     assert_eq!(concerns.len(), 5);
     for wc in concerns {

@@ -43,7 +43,7 @@ pub enum Condition {
     DueBy(String),
     /// A user field is missing, null, or a number at most this value; any other
     /// value fails. What fences an external resource: "write only if the last
-    /// token written is not newer than mine".
+    /// fence written is not newer than mine".
     AtMost(String, i64),
     /// Negation.
     Not(Box<Condition>),

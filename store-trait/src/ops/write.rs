@@ -97,7 +97,7 @@ pub enum WriteOutcome {
     /// The condition held; this is the document after the write.
     Applied(Record),
     /// The condition did not hold; nothing changed. This is the current document
-    /// (`None` when it does not exist) — who holds it, until when, which token.
+    /// (`None` when it does not exist) — who holds it, until when, which fence.
     Rejected(Option<Record>),
 }
 

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::elector::Inner;
 
 /// Runs a round every renew interval until stopped.
-pub(crate) async fn ticker<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
+pub(crate) async fn rounds<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
     let mut report: Option<JoinHandle<()>> = None;
     let mut next = Instant::now();
     loop {
@@ -26,7 +26,7 @@ pub(crate) async fn ticker<S: Store + Clone>(inner: Arc<Inner<S>>, stop: Cancell
             _ = stop.cancelled() => break,
             () = inner.maintain_lease(&stop) => {}
         }
-        inner.callbacks.tick();
+        inner.callbacks.round_passed();
         if inner.report && report.as_ref().is_none_or(JoinHandle::is_finished) {
             let inner = inner.clone();
             report = Some(tokio::spawn(async move {
@@ -47,7 +47,7 @@ impl<S: Store + Clone> Inner<S> {
     /// Renews the lease if this node leads, as mongolock's keeper renews
     /// ([`mongolock::Lock::renew`]: transient failures retried with its backoff
     /// while the lease cannot have lapsed). A renewal that is not confirmed in
-    /// time, or fails for good, is a loss: the term's token is cancelled and the
+    /// time, or fails for good, is a loss: the term is cancelled and the
     /// main loop steps down without releasing (a lost lease is never released
     /// behind the leader's back; it lapses by itself).
     async fn maintain_lease(self: &Arc<Self>, stop: &CancellationToken) {
