@@ -83,7 +83,8 @@ impl Mode {
                 idle_s: 2,
                 idle_warm_up_s: 3,
                 seed_cycles: 10,
-                agenda: agenda::AgendaSize { jobs: 8, picks: 1, limit_s: 30 },
+                // As many jobs as our tasks, so the ratios compare like with like.
+                agenda: agenda::AgendaSize { jobs: 20, picks: 1, limit_s: 30 },
             },
             Mode::Quick => Size {
                 calls: 300,
@@ -109,7 +110,7 @@ impl Mode {
                 idle_s: 600,
                 idle_warm_up_s: 35,
                 seed_cycles: 500,
-                agenda: agenda::AgendaSize { jobs: 2000, picks: 15, limit_s: 600 },
+                agenda: agenda::AgendaSize { jobs: 2000, picks: 15, limit_s: 180 },
             },
         }
     }
@@ -178,6 +179,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         .and_then(|d| d.get_str("version").ok().map(str::to_owned))
         .unwrap_or_default();
     let server = std::env::var("MONGOCOORD_BENCH_SERVER").unwrap_or_else(|_| "mongodb".into());
+    reset(&store, db).await?;
     let n = size.calls;
 
     eprintln!("raw findAndModify ({n} calls)…");
@@ -424,8 +426,10 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
             Ok(1)
         }
         Err(e) => {
+            // The summary is written (what was measured stays usable), but a
+            // run that lost figures without a reason is not a good run.
             eprintln!("lab bench: {e}");
-            Ok(0)
+            Ok(1)
         }
     }
 }
@@ -795,8 +799,11 @@ async fn queue_run(
 /// `n` agent processes (`lab bench-agent`, one agent each, concurrency 4) process
 /// `tasks` trivial tasks from `coll`. Each connects and builds its agent, says
 /// `ready`, starts on `go`, and stops when its stdin closes, reporting the
-/// commands it sent from `go` on. The clock runs from `go` until a count of
-/// completed tasks (polled every 250 ms, not counted) reaches `tasks`.
+/// commands it sent from `go` on and when its handler last ran. The clock
+/// runs from `go` to the last handler start of any process (on the system
+/// clock the processes share), as in-process runs and Agenda's stop at the
+/// last handler; a count of completed tasks, polled every 250 ms and not
+/// counted, only tells when all are done.
 async fn queue_processes_run(
     uri: &str,
     db: &str,
@@ -829,6 +836,7 @@ async fn queue_processes_run(
     }
     let c = store.database().collection::<bson::Document>(coll);
     let start = Instant::now();
+    let start_ns = unix_ns();
     for (_, stdin, _) in &mut procs {
         if let Some(s) = stdin.as_mut() {
             s.write_all(b"go\n").await.map_err(|e| e.to_string())?;
@@ -845,8 +853,7 @@ async fn queue_processes_run(
             return Err("queue processes did not finish in 30 minutes".into());
         }
     }
-    let rate = f64::from(tasks) / start.elapsed().as_secs_f64();
-    let (mut counts, mut completed) = (Counts::default(), 0_u64);
+    let (mut counts, mut completed, mut last_ns) = (Counts::default(), 0_u64, 0_u128);
     for (_, stdin, _) in &mut procs {
         drop(stdin.take());
     }
@@ -857,8 +864,9 @@ async fn queue_processes_run(
             .map_err(|e| e.to_string())?
             .ok_or("bench agent ended without a report")?;
         let mut words = line.split_whitespace();
-        match (words.next(), words.next(), words.next(), words.next()) {
-            (Some("commands"), Some(c), Some("completed"), Some(d)) => {
+        match (words.next(), words.next(), words.next(), words.next(), words.next(), words.next()) {
+            (Some("commands"), Some(c), Some("completed"), Some(d), Some("last_ns"), Some(t)) => {
+                last_ns = last_ns.max(t.parse::<u128>().map_err(|e| format!("bench agent reported {line:?}: {e}"))?);
                 let by_kind = Counts::parse_words(words)?;
                 if by_kind.total != c.parse::<u64>().map_err(|e| e.to_string())? {
                     return Err(format!("bench agent reported {line:?}: the breakdown does not add up"));
@@ -873,13 +881,39 @@ async fn queue_processes_run(
     if completed != u64::from(tasks) {
         return Err(format!("queue processes: {completed} completions for {tasks} tasks"));
     }
+    if last_ns <= start_ns {
+        return Err("queue processes: no handler ran after go".into());
+    }
+    let rate = f64::from(tasks) / ((last_ns - start_ns) as f64 / 1e9);
     Ok(QueueRun { rate, commands_per_task: counts.total as f64 / f64::from(tasks), counts })
+}
+
+/// Drops the database `db` and the bench's others (`db_*`: the idle roles',
+/// Agenda's), so that a run against a server an earlier run used starts as
+/// on a fresh one: the queue runs count the completed tasks they find.
+async fn reset(store: &MongoStore, db: &str) -> Result<(), String> {
+    let client = store.database().client().clone();
+    let names = client.list_database_names().await.map_err(|e| format!("cannot list the databases: {e}"))?;
+    let prefix = format!("{db}_");
+    for name in names.iter().filter(|n| *n == db || n.starts_with(&prefix)) {
+        eprintln!("dropping the database {name} (an earlier run's)");
+        client.database(name).drop().await.map_err(|e| format!("cannot drop the database {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The system clock in nanoseconds since the Unix epoch: what processes on
+/// one machine compare times on.
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
 /// `lab bench-agent`: one agent (concurrency 4, a trivial handler) on `coll`
 /// for the orchestrator in [`queue_processes_run`]. Prints `ready`, starts
 /// on a `go` line, stops when stdin closes, then prints
-/// `commands C completed N` (commands sent since `go`).
+/// `commands C completed N last_ns T` (commands sent since `go`, and when its
+/// handler last ran, in nanoseconds since the Unix epoch) and the commands
+/// by kind.
 pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, String> {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let (store, commands) = counted_store(uri, db).await?;
@@ -895,14 +929,28 @@ pub(crate) async fn bench_agent(uri: &str, db: &str, coll: &str) -> Result<u8, S
         other => return Err(format!("bench-agent: expected go, got {other:?}")),
     }
     let c0 = commands.snapshot();
+    let last = Arc::new(parking_lot::Mutex::new(0_u128));
     let worker = tokio::spawn({
-        let agent = agent.clone();
-        async move { agent.work(|_t: Task| async { Outcome::done() }).await }
+        let (agent, last) = (agent.clone(), last.clone());
+        async move {
+            agent
+                .work(move |_t: Task| {
+                    let last = last.clone();
+                    async move {
+                        let now = unix_ns();
+                        let mut l = last.lock();
+                        *l = (*l).max(now);
+                        Outcome::done()
+                    }
+                })
+                .await
+        }
     });
     while lines.next_line().await.map_err(|e| e.to_string())?.is_some() {}
     agent.shutdown();
     let log = worker.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     let used = commands.snapshot().since(&c0);
-    println!("commands {} completed {} {}", used.total, log.completed, used.words());
+    let last_ns = *last.lock();
+    println!("commands {} completed {} last_ns {last_ns} {}", used.total, log.completed, used.words());
     Ok(0)
 }

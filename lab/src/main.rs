@@ -38,7 +38,7 @@ enum Cmd {
         quick: bool,
         /// Every section at a tiny size, then a check that every promised
         /// figure is present and finite or skipped with a reason (exit status
-        /// 1 if not); under `CI`, only Agenda and the seed's failover may be
+        /// 1 if not); under `CI`, only the seed's failover may be
         /// skipped. What `cargo xtask ci` runs.
         #[arg(long)]
         smoke: bool,

@@ -30,8 +30,30 @@ pub(crate) enum Mode {
     Full,
 }
 
+/// Refuses what `cargo xtask bench` does not know: a typo such as `--qiuck`
+/// would otherwise start a full run, which takes the better part of an hour.
+pub(crate) fn check_args(args: &[String]) -> Result<(), String> {
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match a.as_str() {
+            "--quick" | "--smoke" => {}
+            "--server" => {
+                rest.next();
+            }
+            s if s.starts_with("--server=") => {}
+            other => {
+                return Err(format!(
+                    "bench: unknown argument {other:?} (give --quick, --smoke, --server py|rs|URI; none for a full run)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs the bench; with `strict` (`cargo xtask ci`, or `CI` set), a smoke run
-/// may skip only Agenda and the seed's failover.
+/// may skip only the seed's failover, and installs Agenda when it is not
+/// there yet (`.ci/run` provides `node` and `npm`).
 pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), String> {
     let profile = if mode == Mode::Smoke {
         crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
@@ -41,7 +63,11 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
         "release"
     };
     let venv = server::venv()?;
-    let agenda = agenda(mode != Mode::Smoke);
+    let agenda = agenda(mode != Mode::Smoke || strict);
+    if strict && agenda.is_none() {
+        return Err("under CI the bench needs its Agenda harness: node and npm (see the message above)".into());
+    }
+    server::remove_stale_data();
     let (server, uri, label) = target.start(&venv)?;
     let bin = root().join("target").join(profile);
     let stem = if mode == Mode::Smoke { "smoke" } else { "summary" };
@@ -147,7 +173,9 @@ fn agenda(install: bool) -> Option<PathBuf> {
         let present = dir.join("node_modules").join("agenda").join("package.json").exists();
         if installed.as_deref() != Some(&pinned[..]) || !present {
             if !install {
-                return Err("not installed (a smoke run installs nothing; `cargo xtask bench --quick` does)".into());
+                return Err(
+                    "not installed (a smoke run outside CI installs nothing; `cargo xtask bench --quick` does)".into(),
+                );
             }
             eprintln!("installing Agenda (lab/bench/agenda/package.json) into {}", dir.display());
             std::fs::write(dir.join("package.json"), &pinned).map_err(|e| e.to_string())?;

@@ -60,14 +60,18 @@ fn main() -> ExitCode {
         Some("ci") => ci::ci(),
         Some("test") => ci::test(&args[1..]),
         Some("test-rs") => ci::on_rs(),
-        Some("bench") => server::Target::from_args(&args[1..]).and_then(|target| {
-            match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
+        Some("bench") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
+            eprintln!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some("bench") => bench::check_args(&args[1..]).and_then(|()| server::Target::from_args(&args[1..])).and_then(
+            |target| match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
                 (true, true) => Err("--smoke and --quick exclude each other".into()),
                 (true, false) => bench::run(bench::Mode::Smoke, &target, std::env::var_os("CI").is_some()),
                 (false, true) => bench::run(bench::Mode::Quick, &target, false),
                 (false, false) => bench::run(bench::Mode::Full, &target, false),
-            }
-        }),
+            },
+        ),
         Some("bench-table") => bench::table(),
         Some("chaos") => chaos::run(&args[1..]),
         Some("upstream") => upstream::run(),

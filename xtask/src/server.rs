@@ -169,6 +169,26 @@ pub(crate) fn rs_binary() -> Result<PathBuf, String> {
     }
 }
 
+/// Removes the data directories of servers whose run was killed before it
+/// could clean up (`rs-data-<pid>-<port>` under `target/secantus`, and
+/// lab's `fresh-<pid>-<port>` under `target/bench`): those whose pid is not
+/// running any more.
+pub(crate) fn remove_stale_data() {
+    let dirs = [root().join("target").join("secantus"), root().join("target").join("bench")];
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix("rs-data-").or_else(|| name.strip_prefix("fresh-")) else { continue };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if !Path::new("/proc").join(pid.to_string()).exists() {
+                eprintln!("removing {} (left by a run that was killed)", e.path().display());
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
 /// Starts a fresh `secantusd-rs` on a free port, in a fresh directory.
 pub(crate) fn start_rs() -> Result<(Server, String), String> {
     let bin = rs_binary()?;

@@ -5,7 +5,7 @@
 //
 // - throughput: N trivial jobs saved one by one with `agenda.now()` before
 //   start (as an application enqueues them; saving triggers no processing
-//   without a notification channel), one Agenda, concurrency 4; the clock
+//   without a notification channel), one Agenda, concurrency AGENDA_CONCURRENCY (16); the clock
 //   runs from start() to the N-th completion. Commands are counted with the
 //   driver's command monitoring over that span.
 //   Settings (`lab bench` sweeps them and reports each, and the best):
@@ -39,7 +39,8 @@ import { MongoClient } from 'mongodb';
 const [uri, dbName, nArg, picksArg] = process.argv.slice(2);
 const n = Number(nArg ?? 400);
 const picks = Number(picksArg ?? 10);
-const concurrency = 4;
+// The slots our side has (4 agents × concurrency 4): lab passes 16.
+const concurrency = Number(process.env.AGENDA_CONCURRENCY ?? 16);
 const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? 0);
 const timeLimitMs = Number(process.env.AGENDA_TIME_LIMIT_S ?? 600) * 1000;
 const processEvery = Number(process.env.AGENDA_PROCESS_EVERY_MS ?? 100);

@@ -37,6 +37,10 @@ impl<'a> PeerServer<'a> {
     }
 }
 
+/// Agenda's concurrency: the slots our side has (4 agents of concurrency 4,
+/// or 4 processes of one such agent each).
+const CONCURRENCY: u32 = 16;
+
 /// How much to ask of Agenda.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AgendaSize {
@@ -56,7 +60,7 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
     for (i, setting) in AGENDA_SWEEP.iter().enumerate() {
         let picks = if i == 0 { size.picks } else { 0 };
         eprintln!(
-            "Agenda: {} jobs saved one by one, concurrency 4, lockLimit {}, processEvery {} ms{}…",
+            "Agenda: {} jobs saved one by one, concurrency {CONCURRENCY}, lockLimit {}, processEvery {} ms{}…",
             size.jobs,
             setting.lock_limit,
             setting.process_every_ms,
@@ -185,6 +189,7 @@ async fn run(
         .env("AGENDA_TIME_LIMIT_S", size.limit_s.to_string())
         .env("AGENDA_LOCK_LIMIT", setting.lock_limit.to_string())
         .env("AGENDA_PROCESS_EVERY_MS", setting.process_every_ms.to_string())
+        .env("AGENDA_CONCURRENCY", CONCURRENCY.to_string())
         .args([uri, &agenda_db, &size.jobs.to_string(), &picks.to_string()])
         .stdin(Stdio::null())
         // Its progress (saving, the throughput run, the pickups) shows as it goes.
