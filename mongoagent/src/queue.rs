@@ -132,9 +132,9 @@ impl<S: Store + Clone> Queue<S> {
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
         let docs = self.documents(tasks).await?;
         let mut out = self.store.insert_many(&self.coll, docs.clone()).await?;
-        for (doc, outcome) in docs.into_iter().zip(out.iter_mut()) {
+        for ((doc, task), outcome) in docs.into_iter().zip(tasks).zip(out.iter_mut()) {
             if let InsertOutcome::Duplicate(key) = outcome {
-                *outcome = self.settle_duplicate(doc, key.clone()).await?;
+                *outcome = self.settle_duplicate(doc, task, key.clone()).await?;
             }
         }
         tracing::debug!(queue = %self.coll, count = out.len(), "tasks enqueued");
@@ -233,14 +233,17 @@ impl<S: Store + Clone> Queue<S> {
     async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
         self.ensure_indexes().await?;
         let windowed = |t: &NewTask| matches!(t.dedupe_scope, crate::DedupeScope::For(_));
-        let now =
-            if tasks.iter().any(|t| t.delay.is_some() || windowed(t)) { Some(self.store.now().await?) } else { None };
+        let now = if tasks.iter().any(|t| t.delay.is_some() || windowed(t) || t.dedupe_scope.debounce().is_some()) {
+            Some(self.store.now().await?)
+        } else {
+            None
+        };
         tasks
             .iter()
             .map(|t| {
                 let mut d = t.to_document()?;
-                if let (Some(delay), Some(now)) = (t.delay, now) {
-                    let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2);
+                if let (Some(after), Some(now)) = (t.starts_after(), now) {
+                    let ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX / 2);
                     // With an absolute `run_at` too, the later of the two.
                     let at = now.as_millis().saturating_add(ms).max(t.run_at.map_or(i64::MIN, |a| a.as_millis()));
                     d.insert(fields::RUN_AT, bson::DateTime::from_millis(at));
