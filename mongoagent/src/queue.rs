@@ -230,7 +230,7 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// The documents to insert for `tasks`.
-    async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
+    pub(crate) async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
         self.ensure_indexes().await?;
         let windowed = |t: &NewTask| matches!(t.dedupe_scope, crate::DedupeScope::For(_));
         let now = if tasks.iter().any(|t| t.delay.is_some() || windowed(t) || t.dedupe_scope.debounce().is_some()) {
