@@ -264,6 +264,9 @@ fn replacement(holder: &Record, doc: &Document, after: Duration) -> Mutation {
         .filter(|k| !fields::is_reserved(k) || optional.contains(&k.as_str()))
         .cloned()
         .collect();
+    // As far as an enqueue's delay goes (`Queue::documents`): a start the
+    // server's date arithmetic cannot overflow.
+    let after = after.min(Duration::from_millis((i64::MAX / 2).unsigned_abs()));
     let mut m = Mutation::new().set_all(set).set_time_after(fields::RUN_AT, after);
     for k in gone {
         m = m.unset(k);

@@ -69,7 +69,7 @@ impl<S: Store + Clone> Queue<S> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongoagent::AgentError> {
     /// let queue = Queue::new(store_memory::MemoryStore::new(), "mail")?;
     /// let task = queue.prepare(NewTask::new("welcome", bson::doc! { "user": 7 })).await?;
-    /// assert_eq!(task.document().get_str("agent_name"), Ok("welcome"));
+    /// assert_eq!(task.document().get_str("agent_name").ok(), Some("welcome"));
     /// // On MongoDB, inside the caller's transaction:
     /// // store.insert_in_session(&mut session, queue.collection(), task.into_document()).await?;
     /// # Ok(()) }

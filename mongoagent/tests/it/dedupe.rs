@@ -18,7 +18,8 @@ macro_rules! dedupe_suite {
             a_key_until_ended_is_free_once_its_task_ended, a_key_for_a_window_is_free_after_it,
             a_key_for_ever_stays_taken, racing_producers_insert_one_task_per_free_key, scopes_need_a_key_and_a_window,
             a_debounced_task_runs_once_with_the_latest_data, a_claimed_debounced_task_leaves_the_next_enqueue_a_new_task,
-            racing_debounced_producers_leave_one_enqueues_data_whole, debounced_producers_racing_agents_lose_no_latest_data
+            racing_debounced_producers_leave_one_enqueues_data_whole, debounced_producers_racing_agents_lose_no_latest_data,
+            an_idle_agent_runs_a_debounced_task_once_after_the_last_enqueue, a_debounce_with_a_huge_delay_starts_after_both
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -187,6 +188,8 @@ pub(crate) async fn a_debounced_task_runs_once_with_the_latest_data<H: Harness>(
     let after_last = s.now().await.unwrap();
     let plain = NewTask::new("d", doc! { "n": 4 }).dedupe_key("k");
     assert_eq!(q.enqueue(plain).await.unwrap(), (first.clone(), false), "another scope is a duplicate");
+    let other = NewTask::new("other", doc! { "n": 5 }).dedupe_key("k").debounce(debounce);
+    assert_eq!(q.enqueue(other).await.unwrap(), (first.clone(), false), "another agent's is a duplicate");
 
     let t = holder(&s).await;
     assert_eq!(t.key(), &first);
@@ -357,4 +360,62 @@ pub(crate) async fn debounced_producers_racing_agents_lose_no_latest_data<H: Har
     assert_eq!(ids.len(), ran.len(), "no task ran twice: {ran:?}");
     let st = q.stats("d").await.unwrap();
     assert_eq!((st.ready, st.delayed, st.running), (0, 0, 0), "{st:?}");
+}
+
+/// An agent idle in `work` (woken by notifications, or polling) runs a
+/// burst's task once, with the last data, no sooner than a debounce after
+/// the last enqueue on the store clock: a replace that pushes the start
+/// moves the agent's wake-up with it.
+pub(crate) async fn an_idle_agent_runs_a_debounced_task_once_after_the_last_enqueue<H: Harness>(h: &H) {
+    let s = h.store("ag_debounce_idle").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let ran = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let stop = mongoagent::CancellationToken::new();
+    let a = Agent::builder(s.clone(), "d", "tasks").ttl(h.ttl()).shutdown_on(&stop).build().unwrap();
+    let (seen, clock) = (ran.clone(), s.clone());
+    let working = tokio::spawn(async move {
+        a.work(move |t: Task| {
+            let (seen, clock) = (seen.clone(), clock.clone());
+            async move {
+                let at = clock.now().await.unwrap();
+                seen.lock().push((t.data().get_i32("n").unwrap(), at));
+                true
+            }
+        })
+        .await
+    });
+    let debounce = Duration::from_millis(1000);
+    let mut before_last = None;
+    for n in 1..=3 {
+        before_last = Some(s.now().await.unwrap());
+        q.enqueue(debounced(doc! { "n": n }, debounce)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while ran.lock().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    working.await.unwrap().unwrap();
+    let ran = ran.lock().clone();
+    assert_eq!(ran.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3], "once, with the last data");
+    let earliest = before_last.unwrap().as_millis() + 1000;
+    assert!(ran[0].1.as_millis() >= earliest, "not before the last enqueue's debounce ({earliest}): {ran:?}");
+}
+
+/// A delay far beyond the debounce (a century; `secantusd-py` stores no
+/// date past the year 9999): the later of the two applies, on the first
+/// enqueue and on the replace.
+pub(crate) async fn a_debounce_with_a_huge_delay_starts_after_both<H: Harness>(h: &H) {
+    let s = h.store("ag_debounce_delay").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let century = Duration::from_secs(100 * 365 * 24 * 3600);
+    let task = || debounced(doc! {}, Duration::from_secs(1)).delay(century);
+    let (first, _) = q.enqueue(task()).await.unwrap();
+    assert_eq!(q.enqueue(task()).await.unwrap(), (first, false));
+    let start = holder(&s).await.get_time("run_at").unwrap().as_millis();
+    let (now, century) = (s.now().await.unwrap().as_millis(), i64::try_from(century.as_millis()).unwrap());
+    assert!((now + century - 60_000..=now + century).contains(&start), "{start}: the delay, from the replace");
+    assert_eq!(run_one(&s, h.ttl()).await, None);
 }
