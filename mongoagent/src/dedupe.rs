@@ -153,7 +153,8 @@ impl<S: Store + Clone> Queue<S> {
         match self.store.write(&self.coll, holder.key(), &write).await? {
             WriteOutcome::Applied(_) => {
                 let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-                tracing::info!(queue = %self.coll, dedupe, task = %holder.key(), after_ms, "debounced: the pending task takes the latest data");
+                // Debug, not info: a debounce exists for bursts.
+                tracing::debug!(queue = %self.coll, dedupe, task = %holder.key(), after_ms, "debounced: the pending task takes the latest data");
                 Ok(true)
             }
             // Only a debounced enqueue writes a task and leaves it never
