@@ -67,9 +67,9 @@ impl<S: Store + Clone> Queue<S> {
     /// A debounced enqueue of `doc` whose key `dedupe` is taken. A debounced
     /// task of the same agent name that was never claimed takes `doc`'s data
     /// and options and starts `after` from now (store clock): its id is
-    /// returned. A holder of another kind is settled by its scope: a
-    /// duplicate while it blocks, else its key is moved off it and `doc`
-    /// inserted.
+    /// returned. A holder of another kind is settled by its scope: while it
+    /// blocks, [`AgentError::KeyHeldByAnother`]; else its key is moved off it
+    /// and `doc` inserted.
     ///
     /// Two races end an enqueue without a write of its own, and both leave
     /// the state it would have led to, had it come just before the other
@@ -95,7 +95,14 @@ impl<S: Store + Clone> Queue<S> {
                     }
                     continue;
                 }
-                Some(h) if self.blocks(h).await? => return Ok(InsertOutcome::Duplicate(h.key().clone())),
+                // A holder this enqueue cannot give its data to: a duplicate
+                // would say the data was taken, and it was not.
+                Some(h) if self.blocks(h).await? => {
+                    return Err(AgentError::KeyHeldByAnother {
+                        dedupe_key: dedupe.to_owned(),
+                        holder: h.key().to_string(),
+                    })
+                }
                 Some(h) => self.retire(h, dedupe).await?,
                 None => {}
             }

@@ -23,6 +23,11 @@
 //!   waiting task; nothing polls.
 //! - **Push wake-up**: an idle agent is woken by a change notification, not a
 //!   5-second sleep.
+//! - **Dedupe scopes and debounce** ([`DedupeScope`]): a dedupe key that holds
+//!   for ever, until its task ended, or for a window; or a debounce, where a
+//!   burst of enqueues runs once, with the last data.
+//! - **Transactional enqueue** ([`Queue::prepare`], MongoDB only): a task that
+//!   exists if and only if the caller's transaction commits (the outbox).
 //! - **Schedules** ([`schedule`]): cron expressions in a time zone, fixed
 //!   intervals and one-off times; any number of processes run a [`Scheduler`]
 //!   and each tick still becomes exactly one task, with no leader.

@@ -122,7 +122,9 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Enqueues tasks idempotently: a task whose id or dedupe key exists is
-    /// reported as [`InsertOutcome::Duplicate`] and not changed.
+    /// reported as [`InsertOutcome::Duplicate`] of the task holding it, and
+    /// not changed, except by a debounce ([`NewTask::debounce`]), which
+    /// gives a never-claimed debounced task its data.
     ///
     /// # Cancel safety
     ///
@@ -257,7 +259,10 @@ impl<S: Store + Clone> Queue<S> {
             .collect::<Result<Vec<_>, AgentError>>()
     }
 
-    /// Enqueues one task; returns its id and whether it was new.
+    /// Enqueues one task; returns its id and whether it was new (for a
+    /// duplicate, the id of the task holding its id or dedupe key; for a
+    /// debounce, the pending task that took its data: see
+    /// [`DedupeScope`](crate::DedupeScope)).
     ///
     /// # Cancel safety
     ///

@@ -307,8 +307,11 @@ pub enum DedupeScope {
     /// start to this long after that enqueue (store clock), so it runs once,
     /// with the latest data. Once it has been claimed (running, waiting to be
     /// retried, ended), the key is free and the next enqueue inserts a new
-    /// task. An enqueue of another scope, or for another agent name, finds
-    /// the key blocked while the task has never been claimed.
+    /// task. An enqueue of another scope finds the key held while the task
+    /// has never been claimed (a duplicate); a debounced enqueue for another
+    /// agent name, or one that finds the key held by a task of another scope
+    /// that still blocks it, is [`AgentError::KeyHeldByAnother`]: its data
+    /// would not run.
     Debounce(Duration),
 }
 

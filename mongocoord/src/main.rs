@@ -219,8 +219,9 @@ enum Cmd {
         /// latest enqueue with the key. While its task has never been
         /// claimed, a later --debounce enqueue with the key replaces its data
         /// and pushes its start (prints "debounced" and its id); once claimed
-        /// or ended, a new task is enqueued. A task of another scope holding
-        /// the key blocks as its scope says
+        /// or ended, a new task is enqueued. A task of another scope or agent
+        /// still holding the key fails the enqueue (exit 2): its data would
+        /// not run
         #[arg(long, value_name = "SECS", requires = "dedupe_key", conflicts_with_all = ["dedupe_for", "dedupe_until_ended", "id"])]
         debounce: Option<f64>,
         /// An explicit id.

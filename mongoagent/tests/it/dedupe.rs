@@ -19,7 +19,8 @@ macro_rules! dedupe_suite {
             a_key_for_ever_stays_taken, racing_producers_insert_one_task_per_free_key, scopes_need_a_key_and_a_window,
             a_debounced_task_runs_once_with_the_latest_data, a_claimed_debounced_task_leaves_the_next_enqueue_a_new_task,
             racing_debounced_producers_leave_one_enqueues_data_whole, debounced_producers_racing_agents_lose_no_latest_data,
-            an_idle_agent_runs_a_debounced_task_once_after_the_last_enqueue, a_debounce_with_a_huge_delay_starts_after_both
+            an_idle_agent_runs_a_debounced_task_once_after_the_last_enqueue, a_debounce_with_a_huge_delay_starts_after_both,
+            a_debounce_against_another_scope_is_told_its_data_will_not_run
         );
     };
     (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
@@ -123,6 +124,20 @@ pub(crate) async fn racing_producers_insert_one_task_per_free_key<H: Harness>(h:
     assert_eq!(holders(&s, "k").await, 1);
 }
 
+/// A debounced enqueue whose key a task of another scope holds (for ever)
+/// is told so, not told it was a duplicate: its data would not run.
+pub(crate) async fn a_debounce_against_another_scope_is_told_its_data_will_not_run<H: Harness>(h: &H) {
+    let s = h.store("ag_debounce_other_scope").await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let (holder, _) = q.enqueue(NewTask::new("d", doc! { "n": 1 }).dedupe_key("k")).await.unwrap();
+    let e = q.enqueue(debounced(doc! { "n": 2 }, Duration::from_secs(1))).await.unwrap_err();
+    assert!(
+        matches!(&e, AgentError::KeyHeldByAnother { dedupe_key, holder: h } if dedupe_key == "k" && *h == holder.to_string()),
+        "{e}"
+    );
+    assert_eq!(user_data(&self::holder(&s).await), doc! { "n": 1 }, "untouched");
+}
+
 /// A scope without a key, and a window out of range, are refused.
 pub(crate) async fn scopes_need_a_key_and_a_window<H: Harness>(h: &H) {
     let s = h.store("ag_dedupe_bad").await;
@@ -189,7 +204,11 @@ pub(crate) async fn a_debounced_task_runs_once_with_the_latest_data<H: Harness>(
     let plain = NewTask::new("d", doc! { "n": 4 }).dedupe_key("k");
     assert_eq!(q.enqueue(plain).await.unwrap(), (first.clone(), false), "another scope is a duplicate");
     let other = NewTask::new("other", doc! { "n": 5 }).dedupe_key("k").debounce(debounce);
-    assert_eq!(q.enqueue(other).await.unwrap(), (first.clone(), false), "another agent's is a duplicate");
+    let e = q.enqueue(other).await.unwrap_err();
+    assert!(
+        matches!(&e, AgentError::KeyHeldByAnother { holder, .. } if *holder == first.to_string()),
+        "another agent name's debounce cannot take the key: {e}"
+    );
 
     let t = holder(&s).await;
     assert_eq!(t.key(), &first);

@@ -254,6 +254,11 @@ fn enqueue_debounce() {
     if super::has("enqueue_debounce", store_mongo::testing::Feature::UniqueKeyRelease) {
         assert_eq!(again["inserted"], true, "the debounced task ran: a new one");
     }
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "forever"]);
+    let out =
+        e.run(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "forever", "--debounce", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("nothing was enqueued"), "a key held for ever: {err}");
     for bad in [
         &["--debounce", "1"][..],
         &["--dedupe-key", "k", "--debounce", "1", "--id", "x"],
