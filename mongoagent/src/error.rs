@@ -34,6 +34,19 @@ pub enum AgentError {
         /// The field.
         field: String,
     },
+    /// A debounced enqueue ([`NewTask::debounce`](crate::NewTask::debounce))
+    /// found its dedupe key held by a task it cannot give its data to (a
+    /// task of another dedupe scope, or a debounced task of another agent
+    /// name, that still holds the key): nothing was enqueued, and its data
+    /// would not run. Not a duplicate, since the holder will not run that
+    /// data either.
+    #[error("dedupe key {dedupe_key:?} is held by task {holder} of another dedupe scope or agent name: a debounce replaces only a waiting debounced task of its own agent name, so nothing was enqueued")]
+    KeyHeldByAnother {
+        /// The dedupe key.
+        dedupe_key: String,
+        /// The task holding it.
+        holder: String,
+    },
     /// The task does not exist (or was deleted while waited for).
     #[error("task {task} not found")]
     NotFound {

@@ -23,6 +23,11 @@
 //!   waiting task; nothing polls.
 //! - **Push wake-up**: an idle agent is woken by a change notification, not a
 //!   5-second sleep.
+//! - **Dedupe scopes and debounce** ([`DedupeScope`]): a dedupe key that holds
+//!   for ever, until its task ended, or for a window; or a debounce, where a
+//!   burst of enqueues runs once, with the last data.
+//! - **Transactional enqueue** ([`Queue::prepare`], MongoDB only): a task that
+//!   exists if and only if the caller's transaction commits (the outbox).
 //! - **Schedules** ([`schedule`]): cron expressions in a time zone, fixed
 //!   intervals and one-off times; any number of processes run a [`Scheduler`]
 //!   and each tick still becomes exactly one task, with no leader.
@@ -65,6 +70,7 @@ mod events;
 pub mod metrics;
 pub mod operator;
 mod outcome;
+mod prepare;
 mod progress;
 mod queue;
 mod rate;
@@ -79,6 +85,7 @@ pub use error::AgentError;
 pub use events::{EventFilter, EventKind, EventStream, QueueEvent, TaskEvent};
 pub use operator::{Cancel, Delete, Requeue};
 pub use outcome::{Outcome, Retry};
+pub use prepare::PreparedTask;
 pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
 pub use rate::{RateLimit, MAX_RATE_STARTS};

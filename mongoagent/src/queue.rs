@@ -122,7 +122,9 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// Enqueues tasks idempotently: a task whose id or dedupe key exists is
-    /// reported as [`InsertOutcome::Duplicate`] and not changed.
+    /// reported as [`InsertOutcome::Duplicate`] of the task holding it, and
+    /// not changed, except by a debounce ([`NewTask::debounce`]), which
+    /// gives a never-claimed debounced task its data.
     ///
     /// # Cancel safety
     ///
@@ -132,9 +134,9 @@ impl<S: Store + Clone> Queue<S> {
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
         let docs = self.documents(tasks).await?;
         let mut out = self.store.insert_many(&self.coll, docs.clone()).await?;
-        for (doc, outcome) in docs.into_iter().zip(out.iter_mut()) {
+        for ((doc, task), outcome) in docs.into_iter().zip(tasks).zip(out.iter_mut()) {
             if let InsertOutcome::Duplicate(key) = outcome {
-                *outcome = self.settle_duplicate(doc, key.clone()).await?;
+                *outcome = self.settle_duplicate(doc, task, key.clone()).await?;
             }
         }
         tracing::debug!(queue = %self.coll, count = out.len(), "tasks enqueued");
@@ -230,17 +232,20 @@ impl<S: Store + Clone> Queue<S> {
     }
 
     /// The documents to insert for `tasks`.
-    async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
+    pub(crate) async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
         self.ensure_indexes().await?;
         let windowed = |t: &NewTask| matches!(t.dedupe_scope, crate::DedupeScope::For(_));
-        let now =
-            if tasks.iter().any(|t| t.delay.is_some() || windowed(t)) { Some(self.store.now().await?) } else { None };
+        let now = if tasks.iter().any(|t| t.delay.is_some() || windowed(t) || t.dedupe_scope.debounce().is_some()) {
+            Some(self.store.now().await?)
+        } else {
+            None
+        };
         tasks
             .iter()
             .map(|t| {
                 let mut d = t.to_document()?;
-                if let (Some(delay), Some(now)) = (t.delay, now) {
-                    let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2);
+                if let (Some(after), Some(now)) = (t.starts_after(), now) {
+                    let ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX / 2);
                     // With an absolute `run_at` too, the later of the two.
                     let at = now.as_millis().saturating_add(ms).max(t.run_at.map_or(i64::MIN, |a| a.as_millis()));
                     d.insert(fields::RUN_AT, bson::DateTime::from_millis(at));
@@ -254,7 +259,10 @@ impl<S: Store + Clone> Queue<S> {
             .collect::<Result<Vec<_>, AgentError>>()
     }
 
-    /// Enqueues one task; returns its id and whether it was new.
+    /// Enqueues one task; returns its id and whether it was new (for a
+    /// duplicate, the id of the task holding its id or dedupe key; for a
+    /// debounce, the pending task that took its data: see
+    /// [`DedupeScope`](crate::DedupeScope)).
     ///
     /// # Cancel safety
     ///

@@ -76,8 +76,10 @@ pub mod fields {
     /// ([`AgentBuilder::timeout`](crate::AgentBuilder::timeout)).
     pub const TIMEOUT_MS: &str = "timeout_ms";
     /// How long the task's dedupe key blocks another task with it
-    /// ([`DedupeScope`](crate::DedupeScope)): `until_ended`, or `window`
-    /// (until [`DEDUPE_UNTIL`]); missing, for ever.
+    /// ([`DedupeScope`](crate::DedupeScope)): `until_ended`, `window`
+    /// (until [`DEDUPE_UNTIL`]), or `debounce` (until the task is first
+    /// claimed; a later debounced enqueue replaces its data meanwhile);
+    /// missing, for ever.
     pub const DEDUPE_SCOPE: &str = "dedupe_scope";
     /// With a `window` scope: when the key stops blocking (store clock).
     pub const DEDUPE_UNTIL: &str = "dedupe_until";

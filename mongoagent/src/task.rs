@@ -131,6 +131,30 @@ impl NewTask {
         self
     }
 
+    /// Debounces this task by its [`dedupe_key`](Self::dedupe_key):
+    /// shorthand for [`dedupe_scope`](Self::dedupe_scope)`(`[`DedupeScope::Debounce`]`(d))`.
+    /// The task starts `d` after the latest enqueue with its key (store
+    /// clock); each later debounced enqueue while it has never been claimed
+    /// replaces its data and options and pushes its start again, and returns
+    /// its id as a duplicate (`(id, false)`). Once it has been claimed
+    /// (running, retried, ended), a later enqueue inserts a new task, so the
+    /// latest data is never lost: it runs after the one that is running.
+    ///
+    /// ```
+    /// use mongoagent::NewTask;
+    /// use std::time::Duration;
+    ///
+    /// // Reindex a document once edits have paused for five seconds, with the latest edit.
+    /// let t = NewTask::new("reindex", bson::doc! { "doc": 42, "rev": 7 })
+    ///     .dedupe_key("reindex/42")
+    ///     .debounce(Duration::from_secs(5));
+    /// # let _ = t;
+    /// ```
+    #[must_use]
+    pub fn debounce(self, d: Duration) -> Self {
+        self.dedupe_scope(DedupeScope::Debounce(d))
+    }
+
     /// Overrides the agent's attempt limit for this task.
     #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
@@ -156,6 +180,16 @@ impl NewTask {
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self
+    }
+
+    /// How long after its enqueue (store clock) the task starts, if not at
+    /// once: its delay, and for a debounced task the later of the delay and
+    /// the debounce.
+    pub(crate) fn starts_after(&self) -> Option<Duration> {
+        match (self.delay, self.dedupe_scope.debounce()) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The document to insert (`run_at` is added by the queue, on the store clock).
@@ -208,6 +242,26 @@ impl NewTask {
                 // `dedupe_until` is set by the queue, on the store clock.
                 d.insert(fields::DEDUPE_SCOPE, "window");
             }
+            (Some(_), DedupeScope::Debounce(w)) => {
+                timeout_ms(w).map_err(|_| {
+                    AgentError::InvalidTask(format!("a debounce must be from 1 ms to a year, not {w:?}"))
+                })?;
+                // A later enqueue replaces this task's data where it stands,
+                // or inserts another task: one id cannot name both.
+                if self.id.is_some() {
+                    return Err(AgentError::InvalidTask(
+                        "a debounced task cannot have an explicit id, nor be a follow-up (whose id derives from its parent): its key may move on to a new task".into(),
+                    ));
+                }
+                // Its start is the latest enqueue plus the debounce, on the
+                // store clock; an absolute time would not move with it.
+                if self.run_at.is_some() {
+                    return Err(AgentError::InvalidTask(
+                        "a debounced task starts a debounce after its latest enqueue: use delay, not run_at".into(),
+                    ));
+                }
+                d.insert(fields::DEDUPE_SCOPE, DEBOUNCE);
+            }
         }
         if let Some(n) = self.max_attempts {
             d.insert(fields::MAX_ATTEMPTS, i64::from(n));
@@ -247,6 +301,31 @@ pub enum DedupeScope {
     UntilEnded,
     /// For this long after the task was enqueued (store clock), ended or not.
     For(Duration),
+    /// Debounce ([`NewTask::debounce`]): while the task has never been
+    /// claimed, a later enqueue with this scope, the same key and the same
+    /// agent name replaces its data and options (not its id) and moves its
+    /// start to this long after that enqueue (store clock), so it runs once,
+    /// with the latest data. Once it has been claimed (running, waiting to be
+    /// retried, ended), the key is free and the next enqueue inserts a new
+    /// task. An enqueue of another scope finds the key held while the task
+    /// has never been claimed (a duplicate); a debounced enqueue for another
+    /// agent name, or one that finds the key held by a task of another scope
+    /// that still blocks it, is [`AgentError::KeyHeldByAnother`]: its data
+    /// would not run.
+    Debounce(Duration),
+}
+
+/// The stored name of [`DedupeScope::Debounce`].
+pub(crate) const DEBOUNCE: &str = "debounce";
+
+impl DedupeScope {
+    /// How long after the enqueue a debounced task starts, if it is one.
+    pub(crate) fn debounce(self) -> Option<Duration> {
+        match self {
+            DedupeScope::Debounce(d) => Some(d),
+            _ => None,
+        }
+    }
 }
 
 /// The longest execution timeout a task or an agent may have: a year (366 days).

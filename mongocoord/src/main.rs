@@ -215,6 +215,15 @@ enum Cmd {
         /// after the enqueue, ended or not
         #[arg(long, value_name = "SECS", requires = "dedupe_key")]
         dedupe_for: Option<f64>,
+        /// Debounce by the dedupe key: start this many seconds after the
+        /// latest enqueue with the key. While its task has never been
+        /// claimed, a later --debounce enqueue with the key replaces its data
+        /// and pushes its start (prints "debounced" and its id); once claimed
+        /// or ended, a new task is enqueued. A task of another scope or agent
+        /// still holding the key fails the enqueue (exit 2): its data would
+        /// not run
+        #[arg(long, value_name = "SECS", requires = "dedupe_key", conflicts_with_all = ["dedupe_for", "dedupe_until_ended", "id"])]
+        debounce: Option<f64>,
         /// An explicit id.
         #[arg(long)]
         id: Option<String>,
@@ -523,6 +532,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             dedupe_key,
             dedupe_until_ended,
             dedupe_for,
+            debounce,
             id,
             timeout,
             wait,
@@ -530,10 +540,11 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         } => {
             let wait = wait.then(|| wait_timeout.map(|s| args::seconds("wait-timeout", s, false)).transpose());
             let wait = wait.transpose()?;
-            let dedupe_scope = match (dedupe_until_ended, dedupe_for) {
-                (true, _) => mongoagent::DedupeScope::UntilEnded,
-                (false, Some(s)) => mongoagent::DedupeScope::For(args::seconds("dedupe-for", s, false)?),
-                (false, None) => mongoagent::DedupeScope::Forever,
+            let dedupe_scope = match (dedupe_until_ended, dedupe_for, debounce) {
+                (_, _, Some(s)) => mongoagent::DedupeScope::Debounce(args::seconds("debounce", s, false)?),
+                (true, _, None) => mongoagent::DedupeScope::UntilEnded,
+                (false, Some(s), None) => mongoagent::DedupeScope::For(args::seconds("dedupe-for", s, false)?),
+                (false, None, None) => mongoagent::DedupeScope::Forever,
             };
             let opts = views::EnqueueOpts { priority, delay, dedupe_key, dedupe_scope, id, timeout, wait };
             views::enqueue(&connect(uri, db).await?, &queue, &agent, &data, opts, json).await

@@ -251,6 +251,7 @@ pub(crate) async fn enqueue(
     json: bool,
 ) -> Result<u8, CliError> {
     let q = Queue::new(store.clone(), queue)?;
+    let debounced = matches!(o.dedupe_scope, mongoagent::DedupeScope::Debounce(_));
     let mut t = NewTask::new(agent, parse_object("task", data)?).priority(o.priority);
     if let Some(d) = o.delay {
         t = t.delay(crate::args::seconds("delay", d, true)?);
@@ -272,7 +273,12 @@ pub(crate) async fn enqueue(
     if json {
         println!("{}", json!({ "id": id.to_string(), "inserted": new }));
     } else {
-        println!("{} {}", if new { "enqueued" } else { "duplicate, not enqueued:" }, safe(&id.to_string()));
+        let said = match (new, debounced) {
+            (true, _) => "enqueued",
+            (false, true) => "debounced:",
+            (false, false) => "duplicate, not enqueued:",
+        };
+        println!("{said} {}", safe(&id.to_string()));
     }
     Ok(0)
 }

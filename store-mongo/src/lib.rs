@@ -10,6 +10,7 @@
 //! | `delete` | one `findAndModify` (remove); a rejected delete reads the current record with a second |
 //! | `insert_many` | one unordered `insert` |
 //! | `watch` | a change stream; `Unsupported` on a standalone server |
+//! | [`MongoStore::insert_in_session`] (not the contract's: MongoDB only) | one `insert` in the caller's transaction |
 //!
 //! ```no_run
 //! use store_mongo::MongoStore;
@@ -81,6 +82,7 @@ mod connect;
 mod distinct;
 mod errors;
 mod server;
+mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;

@@ -11,6 +11,7 @@ mod input;
 mod limits;
 mod mechanisms;
 mod mongo_agent_spec;
+mod outbox;
 mod reserved;
 mod review_dedupe;
 mod review_idle;

@@ -228,6 +228,48 @@ fn enqueue_dedupe_until_ended() {
     assert_eq!(out.status.code(), Some(2), "a scope needs --dedupe-key");
 }
 
+/// `--debounce`: later enqueues with the key while the task waits say
+/// "debounced" and its id; the task runs once, with the last data, a
+/// debounce after the last enqueue; one enqueued after it ran is new.
+#[test]
+fn enqueue_debounce() {
+    let Some(e) = env("enqueue_debounce") else { return };
+    let enqueue = |data: &str| {
+        e.run(&["enqueue", "--queue", "jobs", "--agent", "d", data, "--dedupe-key", "k", "--debounce", "1.5"])
+    };
+    let first = enqueue(r#"{"n": 1, "only_first": true}"#);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let id = String::from_utf8_lossy(&first.stdout).trim().strip_prefix("enqueued ").unwrap().to_owned();
+    for n in 2..=3 {
+        let out = enqueue(&format!(r#"{{"n": {n}}}"#));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("debounced: {id}"));
+    }
+    let seen = e.dir.join("seen.json");
+    let script = format!("cat >> {}", seen.display());
+    let out = e.run(&["agent", "d", "--queue", "jobs", "--max-tasks", "1", "--", "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ran: Value = serde_json::from_str(&std::fs::read_to_string(&seen).unwrap()).unwrap();
+    assert_eq!((ran["n"].clone(), ran.get("only_first")), (3.into(), None), "the last data, whole: {ran}");
+    let again = e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "k", "--debounce", "1"]);
+    if super::has("enqueue_debounce", store_mongo::testing::Feature::UniqueKeyRelease) {
+        assert_eq!(again["inserted"], true, "the debounced task ran: a new one");
+    }
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "forever"]);
+    let out =
+        e.run(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "forever", "--debounce", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("nothing was enqueued"), "a key held for ever: {err}");
+    for bad in [
+        &["--debounce", "1"][..],
+        &["--dedupe-key", "k", "--debounce", "1", "--id", "x"],
+        &["--dedupe-key", "k", "--debounce", "1", "--dedupe-until-ended"],
+        &["--dedupe-key", "k", "--debounce", "0"],
+    ] {
+        let out = e.run(&[&["enqueue", "--queue", "jobs", "--agent", "d", "{}"][..], bad].concat());
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// `enqueue --wait` whose task is deleted while it waits exits 2, and still
 /// prints the task's id with `"ended": false` on stdout: the task was
 /// enqueued, and a retry must not enqueue another.
