@@ -22,11 +22,14 @@
 //! notifications do. To keep the view fresh, the task reads again when no
 //! notification made it read for [`REREAD`], but only while that read is
 //! worth something: while some agent name is paused (a resume must reach
-//! its idle agents within the bound), or while agents claim (within
-//! [`QUIET`] of the last look at the view, so a herd of agents woken by one
+//! its idle agents within the bound), or while tasks flow (within [`QUIET`]
+//! of the last claim that got a task, so a herd of agents woken by one
 //! insert claims on the shared read, not on a read each). A queue idle for
 //! longer, with nothing paused, costs no read at all; its first claim after
-//! the quiet spell reads its own document, and starts the rereads again.
+//! the quiet spell reads its own document, and starts the rereads again if
+//! it gets a task or finds its name paused. A claim that finds nothing (an idle agent's periodic
+//! check, a wake-up another agent won) starts none: forty reads to serve a
+//! herd that is not there would cost an idle agent more than its check.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -53,8 +56,8 @@ pub const CONTROL_REFRESH: Duration = Duration::from_secs(1);
 const REREAD: Duration = Duration::from_millis(750);
 const _: () = assert!(REREAD.as_millis() < CONTROL_REFRESH.as_millis());
 
-/// How long after the last look at the view (an agent about to claim) the
-/// control task keeps rereading, when nothing is paused.
+/// How long after agents last needed the view fresh ([`ControlWatch::needed`])
+/// the control task keeps rereading, when nothing is paused.
 const QUIET: Duration = Duration::from_secs(30);
 
 /// The key of an agent name's control document is this and the name.
@@ -81,12 +84,12 @@ pub(crate) struct ControlWatch {
     /// When the read behind the published view was sent: the view is trusted
     /// until [`CONTROL_REFRESH`] after it.
     read_at: Arc<Mutex<Option<Instant>>>,
-    /// When an agent last looked at the view ([`ControlWatch::peek`]), and
-    /// the control task's wake-up from a quiet spell.
+    /// When agents last needed the view fresh ([`ControlWatch::needed`]),
+    /// and the control task's wake-up from a quiet spell.
     looked: Arc<Looked>,
 }
 
-/// The last look at a queue's view: [`ControlWatch::peek`] marks it, the
+/// When agents last needed the view fresh: [`ControlWatch::needed`] marks it, the
 /// control task rereads only within [`QUIET`] of it (or while something is
 /// paused), and is woken from a quiet spell by it.
 #[derive(Debug, Default)]
@@ -129,10 +132,20 @@ impl ControlWatch {
     /// was sent, without holding a view; `None` (read your own document)
     /// when its read is [`CONTROL_REFRESH`] old.
     pub(crate) fn peek(&self) -> Option<(Instant, Arc<HashSet<String>>)> {
-        self.looked.mark();
         let at = (*self.read_at.lock()).filter(|at| at.elapsed() < CONTROL_REFRESH)?;
         let names = self.task.lock().as_ref().and_then(|tx| tx.borrow().clone())?;
         Some((at, names))
+    }
+
+    /// Marks that agents need the view fresh for a while: an agent's claim
+    /// got a task (tasks flow: the next claims, the herd's and the busy
+    /// agent's, read what the control task read instead of a document
+    /// each), or an agent's own read found its name paused (the control
+    /// task then rereads while it stays paused, so the resume reaches the
+    /// idle agent within the bound, though notifications stall). The control
+    /// task rereads for [`QUIET`] from now.
+    pub(crate) fn needed(&self) {
+        self.looked.mark();
     }
 
     /// Returns once nobody holds a view, having forgotten the task's sender

@@ -276,7 +276,12 @@ impl<S: Store + Clone> Agent<S> {
                 Some((at, paused)) if at.elapsed() < crate::CONTROL_REFRESH => return Ok(paused),
                 _ => {
                     let sent = Instant::now();
-                    (sent, inner.queue.is_paused(&inner.name).await?)
+                    let paused = inner.queue.is_paused(&inner.name).await?;
+                    if paused {
+                        // So that the resume reaches this agent while it idles.
+                        inner.queue.control.needed();
+                    }
+                    (sent, paused)
                 }
             },
         };
@@ -315,6 +320,9 @@ impl<S: Store + Clone> Agent<S> {
             let guard = inner.leases.keep(&record, sent)?;
             tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
             claimed.push(Claimed { guard, record, permit: None });
+        }
+        if !claimed.is_empty() {
+            inner.queue.control.needed();
         }
         Ok(claimed)
     }

@@ -276,9 +276,11 @@ async fn a_pause_whose_notification_stalls_is_obeyed_within_one_refresh() {
     let agent = Agent::builder(held.clone(), "w", "tasks").concurrency(1).build().unwrap();
     let epoch = Instant::now();
     let (run, starts) = work_recording(&agent, epoch);
+    // Tasks flow: the control task rereads (every 750 ms for 30 s after a
+    // claim that got a task).
+    q.enqueue(NewTask::new("w", doc! {}).id("warm")).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    // Just after a reread of the control task (every 750 ms while the agent
-    // claimed within 30 s).
+    // Just after a reread of the control task.
     let last = *reads.lock().unwrap().last().expect("the control task reads");
     tokio::time::sleep_until(last + Duration::from_millis(760)).await;
     let reread = *reads.lock().unwrap().last().unwrap();
