@@ -118,6 +118,11 @@ async fn mongo_an_aborted_transaction_leaves_no_task() {
 async fn mongo_a_crash_before_commit_leaves_no_task() {
     let test = "ag_outbox_crash";
     let Some(store) = store_mongo::testing::test_store(test).await else { return };
+    // The transaction left open would stop every other test's notifications
+    // for its lifetime where the server holds streams back behind it.
+    if !store_mongo::testing::server_has(test, store_mongo::testing::Feature::StreamsPastOpenTransactions).await {
+        return;
+    }
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let mut ids = Vec::new();
     {

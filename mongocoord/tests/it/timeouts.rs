@@ -250,8 +250,11 @@ fn enqueue_debounce() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let ran: Value = serde_json::from_str(&std::fs::read_to_string(&seen).unwrap()).unwrap();
     assert_eq!((ran["n"].clone(), ran.get("only_first")), (3.into(), None), "the last data, whole: {ran}");
-    let again = e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "k", "--debounce", "1"]);
+    // Where the server keeps a key its task no longer holds (secantusd-rs),
+    // the key cannot move to a new task: there is nothing more to check.
     if super::has("enqueue_debounce", store_mongo::testing::Feature::UniqueKeyRelease) {
+        let again =
+            e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "k", "--debounce", "1"]);
         assert_eq!(again["inserted"], true, "the debounced task ran: a new one");
     }
     e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "forever"]);

@@ -3,7 +3,7 @@
 //!
 //! A server may lack a feature only by declaration: `MONGODB_LACKS` lists the
 //! features the server at `MONGODB_URI` is known to lack (`failpoints`,
-//! `idle-cursors`, `unique-key-release`, comma-separated), and a test that needs one of them then
+//! `idle-cursors`, `unique-key-release`, `streams-past-open-transactions`, comma-separated), and a test that needs one of them then
 //! skips with a message naming the servers it runs on. A lack that was not
 //! declared fails the test under `CI` (skips otherwise), and a declared lack
 //! the server turns out not to have fails it too: neither a missing feature
@@ -36,6 +36,12 @@ pub enum Feature {
     /// ([`Needs::UniqueKeyRelease`]): `mongod`, `secantusd-py`.
     /// (`secantusd-rs` keeps the key until the document is deleted.)
     UniqueKeyRelease,
+    /// Change streams keep delivering other writes while a transaction is
+    /// open: `mongod`, `secantusd-py`. (`secantusd-rs` 0.5.3-beta.196 holds
+    /// back every change stream's events, on every collection, until the
+    /// open transaction ends: one a crashed client leaves open stops all
+    /// notifications for its lifetime, 60 s by default.)
+    StreamsPastOpenTransactions,
 }
 
 impl Feature {
@@ -45,6 +51,7 @@ impl Feature {
             Feature::FailPoints => "failpoints",
             Feature::IdleCursors => "idle-cursors",
             Feature::UniqueKeyRelease => "unique-key-release",
+            Feature::StreamsPastOpenTransactions => "streams-past-open-transactions",
         }
     }
 
@@ -61,6 +68,9 @@ impl Feature {
             Feature::FailPoints => "`configureFailPoint` (`failCommand`)",
             Feature::IdleCursors => "idle cursors listed by `currentOp` or the `$currentOp` stage",
             Feature::UniqueKeyRelease => "a unique index that lets go of a key its document no longer holds",
+            Feature::StreamsPastOpenTransactions => {
+                "change streams that deliver other writes while a transaction is open"
+            }
         }
     }
 
@@ -70,7 +80,7 @@ impl Feature {
                 "mongod with --setParameter enableTestCommands=1, or secantusd-py with --enable-test-commands \
                  (the default test run's server)"
             }
-            Feature::IdleCursors | Feature::UniqueKeyRelease => {
+            Feature::IdleCursors | Feature::UniqueKeyRelease | Feature::StreamsPastOpenTransactions => {
                 "mongod, or secantusd-py (the default test run's server)"
             }
         }
@@ -80,10 +90,12 @@ impl Feature {
         static FAIL_POINTS: OnceLock<Result<(), String>> = OnceLock::new();
         static IDLE_CURSORS: OnceLock<Result<(), String>> = OnceLock::new();
         static UNIQUE_KEY_RELEASE: OnceLock<Result<(), String>> = OnceLock::new();
+        static STREAMS_PAST_OPEN_TRANSACTIONS: OnceLock<Result<(), String>> = OnceLock::new();
         match self {
             Feature::FailPoints => &FAIL_POINTS,
             Feature::IdleCursors => &IDLE_CURSORS,
             Feature::UniqueKeyRelease => &UNIQUE_KEY_RELEASE,
+            Feature::StreamsPastOpenTransactions => &STREAMS_PAST_OPEN_TRANSACTIONS,
         }
     }
 }
@@ -224,6 +236,36 @@ async fn probe(client: &mongodb::Client, feature: Feature) -> Result<(), String>
             let released = probe.await.map_err(|e| answer(&e));
             let _ = db.drop().await;
             released.map_err(|e| format!("a key removed from its document by an update is still taken: {e}"))
+        }
+        Feature::StreamsPastOpenTransactions => {
+            // A write outside a transaction that is left open, watched on
+            // another collection: delivered within 5 s?
+            let db = client.database(&db_name("feature_probe_streams_past_transactions"));
+            let (held, watched) = (db.collection::<bson::Document>("held"), db.collection::<bson::Document>("watched"));
+            let mut session = None;
+            let probe = async {
+                db.drop().await?;
+                held.insert_one(doc! { "_id": 0 }).await?;
+                watched.insert_one(doc! { "_id": 0 }).await?;
+                let mut stream = watched.watch().await?;
+                let mut s = client.start_session().await?;
+                s.start_transaction().await?;
+                held.insert_one(doc! { "_id": 1 }).session(&mut s).await?;
+                session = Some(s);
+                watched.insert_one(doc! { "_id": 1 }).await?;
+                Ok::<_, mongodb::error::Error>(
+                    tokio::time::timeout(std::time::Duration::from_secs(5), stream.next()).await.is_ok(),
+                )
+            };
+            let delivered = probe.await.map_err(|e| answer(&e));
+            if let Some(mut s) = session {
+                let _ = s.abort_transaction().await;
+            }
+            let _ = db.drop().await;
+            match delivered? {
+                true => Ok(()),
+                false => Err("a write was not delivered within 5 s while another transaction was open".into()),
+            }
         }
     }
 }
