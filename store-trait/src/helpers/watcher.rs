@@ -125,7 +125,7 @@ impl<S: Store> Watcher<S> {
     ///     let locks = Collection::new("locks").unwrap();
     ///     let mut w = Watcher::open_filtered(store, locks, ChangeFilter::lease_changes(), Duration::from_secs(1))
     ///         .await
-    ///         .only(Key::from("nightly"));
+    ///         .only(Key::new("nightly").unwrap());
     ///     let ev = w.changed().await;
     ///     println!("{ev:?}: re-read");
     /// }
