@@ -814,7 +814,6 @@ pub async fn watch_or_clean_absence<H: Harness>(h: &H) {
 /// (inserts, tasks made ready, leases let go without finishing, due times moved).
 pub async fn watch_filtered_delivers_what_it_admits<H: Harness>(h: &H) {
     use crate::{fields, ChangeFilter, UpdateClause};
-    use futures::StreamExt;
     let s = h.store("watch_filtered_delivers_what_it_admits").await;
     let c = coll("tasks");
     let filter = ChangeFilter::new()
@@ -861,6 +860,18 @@ pub async fn watch_filtered_delivers_what_it_admits<H: Harness>(h: &H) {
     s.delete(&c, &b, &Condition::Always).await.unwrap();
     let end = key("end");
     s.write(&c, &end, &w(Mutation::new().set("ready", false)).upsert()).await.unwrap();
+    let got: Vec<Key> = events_until(&mut stream, &end).await.into_iter().filter_map(|ev| ev.key).collect();
+    let want: Vec<Key> = expected.iter().map(|(k, _)| k.clone()).collect();
+    assert_eq!(got, want, "admitted writes (by index): {:?}", expected.iter().map(|(_, i)| i).collect::<Vec<_>>());
+    // An invalid filter is a typed error, never a subscription to everything.
+    let bad = ChangeFilter::new().update(UpdateClause::sets("a.b", true));
+    assert!(matches!(s.watch_filtered(&c, &bad).await, Err(StoreError::InvalidInput { .. })));
+}
+
+/// The events of documents (resyncs passed over) that `stream` delivers
+/// before one of `end`, each within 10 s of the last.
+async fn events_until(stream: &mut crate::ChangeStream, end: &Key) -> Vec<crate::ChangeEvent> {
+    use futures::StreamExt;
     let mut got = Vec::new();
     loop {
         let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
@@ -868,17 +879,12 @@ pub async fn watch_filtered_delivers_what_it_admits<H: Harness>(h: &H) {
             .expect("a change event within 10 s")
             .expect("stream open")
             .expect("event");
-        match ev.key {
+        match &ev.key {
             None => continue,
-            Some(k) if k == end => break,
-            Some(k) => got.push(k),
+            Some(k) if k == end => return got,
+            Some(_) => got.push(ev),
         }
     }
-    let want: Vec<Key> = expected.iter().map(|(k, _)| k.clone()).collect();
-    assert_eq!(got, want, "admitted writes (by index): {:?}", expected.iter().map(|(_, i)| i).collect::<Vec<_>>());
-    // An invalid filter is a typed error, never a subscription to everything.
-    let bad = ChangeFilter::new().update(UpdateClause::sets("a.b", true));
-    assert!(matches!(s.watch_filtered(&c, &bad).await, Err(StoreError::InvalidInput { .. })));
 }
 
 /// [`ChangeFilter::lease_changes`](crate::ChangeFilter::lease_changes), what
@@ -887,7 +893,6 @@ pub async fn watch_filtered_delivers_what_it_admits<H: Harness>(h: &H) {
 /// alone, are not.
 pub async fn lease_changes_pass_over_renewals<H: Harness>(h: &H) {
     use crate::ChangeFilter;
-    use futures::StreamExt;
     let s = h.store("lease_changes_pass_over_renewals").await;
     let c = coll("locks");
     let stream = s.watch_filtered(&c, &ChangeFilter::lease_changes()).await;
@@ -924,23 +929,8 @@ pub async fn lease_changes_pass_over_renewals<H: Harness>(h: &H) {
     s.delete(&c, &l, &Condition::Always).await.unwrap();
     let end = key("end");
     s.write(&c, &end, &w(Mutation::new().set("x", 1)).upsert()).await.unwrap();
-    let mut got = 0;
-    let mut kinds = Vec::new();
-    loop {
-        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
-            .await
-            .expect("a change event within 10 s")
-            .expect("stream open")
-            .expect("event");
-        match ev.key {
-            None => continue,
-            Some(k) if k == end => break,
-            Some(_) => {
-                got += 1;
-                kinds.push(ev.kind);
-            }
-        }
-    }
+    let kinds: Vec<ChangeKind> = events_until(&mut stream, &end).await.into_iter().map(|ev| ev.kind).collect();
+    let got = kinds.len();
     assert_eq!(got, want.len() + 1, "told of writes {want:?} and the delete; got {kinds:?}");
     assert!(!kinds.contains(&ChangeKind::Renewed), "no renewal delivered: {kinds:?}");
     assert_eq!(kinds.last(), Some(&ChangeKind::Delete));
