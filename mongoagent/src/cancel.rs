@@ -5,8 +5,9 @@
 use bson::{Bson, Document};
 use store_trait::{Condition, DeleteOutcome, Key, Mutation, Record, Store, Write};
 
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::schema::{fields, not_complete, pending};
-use crate::{AgentError, Queue};
 
 /// What a task's state must be for [`Queue::cancel`] to cancel it: not ended,
 /// and not part of a fan-in step (a task waiting for its follow-ups, a

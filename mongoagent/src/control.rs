@@ -43,7 +43,8 @@ use store_trait::{ChangeEvent, ChangeKind, Collection, Condition, Key, Mutation,
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::{AgentError, Queue};
+use crate::error::AgentError;
+use crate::queue::Queue;
 
 /// How long an agent trusts what it last read of its control document before
 /// it reads it again: a pause is seen within this long of being written, and
@@ -318,6 +319,6 @@ impl<S: Store + Clone> Queue<S> {
 
     /// A view of what the control task reads, which keeps it running (see the module's docs).
     pub(crate) fn control_view(&self) -> watch::Receiver<ControlView> {
-        self.control.view(&self.store, self.control_collection())
+        self.shared.get::<ControlWatch>().view(&self.store, self.control_collection())
     }
 }

@@ -24,9 +24,11 @@ use store_trait::{
     Condition, FaultKind, InsertOutcome, Key, Mutation, Query, Record, Store, StoreError, Write, WriteOutcome,
 };
 
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::schema::{fields, pending};
+use crate::task::NewTask;
 use crate::task::DEBOUNCE;
-use crate::{AgentError, NewTask, Queue};
 
 /// How many times a duplicate is settled again before it is an error: each
 /// round is lost only to another producer that moved the key or inserted.
@@ -275,7 +277,7 @@ fn replacement(holder: &Record, doc: &Document, after: Duration) -> Mutation {
     // As far as an enqueue's delay goes (`Queue::documents`): a start the
     // server's date arithmetic cannot overflow.
     let after = after.min(Duration::from_millis((i64::MAX / 2).unsigned_abs()));
-    let mut m = Mutation::new().set_all(set).set_time_after(fields::RUN_AT, after);
+    let mut m = Mutation::new().set_all(set).set_time_after(fields::RUN_AT, after).set_now(fields::DEBOUNCED_AT);
     for k in gone {
         m = m.unset(k);
     }

@@ -56,12 +56,23 @@ pub enum AgentError {
     /// A progress value was rejected (not a number or a small document).
     #[error("invalid progress: {0}")]
     InvalidProgress(String),
-    /// A lease operation failed.
+    /// A lease operation failed. Never `LockError::Store`: a store fault
+    /// under a lease operation is [`AgentError::Store`], so one fault has
+    /// one variant.
     #[error(transparent)]
-    Lock(#[from] LockError),
-    /// The store failed.
+    Lock(LockError),
+    /// The store failed (under a lease operation too).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<LockError> for AgentError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Store(e) => AgentError::Store(e),
+            e => AgentError::Lock(e),
+        }
+    }
 }
 
 impl AgentError {

@@ -29,7 +29,7 @@
 //! - **Transactional enqueue** ([`Queue::prepare`], MongoDB only): a task that
 //!   exists if and only if the caller's transaction commits (the outbox).
 //! - **Schedules** ([`schedule`]): cron expressions in a time zone, fixed
-//!   intervals and one-off times; any number of processes run a [`Scheduler`]
+//!   intervals and one-off times (feature `schedule`, on by default); any number of processes run a [`schedule::Scheduler`]
 //!   and each tick still becomes exactly one task, with no leader.
 //! - **Metrics** ([`metrics`]): task outcomes by queue, agent name and
 //!   outcome, and claim round trips, through the `metrics` facade
@@ -74,8 +74,10 @@ mod prepare;
 mod progress;
 mod queue;
 mod rate;
+#[cfg(feature = "schedule")]
 pub mod schedule;
 mod schema;
+mod shared;
 mod task;
 mod wait;
 
@@ -83,13 +85,12 @@ pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};
 pub use control::CONTROL_REFRESH;
 pub use error::AgentError;
 pub use events::{EventFilter, EventKind, EventStream, QueueEvent, TaskEvent};
-pub use operator::{Cancel, Delete, Requeue};
 pub use outcome::{Outcome, Retry};
 pub use prepare::PreparedTask;
 pub use progress::MAX_PROGRESS_BYTES;
 pub use queue::{Queue, QueueStats};
 pub use rate::{RateLimit, MAX_RATE_STARTS};
-pub use schedule::{Missed, Overlap, Schedule, ScheduleInfo, Scheduler, SchedulerHandle, Schedules, Upserted, When};
+
 pub use schema::{fields, TimedOutAttempt, MAX_DATA_DEPTH};
 pub use task::{Child, DedupeScope, NewTask, Task, MAX_TIMEOUT};
 pub use wait::Ended;

@@ -19,8 +19,6 @@
 
 use store_trait::Collection;
 
-use crate::Processed;
-
 /// `mongoagent_tasks_total{queue, agent, outcome}`: a task outcome this
 /// process recorded (or a cancel it made).
 pub const TASKS: &str = "mongoagent_tasks_total";
@@ -45,22 +43,10 @@ pub fn describe() {
     );
 }
 
-/// The `outcome` label of a [`Processed`].
-fn label(p: &Processed) -> &'static str {
-    match p {
-        Processed::Completed(_) => "completed",
-        Processed::Retried(_) => "retried",
-        Processed::Failed(_) => "failed_permanently",
-        Processed::Stale(_) => "stale",
-        Processed::Waiting(_) => "waiting",
-        Processed::Recovered(_) => "recovered",
-        Processed::NotStarted(_) => "not_started",
-        Processed::Abandoned(_) => "abandoned",
-    }
-}
-
-pub(crate) fn outcome(queue: &Collection, agent: &str, p: &Processed) {
-    tasks(queue, agent, label(p));
+/// A task outcome this process recorded, by its `outcome` label
+/// (`Processed::label`).
+pub(crate) fn outcome(queue: &Collection, agent: &str, outcome: &'static str) {
+    tasks(queue, agent, outcome);
 }
 
 pub(crate) fn cancelled(queue: &Collection, agent: Option<&str>) {

@@ -25,7 +25,8 @@ use std::pin::Pin;
 use bson::{doc, Document};
 use store_trait::{fields as reserved, Key, Store};
 
-use crate::{AgentError, Queue};
+use crate::error::AgentError;
+use crate::queue::Queue;
 
 type Running<'a> = Pin<Box<dyn Future<Output = Result<Vec<Key>, AgentError>> + Send + 'a>>;
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use bson::Document;
 
-use crate::{AgentError, NewTask};
+use crate::error::AgentError;
+use crate::task::NewTask;
 
 /// What a handler reports.
 #[derive(Debug, Clone, PartialEq)]

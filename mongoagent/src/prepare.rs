@@ -6,7 +6,9 @@
 use bson::Document;
 use store_trait::{Key, Store};
 
-use crate::{AgentError, DedupeScope, NewTask, Queue};
+use crate::error::AgentError;
+use crate::queue::Queue;
+use crate::task::{DedupeScope, NewTask};
 
 /// A task's document, ready to be inserted into its queue's collection by
 /// the caller ([`Queue::prepare`]).

@@ -1,24 +1,15 @@
 //! Progress reports: a running task's fenced write of how far it got.
 
-use std::sync::Arc;
-
 use bson::{Bson, Document};
-use store_trait::{Collection, Condition, Mutation, Store, Write, WriteOutcome};
+use store_trait::{Condition, Mutation, Store, Write, WriteOutcome};
 
+use crate::error::AgentError;
 use crate::schema::{fields, not_complete};
-use crate::{AgentError, Task};
+use crate::task::Task;
 
 /// The largest progress value accepted, as BSON: progress is written on every
 /// report, so it stays small (a counter and a few fields, not a result).
 pub const MAX_PROGRESS_BYTES: usize = 16 * 1024;
-
-/// What a claimed [`Task`] needs to write to its own document: the store and
-/// the queue collection, shared by the agent's tasks.
-#[derive(Debug, Clone)]
-pub(crate) struct TaskWrites {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) coll: Collection,
-}
 
 impl Task {
     /// Records how far the handler got: `value` (a number, or a small document,

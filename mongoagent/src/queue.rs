@@ -10,8 +10,10 @@ use store_trait::{
 };
 use tokio::sync::OnceCell;
 
+use crate::error::AgentError;
 use crate::schema::{claim_order, fields, not_complete, pending};
-use crate::{AgentError, NewTask};
+use crate::shared::Shared;
+use crate::task::NewTask;
 
 /// A queue collection, shared by producers and agents.
 #[derive(Debug, Clone)]
@@ -19,11 +21,9 @@ pub struct Queue<S> {
     pub(crate) store: S,
     pub(crate) coll: Collection,
     indexes: std::sync::Arc<OnceCell<()>>,
-    /// Agents on clones of this queue claim one at a time, each agent name
-    /// from its one list of candidates (`agent/candidates.rs`).
-    pub(crate) claim_gate: std::sync::Arc<tokio::sync::Mutex<crate::agent::CandidateLists>>,
-    /// The pause state its agents see (`control.rs`), shared by its clones.
-    pub(crate) control: crate::control::ControlWatch,
+    /// What the agents built on this queue's clones share: their claim gate
+    /// and their view of the pause state.
+    pub(crate) shared: Shared,
 }
 
 /// Counts of one agent's tasks by state.
@@ -68,13 +68,7 @@ impl<S: Store + Clone> Queue<S> {
     /// The queue in collection `name`.
     pub fn new(store: S, name: &str) -> Result<Self, AgentError> {
         let coll = Collection::new(name).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
-        Ok(Queue {
-            store,
-            coll,
-            indexes: Default::default(),
-            claim_gate: Default::default(),
-            control: Default::default(),
-        })
+        Ok(Queue { store, coll, indexes: Default::default(), shared: Default::default() })
     }
 
     /// The collection.
@@ -234,7 +228,7 @@ impl<S: Store + Clone> Queue<S> {
     /// The documents to insert for `tasks`.
     pub(crate) async fn documents(&self, tasks: &[NewTask]) -> Result<Vec<Document>, AgentError> {
         self.ensure_indexes().await?;
-        let windowed = |t: &NewTask| matches!(t.dedupe_scope, crate::DedupeScope::For(_));
+        let windowed = |t: &NewTask| matches!(t.dedupe_scope, crate::task::DedupeScope::For(_));
         let now = if tasks.iter().any(|t| t.delay.is_some() || windowed(t) || t.dedupe_scope.debounce().is_some()) {
             Some(self.store.now().await?)
         } else {
@@ -250,7 +244,7 @@ impl<S: Store + Clone> Queue<S> {
                     let at = now.as_millis().saturating_add(ms).max(t.run_at.map_or(i64::MIN, |a| a.as_millis()));
                     d.insert(fields::RUN_AT, bson::DateTime::from_millis(at));
                 }
-                if let (crate::DedupeScope::For(w), Some(now)) = (t.dedupe_scope, now) {
+                if let (crate::task::DedupeScope::For(w), Some(now)) = (t.dedupe_scope, now) {
                     let ms = i64::try_from(w.as_millis()).unwrap_or(i64::MAX / 2);
                     d.insert(fields::DEDUPE_UNTIL, bson::DateTime::from_millis(now.as_millis().saturating_add(ms)));
                 }

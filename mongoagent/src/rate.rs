@@ -18,11 +18,12 @@
 use std::time::Duration;
 
 use bson::Bson;
-use mongolock::{Backoff, ConfigError};
+use mongolock::unstable::Backoff;
+use mongolock::ConfigError;
 use store_trait::{Collection, Condition, Key, Mutation, Record, Store, StoreTime, Write, WriteOutcome};
 use tokio_util::sync::CancellationToken;
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// The count of starts so far.
 const NEXT: &str = "next";

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use store_trait::{fields as reserved, Condition, Order, Query};
+use store_trait::{fields as reserved, Condition, Order, Query, Record};
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// Field names of a task document. The first seven are the original
 /// `mongo_agent`'s, so queues written for it keep working.
@@ -56,7 +56,7 @@ pub mod fields {
     pub const SCHEDULE: &str = "schedule";
     /// On a task a schedule enqueued: the tick it was enqueued for (a date).
     pub const SCHEDULED_FOR: &str = "scheduled_for";
-    /// On a task of a schedule with [`crate::Overlap::Queue`]: held back (not
+    /// On a task of a schedule with [`crate::schedule::Overlap::Queue`]: held back (not
     /// ready) until the schedule's previous task ends.
     pub const OVERLAP_HELD: &str = "overlap_held";
     /// The fence from which attempts count (missing means 0): that of the run
@@ -83,6 +83,9 @@ pub mod fields {
     pub const DEDUPE_SCOPE: &str = "dedupe_scope";
     /// With a `window` scope: when the key stops blocking (store clock).
     pub const DEDUPE_UNTIL: &str = "dedupe_until";
+    /// When a debounced enqueue last gave the waiting task its data and moved
+    /// its start (store clock); missing until one did.
+    pub const DEBOUNCED_AT: &str = "debounced_at";
     /// A dedupe key that no longer blocks, kept for the record: moved here
     /// from [`DEDUPE_KEY`] when a later task with the key was enqueued.
     pub const DEDUPE_RETIRED: &str = "dedupe_key_retired";
@@ -109,7 +112,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 43] = [
+    pub const RESERVED: [&str; 44] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -147,6 +150,7 @@ pub mod fields {
         TIMEOUT_MS,
         DEDUPE_SCOPE,
         DEDUPE_UNTIL,
+        DEBOUNCED_AT,
         DEDUPE_RETIRED,
         TIMED_OUT_FENCE,
         TIMED_OUT_ATTEMPT,
@@ -213,6 +217,42 @@ pub(crate) mod pending {
             Mutation::new().set_all(stashed).unset(FENCE).unset(FIELDS),
         )
     }
+
+    /// How a task whose follow-ups are pending ends once they are active.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Finish {
+        /// Completed.
+        Complete,
+        /// Completed, with a fan-in task after the follow-ups (`Outcome::then`).
+        CompleteThen,
+        /// Waiting for them (fan-in).
+        Wait,
+    }
+
+    impl Finish {
+        pub(crate) fn as_str(self) -> &'static str {
+            match self {
+                Finish::Complete => "complete",
+                Finish::CompleteThen => "complete-then",
+                Finish::Wait => "wait",
+            }
+        }
+
+        /// The step a task records in [`PARENT_FINISH`].
+        pub(crate) fn of(data: &Document) -> Finish {
+            match data.get_str(PARENT_FINISH) {
+                Ok("wait") => Finish::Wait,
+                Ok("complete") => Finish::Complete,
+                // Unknown: the safe choice also wakes a fan-in task if there is one.
+                _ => Finish::CompleteThen,
+            }
+        }
+    }
+}
+
+/// How many times the task's follow-ups all ended and it was made ready again.
+pub(crate) fn task_round(record: &Record) -> i64 {
+    record.get_i64(fields::ROUND).unwrap_or(0).max(0)
 }
 
 /// A task's latest attempt to have ended, when it timed out, as the task's
@@ -343,6 +383,25 @@ pub(crate) fn ready_tasks(agent: &str) -> Query {
 /// step. Served by the `recover` index (`agent_name`, `claimed`).
 pub(crate) fn lapsed_tasks(agent: &str) -> Query {
     claim_order(Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true }).when(Condition::Free))
+}
+
+/// The ready task of `agent` that becomes due next (a delayed task, or one
+/// waiting to be retried): what an idle agent's timer waits for.
+pub(crate) fn next_due(agent: &str) -> Query {
+    Query::eq(doc! { fields::AGENT_NAME: agent, fields::READY: true })
+        .when(not_complete())
+        .when(Condition::DueBy(fields::RUN_AT.into()).negate())
+        .sort(fields::RUN_AT, Order::Asc)
+        .limit(1)
+}
+
+/// The claimed task of `agent` whose lease lapses next: what an idle agent's
+/// timer waits for too (its holder may crash).
+pub(crate) fn next_lapse(agent: &str) -> Query {
+    Query::eq(doc! { fields::AGENT_NAME: agent, fields::CLAIMED: true })
+        .when(Condition::Free.negate())
+        .sort(reserved::LEASE_UNTIL, Order::Asc)
+        .limit(1)
 }
 
 /// The order of claims: priority, then due time, then insertion.

@@ -7,8 +7,8 @@ use serde::de::DeserializeOwned;
 use store_trait::Key;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::AgentError;
 use crate::schema::fields;
-use crate::AgentError;
 
 /// A task to enqueue.
 ///
@@ -397,7 +397,7 @@ pub struct Task {
     pub(crate) round: u64,
     pub(crate) children: Vec<Child>,
     /// Where [`Task::progress`] writes.
-    pub(crate) writes: crate::progress::TaskWrites,
+    pub(crate) writes: TaskWrites,
 }
 
 impl Task {
@@ -514,6 +514,14 @@ impl Child {
         bson::deserialize_from_document(self.data.clone())
             .map_err(|e| AgentError::InvalidTask(format!("follow-up {} cannot be read: {e}", self.key)))
     }
+}
+
+/// What a claimed [`Task`] needs to write to its own document: the store and
+/// the queue collection, shared by the agent's tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskWrites {
+    pub(crate) store: std::sync::Arc<dyn store_trait::Store>,
+    pub(crate) coll: store_trait::Collection,
 }
 
 #[cfg(test)]

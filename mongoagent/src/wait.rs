@@ -8,8 +8,9 @@ use bson::Document;
 use futures::StreamExt;
 use store_trait::{Key, Record, Store, StoreError};
 
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::schema::{fields, pending};
-use crate::{AgentError, Queue};
 
 /// How often a waiter reads the task without a notification: where the
 /// store has none, and as a safety net where it has.

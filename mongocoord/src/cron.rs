@@ -3,7 +3,7 @@
 //!
 //! Each process upserts the schedule (idempotent by name; a changed definition
 //! gets a new version), runs a scheduler for this one schedule
-//! ([`mongoagent::Scheduler::only`]) and an agent whose tasks are its ticks.
+//! ([`mongoagent::schedule::Scheduler::only`]) and an agent whose tasks are its ticks.
 //! Each tick is one task whose id is derived from the name and the tick's
 //! instant, so the processes' schedulers enqueue it once between them, and one
 //! agent claims it. Its command runs exactly as `mongocoord agent` runs one
@@ -13,7 +13,10 @@
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Missed, NewTask, Overlap, Schedule, Schedules, Task, Upserted, When};
+use mongoagent::{
+    schedule::{Missed, Overlap, Schedule, Schedules, Upserted, When},
+    NewTask, Task,
+};
 use store_mongo::MongoStore;
 use tokio_util::sync::CancellationToken;
 

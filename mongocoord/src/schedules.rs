@@ -1,7 +1,7 @@
 //! `mongocoord schedules` and `mongocoord schedule pause|resume|delete NAME`:
 //! the schedules of a queue, when they tick next, how their last tick went.
 
-use mongoagent::{Missed, Overlap, ScheduleInfo, Schedules, When};
+use mongoagent::schedule::{Missed, Overlap, ScheduleInfo, Schedules, When};
 use serde_json::{json, Value};
 use store_trait::{Collection, Key, Store, StoreTime};
 
@@ -174,7 +174,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use bson::doc;
-    use mongoagent::{NewTask, Schedule};
+    use mongoagent::{schedule::Schedule, NewTask};
 
     #[tokio::test]
     async fn lists_and_changes_schedules() {

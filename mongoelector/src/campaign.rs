@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mongolock::{Acquire, Backoff};
+use mongolock::unstable::Backoff;
+use mongolock::Acquire;
 use store_trait::Store;
 use tokio_util::sync::CancellationToken;
 

@@ -11,12 +11,23 @@ pub enum ElectorError {
     /// there is one. Nothing was written.
     #[error("invalid elector configuration: {0}")]
     Config(ConfigError),
-    /// A lock operation failed.
+    /// A lock operation failed. Never `LockError::Store`: a store fault
+    /// under a lock operation is [`ElectorError::Store`], so one fault has
+    /// one variant.
     #[error(transparent)]
-    Lock(#[from] LockError),
-    /// The store failed.
+    Lock(LockError),
+    /// The store failed (under a lock operation too).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<LockError> for ElectorError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Store(e) => ElectorError::Store(e),
+            e => ElectorError::Lock(e),
+        }
+    }
 }
 
 /// A status document that could not be read as a [`crate::NodeReport`]: written

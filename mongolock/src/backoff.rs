@@ -7,7 +7,7 @@ use std::time::Duration;
 /// success.
 ///
 /// ```
-/// use mongolock::Backoff;
+/// use mongolock::unstable::Backoff;
 /// use std::time::Duration;
 ///
 /// let ms = Duration::from_millis;

@@ -60,7 +60,7 @@ pub enum LockError {
     /// A write through a lock's guard asked to mark the lock's document for
     /// garbage collection. Lock documents never get a `gc_at`, so no TTL index
     /// can delete one and reset its fence (only guards of task leases, kept
-    /// through [`LeasesBuilder::allow_gc`](crate::LeasesBuilder::allow_gc), may). Nothing was
+    /// through [`LeasesBuilder::allow_gc`](crate::unstable::LeasesBuilder::allow_gc), may). Nothing was
     /// written by this call.
     #[error("lock {key}: a lock document is never marked for garbage collection")]
     GcOnLock {

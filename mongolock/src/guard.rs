@@ -233,8 +233,8 @@ impl<S: Store + Clone> LockGuard<S> {
     /// release. Returns the document after the write.
     ///
     /// `changes` may mark the document for garbage collection only on a lock
-    /// kept through [`Leases`](crate::Leases) built with
-    /// [`LeasesBuilder::allow_gc`](crate::LeasesBuilder::allow_gc) (task leases);
+    /// kept through [`Leases`](crate::unstable::Leases) built with
+    /// [`LeasesBuilder::allow_gc`](crate::unstable::LeasesBuilder::allow_gc) (task leases);
     /// on a lock it is [`LockError::GcOnLock`], nothing is written by
     /// this call, and the guard is dropped (which releases in the background).
     ///

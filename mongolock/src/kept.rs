@@ -78,7 +78,7 @@ pub(crate) fn millis(d: Duration) -> i64 {
 /// One kept lease: a lock's acquisition, a semaphore's permit, a task claim.
 #[derive(Debug)]
 pub(crate) struct KeptLease<S> {
-    /// The configuration shared by every lease of its [`Leases`](crate::Leases).
+    /// The configuration shared by every lease of its [`Leases`](crate::unstable::Leases).
     pub(crate) leases: Arc<LeaseConfig<S>>,
     /// The leased document.
     pub(crate) key: Key,

@@ -21,7 +21,8 @@ use crate::guard::LockGuard;
 use crate::info::{LockMetrics, Metrics};
 use crate::keeper::keeper;
 use crate::kept::{Confirmed, KeptLease, KeptState};
-use crate::{ConfigError, Identity, LeaseTiming, LockError};
+use crate::timing::LeaseTiming;
+use crate::{ConfigError, Identity, LockError};
 
 /// Configures [`Leases`].
 #[derive(Debug)]
@@ -120,7 +121,7 @@ impl<S: Store + Clone> LeasesBuilder<S> {
 ///
 /// ```
 /// use mongolock::store_trait::{Claim, Collection, Mutation, Query, Store, Ttl};
-/// use mongolock::Leases;
+/// use mongolock::unstable::Leases;
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -123,16 +123,25 @@ mod semaphore;
 mod timing;
 
 pub use acquire::Acquire;
-pub use backoff::Backoff;
 pub use error::{ConfigError, LockError};
 pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use info::{LockInfo, LockMetrics, LockStatus, FOREIGN_LOCK_FIELDS};
-pub use lease::{Leases, LeasesBuilder};
 pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_POLL_INTERVAL, DEFAULT_TTL};
 pub use semaphore::Semaphore;
 pub use store_trait;
-pub use timing::{check_interval, LeaseTiming, MAX_INTERVAL};
+pub use timing::MAX_INTERVAL;
+
+/// The building blocks the sibling crates (`mongoelector`, `mongoagent`)
+/// share with the lock: a task claim is kept through [`unstable::Leases`]
+/// like a lock's grant, and every periodic loop backs off with
+/// [`unstable::Backoff`]. Not part of the stable API: they change with their
+/// callers, in any release.
+pub mod unstable {
+    pub use crate::backoff::Backoff;
+    pub use crate::lease::{Leases, LeasesBuilder};
+    pub use crate::timing::{check_interval, LeaseTiming};
+}
 
 /// The MongoDB backend, re-exported for convenience.
 #[cfg(feature = "mongo")]

@@ -15,7 +15,7 @@ impl<S: Store + Clone> LockGuard<S> {
     /// [`LockGuard::release_with`] would one by one; one result per guard, in
     /// order (`Err(Lost)` for a guard whose lock was no longer held: nothing of
     /// it was changed). The guards that share the first guard's
-    /// [`Leases`](crate::Leases) go to the store in one batch
+    /// [`Leases`](crate::unstable::Leases) go to the store in one batch
     /// ([`Store::write_many`]: one command on MongoDB), retried with the same
     /// nonces after a transient error; any others are released one by one.
     ///
@@ -116,7 +116,8 @@ mod tests {
     use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
     use tokio::time::Instant;
 
-    use crate::{Leases, LockError, LockGuard};
+    use crate::lease::Leases;
+    use crate::{LockError, LockGuard};
 
     /// One batch of three fenced releases: the one whose fence is stale (its
     /// document was taken over in between) is rejected and changes nothing;

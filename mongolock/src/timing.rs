@@ -15,7 +15,7 @@ pub const MAX_INTERVAL: Duration = Ttl::MAX;
 /// A validated lease timing: `renew_every + safety_margin < ttl`, all positive.
 ///
 /// ```
-/// use mongolock::LeaseTiming;
+/// use mongolock::unstable::LeaseTiming;
 /// use std::time::Duration;
 ///
 /// let t = LeaseTiming::new(Duration::from_secs(30), None, None).unwrap();

@@ -361,11 +361,11 @@ impl MongoStore {
                 ErrorKind::InsertMany(im) if im.write_concern_error.is_none() => {
                     let errs = im.write_errors.as_deref().unwrap_or_default();
                     if errs.iter().any(|w| w.code != 11000) {
-                        return Err(map_err(e));
+                        return Err(in_coll(coll)(map_err(e)));
                     }
                     errs.iter().map(|w| w.index).collect()
                 }
-                _ => return Err(map_err(e)),
+                _ => return Err(in_coll(coll)(map_err(e))),
             },
         };
         Ok(keys

@@ -114,6 +114,36 @@ mod tests {
         }
     }
 
+    /// Inside `mongoagent`, a module names another module's item by that
+    /// module's path (`crate::queue::Queue`), never through the crate root's
+    /// re-exports (`crate::Queue`): through the root, every module would
+    /// import the top of the crate, and its imports would run up and round
+    /// in circles (ARCHITECTURE.md, "mongoagent").
+    #[test]
+    fn mongoagent_modules_import_by_module_path() {
+        let mut files = Vec::new();
+        rust_files(&root().join("mongoagent").join("src"), &mut files);
+        assert!(files.len() > 10, "found the sources");
+        let mut offending = Vec::new();
+        for f in files.iter().filter(|f| !f.ends_with("src/lib.rs")) {
+            let text = std::fs::read_to_string(f).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.trim_start();
+                if code.starts_with("//") {
+                    continue;
+                }
+                let through_root = code.match_indices("crate::").any(|(at, m)| {
+                    let next = code[at + m.len()..].chars().next();
+                    next.is_some_and(|c| c.is_ascii_uppercase() || c == '{')
+                });
+                if through_root {
+                    offending.push(format!("{}:{}: {code}", f.display(), i + 1));
+                }
+            }
+        }
+        assert!(offending.is_empty(), "import through the crate root, not a module path:\n{}", offending.join("\n"));
+    }
+
     /// Every async public fn of what ships says what happens when its future is
     /// dropped, as tokio's do: a `pub async fn`, and an `async fn` of a public
     /// trait (which an implementor reads too, to keep the promise).

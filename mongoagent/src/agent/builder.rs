@@ -1,17 +1,18 @@
 //! Configuring an agent.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use mongolock::{check_interval, ConfigError, Identity, LeaseTiming, Leases};
+use mongolock::unstable::{check_interval, LeaseTiming, Leases};
+use mongolock::{ConfigError, Identity};
 use store_trait::{Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
 use super::{Agent, AgentCounters, Inner};
-use crate::{AgentError, Queue};
+use crate::error::AgentError;
+use crate::queue::Queue;
 
 /// How long a timed-out handler has to end, by default ([`AgentBuilder::timeout_grace`]).
 const DEFAULT_TIMEOUT_GRACE: Duration = Duration::from_secs(10);
@@ -305,7 +306,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             crate::task::timeout_ms(t)
                 .map_err(|_| AgentError::Config(format!("timeout {t:?}: from 1 ms to a year").into()))?;
         }
-        if self.timeout_grace > crate::MAX_TIMEOUT {
+        if self.timeout_grace > crate::task::MAX_TIMEOUT {
             return bad(format!("timeout_grace {:?} is above a year", self.timeout_grace));
         }
         let config = |e: mongolock::LockError| AgentError::Config(ConfigError::caused_by(e));
@@ -348,30 +349,30 @@ impl<S: Store + Clone> AgentBuilder<S> {
             .map_err(config)?;
         Ok(Agent {
             inner: Arc::new(Inner {
-                store: self.store,
+                store: self.store.clone(),
+                claimer: super::claim::Claimer::new(queue.clone(), self.name.clone(), identity, ttl, leases, limits),
+                finisher: super::finish::Finisher {
+                    store: self.store.clone(),
+                    queue: queue.clone(),
+                    name: self.name.clone(),
+                    max_attempts: self.max_attempts,
+                    backoff: self.backoff,
+                    retain,
+                    committer: std::sync::OnceLock::new(),
+                    log: Mutex::new(AgentCounters::default()),
+                },
                 name: self.name,
                 queue,
                 poll_interval: self.poll_interval,
                 recheck_interval: self.recheck_interval.max(self.poll_interval),
-                ttl,
-                leases,
-                max_attempts: self.max_attempts,
-                backoff: self.backoff,
                 timeout: self.timeout,
                 timeout_grace: self.timeout_grace,
                 concurrency: self.concurrency,
                 prefetch,
                 run_times: super::ahead::RunTimes::default(),
                 drain_timeout: self.drain_timeout,
-                retain,
-                identity,
                 process_while: self.process_while,
-                log: Mutex::new(AgentCounters::default()),
-                seq: AtomicU64::new(1),
-                paused: Mutex::new(None),
                 shutdown: self.shutdown_on.unwrap_or_default(),
-                committer: std::sync::OnceLock::new(),
-                limits,
             }),
         })
     }

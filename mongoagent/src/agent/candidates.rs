@@ -12,10 +12,9 @@
 //! Why: claimers on separate [`Queue`](crate::Queue)s (separate processes,
 //! or agents built with `Agent::builder`) that each claim "the first ready
 //! task" all write the same document, and the server resolves their write
-//! conflicts by retrying them. Measured on SecantusDB (N=400, a claim and a
-//! completion per task, four claimers): 12 tasks/s racing for the head of the
-//! queue, 56 claiming by key from lists (one claimer: 39 and 112, since a
-//! write found by `_id` is lighter than one found by filter and sort).
+//! conflicts by retrying them; and a write found by `_id` is lighter than one
+//! found by filter and sort (the measurements: docs/performance.md,
+//! "Constants and what chose them").
 //!
 //! Order: a claimer takes its list in claim order until it loses a candidate
 //! (another claimer took it, or it was cancelled or rescheduled since the
@@ -36,8 +35,8 @@ use tokio::time::Instant;
 
 /// The oldest a list of candidates is claimed from: how long a task enqueued
 /// ahead of the list (a higher priority, an earlier due time) may wait behind
-/// it. (Measured on SecantusDB, four racing agents: 500 ms cost 0.4 list
-/// reads per task, a second 0.2, and 20 to 60 % more tasks per second.)
+/// it. Shorter lists cost more list reads per task (docs/performance.md,
+/// "Constants and what chose them").
 const MAX_AGE: Duration = Duration::from_millis(1000);
 
 /// Claims in a row that got none of their keys, after which the list is

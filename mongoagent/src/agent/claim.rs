@@ -1,19 +1,59 @@
-//! Claiming: which tasks are claimable, in which order, and the claim itself
-//! (one `Store::claim`, whose lease the agent's `Leases` then keeps as a lock guard).
+//! The [`Claimer`]: an agent's claims, and everything they are decided by:
+//! which tasks are claimable and in which order, the agent name's list of
+//! candidates behind the claim gate it shares with the agents on clones of
+//! its queue (`candidates.rs`), the pause state, the cluster-wide limits
+//! (`limits.rs`), and the claim itself (one `Store::claim`, whose lease the
+//! agent's `Leases` then keeps as a lock guard).
 
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bson::Bson;
-use mongolock::LockGuard;
+use mongolock::unstable::Leases;
+use mongolock::{Identity, LockGuard};
+use parking_lot::Mutex;
 use store_trait::{
-    fields as reserved, ChangeEvent, ChangeFilter, ChangeKind, Claim, Key, Mutation, Query, Record, Store, UpdateClause,
+    fields as reserved, ChangeEvent, ChangeFilter, ChangeKind, Claim, Key, Mutation, Query, Record, Store, Ttl,
+    UpdateClause,
 };
 use tokio::time::Instant;
 
 use super::candidates::Candidates;
-use super::Agent;
+use super::limits::{Limits, Permit};
+use crate::control::{ControlWatch, CONTROL_REFRESH};
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::schema::{fields, lapsed_tasks, ready_tasks};
-use crate::AgentError;
+
+/// The claim gate of the agents on clones of one queue: they claim one at a
+/// time, each agent name from its one list of candidates, so they never race
+/// each other for a key. Kept in the queue's [`Shared`](crate::shared::Shared).
+#[derive(Default)]
+struct ClaimGate(tokio::sync::Mutex<HashMap<String, Candidates>>);
+
+/// An agent's claims. Built once per agent; its methods are the only way
+/// the agent takes tasks.
+pub(super) struct Claimer<S: Store + Clone> {
+    store: S,
+    queue: Queue<S>,
+    name: String,
+    identity: Identity,
+    ttl: Ttl,
+    /// Keeps every claim's lease: built once per agent, used by every claim.
+    leases: Leases<S>,
+    /// Numbers the claims: each claim's owner, and every sixteenth claim's
+    /// look at lapsed tasks first.
+    seq: AtomicU64,
+    /// What the agent last saw of its pause state, and when: without the
+    /// queue's control notifications it reads its control document again
+    /// after [`CONTROL_REFRESH`].
+    paused: Mutex<Option<(Instant, bool)>>,
+    gate: Arc<ClaimGate>,
+    control: Arc<ControlWatch>,
+    /// The cluster-wide limits of the agent name (permits, starts per interval).
+    pub(super) limits: Limits<S>,
+}
 
 /// The changes that may make a task claimable, which wake an idle agent
 /// ([`Store::watch_filtered`]; on MongoDB filtered on the server): a task
@@ -24,7 +64,7 @@ use crate::AgentError;
 /// never leave the server, except the releases that let a lease go apart from
 /// `complete: true`: a follow-up's completion that still tells its waiter, a
 /// recovered fan-in step, a waiting task let go with follow-ups still open
-/// (they wake idle agents into a claim, as before the filter). A lapsed lease
+/// (they wake idle agents into a claim). A lapsed lease
 /// is no change at all: the idle agent's timer covers it (`Agent::idle_wait`),
 /// and so it covers anything another program does that this filter does not
 /// foresee.
@@ -41,7 +81,7 @@ pub(super) struct Claimed<S: Store + Clone> {
     pub(super) guard: LockGuard<S>,
     pub(super) record: Record,
     /// The permit of the agent name's global concurrency it runs under, if limited.
-    pub(super) permit: Option<super::limits::Permit<S>>,
+    pub(super) permit: Option<Permit<S>>,
 }
 
 /// What one claim call got: its tasks, and whether it gave up with ready
@@ -133,7 +173,7 @@ impl Take {
 /// premise holds only after a claim that saw the whole queue; so the usual
 /// claim follows after a pause (the last claim saw nothing while paused), and
 /// under a global concurrency limit (the last claim may have found no permit,
-/// and permits free without a queue event: [`Agent::claim_limited`]).
+/// and permits free without a queue event: [`Claimer::claim`]).
 #[derive(Debug, Default)]
 pub(super) struct Woken {
     /// Keys of inserted documents, in the order of their events (at most
@@ -166,7 +206,48 @@ impl Woken {
 /// Reads of a candidate list per claim, at most.
 const READS: u32 = 2;
 
-impl<S: Store + Clone> Agent<S> {
+impl<S: Store + Clone> Claimer<S> {
+    /// The claimer of agent `name` on `queue`, its leases kept for `ttl`.
+    pub(super) fn new(
+        queue: Queue<S>,
+        name: String,
+        identity: Identity,
+        ttl: Ttl,
+        leases: Leases<S>,
+        limits: Limits<S>,
+    ) -> Self {
+        Claimer {
+            store: queue.store.clone(),
+            gate: queue.shared.get::<ClaimGate>(),
+            control: queue.shared.get::<ControlWatch>(),
+            queue,
+            name,
+            identity,
+            ttl,
+            leases,
+            seq: AtomicU64::new(1),
+            paused: Mutex::new(None),
+            limits,
+        }
+    }
+
+    /// Gives a task's permit back once the task has ended
+    /// ([`Limits::give_back`]); `stopping`: the agent stops, so no next claim
+    /// will take it.
+    pub(super) async fn give_back(&self, permit: Option<Permit<S>>, stopping: bool) {
+        self.limits.give_back(&self.name, permit, stopping).await;
+    }
+
+    /// Releases the permits kept for a next claim that is not coming.
+    pub(super) async fn release_pooled(&self) {
+        self.limits.release_pooled(&self.name).await;
+    }
+
+    /// The pause state this agent last saw, if it looked yet.
+    pub(super) fn seen_paused(&self) -> Option<bool> {
+        self.paused.lock().map(|(_, paused)| paused)
+    }
+
     /// Claims up to `capacity` tasks: the tasks inserted while it was idle
     /// first, by key (`woken`: [`Woken`]); then ready tasks, by key from the
     /// agent name's list of candidates (`candidates.rs`); tasks whose claim
@@ -175,35 +256,73 @@ impl<S: Store + Clone> Agent<S> {
     /// for one task (and one `find` of keys per list); a batch
     /// ([`BATCH_FROM`] or more free slots) in two by key (three by query),
     /// each task's claim fenced and leased on its own.
+    ///
+    /// Within the agent name's cluster-wide limits: with a global
+    /// concurrency, first `min(capacity, free permits)` permits in one batch
+    /// (none: nothing is claimed; one only after a claim that found
+    /// nothing), then at most as many tasks (permits left over go back at
+    /// once). (A rate limit's start is taken by each task just before its
+    /// handler runs: [`Limits::rate_start`].)
+    ///
+    /// The pause state is looked at once, when it is this agent's turn at
+    /// the claim gate (a turn waited for is no time for a pause to go unseen
+    /// in), and before any permit is taken.
     pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Claims<S>, AgentError> {
-        let inner = &self.inner;
         // Agents sharing a `Queue` take turns, and share their name's list of
         // candidates (`candidates.rs`): they never race each other for a key.
-        let mut lists = inner.queue.claim_gate.lock().await;
-        // The pause state once it is this agent's turn: a turn waited for is
-        // no time for a pause to go unseen in.
-        let was_paused = inner.paused.lock().is_none_or(|(_, paused)| paused);
+        let mut lists = self.gate.0.lock().await;
+        let was_paused = self.seen_paused().unwrap_or(true);
         if self.paused().await? {
             return Ok(Claims::none());
         }
-        let seq = inner.seq.fetch_add(1, Ordering::Relaxed);
+        let list = lists.entry(self.name.clone()).or_insert_with(|| Candidates::new(self.seed()));
+        let Some(mut permits) = self.limits.acquire(capacity).await? else {
+            return self.claim_unlimited(list, capacity, woken, was_paused).await;
+        };
+        if permits.is_empty() {
+            tracing::debug!(agent = %self.name, "no free permit of the global concurrency: not claiming");
+            return Ok(Claims::none());
+        }
+        // Dropped on an error: the permits are released in the background.
+        // Its last claim may have found no permit, not no task: a keyed
+        // claim of inserted tasks never stands for the usual one here.
+        let woken = woken.map(Woken::then_claim_as_usual);
+        let mut claimed = self.claim_unlimited(list, permits.len(), woken, was_paused).await?;
+        self.limits.claimed(claimed.tasks.len());
+        let spare = permits.split_off(claimed.tasks.len().min(permits.len()));
+        self.limits.release(&self.name, spare).await;
+        for (c, p) in claimed.tasks.iter_mut().zip(permits) {
+            c.permit = Some(p);
+        }
+        Ok(claimed)
+    }
+
+    /// [`Claimer::claim`] once its turn, the pause state and the limits
+    /// allowed it `capacity` tasks.
+    async fn claim_unlimited(
+        &self,
+        list: &mut Candidates,
+        capacity: usize,
+        woken: Option<Woken>,
+        was_paused: bool,
+    ) -> Result<Claims<S>, AgentError> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         if let Some(Woken { inserted: keys, other }) = woken.filter(|w| !w.inserted.is_empty()) {
             // More keys than slots: the store picks among them in claim order.
             let take = if keys.len() > capacity { Take::for_query(capacity) } else { Take::for_keys(keys.len()) };
-            let got = self.claim_from(&ready_tasks(&inner.name).keys(keys), seq, take).await?;
+            let got = self.claim_from(&ready_tasks(&self.name).keys(keys), seq, take).await?;
             // Not after a pause: the claims while paused saw nothing.
             if !got.is_empty() || !(other || was_paused) {
                 return Ok(Claims::got(got));
             }
         }
-        let lapsed = lapsed_tasks(&inner.name);
+        let lapsed = lapsed_tasks(&self.name);
         if seq % 16 == 0 {
             let got = self.claim_from(&lapsed, seq, Take::for_query(capacity)).await?;
             if !got.is_empty() {
                 return Ok(Claims::got(got));
             }
         }
-        let list = lists.entry(inner.name.clone()).or_insert_with(|| Candidates::new(self.seed()));
         let ready = self.claim_ready(list, seq, capacity).await?;
         if !ready.tasks.is_empty() || seq % 16 == 0 {
             return Ok(ready);
@@ -216,8 +335,7 @@ impl<S: Store + Clone> Agent<S> {
     /// it (at most [`READS`] times per call: a claimer that keeps losing its
     /// candidates gives up, [`Claims::outrun`], and tries again after a backoff).
     async fn claim_ready(&self, list: &mut Candidates, seq: u64, capacity: usize) -> Result<Claims<S>, AgentError> {
-        let inner = &self.inner;
-        let ready = ready_tasks(&inner.name);
+        let ready = ready_tasks(&self.name);
         let mut reads = 0;
         loop {
             if list.needs_read() {
@@ -232,7 +350,7 @@ impl<S: Store + Clone> Agent<S> {
                 reads += 1;
                 let window = Candidates::window(capacity);
                 // A failed read leaves the list as it was: still to be read.
-                let keys = inner.store.find_keys(&inner.queue.coll, &ready.clone().limit(window)).await?;
+                let keys = self.store.find_keys(&self.queue.coll, &ready.clone().limit(window)).await?;
                 list.refill(keys, window);
             }
             let keys = list.take(Take::for_query(capacity).count());
@@ -254,75 +372,73 @@ impl<S: Store + Clone> Agent<S> {
     fn seed(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (self.inner.identity.to_string(), &self.inner.name).hash(&mut h);
+        (self.identity.to_string(), &self.name).hash(&mut h);
         h.finish()
     }
 
-    /// Whether this agent's name is paused on its queue ([`Queue::set_paused`](crate::Queue::set_paused)):
+    /// Whether this agent's name is paused on its queue ([`Queue::set_paused`]):
     /// what the queue's control task last read while its subscription is live
     /// (an agent of the queue is idle; no read here) and that read is younger
-    /// than [`crate::CONTROL_REFRESH`]; else the agent's own read of its
-    /// control document, at most [`crate::CONTROL_REFRESH`] old.
-    pub(super) async fn paused(&self) -> Result<bool, AgentError> {
-        let inner = &self.inner;
-        let cached = *inner.paused.lock();
-        let view = inner.queue.control.peek();
+    /// than [`CONTROL_REFRESH`]; else the agent's own read of its
+    /// control document, at most [`CONTROL_REFRESH`] old.
+    async fn paused(&self) -> Result<bool, AgentError> {
+        let cached = *self.paused.lock();
+        let view = self.control.peek();
         // Stamped with when the read behind the answer was sent, not when
         // it was looked at: an answer is trusted for `CONTROL_REFRESH` from
         // the read, so that the bound holds from the pause's write.
         let (read_at, paused) = match view {
-            Some((at, names)) => (at, names.contains(&inner.name)),
+            Some((at, names)) => (at, names.contains(&self.name)),
             None => match cached {
-                Some((at, paused)) if at.elapsed() < crate::CONTROL_REFRESH => return Ok(paused),
+                Some((at, paused)) if at.elapsed() < CONTROL_REFRESH => return Ok(paused),
                 _ => {
                     let sent = Instant::now();
-                    let paused = inner.queue.is_paused(&inner.name).await?;
+                    let paused = self.queue.is_paused(&self.name).await?;
                     if paused {
                         // So that the resume reaches this agent while it idles.
-                        inner.queue.control.needed();
+                        self.control.needed();
                     }
                     (sent, paused)
                 }
             },
         };
         if cached.map_or(paused, |(_, was)| was != paused) {
-            tracing::info!(agent = %inner.name, paused, "agent pause state seen");
+            tracing::info!(agent = %self.name, paused, "agent pause state seen");
         }
-        *inner.paused.lock() = Some((read_at, paused));
+        *self.paused.lock() = Some((read_at, paused));
         Ok(paused)
     }
 
-    pub(super) async fn claim_from(&self, query: &Query, seq: u64, take: Take) -> Result<Vec<Claimed<S>>, AgentError> {
-        let inner = &self.inner;
+    async fn claim_from(&self, query: &Query, seq: u64, take: Take) -> Result<Vec<Claimed<S>>, AgentError> {
         // One owner per call: a batch's tasks share it, each with its own fence.
-        let owner = format!("{}/{}/{}", inner.identity, inner.name, seq);
+        let owner = format!("{}/{}/{}", self.identity, self.name, seq);
         let claim = Claim {
             query: query.clone(),
             mutation: Mutation::new()
-                .grant(owner, inner.ttl)
+                .grant(owner, self.ttl)
                 .bump_fence()
                 .set(fields::READY, false)
                 .set(fields::CLAIMED, true)
-                .set(fields::AGENT_HOST, inner.identity.host())
+                .set(fields::AGENT_HOST, self.identity.host())
                 .set_now(fields::STARTED_AT)
                 // A running task is never collected, whatever marked it before.
                 .clear_gc(),
         };
         let sent = Instant::now();
         let records = match take {
-            Take::Batch(n) => inner.store.claim_many(&inner.queue.coll, &claim, n).await?,
-            Take::One => inner.store.claim(&inner.queue.coll, &claim).await?.into_iter().collect(),
+            Take::Batch(n) => self.store.claim_many(&self.queue.coll, &claim, n).await?,
+            Take::One => self.store.claim(&self.queue.coll, &claim).await?.into_iter().collect(),
         };
-        crate::metrics::claimed(&inner.queue.coll, &inner.name, sent.elapsed());
+        crate::metrics::claimed(&self.queue.coll, &self.name, sent.elapsed());
         let mut claimed = Vec::with_capacity(records.len());
         for record in records {
             // Kept like a lock's acquisition, by the agent's one `Leases`.
-            let guard = inner.leases.keep(&record, sent)?;
-            tracing::debug!(agent = %inner.name, task = %record.key(), fence = record.fence(), "task claimed");
+            let guard = self.leases.keep(&record, sent)?;
+            tracing::debug!(agent = %self.name, task = %record.key(), fence = record.fence(), "task claimed");
             claimed.push(Claimed { guard, record, permit: None });
         }
         if !claimed.is_empty() {
-            inner.queue.control.needed();
+            self.control.needed();
         }
         Ok(claimed)
     }

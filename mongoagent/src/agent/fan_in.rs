@@ -5,20 +5,22 @@ use bson::{Bson, Document};
 use mongolock::{LockError, LockGuard};
 use store_trait::{Condition, Key, Mutation, Query, Record, Store, StoreError};
 
-use super::{Agent, Processed};
-use crate::schema::{fields, not_complete, pending};
-use crate::task::Child;
-use crate::{AgentError, NewTask};
+use super::finish::Finisher;
+use super::Processed;
+use crate::error::AgentError;
+use crate::schema::pending::{self, Finish};
+use crate::schema::{fields, not_complete, task_round};
+use crate::task::{Child, NewTask};
 
 /// The follow-ups of `waiter`'s round `round`, in the order they were returned.
 pub(crate) fn joined_to(waiter: &Bson, round: i64) -> Query {
     Query::eq(bson::doc! { fields::JOIN: waiter.clone(), fields::JOIN_ROUND: round })
 }
 
-impl<S: Store + Clone> Agent<S> {
+impl<S: Store + Clone> Finisher<S> {
     /// Records a handler's outcome whose follow-ups were enqueued pending (with
     /// this claim's fence): one fenced write that keeps the claim and names the
-    /// fence whose follow-ups are the task's, then [`Agent::end_with_follow_ups`].
+    /// fence whose follow-ups are the task's, then [`Finisher::end_with_follow_ups`].
     /// A stale run's write is rejected, so its follow-ups are never activated.
     pub(super) async fn hand_over(
         &self,
@@ -57,8 +59,8 @@ impl<S: Store + Clone> Agent<S> {
                 Processed::Waiting(key.clone())
             }
         };
-        tracing::info!(agent = %self.inner.name, task = %key, fence, outcome = ?result, "task finished; activating its follow-ups");
-        crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &result);
+        tracing::info!(agent = %self.name, task = %key, fence, outcome = ?result, "task finished; activating its follow-ups");
+        crate::metrics::outcome(&self.queue.coll, &self.name, result.label());
         self.end_with_follow_ups(guard, &key, record, fence, finish).await?;
         Ok(result)
     }
@@ -88,7 +90,7 @@ impl<S: Store + Clone> Agent<S> {
                     Err(LockError::Lost { .. }) => return Ok(()),
                     Err(e) => return Err(e.into()),
                 }
-                tracing::info!(agent = %self.inner.name, task = %key, round, "task waits for its follow-ups");
+                tracing::info!(agent = %self.name, task = %key, round, "task waits for its follow-ups");
                 self.settle_wait(guard, key, round).await.map(drop)
             }
             Finish::Complete | Finish::CompleteThen => {
@@ -131,15 +133,15 @@ impl<S: Store + Clone> Agent<S> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone() })
             .when(Condition::Exists(pending::FENCE.into()));
-        let found = self.inner.store.find(&self.inner.queue.coll, &q).await?;
+        let found = self.store.find(&self.queue.coll, &q).await?;
         let (mut ours, theirs): (Vec<_>, Vec<_>) =
             found.into_iter().partition(|r| r.get_i64(pending::FENCE) == Some(fence));
         ours.sort_by_key(|r| pending::is_fan_in(r.data()));
         for r in &ours {
-            self.inner.store.write(&self.inner.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
+            self.store.write(&self.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
         }
         if !ours.is_empty() {
-            tracing::debug!(agent = %self.inner.name, task = %parent, count = ours.len(), "follow-ups activated");
+            tracing::debug!(agent = %self.name, task = %parent, count = ours.len(), "follow-ups activated");
         }
         self.discard_older(theirs, fence).await
     }
@@ -156,14 +158,14 @@ impl<S: Store + Clone> Agent<S> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let q = Query::eq(bson::doc! { fields::PARENT: parent.as_bson().clone() })
             .when(Condition::Exists(pending::FENCE.into()));
-        let found = match self.inner.store.find(&self.inner.queue.coll, &q).await {
+        let found = match self.store.find(&self.queue.coll, &q).await {
             Ok(found) => found,
             Err(e) => {
-                return tracing::warn!(agent = %self.inner.name, task = %parent, error = %e, "could not look for stale pending follow-ups")
+                return tracing::warn!(agent = %self.name, task = %parent, error = %e, "could not look for stale pending follow-ups")
             }
         };
         if let Err(e) = self.discard_older(found, fence).await {
-            tracing::warn!(agent = %self.inner.name, task = %parent, error = %e, "could not remove stale pending follow-ups");
+            tracing::warn!(agent = %self.name, task = %parent, error = %e, "could not remove stale pending follow-ups");
         }
     }
 
@@ -186,7 +188,7 @@ impl<S: Store + Clone> Agent<S> {
     /// has moved on.
     pub(super) async fn discard_stale_follow_ups(&self, parent: &Key, fence: u64) -> Result<(), AgentError> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
-        let (store, coll) = (&self.inner.store, &self.inner.queue.coll);
+        let (store, coll) = (&self.store, &self.queue.coll);
         let current = store.get(coll, parent).await?.record;
         if current.as_ref().and_then(|r| r.get_i64(pending::PARENT_FENCE)) == Some(fence) {
             return Ok(());
@@ -201,8 +203,8 @@ impl<S: Store + Clone> Agent<S> {
     /// Deletes one follow-up while it is still pending with `fence`.
     async fn discard_pending(&self, key: &Key, fence: i64) -> Result<(), AgentError> {
         let still = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(fence));
-        self.inner.store.delete(&self.inner.queue.coll, key, &still).await?;
-        tracing::info!(agent = %self.inner.name, task = %key, stale_fence = fence, "a stale claim's pending follow-up removed");
+        self.store.delete(&self.queue.coll, key, &still).await?;
+        tracing::info!(agent = %self.name, task = %key, stale_fence = fence, "a stale claim's pending follow-up removed");
         Ok(())
     }
 
@@ -219,14 +221,14 @@ impl<S: Store + Clone> Agent<S> {
         let changes = if open == 0 { wake(Mutation::new(), round) } else { Mutation::new() };
         let out = guard.release_with(changes.set(fields::CLAIMED, false)).await;
         if open == 0 && out.is_ok() {
-            tracing::info!(agent = %self.inner.name, task = %key, round, "follow-ups all ended: task ready again");
+            tracing::info!(agent = %self.name, task = %key, round, "follow-ups all ended: task ready again");
         }
         out
     }
 
     pub(super) async fn open_children(&self, waiter: &Bson, round: i64) -> Result<u64, StoreError> {
         let q = joined_to(waiter, round).when(not_complete());
-        self.inner.store.count(&self.inner.queue.coll, &q).await
+        self.store.count(&self.queue.coll, &q).await
     }
 
     /// After a follow-up ended: if every follow-up of its waiter's round has
@@ -247,8 +249,8 @@ impl<S: Store + Clone> Agent<S> {
             Condition::FieldEq(fields::WAITING.into(), Bson::Int64(round)),
             wake(Mutation::new(), round),
         );
-        if self.inner.store.write(&self.inner.queue.coll, &key, &w).await?.is_applied() {
-            tracing::info!(agent = %self.inner.name, task = %key, round, "follow-ups all ended: task ready");
+        if self.store.write(&self.queue.coll, &key, &w).await?.is_applied() {
+            tracing::info!(agent = %self.name, task = %key, round, "follow-ups all ended: task ready");
         }
         Ok(())
     }
@@ -258,11 +260,11 @@ impl<S: Store + Clone> Agent<S> {
     /// because it still had to read them. Best effort: a failure is logged, and
     /// leaves them kept, never lost.
     pub(super) async fn collect_children(&self, key: &Key, record: &Record) {
-        let Some(ttl) = self.inner.retain else { return };
+        let Some(ttl) = self.retain else { return };
         if task_round(record) == 0 {
             return;
         }
-        let (store, coll) = (&self.inner.store, &self.inner.queue.coll);
+        let (store, coll) = (&self.store, &self.queue.coll);
         let joined = Query::eq(bson::doc! { fields::JOIN: key.as_bson().clone() });
         let ended = Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true));
         let mark = store_trait::Write::new(ended, Mutation::new().gc_after(ttl));
@@ -273,13 +275,13 @@ impl<S: Store + Clone> Agent<S> {
             Ok::<(), StoreError>(())
         };
         if let Err(e) = result.await {
-            tracing::warn!(agent = %self.inner.name, task = %key, error = %e, "could not mark follow-ups for garbage collection; they are kept");
+            tracing::warn!(agent = %self.name, task = %key, error = %e, "could not mark follow-ups for garbage collection; they are kept");
         }
     }
 
     /// The follow-ups `key` waited for in `round`, in the order they were returned.
     pub(super) async fn children(&self, key: &Key, round: i64) -> Result<Vec<Child>, AgentError> {
-        let found = self.inner.store.find(&self.inner.queue.coll, &joined_to(key.as_bson(), round)).await?;
+        let found = self.store.find(&self.queue.coll, &joined_to(key.as_bson(), round)).await?;
         let mut children: Vec<Child> =
             found.into_iter().map(|r| Child { key: r.key().clone(), data: r.into_data() }).collect();
         let position = |c: &Child| c.key.to_string().rsplit('/').next().and_then(|i| i.parse::<u64>().ok());
@@ -312,7 +314,7 @@ impl<S: Store + Clone> Agent<S> {
         // A wait on this task extends to the fan-in task: it is enqueued before
         // this task ends, so the waiter always sees one of them open.
         waiter.join = record.get(fields::JOIN).map(|w| (w.clone(), record.get_i64(fields::JOIN_ROUND).unwrap_or(0)));
-        self.inner.queue.enqueue_pending(std::slice::from_ref(&waiter), fence).await
+        self.queue.enqueue_pending(std::slice::from_ref(&waiter), fence).await
     }
 
     /// Enqueues follow-ups, pending with the parent's claim `fence`, with ids
@@ -340,44 +342,8 @@ impl<S: Store + Clone> Agent<S> {
                 t
             })
             .collect();
-        self.inner.queue.enqueue_pending(&tasks, fence).await
+        self.queue.enqueue_pending(&tasks, fence).await
     }
-}
-
-/// How a task whose follow-ups are pending ends once they are active.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Finish {
-    /// Completed.
-    Complete,
-    /// Completed, with a fan-in task after the follow-ups (`Outcome::then`).
-    CompleteThen,
-    /// Waiting for them (fan-in).
-    Wait,
-}
-
-impl Finish {
-    fn as_str(self) -> &'static str {
-        match self {
-            Finish::Complete => "complete",
-            Finish::CompleteThen => "complete-then",
-            Finish::Wait => "wait",
-        }
-    }
-
-    /// The step a task records in [`pending::PARENT_FINISH`].
-    pub(super) fn of(data: &Document) -> Finish {
-        match data.get_str(pending::PARENT_FINISH) {
-            Ok("wait") => Finish::Wait,
-            Ok("complete") => Finish::Complete,
-            // Unknown: the safe choice also wakes a fan-in task if there is one.
-            _ => Finish::CompleteThen,
-        }
-    }
-}
-
-/// How many times the task's follow-ups all ended and it was made ready again.
-pub(super) fn task_round(record: &Record) -> i64 {
-    record.get_i64(fields::ROUND).unwrap_or(0).max(0)
 }
 
 /// Follow-up ids: `parent/i` on a first run, `parent@round/i` after `round` joins.

@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use bson::Document;
 use mongolock::{LockError, LockGuard};
-use store_trait::{Key, Mutation, Record, Store};
+use parking_lot::Mutex;
+use store_trait::{Key, Mutation, Record, Store, Ttl};
 
-use super::fan_in::{task_round, Finish};
-use super::{Agent, Processed};
-use crate::schema::{fields, timed_out};
-use crate::{AgentError, Outcome, Retry};
+use super::commit::Committer;
+use super::{AgentCounters, Processed};
+use crate::error::AgentError;
+use crate::outcome::{Outcome, Retry};
+use crate::schema::pending::Finish;
+use crate::schema::{fields, task_round, timed_out};
 
 /// What an outcome write records of a timed-out attempt
 /// ([`TimedOutAttempt`](crate::TimedOutAttempt)).
@@ -26,7 +29,28 @@ pub(super) enum TimeoutMark {
     Keep,
 }
 
-impl<S: Store + Clone> Agent<S> {
+/// An agent's outcomes: the fenced writes that record what its handlers
+/// reported (group-committed, `commit.rs`), the retry policy, the fan-in
+/// steps (`fan_in.rs`), and the counters they keep. Built once per agent.
+pub(super) struct Finisher<S: Store + Clone> {
+    pub(super) store: S,
+    pub(super) queue: crate::queue::Queue<S>,
+    pub(super) name: String,
+    pub(super) max_attempts: u32,
+    pub(super) backoff: (Duration, Duration),
+    /// How long ended tasks are kept, if they are collected at all.
+    pub(super) retain: Option<Ttl>,
+    /// The group commit of outcome writes, started by the first outcome.
+    pub(super) committer: std::sync::OnceLock<Committer<S>>,
+    pub(super) log: Mutex<AgentCounters>,
+}
+
+impl<S: Store + Clone> Finisher<S> {
+    /// Adds to the agent's counters.
+    pub(super) fn bump(&self, f: impl FnOnce(&mut AgentCounters)) {
+        f(&mut self.log.lock());
+    }
+
     /// Records `outcome`, the outcome of an attempt that did not time out.
     pub(super) async fn finish(
         &self,
@@ -46,7 +70,6 @@ impl<S: Store + Clone> Agent<S> {
         outcome: Outcome,
         mark: TimeoutMark,
     ) -> Result<Processed, AgentError> {
-        let inner = &self.inner;
         let key = record.key().clone();
         let fence = guard.fence();
         let round = task_round(record);
@@ -134,7 +157,7 @@ impl<S: Store + Clone> Agent<S> {
         } else {
             let changes = if ended { self.close(changes, record.data()) } else { changes };
             // Group-committed with other tasks' outcomes (see `commit`).
-            let committer = inner.committer.get_or_init(super::commit::Committer::start);
+            let committer = self.committer.get_or_init(Committer::start);
             committer.release_with(guard, changes).await.map(|()| None)
         };
         match applied {
@@ -145,8 +168,8 @@ impl<S: Store + Clone> Agent<S> {
                     Processed::Failed(_) => l.failed_permanently += 1,
                     _ => {}
                 });
-                tracing::info!(agent = %inner.name, task = %key, fence, outcome = ?result, "task finished");
-                crate::metrics::outcome(&inner.queue.coll, &inner.name, &result);
+                tracing::info!(agent = %self.name, task = %key, fence, outcome = ?result, "task finished");
+                crate::metrics::outcome(&self.queue.coll, &self.name, result.label());
                 if let Some(guard) = kept {
                     self.notify_waiter(record).await?;
                     match guard.release_with(self.close(Mutation::new(), record.data())).await {
@@ -167,18 +190,18 @@ impl<S: Store + Clone> Agent<S> {
 
     /// How many attempts a round of `record` may have: its own limit, else the agent's.
     pub(super) fn attempt_limit(&self, record: &Record) -> u64 {
-        record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(self.inner.max_attempts), |n| n.max(1) as u64)
+        record.get_i64(fields::MAX_ATTEMPTS).map_or(u64::from(self.max_attempts), |n| n.max(1) as u64)
     }
 
     pub(super) fn stale(&self, key: &Key, fence: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
         self.bump(|l| l.stale_rejected += 1);
-        tracing::warn!(agent = %self.inner.name, task = %key, fence, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
-        crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &Processed::Stale(key.clone()));
+        tracing::warn!(agent = %self.name, task = %key, fence, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
+        crate::metrics::outcome(&self.queue.coll, &self.name, Processed::Stale(key.clone()).label());
         Processed::Stale(key.clone())
     }
 
     /// The changes that end a task (completed or failed for good); the claim is
-    /// let go by [`Agent::close`].
+    /// let go by [`Finisher::close`].
     pub(super) fn finished(&self, m: Mutation, attempt: u64) -> Mutation {
         m.set(fields::COMPLETE, true)
             .set(fields::READY, false)
@@ -189,17 +212,17 @@ impl<S: Store + Clone> Agent<S> {
     /// Lets go of an ended task (and schedules its garbage collection). A
     /// follow-up something waits for (`join`) is not marked: its waiter reads it
     /// when it runs again, and marks it when it ends itself
-    /// ([`Agent::collect_children`]).
+    /// ([`Finisher::collect_children`]).
     pub(super) fn close(&self, m: Mutation, data: &Document) -> Mutation {
         let m = m.set(fields::CLAIMED, false);
-        match self.inner.retain {
+        match self.retain {
             Some(ttl) if !data.contains_key(fields::JOIN) => m.gc_after(ttl),
             _ => m,
         }
     }
 
     pub(super) fn backoff(&self, attempt: u64) -> Duration {
-        let (base, max) = self.inner.backoff;
+        let (base, max) = self.backoff;
         let exp = base.saturating_mul(1_u32 << attempt.saturating_sub(1).min(20)).min(max);
         exp.mul_f64(0.5 + fastrand::f64())
     }
@@ -226,7 +249,9 @@ fn follow_ups_not_enqueued(e: &AgentError) -> Outcome {
 /// Every follow-up is checked before the first is enqueued, so a bad one
 /// fails the outcome for good (saying which and why) and leaves no pending
 /// sibling behind: a follow-up is never dropped while its parent completes.
-pub(super) fn check_follow_ups<'a>(follow_ups: impl IntoIterator<Item = &'a crate::NewTask>) -> Result<(), String> {
+pub(super) fn check_follow_ups<'a>(
+    follow_ups: impl IntoIterator<Item = &'a crate::task::NewTask>,
+) -> Result<(), String> {
     for (i, t) in follow_ups.into_iter().enumerate() {
         t.to_document().map_err(|e| format!("follow-up {i} (for {:?}) cannot be enqueued: {e}", t.agent_name))?;
     }

@@ -10,7 +10,7 @@
 //! most `PERMIT_REUSE` after its grant; what that claim does not use is
 //! released). An agent that holds no
 //! permit claims nothing. Permits are leases kept through the one lease seam
-//! (`mongolock::Leases`, through the semaphore's lock), so a crashed process's
+//! (`mongolock::unstable::Leases`, through the semaphore's lock), so a crashed process's
 //! permits lapse with their lease, and a permit whose lease is lost cancels
 //! its task (the handler's cancellation fires) before another process can take
 //! it.
@@ -22,22 +22,21 @@ use mongolock::{ConfigError, Identity, Lock, LockGuard, Semaphore};
 use store_trait::{Mutation, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::claim::{Claims, Woken};
 use super::commit::Committer;
-use super::Agent;
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::rate::{RateGate, RateLimit};
-use crate::{AgentError, Queue};
 
 /// How long a permit may pass from a task that ended to the agent's next
 /// claim before it is released and taken afresh: agents waiting for a permit
-/// get their turn at least this often. (Measured on SecantusDB with a limit
-/// of 1,000 that never binds, 16 slots at about 18 tasks/s: with 1 s a
-/// permit served about one task and the limit cost 1.1 commands per task.)
+/// get their turn at least this often. Long enough that a permit serves many
+/// tasks while the limit does not bind (the measurement behind it:
+/// docs/performance.md, "Constants and what chose them").
 const PERMIT_REUSE: Duration = Duration::from_secs(10);
 
 /// A permit of the global concurrency and when it was granted.
 pub(super) struct Permit<S: Store + Clone> {
-    guard: LockGuard<S>,
+    pub(super) guard: LockGuard<S>,
     granted: tokio::time::Instant,
 }
 
@@ -120,120 +119,107 @@ impl<S: Store + Clone> Limits<S> {
     }
 }
 
-impl<S: Store + Clone> Agent<S> {
-    /// Claims up to `capacity` tasks within the agent name's cluster-wide
-    /// limits: with a global concurrency, first `min(capacity, free permits)`
-    /// permits in one batch (none: nothing is claimed; one only after a claim
-    /// that found nothing), then at most as many tasks (permits left over go
-    /// back at once). (A rate limit's start is
-    /// taken by each task just before its handler runs: `rate_start`.)
-    pub(super) async fn claim_limited(&self, capacity: usize, woken: Option<Woken>) -> Result<Claims<S>, AgentError> {
-        let limits = &self.inner.limits;
-        let Some(sem) = &limits.permits else { return self.claim(capacity, woken).await };
-        if self.paused().await? {
-            return Ok(Claims::none());
-        }
+impl<S: Store + Clone> Limits<S> {
+    /// Up to `capacity` permits of the global concurrency, in one batch:
+    /// those kept from tasks that just ended first, then new grants (one
+    /// only after a claim that found nothing). `None` without a global
+    /// concurrency (the claim is not limited); empty when none is free.
+    pub(super) async fn acquire(&self, capacity: usize) -> Result<Option<Vec<Permit<S>>>, AgentError> {
+        let Some(sem) = &self.permits else { return Ok(None) };
         let mut permits: Vec<Permit<S>> = {
-            let mut pool = limits.pool.lock();
+            let mut pool = self.pool.lock();
             let n = pool.len().min(capacity);
             pool.drain(..n).filter(|p| !p.guard.is_lost()).collect()
         };
-        let want = if limits.found_none.load(Ordering::Relaxed) { 1 } else { capacity };
+        let want = if self.found_none.load(Ordering::Relaxed) { 1 } else { capacity };
         let want = want.saturating_sub(permits.len());
         if want > 0 {
             let granted = tokio::time::Instant::now();
             let got = sem.try_acquire_many(want).await?;
-            limits.binding.store(got.len() < want, Ordering::Relaxed);
+            self.binding.store(got.len() < want, Ordering::Relaxed);
             permits.extend(got.into_iter().map(|guard| Permit { guard, granted }));
         }
-        if permits.is_empty() {
-            tracing::debug!(agent = %self.inner.name, "no free permit of the global concurrency: not claiming");
-            return Ok(Claims::none());
-        }
-        // Dropped on an error: the permits are released in the background.
-        // Its last claim may have found no permit, not no task: a keyed
-        // claim of inserted tasks never stands for the usual one here.
-        let mut claimed = self.claim(permits.len(), woken.map(Woken::then_claim_as_usual)).await?;
-        limits.found_none.store(claimed.tasks.is_empty(), Ordering::Relaxed);
-        let spare = permits.split_off(claimed.tasks.len().min(permits.len()));
-        self.release_permits(spare).await;
-        for (c, p) in claimed.tasks.iter_mut().zip(permits) {
-            c.permit = Some(p);
-        }
-        Ok(claimed)
+        Ok(Some(permits))
+    }
+
+    /// Notes what the claim under permits got: after one that found nothing,
+    /// the next asks for a single permit.
+    pub(super) fn claimed(&self, found: usize) {
+        self.found_none.store(found == 0, Ordering::Relaxed);
     }
 
     /// Takes a start under the agent name's rate limit (at once without one),
     /// waiting while the limit is reached; one waiter per agent at a time, the
-    /// others queue behind it in order. `Ok(false)` when the agent stops first.
-    pub(super) async fn rate_start(&self) -> Result<bool, AgentError> {
-        let limits = &self.inner.limits;
-        let Some(rate) = &limits.rate else { return Ok(true) };
-        let _turn = limits.rate_turn.lock().await;
-        rate.start(&self.inner.shutdown).await
-    }
-
-    /// The cancellation a task's handler sees: its claim's, and with a permit
-    /// also the permit's loss (another process could take the permit then).
-    pub(super) fn task_cancellation(&self, guard: &LockGuard<S>, permit: Option<&Permit<S>>) -> CancellationToken {
-        let cancel = guard.cancellation();
-        if let Some(p) = permit {
-            let (lost, task) = (p.guard.cancellation(), cancel.clone());
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = lost.cancelled() => task.cancel(),
-                    _ = task.cancelled() => {}
-                }
-            });
-        }
-        cancel
+    /// others queue behind it in order. `Ok(false)` when `shutdown` fires first.
+    pub(super) async fn rate_start(&self, shutdown: &CancellationToken) -> Result<bool, AgentError> {
+        let Some(rate) = &self.rate else { return Ok(true) };
+        let _turn = self.rate_turn.lock().await;
+        rate.start(shutdown).await
     }
 
     /// Releases `permits` (one command for all of them).
-    async fn release_permits(&self, permits: Vec<Permit<S>>) {
+    pub(super) async fn release(&self, agent: &str, permits: Vec<Permit<S>>) {
         if permits.is_empty() {
             return;
         }
         let released = LockGuard::release_many(permits.into_iter().map(|p| (p.guard, Mutation::new())).collect()).await;
         if let Some(Err(e)) = released.into_iter().find(Result::is_err) {
-            tracing::debug!(agent = %self.inner.name, error = %e, "a permit was not released; it lapses");
+            tracing::debug!(agent, error = %e, "a permit was not released; it lapses");
         }
     }
 
     /// Releases the permits kept for a next claim that is not coming (the
     /// work loop ended, or `process` returned).
-    pub(super) async fn release_pooled_permits(&self) {
-        let pooled = std::mem::take(&mut *self.inner.limits.pool.lock());
-        self.release_permits(pooled).await;
-    }
-
-    /// Leaves the permit of an abandoned task (`run.rs`, a handler that
-    /// ignored its timeout) to lapse with the task's claim: work that handler
-    /// left running still counts against the global concurrency until then.
-    pub(super) fn abandon_permit(&self, permit: Option<Permit<S>>) {
-        if let Some(p) = permit {
-            p.guard.abandon();
-        }
+    pub(super) async fn release_pooled(&self, agent: &str) {
+        let pooled = std::mem::take(&mut *self.pool.lock());
+        self.release(agent, pooled).await;
     }
 
     /// Gives a task's permit back once its outcome is written: kept for the
     /// agent's next claim while the limit does not bind (and the agent is not
-    /// stopping), else released, batched with the permits of tasks ending at
-    /// the same time.
-    pub(super) async fn return_permit(&self, permit: Option<Permit<S>>) {
+    /// `stopping`), else released, batched with the permits of tasks ending
+    /// at the same time.
+    pub(super) async fn give_back(&self, agent: &str, permit: Option<Permit<S>>, stopping: bool) {
         let Some(permit) = permit else { return };
-        let limits = &self.inner.limits;
-        let keep = !limits.binding.load(Ordering::Relaxed)
-            && !self.inner.shutdown.is_cancelled()
+        let keep = !self.binding.load(Ordering::Relaxed)
+            && !stopping
             && !permit.guard.is_lost()
             && permit.granted.elapsed() < PERMIT_REUSE;
         if keep {
-            limits.pool.lock().push(permit);
+            self.pool.lock().push(permit);
             return;
         }
-        let returns = self.inner.limits.returns.get_or_init(Committer::start);
+        let returns = self.returns.get_or_init(Committer::start);
         if let Err(e) = returns.release_with(permit.guard, Mutation::new()).await {
-            tracing::debug!(agent = %self.inner.name, error = %e, "a permit was not released; it lapses");
+            tracing::debug!(agent, error = %e, "a permit was not released; it lapses");
         }
     }
+}
+
+impl<S: Store + Clone> Permit<S> {
+    /// Leaves the permit of an abandoned task (`run.rs`, a handler that
+    /// ignored its timeout) to lapse with the task's claim: work that handler
+    /// left running still counts against the global concurrency until then.
+    pub(super) fn abandon(self) {
+        self.guard.abandon();
+    }
+}
+
+/// The cancellation a task's handler sees: its claim's, and with a permit
+/// also the permit's loss (another process could take the permit then).
+pub(super) fn task_cancellation<S: Store + Clone>(
+    guard: &LockGuard<S>,
+    permit: Option<&Permit<S>>,
+) -> CancellationToken {
+    let cancel = guard.cancellation();
+    if let Some(p) = permit {
+        let (lost, task) = (p.guard.cancellation(), cancel.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = lost.cancelled() => task.cancel(),
+                _ = task.cancelled() => {}
+            }
+        });
+    }
+    cancel
 }

@@ -13,31 +13,26 @@ mod builder;
 mod candidates;
 mod claim;
 mod commit;
-
-/// Each agent name's list of candidates on a queue (behind its claim gate).
-pub(crate) type CandidateLists = std::collections::HashMap<String, candidates::Candidates>;
 mod fan_in;
 mod finish;
 mod limits;
 mod run;
 mod work;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::{doc, Document};
-use mongolock::{Identity, Leases};
-use store_trait::{Key, Record, Store, Ttl};
+use store_trait::{Key, Record, Store};
 use tokio_util::sync::CancellationToken;
 
 pub use builder::AgentBuilder;
 pub use run::Handler;
 
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::schema::fields;
-use crate::{AgentError, Queue};
 use builder::ProcessWhile;
 
 /// The agent's counters: the Ruby `mongo_agent`'s log (`tasks_processed`,
@@ -91,6 +86,22 @@ pub enum Processed {
     Abandoned(Key),
 }
 
+impl Processed {
+    /// Its `outcome` label in the metrics (`mongoagent_tasks_total`).
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Processed::Completed(_) => "completed",
+            Processed::Retried(_) => "retried",
+            Processed::Failed(_) => "failed_permanently",
+            Processed::Stale(_) => "stale",
+            Processed::Waiting(_) => "waiting",
+            Processed::Recovered(_) => "recovered",
+            Processed::NotStarted(_) => "not_started",
+            Processed::Abandoned(_) => "abandoned",
+        }
+    }
+}
+
 struct Inner<S: Store + Clone> {
     store: S,
     name: String,
@@ -98,11 +109,10 @@ struct Inner<S: Store + Clone> {
     poll_interval: Duration,
     /// The idle agent's check with live notifications (never under `poll_interval`).
     recheck_interval: Duration,
-    ttl: Ttl,
-    /// Keeps every claim's lease: built once per agent, used by every claim.
-    leases: Leases<S>,
-    max_attempts: u32,
-    backoff: (Duration, Duration),
+    /// Takes the agent's tasks: claims, candidates, pause state, limits.
+    claimer: claim::Claimer<S>,
+    /// Records their outcomes: fenced writes, retries, fan-in, counters.
+    finisher: finish::Finisher<S>,
     /// How long one attempt may run, unless its task says otherwise.
     timeout: Option<Duration>,
     /// How long a timed-out handler has to end after its cancellation.
@@ -113,20 +123,8 @@ struct Inner<S: Store + Clone> {
     /// The handler's run times, which decide whether to claim ahead.
     run_times: ahead::RunTimes,
     drain_timeout: Duration,
-    retain: Option<Ttl>,
-    identity: Identity,
     process_while: Option<ProcessWhile>,
-    log: Mutex<AgentCounters>,
-    seq: AtomicU64,
-    /// What the agent last saw of its pause state, and when: without the
-    /// queue's control notifications it reads its control document again
-    /// after [`crate::CONTROL_REFRESH`].
-    paused: Mutex<Option<(tokio::time::Instant, bool)>>,
     shutdown: CancellationToken,
-    /// The group commit of outcome writes, started by the first outcome.
-    committer: std::sync::OnceLock<commit::Committer<S>>,
-    /// The cluster-wide limits of this agent's name (permits, starts per interval).
-    limits: limits::Limits<S>,
 }
 
 /// An agent: takes tasks named for it from a queue collection and processes them.
@@ -189,7 +187,7 @@ impl<S: Store + Clone> Agent<S> {
     /// The counters so far (the Ruby `mongo_agent`'s log).
     #[doc(alias = "log")]
     pub fn counters(&self) -> AgentCounters {
-        *self.inner.log.lock()
+        *self.inner.finisher.log.lock()
     }
 
     /// Stops [`Agent::work`]: no new claims; in-flight tasks get the drain timeout.
@@ -220,11 +218,11 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        match self.claim_limited(1, None).await?.tasks.pop() {
+        match self.inner.claimer.claim(1, None).await?.tasks.pop() {
             Some(c) => {
                 let processed = self.run(c, handler).await;
                 // No next claim follows here: a kept permit goes back now.
-                self.release_pooled_permits().await;
+                self.inner.claimer.release_pooled().await;
                 Ok(Some(processed?))
             }
             None => Ok(None),
@@ -232,6 +230,6 @@ impl<S: Store + Clone> Agent<S> {
     }
 
     fn bump(&self, f: impl FnOnce(&mut AgentCounters)) {
-        f(&mut self.inner.log.lock());
+        self.inner.finisher.bump(f);
     }
 }

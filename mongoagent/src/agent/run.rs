@@ -10,11 +10,13 @@ use mongolock::{LockError, LockGuard};
 use store_trait::{Key, Mutation, Record, Store};
 
 use super::claim::Claimed;
-use super::fan_in::{task_round, Finish};
 use super::finish::TimeoutMark;
 use super::{Agent, Processed};
-use crate::schema::{fields, pending, timed_out};
-use crate::{AgentError, Outcome, Task};
+use crate::error::AgentError;
+use crate::outcome::Outcome;
+use crate::schema::pending::Finish;
+use crate::schema::{fields, pending, task_round, timed_out};
+use crate::task::Task;
 
 /// A task handler: an async function from a [`Task`] to an [`Outcome`].
 pub trait Handler: Send + Sync + 'static {
@@ -41,17 +43,19 @@ impl<S: Store + Clone> Agent<S> {
     /// of a step: that step is finished instead.
     pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
         let Claimed { guard, record, permit } = c;
-        let cancel = self.task_cancellation(&guard, permit.as_ref());
+        let cancel = super::limits::task_cancellation(&guard, permit.as_ref());
         let processed = self.run_claimed(guard, record, cancel, handler).await;
         if let Ok(Processed::Abandoned(_)) = &processed {
             // Its claim is left to lapse, work of the handler perhaps still
             // running: so is its permit, which counts that work until then.
-            self.abandon_permit(permit);
+            if let Some(p) = permit {
+                p.abandon();
+            }
             return processed;
         }
         // The task has ended (its outcome written, or its claim given up):
         // its permit of the global concurrency goes back.
-        self.return_permit(permit).await;
+        self.inner.claimer.give_back(permit, self.inner.shutdown.is_cancelled()).await;
         processed
     }
 
@@ -71,26 +75,26 @@ impl<S: Store + Clone> Agent<S> {
             // the field in user data), and is not taken as an outcome.
             let Some(fence) = u64::try_from(fence).ok().filter(|f| (1..record.fence()).contains(f)) else {
                 let why = format!("its {} mark was not written by a claim of it", pending::PARENT_FENCE);
-                return self.finish(guard, &record, Outcome::failed_permanently(why)).await;
+                return self.inner.finisher.finish(guard, &record, Outcome::failed_permanently(why)).await;
             };
-            self.end_with_follow_ups(guard, &key, &record, fence, Finish::of(data)).await?;
+            self.inner.finisher.end_with_follow_ups(guard, &key, &record, fence, Finish::of(data)).await?;
             return self.recovered(Ok(record.clone()), key);
         }
         if data.get_bool(fields::COMPLETE).ok() == Some(true) {
-            self.notify_waiter(&record).await?;
-            let released = guard.release_with(self.close(Mutation::new(), data)).await;
-            self.collect_children(&key, &record).await;
+            self.inner.finisher.notify_waiter(&record).await?;
+            let released = guard.release_with(self.inner.finisher.close(Mutation::new(), data)).await;
+            self.inner.finisher.collect_children(&key, &record).await;
             return self.recovered(released, key);
         }
         if let Some(round) = record.get_i64(fields::WAITING) {
-            let released = self.settle_wait(guard, &key, round).await;
+            let released = self.inner.finisher.settle_wait(guard, &key, round).await;
             return self.recovered(released, key);
         }
         if let Some(error) = self.abandoned_last_attempt(&record) {
             // The previous claim timed out on the round's last attempt and
             // was abandoned: the task failed, and is not run again.
             let keep = TimeoutMark::Keep;
-            return self.finish_marked(guard, &record, Outcome::failed_permanently(error), keep).await;
+            return self.inner.finisher.finish_marked(guard, &record, Outcome::failed_permanently(error), keep).await;
         }
         let round = task_round(&record);
         let timeout = crate::task::timeout_of(&record, self.inner.timeout);
@@ -98,7 +102,7 @@ impl<S: Store + Clone> Agent<S> {
         let stop = cancel.clone();
         // Follow-ups exist only after a join: a first run reads none (a query per
         // task that always came back empty).
-        let children = if round > 0 { self.children(&key, round - 1).await? } else { Vec::new() };
+        let children = if round > 0 { self.inner.finisher.children(&key, round - 1).await? } else { Vec::new() };
         let task = Task {
             key: key.clone(),
             data: data.clone(),
@@ -110,13 +114,13 @@ impl<S: Store + Clone> Agent<S> {
             validity: guard.validity(),
             round: u64::try_from(round).unwrap_or(0),
             children,
-            writes: crate::progress::TaskWrites {
+            writes: crate::task::TaskWrites {
                 store: Arc::new(self.inner.store.clone()),
                 coll: self.inner.queue.coll.clone(),
             },
         };
         // A start under the agent name's rate limit, if any: it may wait.
-        if !self.rate_start().await? {
+        if !self.inner.claimer.limits.rate_start(&self.inner.shutdown).await? {
             // The agent stops: the task never started; its claim goes back,
             // not counted as an attempt.
             guard.release_with(crate::task::not_started(&record)).await?;
@@ -142,7 +146,7 @@ impl<S: Store + Clone> Agent<S> {
         if matches!(outcome, Outcome::Fail { .. }) {
             self.bump(|l| l.failed_tasks += 1);
         }
-        self.finish(guard, &record, outcome).await
+        self.inner.finisher.finish(guard, &record, outcome).await
     }
 
     /// An attempt whose timeout passed: its cancellation fires; a handler that
@@ -169,7 +173,7 @@ impl<S: Store + Clone> Agent<S> {
         match tokio::time::timeout(grace, &mut handle.0).await {
             Ok(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "stopped");
-                self.finish_marked(guard, record, Outcome::failed(error), TimeoutMark::This(limit)).await
+                self.inner.finisher.finish_marked(guard, record, Outcome::failed(error), TimeoutMark::This(limit)).await
             }
             Err(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
@@ -190,7 +194,7 @@ impl<S: Store + Clone> Agent<S> {
                 }
                 guard.abandon();
                 let done = Processed::Abandoned(key);
-                crate::metrics::outcome(&inner.queue.coll, &inner.name, &done);
+                crate::metrics::outcome(&inner.queue.coll, &inner.name, done.label());
                 Ok(done)
             }
         }
@@ -205,7 +209,7 @@ impl<S: Store + Clone> Agent<S> {
     fn abandoned_last_attempt(&self, record: &Record) -> Option<String> {
         let attempt = crate::task::attempt(record);
         let marked = record.get_i64(fields::TIMED_OUT_FENCE).and_then(|f| u64::try_from(f).ok());
-        if attempt <= self.attempt_limit(record) || marked != Some(record.fence().saturating_sub(1)) {
+        if attempt <= self.inner.finisher.attempt_limit(record) || marked != Some(record.fence().saturating_sub(1)) {
             return None;
         }
         Some(record.get_str(fields::LAST_ERROR).unwrap_or("timed out").to_owned())
@@ -217,7 +221,7 @@ impl<S: Store + Clone> Agent<S> {
                 self.bump(|l| l.recovered += 1);
                 tracing::info!(agent = %self.inner.name, task = %key, "finished a crashed agent's fan-in step");
                 let done = Processed::Recovered(key);
-                crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, &done);
+                crate::metrics::outcome(&self.inner.queue.coll, &self.inner.name, done.label());
                 Ok(done)
             }
             Err(e) => Err(e.into()),

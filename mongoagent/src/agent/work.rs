@@ -5,9 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, Document};
 use store_trait::helpers::Watcher;
-use store_trait::{fields as reserved, Condition, Query, Store};
+use store_trait::Store;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -15,11 +14,11 @@ use tokio::time::Instant;
 use super::ahead::Ahead;
 use super::claim::{Claimed, Woken};
 use super::{Agent, AgentCounters, Handler, Processed};
-use mongolock::Backoff;
+use mongolock::unstable::Backoff;
 
 use crate::control::ControlView;
-use crate::schema::{fields, not_complete};
-use crate::AgentError;
+use crate::error::AgentError;
+use crate::schema::{fields, next_due, next_lapse};
 
 impl<S: Store + Clone> Agent<S> {
     /// Processes tasks until `process_while(log)` says stop or [`Agent::shutdown`]
@@ -41,211 +40,8 @@ impl<S: Store + Clone> Agent<S> {
     /// higher fence, so nothing is lost and a late write of the dropped run is
     /// rejected. Use [`Agent::shutdown`] to stop with a drain.
     pub async fn work(&self, handler: impl Handler) -> Result<AgentCounters, AgentError> {
-        let handler: Arc<dyn Handler> = Arc::new(handler);
-        let inner = &self.inner;
-        inner.queue.ensure_indexes().await?;
-        // Change notifications only while idle: a busy agent does not wait for
-        // them, and every claim and completion in the queue is one, so a
-        // subscription held while busy read two events per task in every process
-        // (a `getMore` each: 2 of 5 commands per task with one process, 7.9 of
-        // 11 with four). The watcher is opened when a claim finds nothing and
-        // the claim is tried once more before waiting (subscribe, then read), so
-        // no change falls between; it is dropped at the next successful claim.
-        // It re-subscribes by itself after the stream ends (a server restart).
-        let mut events: Option<store_trait::helpers::Watcher<S>> = None;
-        let mut running: JoinSet<Result<Processed, AgentError>> = JoinSet::new();
-        let mut backoff = Backoff::new(Duration::from_millis(50), inner.poll_interval);
-        let mut idle_until: Option<Instant> = None;
-        // What woke the agent from idle, for its next claim (`claim::Woken`).
-        let mut woken = None;
-        // While idle, a view of the queue's pause state (`control.rs`): it
-        // keeps the control subscription open, and a pause or resume wakes the
-        // agent. Dropped with the watcher.
-        let mut control = None;
-        // Whether this claim already waited for outcomes landing (at most once).
-        let mut waited = false;
-        // Tasks claimed ahead of free slots (`ahead.rs`).
-        let mut ahead = Ahead::new();
-        tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
-        loop {
-            while let Some(done) = running.try_join_next() {
-                if self.reap(done) {
-                    idle_until = None;
-                }
-            }
-            if inner.shutdown.is_cancelled() || !self.keep_going() {
-                break;
-            }
-            // Tasks claimed ahead start as slots free, without a claim.
-            if running.len() < inner.concurrency && !ahead.is_empty() {
-                for c in ahead.start(inner.concurrency - running.len()) {
-                    self.spawn_run(&mut running, c, &handler);
-                }
-                continue;
-            }
-            if running.len() >= inner.concurrency {
-                tokio::select! {
-                    _ = inner.shutdown.cancelled() => break,
-                    Some(done) = running.join_next() => if self.reap(done) { idle_until = None },
-                }
-                // Tasks whose outcomes went in one group commit end together:
-                // let them all be reaped, so their slots are claimed in one batch.
-                tokio::task::yield_now().await;
-                continue;
-            }
-            // Slots whose tasks' outcomes are being written are claimed with
-            // the slots already free: wait for that batch to land (one round
-            // trip, at most once per claim), so slots freed together take one
-            // batch claim instead of a claim each (`commit.rs`).
-            if !running.is_empty() && !waited {
-                if let Some(landing) = inner.committer.get().and_then(|c| c.landing()) {
-                    waited = true;
-                    // A task ending ends the wait too (one whose outcome went
-                    // another way, or whose batch the committing task dropped).
-                    tokio::select! {
-                        _ = inner.shutdown.cancelled() => break,
-                        _ = landing => {}
-                        Some(done) = running.join_next() => if self.reap(done) { idle_until = None },
-                    }
-                    // Let the tasks whose outcomes landed end, so their slots count.
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-            }
-            waited = false;
-            let free = inner.concurrency - running.len();
-            let asked = free + ahead.room(inner.prefetch, inner.run_times.short(), inner.limits.stops_claims_ahead());
-            // Woken by a change and claiming nothing, the agent lost what
-            // woke it to another claimer, whose claim lapses with no change
-            // to say so if that claimer dies; or the task is due later (a
-            // delayed insert). Either way the idle deadline is read again
-            // within `poll_interval`, as a poll would, so a timer covers it.
-            // Not at once: a herd of idle agents woken by one insert would
-            // pay that read (three commands) each, per insert.
-            let after_change = woken.is_some();
-            let claimed = self
-                .claim_limited(asked, woken.take())
-                .await
-                .map(|c| (ahead.claimed(asked, free, c.tasks, c.backlog), c.outrun));
-            match claimed {
-                Ok((start, _)) if !start.is_empty() => {
-                    backoff.reset();
-                    events = None;
-                    control = None;
-                    // Busy, the agent watches nothing: delayed tasks and
-                    // claims that appear meanwhile are in no deadline it
-                    // read. Back to idle, it reads one again within a
-                    // poll's time, as a poll would have found them (not at
-                    // once: three commands per busy period, per task under
-                    // light load).
-                    let poll = Instant::now() + inner.poll_interval;
-                    idle_until = idle_until.map(|t| t.min(poll));
-                    for c in start {
-                        self.spawn_run(&mut running, c, &handler);
-                    }
-                }
-                Ok((_, true)) => {
-                    // Others took every candidate: tasks remain, and their
-                    // claims wake no idle watch. Try again after a backoff.
-                    tracing::debug!(agent = %inner.name, "outrun by other claimers: trying again");
-                    tokio::select! {
-                        _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                        Some(done) = running.join_next(), if !running.is_empty() => if self.reap(done) { idle_until = None },
-                    }
-                }
-                Ok(_) => {
-                    if after_change {
-                        let poll = Instant::now() + inner.poll_interval;
-                        idle_until = idle_until.map(|t| t.min(poll));
-                    }
-                    let Some(watcher) = events.as_mut() else {
-                        let (store, coll, poll) = (inner.store.clone(), inner.queue.coll.clone(), inner.poll_interval);
-                        // Under a global concurrency limit a task ending
-                        // anywhere frees a permit: every change wakes it.
-                        let watcher = if inner.limits.is_global() {
-                            Watcher::open(store, coll, None, poll).await
-                        } else {
-                            Watcher::open_filtered(store, coll, super::claim::claimable_changes(), poll).await
-                        }
-                        .ignore_renewals();
-                        tracing::debug!(agent = %inner.name, push = watcher.is_live(), "idle: watching for changes");
-                        events = Some(watcher);
-                        control = Some(inner.queue.control_view());
-                        // Claim once more now that the subscription is open.
-                        continue;
-                    };
-                    // Idle until the next due time (computed once per idle period, not
-                    // per wake-up), a change notification, or a finished task.
-                    let until = match idle_until {
-                        Some(t) if t > Instant::now() => t,
-                        _ => {
-                            // With notifications nothing needs a poll
-                            // (`AgentBuilder::recheck_interval`); without, poll.
-                            // `process_while` is asked once per poll, as the
-                            // seed's loop asks it once per sleep.
-                            // Nor under a global concurrency limit: a permit
-                            // freed or lapsed elsewhere is no change to the
-                            // queue, and may land after the outcome that woke
-                            // the agent.
-                            let push = watcher.is_live() && inner.process_while.is_none() && !inner.limits.is_global();
-                            let cap = if push { inner.recheck_interval } else { inner.poll_interval };
-                            idle_until = Some(Instant::now() + self.idle_wait(cap).await);
-                            // Claim once more before sleeping: a task that became due
-                            // (or whose claim lapsed) between the claim and the due-time
-                            // queries is in neither's view, and would wait a full
-                            // `poll_interval`.
-                            continue;
-                        }
-                    };
-                    tokio::select! {
-                        _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep_until(until) => idle_until = None,
-                        Some(done) = running.join_next(), if !running.is_empty() => if self.reap(done) { idle_until = None },
-                        Some(()) = self.own_pause_changed(&mut control) => {}
-                        ev = watcher.changed() => {
-                            // Coalesce a burst of notifications into one claim
-                            // attempt, which tries the inserted tasks first.
-                            let mut w = Woken::default();
-                            w.saw(&ev);
-                            tokio::time::sleep(Duration::from_millis(2)).await;
-                            watcher.drain_ready_with(|ev| w.saw(ev));
-                            // An update may have moved a due time (a retry, a
-                            // requeue): read the idle deadline afresh.
-                            if w.other {
-                                idle_until = None;
-                            }
-                            woken = Some(w);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(agent = %inner.name, error = %e, "claim failed");
-                    if !e.is_retryable() {
-                        // The tasks in flight finish as at a shutdown (within the
-                        // drain timeout): dropped at once, a handler's claim
-                        // would be let go while work it started may still run
-                        // (a runner's command tree). Those claimed ahead go back.
-                        self.give_back(ahead.take_all()).await;
-                        self.drain(running, ahead, &handler).await;
-                        self.release_pooled_permits().await;
-                        return Err(e);
-                    }
-                    tokio::select! {
-                        _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                    }
-                }
-            }
-        }
-        if !inner.shutdown.is_cancelled() {
-            // `process_while` said stop: the tasks claimed ahead are not run
-            // past what it asked for; their claims go back now (one command).
-            self.give_back(ahead.take_all()).await;
-        }
-        self.drain(running, ahead, &handler).await;
-        self.release_pooled_permits().await;
-        Ok(self.counters())
+        self.inner.queue.ensure_indexes().await?;
+        Worker::new(self, Arc::new(handler)).run().await
     }
 
     /// Resolves when the pause view shows this agent's name paused or
@@ -263,7 +59,7 @@ impl<S: Store + Clone> Agent<S> {
         loop {
             view.changed().await.ok()?;
             let now = view.borrow_and_update().as_ref().map(|names| names.contains(&self.inner.name));
-            let seen = self.inner.paused.lock().map(|(_, paused)| paused);
+            let seen = self.inner.claimer.seen_paused();
             if now.is_none() || now != seen {
                 return Some(());
             }
@@ -313,7 +109,7 @@ impl<S: Store + Clone> Agent<S> {
             }
         }
         for p in permits {
-            self.return_permit(p).await;
+            self.inner.claimer.give_back(p, self.inner.shutdown.is_cancelled()).await;
         }
     }
 
@@ -368,20 +164,7 @@ impl<S: Store + Clone> Agent<S> {
     /// claim becomes due, at most `cap`.
     pub(super) async fn idle_wait(&self, cap: Duration) -> Duration {
         let inner = &self.inner;
-        let mine = |extra: Document| {
-            let mut d = doc! { fields::AGENT_NAME: &inner.name };
-            d.extend(extra);
-            Query::eq(d)
-        };
-        let next_run = mine(doc! { fields::READY: true })
-            .when(not_complete())
-            .when(Condition::DueBy(fields::RUN_AT.into()).negate())
-            .sort(fields::RUN_AT, store_trait::Order::Asc)
-            .limit(1);
-        let next_lapse = mine(doc! { fields::CLAIMED: true })
-            .when(Condition::Free.negate())
-            .sort(reserved::LEASE_UNTIL, store_trait::Order::Asc)
-            .limit(1);
+        let (next_run, next_lapse) = (next_due(&inner.name), next_lapse(&inner.name));
         let soonest = async {
             let now = inner.store.now().await.ok()?;
             let run = inner.store.find(&inner.queue.coll, &next_run).await.ok()?;
@@ -398,5 +181,284 @@ impl<S: Store + Clone> Agent<S> {
             // A read failed: nothing known, so look again after a poll's time.
             None => inner.poll_interval.min(cap),
         }
+    }
+}
+
+/// What one turn of the work loop decided.
+enum Turn {
+    /// Take another turn.
+    Again,
+    /// Stop: a shutdown, or `process_while` said so.
+    Stop,
+    /// Stop with this claim error, which trying again cannot mend.
+    Fail(AgentError),
+}
+
+/// The work loop and what it keeps between its turns ([`Agent::work`]).
+struct Worker<'a, S: Store + Clone> {
+    agent: &'a Agent<S>,
+    handler: Arc<dyn Handler>,
+    /// The tasks in flight.
+    running: JoinSet<Result<Processed, AgentError>>,
+    /// Tasks claimed ahead of free slots (`ahead.rs`).
+    ahead: Ahead<S>,
+    /// Change notifications, only while idle: a busy agent does not wait for
+    /// them, and every claim and completion in the queue is one, so a
+    /// subscription held while busy would cost a `getMore` per event in
+    /// every process. Opened when a claim finds nothing, and the claim is
+    /// tried once more before waiting (subscribe, then read), so no change
+    /// falls between; dropped at the next successful claim. It subscribes
+    /// again by itself after the stream ends (a server restart).
+    events: Option<Watcher<S>>,
+    /// While idle, a view of the queue's pause state (`control.rs`): it
+    /// keeps the control subscription open, and a pause or resume wakes the
+    /// agent. Dropped with `events`.
+    control: Option<watch::Receiver<ControlView>>,
+    /// The pause between claims that other claimers outran, or that failed.
+    backoff: Backoff,
+    /// Until when an idle agent sleeps: the next due time it read (a delayed
+    /// task, a claim that will lapse), at most its poll or recheck interval.
+    /// Read once per idle period, not per wake-up.
+    idle_until: Option<Instant>,
+    /// What woke the agent from idle, for its next claim (`claim::Woken`).
+    woken: Option<Woken>,
+    /// Whether this claim already waited for outcomes landing (at most once).
+    waited: bool,
+}
+
+impl<'a, S: Store + Clone> Worker<'a, S> {
+    fn new(agent: &'a Agent<S>, handler: Arc<dyn Handler>) -> Self {
+        Worker {
+            agent,
+            handler,
+            running: JoinSet::new(),
+            ahead: Ahead::new(),
+            events: None,
+            control: None,
+            backoff: Backoff::new(Duration::from_millis(50), agent.inner.poll_interval),
+            idle_until: None,
+            woken: None,
+            waited: false,
+        }
+    }
+
+    /// Takes turns until one says stop, then drains.
+    async fn run(mut self) -> Result<AgentCounters, AgentError> {
+        let (agent, inner) = (self.agent, &self.agent.inner);
+        tracing::info!(agent = %inner.name, queue = %inner.queue.coll, "agent working");
+        let failed = loop {
+            match self.turn().await {
+                Turn::Again => {}
+                Turn::Stop => break None,
+                Turn::Fail(e) => break Some(e),
+            }
+        };
+        // A failed claim ends the loop as a stop does: the tasks in flight
+        // finish within the drain timeout (dropped at once, a handler's claim
+        // would be let go while work it started may still run, a runner's
+        // command tree). The tasks claimed ahead are not run past a stop that
+        // `process_while` or a failure asked for: their claims go back now
+        // (one command).
+        if failed.is_some() || !inner.shutdown.is_cancelled() {
+            agent.give_back(self.ahead.take_all()).await;
+        }
+        agent.drain(self.running, self.ahead, &self.handler).await;
+        inner.claimer.release_pooled().await;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(agent.counters()),
+        }
+    }
+
+    /// One turn: reap, start tasks claimed ahead, wait for a slot, or claim.
+    async fn turn(&mut self) -> Turn {
+        let (agent, inner) = (self.agent, &self.agent.inner);
+        while let Some(done) = self.running.try_join_next() {
+            self.ended(done);
+        }
+        if inner.shutdown.is_cancelled() || !agent.keep_going() {
+            return Turn::Stop;
+        }
+        // Tasks claimed ahead start as slots free, without a claim.
+        if self.running.len() < inner.concurrency && !self.ahead.is_empty() {
+            for c in self.ahead.start(inner.concurrency - self.running.len()) {
+                agent.spawn_run(&mut self.running, c, &self.handler);
+            }
+            return Turn::Again;
+        }
+        if self.running.len() >= inner.concurrency {
+            tokio::select! {
+                _ = inner.shutdown.cancelled() => return Turn::Stop,
+                Some(done) = self.running.join_next() => self.ended(done),
+            }
+            // Tasks whose outcomes went in one group commit end together:
+            // let them all be reaped, so their slots are claimed in one batch.
+            tokio::task::yield_now().await;
+            return Turn::Again;
+        }
+        // Slots whose tasks' outcomes are being written are claimed with
+        // the slots already free: wait for that batch to land (one round
+        // trip, at most once per claim), so slots freed together take one
+        // batch claim instead of a claim each (`commit.rs`).
+        if !self.running.is_empty() && !self.waited {
+            if let Some(landing) = inner.finisher.committer.get().and_then(|c| c.landing()) {
+                self.waited = true;
+                // A task ending ends the wait too (one whose outcome went
+                // another way, or whose batch the committing task dropped).
+                tokio::select! {
+                    _ = inner.shutdown.cancelled() => return Turn::Stop,
+                    _ = landing => {}
+                    Some(done) = self.running.join_next() => self.ended(done),
+                }
+                // Let the tasks whose outcomes landed end, so their slots count.
+                tokio::task::yield_now().await;
+                return Turn::Again;
+            }
+        }
+        self.waited = false;
+        self.claim().await
+    }
+
+    /// Notes a task's end; a retry moved a due time, so the idle deadline is
+    /// read afresh.
+    fn ended(&mut self, done: Result<Result<Processed, AgentError>, tokio::task::JoinError>) {
+        if self.agent.reap(done) {
+            self.idle_until = None;
+        }
+    }
+
+    /// Claims for the free slots (and ahead of them), and starts what it got;
+    /// else backs off (outrun, or a failure worth trying again) or idles.
+    async fn claim(&mut self) -> Turn {
+        let (agent, inner) = (self.agent, &self.agent.inner);
+        let free = inner.concurrency - self.running.len();
+        let asked =
+            free + self.ahead.room(inner.prefetch, inner.run_times.short(), inner.claimer.limits.stops_claims_ahead());
+        // Woken by a change and claiming nothing, the agent lost what
+        // woke it to another claimer, whose claim lapses with no change
+        // to say so if that claimer dies; or the task is due later (a
+        // delayed insert). Either way the idle deadline is read again
+        // within `poll_interval`, as a poll would, so a timer covers it.
+        // Not at once: a herd of idle agents woken by one insert would
+        // pay that read (three commands) each, per insert.
+        let after_change = self.woken.is_some();
+        let claimed = inner.claimer.claim(asked, self.woken.take()).await;
+        match claimed.map(|c| (self.ahead.claimed(asked, free, c.tasks, c.backlog), c.outrun)) {
+            Ok((start, _)) if !start.is_empty() => {
+                self.backoff.reset();
+                self.events = None;
+                self.control = None;
+                // Busy, the agent watches nothing: delayed tasks and
+                // claims that appear meanwhile are in no deadline it
+                // read. Back to idle, it reads one again within a
+                // poll's time, as a poll would have found them (not at
+                // once: three commands per busy period, per task under
+                // light load).
+                self.cap_idle_until();
+                for c in start {
+                    agent.spawn_run(&mut self.running, c, &self.handler);
+                }
+                Turn::Again
+            }
+            Ok((_, true)) => {
+                // Others took every candidate: tasks remain, and their
+                // claims wake no idle watch. Try again after a backoff.
+                tracing::debug!(agent = %inner.name, "outrun by other claimers: trying again");
+                tokio::select! {
+                    _ = inner.shutdown.cancelled() => return Turn::Stop,
+                    _ = tokio::time::sleep(self.backoff.next_delay()) => {}
+                    Some(done) = self.running.join_next(), if !self.running.is_empty() => self.ended(done),
+                }
+                Turn::Again
+            }
+            Ok(_) => {
+                if after_change {
+                    self.cap_idle_until();
+                }
+                self.idle().await
+            }
+            Err(e) => {
+                tracing::warn!(agent = %inner.name, error = %e, "claim failed");
+                if !e.is_retryable() {
+                    return Turn::Fail(e);
+                }
+                tokio::select! {
+                    _ = inner.shutdown.cancelled() => Turn::Stop,
+                    _ = tokio::time::sleep(self.backoff.next_delay()) => Turn::Again,
+                }
+            }
+        }
+    }
+
+    /// Brings the idle deadline, if one was read, within `poll_interval`.
+    fn cap_idle_until(&mut self) {
+        let poll = Instant::now() + self.agent.inner.poll_interval;
+        self.idle_until = self.idle_until.map(|t| t.min(poll));
+    }
+
+    /// Idles after a claim that found nothing: subscribes first (and claims
+    /// once more), reads the next due time (and claims once more), then
+    /// waits for that time, a change notification, a pause or resume of its
+    /// name, or a finished task.
+    async fn idle(&mut self) -> Turn {
+        let (agent, inner) = (self.agent, &self.agent.inner);
+        let Some(watcher) = self.events.as_mut() else {
+            let (store, coll, poll) = (inner.store.clone(), inner.queue.coll.clone(), inner.poll_interval);
+            // Under a global concurrency limit a task ending
+            // anywhere frees a permit: every change wakes it.
+            let watcher = if inner.claimer.limits.is_global() {
+                Watcher::open(store, coll, None, poll).await
+            } else {
+                Watcher::open_filtered(store, coll, super::claim::claimable_changes(), poll).await
+            }
+            .ignore_renewals();
+            tracing::debug!(agent = %inner.name, push = watcher.is_live(), "idle: watching for changes");
+            self.events = Some(watcher);
+            self.control = Some(inner.queue.control_view());
+            // Claim once more now that the subscription is open.
+            return Turn::Again;
+        };
+        let until = match self.idle_until {
+            Some(t) if t > Instant::now() => t,
+            _ => {
+                // With notifications nothing needs a poll
+                // (`AgentBuilder::recheck_interval`); without, poll.
+                // `process_while` is asked once per poll, as the
+                // seed's loop asks it once per sleep.
+                // Nor under a global concurrency limit: a permit
+                // freed or lapsed elsewhere is no change to the
+                // queue, and may land after the outcome that woke
+                // the agent.
+                let push = watcher.is_live() && inner.process_while.is_none() && !inner.claimer.limits.is_global();
+                let cap = if push { inner.recheck_interval } else { inner.poll_interval };
+                self.idle_until = Some(Instant::now() + agent.idle_wait(cap).await);
+                // Claim once more before sleeping: a task that became due
+                // (or whose claim lapsed) between the claim and the due-time
+                // queries is in neither's view, and would wait a full
+                // `poll_interval`.
+                return Turn::Again;
+            }
+        };
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return Turn::Stop,
+            _ = tokio::time::sleep_until(until) => self.idle_until = None,
+            Some(done) = self.running.join_next(), if !self.running.is_empty() => self.ended(done),
+            Some(()) = agent.own_pause_changed(&mut self.control) => {}
+            ev = watcher.changed() => {
+                // Coalesce a burst of notifications into one claim
+                // attempt, which tries the inserted tasks first.
+                let mut w = Woken::default();
+                w.saw(&ev);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                watcher.drain_ready_with(|ev| w.saw(ev));
+                // An update may have moved a due time (a retry, a
+                // requeue): read the idle deadline afresh.
+                if w.other {
+                    self.idle_until = None;
+                }
+                self.woken = Some(w);
+            }
+        }
+        Turn::Again
     }
 }

@@ -7,8 +7,8 @@ use bson::Bson;
 use store_trait::{Record, StoreTime};
 
 use super::EventKind;
+use crate::schema::TimedOutAttempt;
 use crate::schema::{fields, pending};
-use crate::TimedOutAttempt;
 
 /// Where a task is, as far as its events go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,8 @@ pub(super) struct TaskState {
     round: i64,
     round_fence: Option<i64>,
     progress_at: Option<StoreTime>,
+    /// When a debounced enqueue last replaced its data.
+    debounced_at: Option<StoreTime>,
     /// The running claim's lease end, as last read.
     pub(super) lease_until: Option<StoreTime>,
     /// `Lapsed` was reported for the claim with this fence.
@@ -85,6 +87,7 @@ impl TaskState {
             round: r.get_i64(fields::ROUND).unwrap_or(0),
             round_fence: r.get_i64(fields::ROUND_FENCE),
             progress_at: r.get_time(fields::PROGRESS_AT),
+            debounced_at: r.get_time(fields::DEBOUNCED_AT),
             lease_until: r.lease().map(|l| l.until),
             lapsed: false,
             completed_at: r.get_time(fields::COMPLETED_AT),
@@ -102,6 +105,7 @@ impl TaskState {
             round: 0,
             round_fence: None,
             progress_at: None,
+            debounced_at: None,
             lease_until: None,
             lapsed: false,
             completed_at: None,
@@ -134,6 +138,11 @@ pub(super) fn transitions(old: Option<&TaskState>, new: &mut TaskState, r: &Reco
         && new.round == base.round;
     if !fresh && ((base.phase.ended() && !new.phase.ended()) || requeued_now) {
         out.push(EventKind::Requeued);
+    }
+    // A debounce replaces the data of a task never claimed: told before any
+    // claim (a read that shows the mark for the first time proves one).
+    if new.debounced_at.is_some() && new.debounced_at != base.debounced_at {
+        out.push(EventKind::Debounced);
     }
     // A timed-out attempt recorded since `old` (the mark names its claim):
     // told after that claim and before what its failure led to.
@@ -281,6 +290,22 @@ mod tests {
         "progress": 5, "progress_at": at(9)};
         let (_, e) = step(Some(&s), &rec(4, 1, done));
         assert_eq!(e, ["completed"]);
+    }
+
+    #[test]
+    fn each_debounce_is_told_before_the_claim() {
+        let (s, e) = step(None, &rec(1, 0, doc! {"ready": true}));
+        assert_eq!(e, ["enqueued"]);
+        let (s, e) = step(Some(&s), &rec(2, 0, doc! {"ready": true, "debounced_at": at(5)}));
+        assert_eq!(e, ["debounced"]);
+        let (s, e) = step(Some(&s), &rec(3, 0, doc! {"ready": true, "debounced_at": at(5)}));
+        assert!(e.is_empty(), "the same mark read again is no new debounce: {e:?}");
+        // A second replace and the claim between two reads.
+        let (_, e) = step(Some(&s), &rec(5, 1, doc! {"ready": false, "claimed": true, "debounced_at": at(8)}));
+        assert_eq!(e, ["debounced", "claimed"]);
+        // First seen after a replace: the mark proves one.
+        let (_, e) = step(None, &rec(2, 0, doc! {"ready": true, "debounced_at": at(5)}));
+        assert_eq!(e, ["enqueued", "debounced"]);
     }
 
     #[test]

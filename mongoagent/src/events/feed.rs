@@ -14,8 +14,8 @@ use tokio::sync::broadcast;
 
 use super::derive::{transitions, Phase, TaskState};
 use super::{EventFilter, EventKind, QueueEvent, TaskEvent};
+use crate::error::AgentError;
 use crate::schema::{fields, not_complete};
-use crate::AgentError;
 
 /// How many ended tasks a full read looks at (the latest by `completed_at`):
 /// a poll that finds all of them new may have missed more, and says so with a

@@ -15,7 +15,8 @@ use bson::Bson;
 use store_trait::{Key, Store};
 use tokio::sync::broadcast;
 
-use crate::{AgentError, Queue};
+use crate::error::AgentError;
+use crate::queue::Queue;
 
 /// What happened to a task. Each names a transition of the task document;
 /// see [`TaskEvent`] for what is reported when reads skip states.
@@ -25,6 +26,10 @@ pub enum EventKind {
     /// It exists and can be claimed (when due): enqueued, or a follow-up
     /// activated by its parent's outcome.
     Enqueued,
+    /// A debounced enqueue gave it its data and moved its start
+    /// ([`NewTask::debounce`](crate::task::NewTask::debounce)); it had not
+    /// been claimed yet, and runs once, with the latest data.
+    Debounced,
     /// An agent claimed it for this attempt of its round.
     Claimed {
         /// The attempt (1 for the first of a round).
@@ -97,6 +102,7 @@ impl EventKind {
     pub fn name(&self) -> &'static str {
         match self {
             EventKind::Enqueued => "enqueued",
+            EventKind::Debounced => "debounced",
             EventKind::Claimed { .. } => "claimed",
             EventKind::Progress { .. } => "progress",
             EventKind::Completed => "completed",

@@ -10,7 +10,8 @@ use store_trait::{Key, StoreTime};
 
 use super::ticks::{self, Ticks};
 use super::{task_id, Plan};
-use crate::{AgentError, NewTask};
+use crate::error::AgentError;
+use crate::task::NewTask;
 
 /// Field names of a schedule document.
 pub mod fields {
@@ -91,7 +92,8 @@ pub enum Missed {
 /// A schedule's definition.
 ///
 /// ```
-/// use mongoagent::{NewTask, Schedule};
+/// use mongoagent::schedule::Schedule;
+/// use mongoagent::NewTask;
 /// let nightly = Schedule::cron("nightly-report", "0 30 2 * * *", "Europe/Berlin", NewTask::new("report", bson::doc! {}))
 ///     .unwrap()
 ///     .starting_deadline(std::time::Duration::from_secs(600));

@@ -34,9 +34,10 @@ use store_trait::{Collection, Condition, InsertOutcome, Key, Mutation, Query, Re
 pub use definition::{fields, Missed, Overlap, Schedule, When};
 pub use scheduler::{Pass, Scheduler, SchedulerHandle};
 
+use crate::error::AgentError;
+use crate::queue::Queue;
 use crate::schema::fields as task_fields;
 use crate::schema::not_complete;
-use crate::{AgentError, Queue};
 
 /// The ticks one pass handles for one schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +87,8 @@ pub struct ScheduleInfo {
 /// [`Scheduler`] turns their ticks into tasks.
 ///
 /// ```
-/// use mongoagent::{NewTask, Schedule, Schedules};
+/// use mongoagent::schedule::{Schedule, Schedules};
+/// use mongoagent::NewTask;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongoagent::AgentError> {
 /// let store = store_memory::MemoryStore::new();
 /// let schedules = Schedules::new(store, "jobs")?;
@@ -412,7 +414,7 @@ fn info(r: &Record, now: StoreTime) -> Result<ScheduleInfo, AgentError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::NewTask;
+    use crate::task::NewTask;
     use std::time::Duration;
 
     fn hourly(missed: Missed) -> Schedule {

@@ -10,9 +10,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{fields, from_of, parse_record, Overlap, Schedules};
-use mongolock::Backoff;
+use mongolock::unstable::Backoff;
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// Turns the ticks of a queue's schedules into tasks. Run one in every process
 /// that should keep the schedules going: nobody is elected, and each tick still

@@ -8,7 +8,7 @@ use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 use mongolock::ConfigError;
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// How many ticks one pass looks at, at most, before it stops (a guard against
 /// a per-second expression with a long starting deadline).

@@ -67,7 +67,7 @@ fn a_configuration_error_keeps_what_rejected_it() {
     let e = Agent::builder(MemoryStore::new(), "a", "q").ttl(Duration::from_millis(3)).build().unwrap_err();
     let AgentError::Config(c) = &e else { panic!("{e}") };
     assert!(c.source().unwrap().downcast_ref::<mongoagent::mongolock::LockError>().is_some(), "{e}");
-    let e = mongoagent::Schedule::cron("n", "61 * * * *", "UTC", NewTask::new("a", doc! {})).unwrap_err();
+    let e = mongoagent::schedule::Schedule::cron("n", "61 * * * *", "UTC", NewTask::new("a", doc! {})).unwrap_err();
     assert!(source(&e).is_some_and(|s| e.to_string().contains(&s)), "{e}");
     let e = Agent::builder(MemoryStore::new(), "", "q").build().unwrap_err();
     assert_eq!(source(&e), None, "nothing else rejected an empty name: {e}");
@@ -101,9 +101,9 @@ fn a_rate_limit_of_no_starts_is_rejected() {
 /// has it).
 #[tokio::test]
 async fn input_that_means_nothing_is_refused() {
-    let e = mongoagent::Schedule::cron("n", "0 0 30 2 *", "UTC", NewTask::new("a", doc! {})).unwrap_err();
+    let e = mongoagent::schedule::Schedule::cron("n", "0 0 30 2 *", "UTC", NewTask::new("a", doc! {})).unwrap_err();
     assert!(e.to_string().contains("never fires"), "{e}");
-    mongoagent::Schedule::cron("leap", "0 0 29 2 *", "UTC", NewTask::new("a", doc! {})).unwrap();
+    mongoagent::schedule::Schedule::cron("leap", "0 0 29 2 *", "UTC", NewTask::new("a", doc! {})).unwrap();
     let q = Queue::new(MemoryStore::new(), "q").unwrap();
     let e = q.enqueue(NewTask::new("a", doc! {}).dedupe_key("")).await.unwrap_err();
     assert!(matches!(e, AgentError::InvalidTask(_)), "{e}");

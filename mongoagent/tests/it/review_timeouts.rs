@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Schedule, Schedules, Task};
+use mongoagent::{
+    schedule::{Schedule, Schedules},
+    Agent, NewTask, Outcome, Processed, Queue, Task,
+};
 use store_memory::MemoryStore;
 use store_trait::{Collection, Key, Mutation, Store, Write};
 

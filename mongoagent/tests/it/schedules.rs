@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Agent, Missed, NewTask, Overlap, Schedule, Schedules, Task, Upserted};
+use mongoagent::{
+    schedule::{Missed, Overlap, Schedule, Schedules, Upserted},
+    Agent, NewTask, Task,
+};
 use store_memory::MemoryStore;
 use store_trait::testing::Harness;
 use store_trait::{Store, StoreTime, TestClock};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mongoagent::{EventFilter, Queue, QueueEvent};
-use mongolock::Backoff;
+use mongolock::unstable::Backoff;
 use parking_lot::Mutex;
 use serde::Serialize;
 use store_trait::Store;

@@ -138,7 +138,7 @@ impl<S: Store + Clone + 'static> App<S> {
         ];
         for q in &cfg.queues {
             watched.push((crate::data::coll(q)?, format!("queue:{q}")));
-            let schedules = mongoagent::Schedules::new(store.clone(), q)?;
+            let schedules = mongoagent::schedule::Schedules::new(store.clone(), q)?;
             watched.push((schedules.collection().clone(), format!("queue:{q}")));
         }
         let live = live::Live::start(&store, watched, cfg.poll, cfg.limits.live_clients);

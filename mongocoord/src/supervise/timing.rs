@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use mongolock::LeaseTiming;
+use mongolock::unstable::LeaseTiming;
 
 use crate::error::CliError;
 

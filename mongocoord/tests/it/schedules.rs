@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use mongoagent::{NewTask, Overlap, Schedule, Schedules};
+use mongoagent::{
+    schedule::{Overlap, Schedule, Schedules},
+    NewTask,
+};
 use serde_json::Value;
 
 use crate::env;

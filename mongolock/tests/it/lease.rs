@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use mongolock::{Acquire, Leases, Lock, LockError, LockGuard, LockMetrics, Semaphore};
+use mongolock::unstable::Leases;
+use mongolock::{Acquire, Lock, LockError, LockGuard, LockMetrics, Semaphore};
 use store_memory::MemoryStore;
 use store_trait::{Collection, Condition, Mutation, Store, Ttl, Write};
 

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use mongolock::{Acquire, Leases, Lock, LockError, Semaphore};
+use mongolock::unstable::Leases;
+use mongolock::{Acquire, Lock, LockError, Semaphore};
 use store_trait::testing::Harness;
 use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TestClock, Ttl, Write};
 

@@ -89,8 +89,10 @@ async fn seed<S: Store + Clone>(store: &S) -> (mongolock::LockGuard<S>, String, 
             .set("timed_out_after_ms", 1500_i64),
     );
     assert!(store.write(q.collection(), &failed, &w).await.unwrap().is_applied());
-    let every = mongoagent::Schedule::every("sweep", Duration::from_secs(60), NewTask::new("resize", doc! {})).unwrap();
-    mongoagent::Schedules::new(store.clone(), "jobs").unwrap().upsert(&every).await.unwrap();
+    let every =
+        mongoagent::schedule::Schedule::every("sweep", Duration::from_secs(60), NewTask::new("resize", doc! {}))
+            .unwrap();
+    mongoagent::schedule::Schedules::new(store.clone(), "jobs").unwrap().upsert(&every).await.unwrap();
     (guard, evil.to_string(), failed.to_string())
 }
 
