@@ -24,6 +24,8 @@ use store_trait::{Collection, Condition, Key, Query, Store};
 use tokio::process::Child;
 use tokio::time::Instant;
 
+use crate::signal::{runner_or_supervisor, signal, ANY_SIGNAL};
+
 /// The cron processes' queue (the schedule lives in `chaos_cron_schedules`).
 pub(crate) const QUEUE: &str = "chaos_cron";
 /// The schedule's name (also its tasks' agent name).
@@ -149,20 +151,20 @@ impl Crons {
         match rng.u32(..8) {
             3 => {
                 if let Some(pid) = self.procs[rng.usize(..PROCESSES)].id() {
-                    let target = crate::chaos::runner_or_supervisor(pid, rng);
-                    crate::chaos::signal(target, crate::chaos::ANY_SIGNAL[rng.usize(..crate::chaos::ANY_SIGNAL.len())]);
+                    let target = runner_or_supervisor(pid, rng);
+                    signal(target, ANY_SIGNAL[rng.usize(..ANY_SIGNAL.len())]);
                     self.signals += 1;
                 }
             }
             0 | 1 => self.kill(rng.usize(..PROCESSES)).await?,
             2 => {
                 if let Some(pid) = self.procs[rng.usize(..PROCESSES)].id() {
-                    crate::chaos::signal(pid, "-STOP");
+                    signal(pid, "-STOP");
                     self.pauses += 1;
                     let d = Duration::from_millis(rng.u64(3500..6000));
                     tokio::spawn(async move {
                         tokio::time::sleep(d).await;
-                        crate::chaos::signal(pid, "-CONT");
+                        signal(pid, "-CONT");
                     });
                 }
             }
@@ -194,7 +196,7 @@ impl Crons {
     pub(crate) async fn stop(&mut self, kill: bool) {
         for p in &mut self.procs {
             match (kill, p.id()) {
-                (false, Some(pid)) => crate::chaos::signal(pid, "-TERM"),
+                (false, Some(pid)) => signal(pid, "-TERM"),
                 _ => {
                     let _ = p.start_kill();
                 }

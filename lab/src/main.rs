@@ -7,6 +7,7 @@ mod bench;
 mod chaos;
 mod cron;
 mod server;
+mod signal;
 mod tick_lag;
 
 use std::path::PathBuf;

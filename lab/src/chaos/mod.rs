@@ -18,7 +18,7 @@
 //!   that is the *grandchild* of a `mongocoord lock` runner (`sh -c 'writer &
 //!   wait'`) wrote to its own ledger, and was still running at server time
 //!   `now`. Runners are killed with SIGKILL, and sent any signal
-//!   ([`ANY_SIGNAL`], caught or not), they or their supervisors: a
+//!   ([`crate::signal::ANY_SIGNAL`], caught or not), they or their supervisors: a
 //!   grandchild that outlives its runner's lease shows up as two fences
 //!   running at once;
 //! - `lclaim`, `lrun`: the globally limited agent's runs (`limited.rs`);
@@ -48,6 +48,7 @@ use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write, Wri
 use tokio::time::Instant;
 
 use crate::server::{Server, ServerSpec, Storage};
+use crate::signal::{runner_or_supervisor, signal, ANY_SIGNAL};
 
 const LOCK: &str = "chaos-lock";
 const ELECTION: &str = "chaos-leader";
@@ -325,29 +326,6 @@ async fn run_cron_only(store: &MongoStore, uri: &str, db: &str, o: &ChaosOpts) -
         "cron_processes": 3, "cron_kills": crons.kills, "cron_ticks": report.ticks, "cron_reruns": report.reruns,
         "violations": report.violations, "ok": report.violations.is_empty(),
     }))
-}
-
-/// What an operator, a crash or a command may send a runner or its
-/// supervisor, caught or not: each must leave at most one holder whose
-/// command runs. (`-36` is a real-time signal.)
-pub(crate) const ANY_SIGNAL: [&str; 10] =
-    ["-QUIT", "-ABRT", "-SEGV", "-ALRM", "-USR1", "-USR2", "-HUP", "-36", "-TERM", "-KILL"];
-
-/// `pid`, or as often its supervisor (the runner's child while a command
-/// runs; the runner itself when it has none).
-pub(crate) fn runner_or_supervisor(pid: u32, rng: &mut fastrand::Rng) -> u32 {
-    if rng.bool() {
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(child) = children.split_whitespace().next().and_then(|c| c.parse().ok()) {
-            return child;
-        }
-    }
-    pid
-}
-
-pub(crate) fn signal(pid: u32, sig: &str) {
-    // The process may be gone already (killed while paused): that is fine.
-    let _ = std::process::Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
 }
 
 /// Runs the chaos and the checker; returns 1 on any violation.
