@@ -22,6 +22,11 @@ pub(crate) fn runner_or_supervisor(pid: u32, rng: &mut fastrand::Rng) -> u32 {
     pid
 }
 
+/// A signal of [`ANY_SIGNAL`], picked by `rng`.
+pub(crate) fn any_signal(rng: &mut fastrand::Rng) -> &'static str {
+    ANY_SIGNAL[rng.usize(..ANY_SIGNAL.len())]
+}
+
 /// Sends `sig` (`-STOP`, `-KILL`, …) to `pid` with `kill`.
 pub(crate) fn signal(pid: u32, sig: &str) {
     // The process may be gone already (killed while paused): that is fine.
