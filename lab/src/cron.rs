@@ -24,6 +24,9 @@ use store_trait::{Collection, Condition, Key, Query, Store};
 use tokio::process::Child;
 use tokio::time::Instant;
 
+use crate::error::LabError;
+use crate::signal::{any_signal, runner_or_supervisor, signal};
+
 /// The cron processes' queue (the schedule lives in `chaos_cron_schedules`).
 pub(crate) const QUEUE: &str = "chaos_cron";
 /// The schedule's name (also its tasks' agent name).
@@ -58,27 +61,33 @@ pub(crate) struct CronReport {
     pub(crate) violations: Vec<String>,
 }
 
-async fn now_ms(store: &MongoStore) -> Result<i64, String> {
-    Ok(store.now().await.map_err(|e| e.to_string())?.as_millis())
+async fn now_ms(store: &MongoStore) -> Result<i64, LabError> {
+    Ok(store.now().await?.as_millis())
 }
 
 /// The ticks whose tasks have not ended.
-async fn open_ticks(store: &MongoStore) -> Result<Vec<i64>, String> {
-    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
+async fn open_ticks(store: &MongoStore) -> Result<Vec<i64>, LabError> {
+    let coll = Collection::new(QUEUE)?;
     let q = Query::eq(doc! { "schedule": NAME })
         .when(Condition::FieldEq("complete".into(), bson::Bson::Boolean(true)).negate());
-    let open = store.find(&coll, &q).await.map_err(|e| e.to_string())?;
+    let open = store.find(&coll, &q).await?;
     Ok(open.iter().filter_map(|r| r.data().get_datetime("scheduled_for").ok().map(|d| d.timestamp_millis())).collect())
 }
 
 impl Crons {
     /// Starts the three processes (`bin` is `mongocoord`), the ledger in `dir`,
     /// and waits until the schedule exists.
-    pub(crate) async fn start(bin: &Path, uri: &str, db: &str, dir: &Path, store: &MongoStore) -> Result<Self, String> {
+    pub(crate) async fn start(
+        bin: &Path,
+        uri: &str,
+        db: &str,
+        dir: &Path,
+        store: &MongoStore,
+    ) -> Result<Self, LabError> {
         // A run of its own: ticks and runs of an earlier run are not this one's.
         for coll in [QUEUE.to_owned(), format!("{QUEUE}_schedules")] {
             let c = store.database().collection::<bson::Document>(&coll);
-            c.drop().await.map_err(|e| format!("cannot drop {coll}: {e}"))?;
+            c.drop().await.map_err(|e| LabError::from(e).context(format!("cannot drop {coll}")))?;
         }
         let _ = std::fs::remove_file(dir.join("cron-ledger"));
         let started = now_ms(store).await?;
@@ -97,15 +106,16 @@ impl Crons {
             let p = c.spawn()?;
             c.procs.push(p);
         }
-        let coll = Collection::new(format!("{QUEUE}_schedules")).map_err(|e| e.to_string())?;
-        let key = Key::new(NAME).map_err(|e| e.to_string())?;
-        let until = Instant::now() + Duration::from_secs(120);
+        let coll = Collection::new(format!("{QUEUE}_schedules"))?;
+        let key = Key::new(NAME)?;
+        let limit = Duration::from_secs(120);
+        let until = Instant::now() + limit;
         let since = loop {
             if let Ok(Some(r)) = store.get(&coll, &key).await.map(|s| s.record) {
                 break r.data().get_i64(sched_fields::SINCE).unwrap_or(started);
             }
             if Instant::now() > until {
-                return Err("the cron processes did not create their schedule within 120 s".into());
+                return Err(LabError::timed_out("the cron processes did not create their schedule", limit));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
@@ -113,7 +123,7 @@ impl Crons {
         Ok(c)
     }
 
-    fn spawn(&self) -> Result<Child, String> {
+    fn spawn(&self) -> Result<Child, LabError> {
         let script = format!("echo \"$MONGOCOORD_TICK $MONGOCOORD_FENCE\" >> '{}'", self.ledger.display());
         tokio::process::Command::new(&self.bin)
             .args(["--uri", &self.uri, "--db", &self.db, "cron", NAME, SPEC, "--queue", QUEUE])
@@ -123,11 +133,11 @@ impl Crons {
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start mongocoord cron: {e}"))
+            .map_err(|e| LabError::io("cannot start mongocoord cron", e))
     }
 
     /// SIGKILLs process `i` and starts it again.
-    pub(crate) async fn kill(&mut self, i: usize) -> Result<(), String> {
+    pub(crate) async fn kill(&mut self, i: usize) -> Result<(), LabError> {
         let i = i % self.procs.len();
         let _ = self.procs[i].start_kill();
         let _ = self.procs[i].wait().await;
@@ -139,7 +149,7 @@ impl Crons {
 
     /// One step of the full chaos run: now and then a SIGKILL (and restart) or
     /// a SIGSTOP past the lease, at any moment, mid-command included.
-    pub(crate) async fn chaos_step(&mut self, rng: &mut fastrand::Rng) -> Result<(), String> {
+    pub(crate) async fn chaos_step(&mut self, rng: &mut fastrand::Rng) -> Result<(), LabError> {
         // A process a signal ended is started again.
         for i in 0..self.procs.len() {
             if matches!(self.procs[i].try_wait(), Ok(Some(_))) {
@@ -149,20 +159,20 @@ impl Crons {
         match rng.u32(..8) {
             3 => {
                 if let Some(pid) = self.procs[rng.usize(..PROCESSES)].id() {
-                    let target = crate::chaos::runner_or_supervisor(pid, rng);
-                    crate::chaos::signal(target, crate::chaos::ANY_SIGNAL[rng.usize(..crate::chaos::ANY_SIGNAL.len())]);
+                    let target = runner_or_supervisor(pid, rng);
+                    signal(target, any_signal(rng));
                     self.signals += 1;
                 }
             }
             0 | 1 => self.kill(rng.usize(..PROCESSES)).await?,
             2 => {
                 if let Some(pid) = self.procs[rng.usize(..PROCESSES)].id() {
-                    crate::chaos::signal(pid, "-STOP");
+                    signal(pid, "-STOP");
                     self.pauses += 1;
                     let d = Duration::from_millis(rng.u64(3500..6000));
                     tokio::spawn(async move {
                         tokio::time::sleep(d).await;
-                        crate::chaos::signal(pid, "-CONT");
+                        signal(pid, "-CONT");
                     });
                 }
             }
@@ -174,8 +184,9 @@ impl Crons {
     /// Waits (at most 30 s) for a moment when no tick's task is ready or
     /// running, a second before the next tick: a SIGKILL then interrupts no
     /// command.
-    pub(crate) async fn quiet_moment(&self, store: &MongoStore) -> Result<(), String> {
-        let until = Instant::now() + Duration::from_secs(30);
+    pub(crate) async fn quiet_moment(&self, store: &MongoStore) -> Result<(), LabError> {
+        let limit = Duration::from_secs(30);
+        let until = Instant::now() + limit;
         while Instant::now() < until {
             let phase = now_ms(store).await?.rem_euclid(EVERY_MS);
             if (700..1_100).contains(&phase) {
@@ -186,7 +197,7 @@ impl Crons {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err("no moment without a running tick within 30 s".into())
+        Err(LabError::timed_out("no moment without a running tick", limit))
     }
 
     /// Stops every process: SIGTERM (they let running commands finish), or
@@ -194,7 +205,7 @@ impl Crons {
     pub(crate) async fn stop(&mut self, kill: bool) {
         for p in &mut self.procs {
             match (kill, p.id()) {
-                (false, Some(pid)) => crate::chaos::signal(pid, "-TERM"),
+                (false, Some(pid)) => signal(pid, "-TERM"),
                 _ => {
                     let _ = p.start_kill();
                 }
@@ -208,7 +219,7 @@ impl Crons {
 
     /// Waits (at most 60 s) until every tick up to `window_end` has a task that
     /// ended.
-    pub(crate) async fn settle(&self, store: &MongoStore, window_end: i64) -> Result<(), String> {
+    pub(crate) async fn settle(&self, store: &MongoStore, window_end: i64) -> Result<(), LabError> {
         let until = Instant::now() + Duration::from_secs(60);
         while Instant::now() < until {
             let open = open_ticks(store).await.unwrap_or_else(|_| vec![window_end]);
@@ -222,7 +233,12 @@ impl Crons {
 
     /// Checks the ledger and the store for the ticks in `[window start,
     /// window_end]` (server clock); `strict`: exactly one run per tick.
-    pub(crate) async fn check(&self, store: &MongoStore, window_end: i64, strict: bool) -> Result<CronReport, String> {
+    pub(crate) async fn check(
+        &self,
+        store: &MongoStore,
+        window_end: i64,
+        strict: bool,
+    ) -> Result<CronReport, LabError> {
         let mut r = CronReport::default();
         let text = std::fs::read_to_string(&self.ledger).unwrap_or_default();
         let mut runs: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
@@ -233,11 +249,13 @@ impl Crons {
                 _ => r.violations.push(format!("cron ledger line {line:?} is not `<tick> <fence>`")),
             }
         }
-        let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
+        let queue = Queue::new(store.clone(), QUEUE)?;
         let mut recorded: BTreeMap<i64, (bool, bool, u64)> = BTreeMap::new();
-        for t in queue.tasks(doc! { "schedule": NAME }, None).await.map_err(|e| e.to_string())? {
+        for t in queue.tasks(doc! { "schedule": NAME }, None).await? {
             let d = t.data();
-            let tick = d.get_datetime("scheduled_for").map_err(|e| format!("task {}: {e}", t.key()))?;
+            let tick = d
+                .get_datetime("scheduled_for")
+                .map_err(|e| LabError::Field { what: format!("task {}", t.key()), source: e })?;
             let attempts = d.get_i64("attempts").ok().and_then(|a| u64::try_from(a).ok()).unwrap_or(0);
             let ok = d.get_bool("error_encountered").ok() == Some(false);
             recorded.insert(tick.timestamp_millis(), (d.get_bool("complete").ok() == Some(true), ok, attempts));
@@ -291,7 +309,7 @@ impl Crons {
 /// processes for `duration`; every quarter of it (at most 15 s), one of them in
 /// turn is SIGKILLed and restarted, while no tick's command runs; exactly one
 /// run per tick. The server is not restarted.
-pub(crate) async fn only(store: &MongoStore, crons: &mut Crons, duration: Duration) -> Result<CronReport, String> {
+pub(crate) async fn only(store: &MongoStore, crons: &mut Crons, duration: Duration) -> Result<CronReport, LabError> {
     let end = Instant::now() + duration;
     let every = duration.min(Duration::from_secs(60)) / 4;
     let mut i = 0;

@@ -6,7 +6,9 @@
 mod bench;
 mod chaos;
 mod cron;
+mod error;
 mod server;
+mod signal;
 mod tick_lag;
 
 use std::path::PathBuf;
@@ -15,6 +17,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use store_mongo::{ConnectionConfig, MongoStore};
+
+use error::{LabError, EXIT_FAILED};
 
 #[derive(Debug, Parser)]
 #[command(name = "lab", about = "mongocoord's benchmarks and chaos run (driven by cargo xtask)")]
@@ -145,9 +149,6 @@ enum Cmd {
     },
 }
 
-/// Exit status for bad arguments or an unreachable server.
-const EXIT_USAGE: u8 = 2;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = tracing_subscriber::fmt()
@@ -165,20 +166,20 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("lab: {e}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::from(EXIT_FAILED)
         }
     }
 }
 
-fn connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, String> {
-    ConnectionConfig::resolve(uri, db, |k| std::env::var(k).ok()).map_err(|e| e.to_string())
+fn connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, LabError> {
+    Ok(ConnectionConfig::resolve(uri, db, |k| std::env::var(k).ok())?)
 }
 
-async fn connect(c: &ConnectionConfig) -> Result<MongoStore, String> {
-    c.connect().await.map_err(|e| format!("cannot use {c}: {e}"))
+async fn connect(c: &ConnectionConfig) -> Result<MongoStore, LabError> {
+    c.connect().await.map_err(|source| LabError::Connect { target: c.to_string(), source })
 }
 
-async fn run(cli: Cli) -> Result<u8, String> {
+async fn run(cli: Cli) -> Result<u8, LabError> {
     let (uri, db) = (cli.uri.as_deref(), cli.db.as_deref());
     match cli.cmd {
         Cmd::Bench {
@@ -223,10 +224,12 @@ async fn run(cli: Cli) -> Result<u8, String> {
         }
         Cmd::Chaos { minutes, seed, workers, dir, server_bin, mongocoord, fork_workers, only } => {
             if !minutes.is_finite() || minutes <= 0.0 || minutes > 7.0 * 24.0 * 60.0 {
-                return Err(format!("--minutes must be a positive number of minutes up to a week, not {minutes}"));
+                return Err(LabError::invalid(format!(
+                    "--minutes must be a positive number of minutes up to a week, not {minutes}"
+                )));
             }
-            let duration =
-                Duration::try_from_secs_f64(minutes * 60.0).map_err(|e| format!("--minutes {minutes}: {e}"))?;
+            let duration = Duration::try_from_secs_f64(minutes * 60.0)
+                .map_err(|e| LabError::invalid(format!("--minutes {minutes}: {e}")))?;
             let u = connection(uri, db).ok().map(|c| c.uri().to_owned());
             let d = db.map_or_else(|| "mongocoord_chaos".to_owned(), str::to_owned);
             let o = chaos::ChaosOpts { duration, seed, dir, server_bin, workers, mongocoord, fork_workers, only };

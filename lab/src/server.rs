@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::error::LabError;
+
 /// Where the server keeps its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Storage {
@@ -35,22 +37,22 @@ pub(crate) struct Server {
 
 impl Server {
     /// A server on a free port; not started yet.
-    pub(crate) fn new(spec: ServerSpec) -> Result<Server, String> {
+    pub(crate) fn new(spec: ServerSpec) -> Result<Server, LabError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port: {e}"))?
+            .map_err(|e| LabError::io("no free port", e))?
             .port();
         Ok(Server { spec, port, child: None, owns_dir: false })
     }
 
     /// A fresh server: on a free port, on empty storage (a new directory
     /// named after the port under `spec`'s directory, removed on drop).
-    pub(crate) async fn fresh(spec: &ServerSpec) -> Result<Server, String> {
+    pub(crate) async fn fresh(spec: &ServerSpec) -> Result<Server, LabError> {
         let mut s = Server::new(spec.clone())?;
         if let Storage::Dir(parent) = &spec.storage {
             let dir = parent.join(format!("fresh-{}-{}", std::process::id(), s.port));
             let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
             s.spec.storage = Storage::Dir(dir);
             s.owns_dir = true;
         }
@@ -60,7 +62,7 @@ impl Server {
 
     /// Starts it (again, on the same port and data) and waits until it
     /// accepts connections, at most 60 s.
-    pub(crate) async fn start(&mut self) -> Result<(), String> {
+    pub(crate) async fn start(&mut self) -> Result<(), LabError> {
         let storage = match &self.spec.storage {
             Storage::Memory => ":memory:".into(),
             Storage::Dir(d) => d.clone().into_os_string(),
@@ -73,12 +75,14 @@ impl Server {
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", self.spec.bin.display()))?;
+            .map_err(|e| LabError::io(format!("cannot start {}", self.spec.bin.display()), e))?;
         self.child = Some(child);
         let start = Instant::now();
+        let limit = Duration::from_secs(60);
         while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
-            if start.elapsed() > Duration::from_secs(60) {
-                return Err(format!("{} did not accept connections within 60 s", self.spec.bin.display()));
+            if start.elapsed() > limit {
+                let what = format!("{} did not accept connections", self.spec.bin.display());
+                return Err(LabError::timed_out(what, limit));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

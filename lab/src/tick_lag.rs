@@ -14,26 +14,28 @@ use store_mongo::MongoStore;
 use store_trait::Store;
 use tokio::time::Instant;
 
+use crate::error::LabError;
+
 const QUEUE: &str = "bench_cron";
 const NAME: &str = "bench-tick";
 
-fn wall_ms() -> Result<f64, String> {
-    Ok(SystemTime::now().duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs_f64() * 1e3)
+fn wall_ms() -> Result<f64, LabError> {
+    Ok(SystemTime::now().duration_since(UNIX_EPOCH).map_err(LabError::Clock)?.as_secs_f64() * 1e3)
 }
 
 /// Server clock minus local wall clock, in ms (the smallest round trip of five).
-async fn clock_offset(store: &MongoStore) -> Result<f64, String> {
+async fn clock_offset(store: &MongoStore) -> Result<f64, LabError> {
     let mut best: Option<(f64, f64)> = None;
     for _ in 0..5 {
         let t0 = wall_ms()?;
-        let server = store.now().await.map_err(|e| e.to_string())?.as_millis() as f64;
+        let server = store.now().await?.as_millis() as f64;
         let t1 = wall_ms()?;
         let (rtt, offset) = (t1 - t0, server - (t0 + t1) / 2.0);
         if best.is_none_or(|(r, _)| rtt < r) {
             best = Some((rtt, offset));
         }
     }
-    best.map(|(_, o)| o).ok_or_else(|| "no clock reading".into())
+    best.map(|(_, o)| o).ok_or_else(|| LabError::Broken("no clock reading".into()))
 }
 
 /// The lag of `ticks` ticks (after two to warm up), in ms.
@@ -44,7 +46,7 @@ pub(crate) async fn measure(
     store: &MongoStore,
     out: &Path,
     ticks: usize,
-) -> Result<Vec<f64>, String> {
+) -> Result<Vec<f64>, LabError> {
     let file = out.with_file_name("schedule-ticks.log");
     let _ = std::fs::remove_file(&file);
     for coll in [QUEUE.to_owned(), format!("{QUEUE}_schedules")] {
@@ -61,7 +63,7 @@ pub(crate) async fn measure(
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start mongocoord cron: {e}"))?;
+            .map_err(|e| LabError::io("cannot start mongocoord cron", e))?;
         procs.push(p);
     }
     let offset = clock_offset(store).await?;
@@ -75,7 +77,8 @@ pub(crate) async fn measure(
             })
             .collect()
     };
-    let until = Instant::now() + Duration::from_secs(60) + Duration::from_secs(2) * u32::try_from(ticks).unwrap_or(0);
+    let limit = Duration::from_secs(60) + Duration::from_secs(2) * u32::try_from(ticks).unwrap_or(0);
+    let until = Instant::now() + limit;
     while read().len() < ticks + 2 && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -86,7 +89,7 @@ pub(crate) async fn measure(
     let mut runs = read();
     runs.sort_by_key(|r| r.0);
     if runs.len() < ticks + 2 {
-        return Err(format!("only {} ticks ran within the time limit", runs.len()));
+        return Err(LabError::timed_out(format!("only {} of {} ticks ran", runs.len(), ticks + 2), limit));
     }
     let offset = (offset + clock_offset(store).await?) / 2.0;
     Ok(runs.iter().skip(2).take(ticks).map(|(tick, start)| start + offset - *tick as f64).collect())

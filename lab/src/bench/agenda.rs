@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::figures::{AgendaSetting, Figures, Section, AGENDA_SWEEP};
+use crate::error::LabError;
 use crate::server::{Server, ServerSpec};
 
 /// Where Agenda runs: a fresh server per setting when there is a spec,
@@ -25,7 +26,7 @@ impl<'a> PeerServer<'a> {
 
     /// A server for one setting, and its URI; the server (if fresh) stops
     /// when the first is dropped.
-    async fn get(&self) -> Result<(Option<Server>, String), String> {
+    async fn get(&self) -> Result<(Option<Server>, String), LabError> {
         match &self.spec {
             Some(spec) => {
                 let s = Server::fresh(spec).await?;
@@ -138,16 +139,20 @@ pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, peer: &PeerSer
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .output();
-        let parsed = match tokio::time::timeout(Duration::from_secs(seconds + 90), run).await {
-            Err(_) => Err(format!("node did not finish in {} s", seconds + 90)),
-            Ok(Err(e)) => Err(format!("cannot run node {}: {e}", script.display())),
+        let limit = Duration::from_secs(seconds + 90);
+        let parsed = match tokio::time::timeout(limit, run).await {
+            Err(_) => Err(LabError::timed_out("node did not finish", limit)),
+            Ok(Err(e)) => Err(LabError::io(format!("cannot run node {}", script.display()), e)),
             Ok(Ok(out)) => {
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 text.lines()
                     .rev()
                     .find(|l| l.trim_start().starts_with('{'))
-                    .ok_or_else(|| format!("bench.mjs printed no idle figures ({})", out.status))
-                    .and_then(|l| serde_json::from_str::<Value>(l).map_err(|e| format!("bench.mjs printed {l:?}: {e}")))
+                    .ok_or_else(|| LabError::Unreadable(format!("bench.mjs printed no idle figures ({})", out.status)))
+                    .and_then(|l| {
+                        serde_json::from_str::<Value>(l)
+                            .map_err(|e| LabError::Json { what: format!("bench.mjs printed {l:?}"), source: e })
+                    })
             }
         };
         for name in names {
@@ -155,7 +160,7 @@ pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, peer: &PeerSer
             match parsed.as_ref().map(|v| v.get(*name).and_then(Value::as_f64)) {
                 Ok(Some(x)) => f.put(figure, x),
                 Ok(None) => f.skip_figure(&figure, format!("bench.mjs gave no {name}")),
-                Err(e) => f.skip_figure(&figure, e.clone()),
+                Err(e) => f.skip_figure(&figure, e.to_string()),
             }
         }
     }
@@ -179,9 +184,9 @@ async fn run(
     setting: AgendaSetting,
     size: AgendaSize,
     picks: u32,
-) -> Result<AgendaRun, String> {
+) -> Result<AgendaRun, LabError> {
     let script = dir.join("bench.mjs");
-    let (_server, uri) = peer.get().await.map_err(|e| format!("no fresh server: {e}"))?;
+    let (_server, uri) = peer.get().await.map_err(|e| e.context("no fresh server"))?;
     let uri = uri.as_str();
     let agenda_db = format!("{db}_agenda");
     let run = tokio::process::Command::new("node")
@@ -202,19 +207,25 @@ async fn run(
     let outer = Duration::from_secs(2 * size.limit_s + 120 + 35 * u64::from(picks) + u64::from(size.jobs));
     let out = tokio::time::timeout(outer, run)
         .await
-        .map_err(|_| format!("node did not finish in {outer:?}"))?
-        .map_err(|e| format!("cannot run node {}: {e}", script.display()))?;
+        .map_err(|_| LabError::timed_out("node did not finish", outer))?
+        .map_err(|e| LabError::io(format!("cannot run node {}", script.display()), e))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let Some(line) = text.lines().rev().find(|l| l.trim_start().starts_with('{')) else {
-        return Err(format!("node {} printed no figures ({}; its stderr is above)", script.display(), out.status));
+        return Err(LabError::Unreadable(format!(
+            "node {} printed no figures ({}; its stderr is above)",
+            script.display(),
+            out.status
+        )));
     };
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("bench.mjs printed {line:?}: {e}"))?;
-    let num = |k: &str| v.get(k).and_then(Value::as_f64);
+    let v: Value = serde_json::from_str(line)
+        .map_err(|e| LabError::Json { what: format!("bench.mjs printed {line:?}"), source: e })?;
+    let num =
+        |k: &str| v.get(k).and_then(Value::as_f64).ok_or_else(|| LabError::Unreadable(format!("bench.mjs: no {k}")));
     Ok(AgendaRun {
-        tasks_per_s: num("tasks_per_s").ok_or("bench.mjs: no tasks_per_s")?,
-        commands_per_task: num("commands_per_task").ok_or("bench.mjs: no commands_per_task")?,
-        pickup_ms_p50: num("pickup_ms_p50"),
-        completed: num("completed"),
+        tasks_per_s: num("tasks_per_s")?,
+        commands_per_task: num("commands_per_task")?,
+        pickup_ms_p50: num("pickup_ms_p50").ok(),
+        completed: num("completed").ok(),
         timed_out: v.get("timed_out").and_then(Value::as_bool).unwrap_or(false),
     })
 }

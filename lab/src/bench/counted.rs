@@ -17,6 +17,8 @@ use store_mongo::mongodb::options::ClientOptions;
 use store_mongo::mongodb::Client;
 use store_mongo::MongoStore;
 
+use crate::error::LabError;
+
 /// The counters of one client.
 #[derive(Debug, Default)]
 pub(crate) struct Commands {
@@ -113,11 +115,11 @@ impl Counts {
     }
 
     /// Parses [`Counts::words`].
-    pub(crate) fn parse_words<'a>(words: impl Iterator<Item = &'a str>) -> Result<Counts, String> {
+    pub(crate) fn parse_words<'a>(words: impl Iterator<Item = &'a str>) -> Result<Counts, LabError> {
         let mut c = Counts::default();
         for w in words {
-            let (k, v) = w.split_once('=').ok_or_else(|| format!("bad count {w:?}"))?;
-            let v: u64 = v.parse().map_err(|e| format!("bad count {w:?}: {e}"))?;
+            let (k, v) = w.split_once('=').ok_or_else(|| LabError::Unreadable(format!("bad count {w:?}")))?;
+            let v: u64 = v.parse().map_err(|e| LabError::Number { what: format!("bad count {w:?}"), source: e })?;
             c.total += v;
             *c.by_kind.entry(k.to_owned()).or_default() += v;
         }
@@ -182,8 +184,8 @@ fn kind(name: &str, command: &bson::Document) -> String {
 /// A store on a client of its own whose command monitoring counts every command
 /// it sends (claims, completions, renewals, change-stream `getMore`s, index
 /// builds: everything), and its counters.
-pub(crate) async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Arc<Commands>), String> {
-    let mut opts = ClientOptions::parse(uri).await.map_err(|e| e.to_string())?;
+pub(crate) async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Arc<Commands>), LabError> {
+    let mut opts = ClientOptions::parse(uri).await?;
     let commands = Arc::new(Commands::default());
     let counter = commands.clone();
     opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| match ev {
@@ -192,6 +194,6 @@ pub(crate) async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Ar
         CommandEvent::Failed(s) => counter.answered(s.request_id, s.duration),
         _ => {}
     }));
-    let client = Client::with_options(opts).map_err(|e| e.to_string())?;
+    let client = Client::with_options(opts)?;
     Ok((MongoStore::new(client.database(db)), commands))
 }

@@ -13,6 +13,41 @@ use store_mongo::mongodb::Collection;
 use store_mongo::MongoStore;
 use store_trait::Store;
 
+use super::figures::Figures;
+use super::stats::{pct, sorted};
+use crate::error::LabError;
+
+/// Our elector (`mongocoord elect` processes, ttl 3 s): `trials` clean stops
+/// and as many kills of the leader; puts `elector_handover_ms_p50`,
+/// `failover_s_p50`, `failover_over_ttl` and `failover_overhead_ms_p50`.
+pub(super) async fn put_figures(
+    f: &mut Figures,
+    mongocoord: &Path,
+    uri: &str,
+    db: &str,
+    store: &MongoStore,
+    out: &Path,
+    trials: usize,
+) -> Result<(), LabError> {
+    eprintln!("elector: 3 processes, ttl 3 s, {trials} clean stops and {trials} kills…");
+    let ours = |key: &str, file: &Path| {
+        // The runner's pid, which the trials signal: the command's parent
+        // is the runner's supervisor, not the runner.
+        let script = format!("echo $(date +%s%N) $MONGOCOORD_RUNNER_PID >> {}; exec sleep 100000", file.display());
+        let mut c = tokio::process::Command::new(mongocoord);
+        c.args(["--uri", uri, "--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
+        c
+    };
+    let lease = LeaseDoc::new(store, mongoelector::DEFAULT_COLLECTION).await?;
+    let t = self::trials("bench-elect", out, trials, trials, Some(&lease), ours).await?;
+    let (h, fo) = (sorted(t.handovers_ms), sorted(t.failovers_s));
+    f.put("elector_handover_ms_p50", pct(&h, 0.5));
+    f.put("failover_s_p50", pct(&fo, 0.5));
+    f.put("failover_over_ttl", pct(&fo, 0.5) / 3.0);
+    f.put("failover_overhead_ms_p50", pct(&sorted(t.overheads_ms), 0.5));
+    Ok(())
+}
+
 /// What a run of trials measured.
 #[derive(Debug, Default)]
 pub(super) struct Trials {
@@ -35,22 +70,23 @@ pub(super) struct LeaseDoc {
 impl LeaseDoc {
     /// The lease documents of `collection`, with the server clock's offset
     /// measured now (the middle of one `now()` round trip).
-    pub(super) async fn new(store: &MongoStore, collection: &str) -> Result<LeaseDoc, String> {
+    pub(super) async fn new(store: &MongoStore, collection: &str) -> Result<LeaseDoc, LabError> {
         let before = unix_ms();
-        let server = store.now().await.map_err(|e| e.to_string())?.as_millis() as f64;
+        let server = store.now().await?.as_millis() as f64;
         let after = unix_ms();
         Ok(LeaseDoc { coll: store.database().collection(collection), offset_ms: server - (before + after) / 2.0 })
     }
 
     /// When `key`'s lease lapses, on our clock (epoch ms).
-    async fn lapses_at(&self, key: &str) -> Result<f64, String> {
+    async fn lapses_at(&self, key: &str) -> Result<f64, LabError> {
         let d = self
             .coll
             .find_one(doc! {"_id": key})
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("no lease document {key:?}"))?;
-        let until = d.get_i64(store_trait::fields::LEASE_UNTIL).map_err(|e| format!("{key:?}: {e}"))?;
+            .await?
+            .ok_or_else(|| LabError::Broken(format!("no lease document {key:?}")))?;
+        let until = d
+            .get_i64(store_trait::fields::LEASE_UNTIL)
+            .map_err(|e| LabError::Field { what: format!("the lease {key:?}"), source: e })?;
         Ok(until as f64 - self.offset_ms)
     }
 }
@@ -71,27 +107,34 @@ pub(super) async fn trials(
     kills: usize,
     lease: Option<&LeaseDoc>,
     spawn: impl Fn(&str, &Path) -> tokio::process::Command,
-) -> Result<Trials, String> {
+) -> Result<Trials, LabError> {
     let file = out.with_file_name(format!("{key}.log"));
     let _ = std::fs::remove_file(&file);
     let start = |c: &mut tokio::process::Command| {
-        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true).spawn()
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| LabError::io("cannot start a candidate", e))
     };
     let mut procs: Vec<tokio::process::Child> = Vec::new();
     for _ in 0..3 {
-        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
+        procs.push(start(&mut spawn(key, &file))?);
     }
     let lines = || read_lines(&file);
     wait_lines(&file, 1, Duration::from_secs(120)).await?;
     let mut t = Trials::default();
     for trial in 0..stops + kills {
         let before = lines();
-        let leader_pid: u32 = before
-            .last()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-            .ok_or("bad leader line")?;
-        let idx = procs.iter().position(|p| p.id() == Some(leader_pid)).ok_or("leader is not one of ours")?;
+        let leader_pid: u32 =
+            before.last().and_then(|l| l.split_whitespace().nth(1)).and_then(|p| p.parse().ok()).ok_or_else(|| {
+                LabError::Unreadable(format!("bad leader line in {}: {:?}", file.display(), before.last()))
+            })?;
+        let idx = procs
+            .iter()
+            .position(|p| p.id() == Some(leader_pid))
+            .ok_or_else(|| LabError::Broken(format!("leader {leader_pid} is not one of ours")))?;
         let kill = trial >= stops;
         let t0 = unix_ms();
         let sig = if kill { "-KILL" } else { "-TERM" };
@@ -105,8 +148,12 @@ pub(super) async fn trials(
             _ => None,
         };
         let after = wait_lines(&file, before.len() + 1, Duration::from_secs(180)).await?;
-        let t1_ns: u128 =
-            after[before.len()].split_whitespace().next().and_then(|t| t.parse().ok()).ok_or("bad line")?;
+        let line = &after[before.len()];
+        let t1_ns: u128 = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| LabError::Unreadable(format!("bad line in {}: {line:?}", file.display())))?;
         let t1 = t1_ns as f64 / 1e6;
         if kill {
             t.failovers_s.push((t1 - t0).max(0.0) / 1e3);
@@ -118,7 +165,7 @@ pub(super) async fn trials(
         }
         let mut old = procs.remove(idx);
         let _ = old.wait().await;
-        procs.push(start(&mut spawn(key, &file)).map_err(|e| e.to_string())?);
+        procs.push(start(&mut spawn(key, &file))?);
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     for p in &mut procs {
@@ -131,7 +178,7 @@ fn read_lines(file: &Path) -> Vec<String> {
     std::fs::read_to_string(file).unwrap_or_default().lines().map(str::to_owned).collect()
 }
 
-async fn wait_lines(file: &Path, n: usize, limit: Duration) -> Result<Vec<String>, String> {
+async fn wait_lines(file: &Path, n: usize, limit: Duration) -> Result<Vec<String>, LabError> {
     let t = Instant::now();
     loop {
         let l = read_lines(file);
@@ -139,7 +186,7 @@ async fn wait_lines(file: &Path, n: usize, limit: Duration) -> Result<Vec<String
             return Ok(l);
         }
         if t.elapsed() > limit {
-            return Err(format!("no new leader within {limit:?}"));
+            return Err(LabError::timed_out("no new leader", limit));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use mongoagent::{Agent, EventFilter, EventKind, Queue, QueueEvent};
 use store_mongo::MongoStore;
 
-use super::{preload, Figures};
+use super::figures::Figures;
+use super::queue::{drive, preload};
+use crate::error::LabError;
 
 /// Runs `tasks` trivial tasks from `coll` (preloaded, so the subscriber sees
 /// each task claimed and completed) with one subscriber reading every event,
@@ -16,9 +18,9 @@ use super::{preload, Figures};
 /// start to the last task's `Completed` event), `queue_events_per_task`,
 /// `queue_events_tasks_per_s` (the queue's throughput while watched) and
 /// `queue_events_resyncs` (how often the subscriber fell behind: 0 expected).
-pub(super) async fn put_figures(f: &mut Figures, store: &MongoStore, tasks: u32, coll: &str) -> Result<(), String> {
+pub(super) async fn put_figures(f: &mut Figures, store: &MongoStore, tasks: u32, coll: &str) -> Result<(), LabError> {
     let queue = preload(store, tasks, coll).await?;
-    let mut events = queue.events(EventFilter::all()).await.map_err(|e| e.to_string())?;
+    let mut events = queue.events(EventFilter::all()).await?;
     let start = Instant::now();
     let reader = tokio::spawn(async move {
         let (mut delivered, mut completed, mut resyncs) = (0_u64, 0_u64, 0_u64);
@@ -29,19 +31,20 @@ pub(super) async fn put_figures(f: &mut Figures, store: &MongoStore, tasks: u32,
                     completed += u64::from(matches!(ev.kind, EventKind::Completed));
                 }
                 Ok(Some(_)) => resyncs += 1,
-                Ok(None) | Err(_) => return Err(format!("events: {completed} of {tasks} completions seen")),
+                Ok(None) | Err(_) => {
+                    return Err(LabError::Broken(format!("events: {completed} of {tasks} completions seen")))
+                }
             }
         }
         Ok((delivered, resyncs, start.elapsed()))
     });
-    let shared = Queue::new(store.clone(), coll).map_err(|e| e.to_string())?;
+    let shared = Queue::new(store.clone(), coll)?;
     let done = Arc::new(AtomicU64::new(0));
     let agents: Vec<Agent<MongoStore>> = (0..4)
         .map(|_| Agent::on_queue(&shared, "bench").concurrency(4).poll_interval(Duration::from_millis(200)).build())
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let (task_rate, _) = super::drive(&agents, &done, tasks, start, "events").await?;
-    let (delivered, resyncs, took) = reader.await.map_err(|e| e.to_string())??;
+        .collect::<Result<_, _>>()?;
+    let (task_rate, _) = drive(&agents, &done, tasks, start, "events").await?;
+    let (delivered, resyncs, took) = reader.await.map_err(|e| LabError::join("the events' reader stopped", e))??;
     f.put("queue_events_per_s", delivered as f64 / took.as_secs_f64());
     f.put("queue_events_per_task", delivered as f64 / f64::from(tasks));
     f.put("queue_events_tasks_per_s", task_rate);

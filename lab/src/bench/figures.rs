@@ -7,6 +7,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::error::LabError;
+
 /// A part of the bench whose figures stand or fall together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Section {
@@ -223,7 +225,7 @@ impl Figures {
     /// Writes `summary.json` (every figure, `skipped` by section, and
     /// `skipped_figures`: each promised figure not measured, with its reason)
     /// and prints the figures as a Markdown table.
-    pub(crate) fn write(&self, out: &Path, header: &[(&str, &str)]) -> Result<(), String> {
+    pub(crate) fn write(&self, out: &Path, header: &[(&str, &str)]) -> Result<(), LabError> {
         let mut summary = serde_json::Map::new();
         for (k, v) in &self.values {
             summary.insert(k.clone(), json!(v));
@@ -243,9 +245,10 @@ impl Figures {
             .collect();
         summary.insert("skipped_figures".into(), Value::Object(absent));
         if let Some(dir) = out.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(dir).map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
         }
-        std::fs::write(out, Value::Object(summary).to_string()).map_err(|e| e.to_string())?;
+        std::fs::write(out, Value::Object(summary).to_string())
+            .map_err(|e| LabError::io(format!("cannot write {}", out.display()), e))?;
         println!("| figure | value |\n|---|---|");
         for (k, v) in &self.values {
             println!("| `{k}` | {v:.3} |");
@@ -262,7 +265,7 @@ impl Figures {
     /// The smoke check: every promised figure is present and finite, or its
     /// section was skipped with a reason; with `strict` (under `CI`), only
     /// the seed's failover may be skipped. No thresholds.
-    pub(crate) fn check(&self, strict: bool) -> Result<(), String> {
+    pub(crate) fn check(&self, strict: bool) -> Result<(), LabError> {
         let mut wrong = Vec::new();
         for (k, section) in PROMISED {
             match (self.values.get(*k), self.reason(k, *section)) {
@@ -278,7 +281,7 @@ impl Figures {
         if wrong.is_empty() {
             Ok(())
         } else {
-            Err(format!("the bench did not give {} promised figures:\n  {}", wrong.len(), wrong.join("\n  ")))
+            Err(LabError::MissingFigures(wrong))
         }
     }
 }
@@ -320,29 +323,31 @@ mod tests {
     #[test]
     fn the_check_wants_every_figure_or_a_reason() {
         let mut f = Figures::default();
+        // What the check says is wrong, or `None` when it passes.
+        let check = |f: &Figures, strict: bool| f.check(strict).err().map(|e| e.to_string());
         for (k, _) in PROMISED {
             f.values.insert((*k).to_owned(), 1.0);
         }
-        assert_eq!(f.check(true), Ok(()));
+        assert_eq!(check(&f, true), None);
         f.values.insert("raw_fam_per_s".into(), f64::NAN);
-        assert!(f.check(false).is_err_and(|e| e.contains("raw_fam_per_s")));
+        assert!(check(&f, false).is_some_and(|e| e.contains("raw_fam_per_s")));
         f.values.insert("raw_fam_per_s".into(), 1.0);
         f.values.remove("agenda_best_tasks_per_s");
-        assert!(f.check(false).is_err_and(|e| e.contains("agenda_best_tasks_per_s: missing")));
+        assert!(check(&f, false).is_some_and(|e| e.contains("agenda_best_tasks_per_s: missing")));
         f.skip(Section::Agenda, "no node");
-        assert_eq!(f.check(false), Ok(()));
-        assert!(f.check(true).is_err_and(|e| e.contains("agenda_best_tasks_per_s: agenda skipped")));
+        assert_eq!(check(&f, false), None);
+        assert!(check(&f, true).is_some_and(|e| e.contains("agenda_best_tasks_per_s: agenda skipped")));
         f.values.insert("agenda_best_tasks_per_s".into(), 1.0);
         f.skipped.clear();
         f.values.remove("seed_failover_s_p50");
         f.skip(Section::SeedFailover, "full runs only");
-        assert_eq!(f.check(true), Ok(()));
+        assert_eq!(check(&f, true), None);
         f.values.remove("seed_handover_ms_p50");
         f.skip(Section::Seed, "MONGOCOORD_BENCH_SKIP");
-        assert_eq!(f.check(false), Ok(()));
-        assert!(f.check(true).is_err_and(|e| e.contains("seed_handover_ms_p50: seed skipped")));
+        assert_eq!(check(&f, false), None);
+        assert!(check(&f, true).is_some_and(|e| e.contains("seed_handover_ms_p50: seed skipped")));
         f.values.remove("pickup_ms_p50");
         f.skip(Section::Core, "no reason can excuse it");
-        assert!(f.check(false).is_err_and(|e| e.contains("pickup_ms_p50")));
+        assert!(check(&f, false).is_some_and(|e| e.contains("pickup_ms_p50")));
     }
 }

@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::figures::{Figures, Section};
+use crate::error::LabError;
 
 /// The roles measured, with their figure names (`idle_<role>_*`).
 pub(crate) const ROLES: [&str; 4] = ["agent", "follower", "waiter", "cron"];
@@ -63,7 +64,7 @@ pub(super) async fn put_figures(
     dir: &Path,
     warm_up: Duration,
     window: Duration,
-) -> Result<(), String> {
+) -> Result<(), LabError> {
     if !Path::new("/proc/self/stat").exists() {
         f.skip(Section::Idle, "no /proc: CPU and memory are read from /proc/PID");
         return Ok(());
@@ -76,12 +77,13 @@ pub(super) async fn put_figures(
     // holder's and the leader's renewals (docs/test-servers.md).
     // secantusd-rs answers only at a matching change or the await's end.
     let db_of = |role: &str| format!("{db}_idle_{role}");
-    let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, String> {
+    let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, LabError> {
         let mut c = tokio::process::Command::new(mongocoord);
         c.args(["--uri", uri, "--db", &db_of(role)]).stdin(Stdio::null()).stdout(Stdio::null()).kill_on_drop(true);
         match log {
             Some(path) => {
-                let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let file = std::fs::File::create(path)
+                    .map_err(|e| LabError::io(format!("cannot create {}", path.display()), e))?;
                 c.env("RUST_LOG", "warn,mongodb::command=debug").stderr(file);
             }
             None => {
@@ -101,13 +103,14 @@ pub(super) async fn put_figures(
         let _ = std::fs::remove_file(mark(name));
         let mut c = base(role, None)?;
         c.args(args).args(["--", "sh", "-c", &keep(name)]);
-        helpers.push(Proc(c.spawn().map_err(|e| format!("cannot start mongocoord: {e}"))?));
+        helpers.push(Proc(c.spawn().map_err(|e| LabError::io("cannot start mongocoord", e))?));
     }
     for name in ["holder", "leader"] {
         let t = Instant::now();
+        let limit = Duration::from_secs(60);
         while !mark(name).exists() {
-            if t.elapsed() > Duration::from_secs(60) {
-                return Err(format!("idle: the {name} did not start within 60 s"));
+            if t.elapsed() > limit {
+                return Err(LabError::timed_out(format!("idle: the {name} did not start"), limit));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -125,7 +128,7 @@ pub(super) async fn put_figures(
         let log = dir.join(format!("idle-{role}.log"));
         let mut c = base(role, Some(&log))?;
         c.args(args);
-        let proc = Proc(c.spawn().map_err(|e| format!("cannot start mongocoord {role}: {e}"))?);
+        let proc = Proc(c.spawn().map_err(|e| LabError::io(format!("cannot start mongocoord {role}"), e))?);
         measured.push(Measured { role, proc, log });
     }
     tokio::time::sleep(warm_up).await;
@@ -146,36 +149,46 @@ pub(super) async fn put_figures(
 }
 
 /// The pid of a process still running.
-fn pid(m: &mut Measured) -> Result<u32, String> {
+fn pid(m: &mut Measured) -> Result<u32, LabError> {
     match (m.proc.0.try_wait(), m.proc.0.id()) {
         (Ok(None), Some(pid)) => Ok(pid),
-        _ => Err(format!("idle: mongocoord {} has exited (see {})", m.role, m.log.display())),
+        _ => Err(LabError::Broken(format!("idle: mongocoord {} has exited (see {})", m.role, m.log.display()))),
     }
 }
 
 /// Commands so far (lines of the driver's "Command started" event) and CPU
 /// ticks (user plus system) of a measured process.
-fn read(m: &mut Measured) -> Result<Reading, String> {
+fn read(m: &mut Measured) -> Result<Reading, LabError> {
     let pid = pid(m)?;
-    let log = std::fs::read_to_string(&m.log).map_err(|e| format!("{}: {e}", m.log.display()))?;
+    let log =
+        std::fs::read_to_string(&m.log).map_err(|e| LabError::io(format!("cannot read {}", m.log.display()), e))?;
     let commands = log.lines().filter(|l| l.contains("Command started")).count() as u64;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| LabError::io(format!("cannot read /proc/{pid}/stat"), e))?;
     // Fields after the command name, which may itself hold spaces or ')':
     // state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or("/proc/PID/stat without a command name")?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| LabError::Unreadable(format!("/proc/{pid}/stat without a command name")))?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or("/proc/PID/stat: no CPU times");
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| LabError::Unreadable(format!("/proc/{pid}/stat: no CPU times")))
+    };
     Ok(Reading { commands, ticks: tick(11)? + tick(12)? })
 }
 
-fn rss_mb(pid: u32) -> Result<f64, String> {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("/proc/{pid}/status: {e}"))?;
+fn rss_mb(pid: u32) -> Result<f64, LabError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| LabError::io(format!("cannot read /proc/{pid}/status"), e))?;
     let kb = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .ok_or("/proc/PID/status: no VmRSS")?;
+        .ok_or_else(|| LabError::Unreadable(format!("/proc/{pid}/status: no VmRSS")))?;
     Ok(kb / 1024.0)
 }
 

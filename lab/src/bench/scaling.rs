@@ -9,6 +9,8 @@ use std::path::Path;
 use store_mongo::MongoStore;
 
 use super::figures::Figures;
+use super::processes::queue_processes_run;
+use crate::error::LabError;
 
 /// The process counts measured.
 pub(crate) const PROCESSES: [usize; 5] = [1, 2, 4, 8, 16];
@@ -21,11 +23,11 @@ pub(super) async fn put_figures(
     db: &str,
     store: &MongoStore,
     tasks: u32,
-) -> Result<(), String> {
+) -> Result<(), LabError> {
     for n in PROCESSES {
         eprintln!("scaling: {n} agent processes (lab bench-agent), {tasks} trivial tasks…");
         let coll = format!("bench_scaling_{n}");
-        match super::queue_processes_run(uri, db, store, tasks, &coll, n).await {
+        match queue_processes_run(uri, db, store, tasks, &coll, n).await {
             Ok(r) => {
                 f.put(format!("scaling_{n}_processes_tasks_per_s"), r.rate);
                 f.put(format!("scaling_{n}_processes_commands_per_task"), r.commands_per_task);
@@ -47,7 +49,7 @@ pub(super) async fn put_figures(
 
 /// The plot of the figures [`put_figures`] measured, with the raw loop's
 /// rate and Agenda's best as horizontal lines where measured, as SVG.
-pub(super) fn write_plot(f: &Figures, server: &str, out: &Path) -> Result<(), String> {
+pub(super) fn write_plot(f: &Figures, server: &str, out: &Path) -> Result<(), LabError> {
     let ours: Vec<(usize, f64)> = PROCESSES
         .iter()
         .filter_map(|n| f.get(&format!("scaling_{n}_processes_tasks_per_s")).map(|r| (*n, r)))
@@ -122,7 +124,7 @@ pub(super) fn write_plot(f: &Figures, server: &str, out: &Path) -> Result<(), St
         }
     }
     svg.push_str("</svg>\n");
-    std::fs::write(out, svg).map_err(|e| format!("{}: {e}", out.display()))
+    std::fs::write(out, svg).map_err(|e| LabError::io(format!("cannot write {}", out.display()), e))
 }
 
 fn escape(s: &str) -> String {

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::error::LabError;
+
 /// The line before the generated table.
 pub(crate) const START: &str =
     "<!-- bench-table: written by `cargo xtask bench-table` from target/bench/summary-*.json; do not edit by hand -->";
@@ -246,24 +248,28 @@ pub(crate) fn render(summaries: &[Value]) -> String {
 }
 
 /// Rewrites the table between the markers of `readme` from `summaries`.
-pub(crate) fn rewrite(readme: &Path, summaries: &[&Path]) -> Result<(), String> {
+pub(crate) fn rewrite(readme: &Path, summaries: &[&Path]) -> Result<(), LabError> {
     let mut values = Vec::new();
     for path in summaries {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        values.push(serde_json::from_str::<Value>(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+        let text =
+            std::fs::read_to_string(path).map_err(|e| LabError::io(format!("cannot read {}", path.display()), e))?;
+        let value = serde_json::from_str::<Value>(&text)
+            .map_err(|e| LabError::Json { what: format!("{} is not a summary", path.display()), source: e })?;
+        values.push(value);
     }
     if values.is_empty() {
-        return Err("no summary to write a table from (run `cargo xtask bench` first)".into());
+        return Err(LabError::invalid("no summary to write a table from (run `cargo xtask bench` first)"));
     }
-    let doc = std::fs::read_to_string(readme).map_err(|e| format!("{}: {e}", readme.display()))?;
+    let doc =
+        std::fs::read_to_string(readme).map_err(|e| LabError::io(format!("cannot read {}", readme.display()), e))?;
     let (Some(start), Some(end)) = (doc.find(START), doc.find(END)) else {
-        return Err(format!("{} has no {START:?} … {END:?} markers", readme.display()));
+        return Err(LabError::invalid(format!("{} has no {START:?} … {END:?} markers", readme.display())));
     };
     if end < start {
-        return Err(format!("{}: the table's end marker comes before its start", readme.display()));
+        return Err(LabError::invalid(format!("{}: the table's end marker comes before its start", readme.display())));
     }
     let new = format!("{}{START}\n{}{}", &doc[..start], render(&values), &doc[end..]);
-    std::fs::write(readme, new).map_err(|e| format!("{}: {e}", readme.display()))
+    std::fs::write(readme, new).map_err(|e| LabError::io(format!("cannot write {}", readme.display()), e))
 }
 
 #[cfg(test)]

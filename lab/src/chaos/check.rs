@@ -9,8 +9,9 @@ use store_mongo::MongoStore;
 use store_trait::{Collection, Query, Store};
 
 use super::limited::{Overlap, Runs};
+use super::names::{QUEUE, SEEDED};
 use super::pause::{PauseReport, Pauses};
-use super::{QUEUE, SEEDED};
+use crate::error::LabError;
 
 #[derive(Debug, Default)]
 pub(super) struct Report {
@@ -33,7 +34,7 @@ pub(super) struct Report {
 }
 
 /// Reads every worker's log and the store, and verifies the history.
-pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, String> {
+pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, LabError> {
     let mut r = Report::default();
     // fence -> (first, last) server time at which its holder confirmed it held.
     // The first confirmation, not the lease's `since`, marks the start: a server
@@ -47,9 +48,11 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Str
     let mut fork_writes: Vec<(u64, u64)> = Vec::new();
     let mut done: HashMap<String, usize> = HashMap::new();
     let (mut runs, mut pauses) = (Runs::default(), Pauses::default());
-    let entries = std::fs::read_dir(logs).map_err(|e| e.to_string())?;
+    let entries = std::fs::read_dir(logs).map_err(|e| LabError::io(format!("cannot list {}", logs.display()), e))?;
     for e in entries.flatten() {
-        let text = std::fs::read_to_string(e.path()).map_err(|e| e.to_string())?;
+        let path = e.path();
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| LabError::io(format!("cannot read {}", path.display()), e))?;
         let source = e.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         for line in text.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
@@ -127,11 +130,11 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Str
         }
     }
     // The store: every task ended; two follow-ups per completed seeded task.
-    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
+    let coll = Collection::new(QUEUE)?;
     let mut all = Vec::new();
     let mut debris = Vec::new();
     let mut unreadable = 0;
-    for r in store.find_each(&coll, &Query::all()).await.map_err(|e| e.to_string())? {
+    for r in store.find_each(&coll, &Query::all()).await? {
         match r {
             // A stale run's follow-ups that the holder's outcome did not take
             // over stay pending and inert: not tasks (checked below).
@@ -153,10 +156,8 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Str
     }
     // The foreign documents were never claimed (nor changed at all).
     let raw = store.database().collection::<bson::Document>(QUEUE);
-    let untouched = raw
-        .count_documents(doc! { "foreign": true, "ready": true, "lease_owner": { "$exists": false } })
-        .await
-        .map_err(|e| e.to_string())?;
+    let untouched =
+        raw.count_documents(doc! { "foreign": true, "ready": true, "lease_owner": { "$exists": false } }).await?;
     if untouched != foreign as u64 {
         r.violations.push(format!("{} of {foreign} foreign documents were changed", foreign as u64 - untouched));
     }

@@ -38,7 +38,8 @@ use store_mongo::MongoStore;
 use store_trait::Store;
 use tokio::time::Instant;
 
-use super::Log;
+use super::log::Log;
+use crate::error::LabError;
 
 /// The limited agent's name.
 pub(super) const LIMITED: &str = "chaos-limited";
@@ -49,15 +50,14 @@ pub(super) const QUEUE: &str = "chaos_limited";
 
 /// Runs the limited agent of one worker process (two loops, so the limit
 /// binds across processes) until the process is killed.
-pub(super) async fn agent_loop(store: MongoStore, log: Log, ttl: Duration) -> Result<(), String> {
+pub(super) async fn agent_loop(store: MongoStore, log: Log, ttl: Duration) -> Result<(), LabError> {
     let agent = Agent::builder(store.clone(), LIMITED, QUEUE)
         .ttl(ttl)
         .global_concurrency(LIMIT)
         .max_attempts(50)
         .backoff(Duration::from_millis(100), Duration::from_secs(1))
         .poll_interval(Duration::from_secs(1))
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let handler = move |task: Task| {
         let (store, log) = (store.clone(), log.clone());
         async move {
@@ -170,11 +170,11 @@ pub(super) async fn check_store(
     store: &MongoStore,
     seeded: &std::collections::HashSet<String>,
     violations: &mut Vec<String>,
-) -> Result<usize, String> {
-    let coll = store_trait::Collection::new(QUEUE).map_err(|e| e.to_string())?;
+) -> Result<usize, LabError> {
+    let coll = store_trait::Collection::new(QUEUE)?;
     let mut tasks = Vec::new();
-    for t in store.find_each(&coll, &store_trait::Query::all()).await.map_err(|e| e.to_string())? {
-        tasks.push(t.map_err(|e| format!("an unreadable limited task: {e}"))?);
+    for t in store.find_each(&coll, &store_trait::Query::all()).await? {
+        tasks.push(t.map_err(|e| LabError::from(e).context("an unreadable limited task"))?);
     }
     let present: std::collections::HashSet<String> = tasks.iter().map(|t| t.key().to_string()).collect();
     if let Some(missing) = seeded.iter().find(|t| !present.contains(*t)) {

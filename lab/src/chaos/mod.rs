@@ -18,268 +18,49 @@
 //!   that is the *grandchild* of a `mongocoord lock` runner (`sh -c 'writer &
 //!   wait'`) wrote to its own ledger, and was still running at server time
 //!   `now`. Runners are killed with SIGKILL, and sent any signal
-//!   ([`ANY_SIGNAL`], caught or not), they or their supervisors: a
+//!   ([`crate::signal::ANY_SIGNAL`], caught or not), they or their supervisors: a
 //!   grandchild that outlives its runner's lease shows up as two fences
 //!   running at once;
 //! - `lclaim`, `lrun`: the globally limited agent's runs (`limited.rs`);
 //! - the driver's own log, `driver.log`: the pause/resume cycle and the
 //!   SIGSTOPs (`pause.rs`).
 //!
-//! The checker is `check.rs`; one concern per child module.
+//! One concern per child module: `worker.rs` the worker processes,
+//! `check.rs` the checker, `limited.rs` and `pause.rs` the globally limited
+//! agent and its pause cycle, `names.rs` what the processes share, `log.rs`
+//! their logs, `retrying.rs` the server as they reach it, `spawn.rs` how
+//! they are started; this file is the orchestrator.
 
 mod check;
 mod limited;
+mod log;
+mod names;
 mod pause;
+mod retrying;
+mod spawn;
+mod worker;
 
-use check::{check, foreign_tasks};
-
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use mongoagent::{Agent, NewTask, Outcome, Processed, Queue, Task};
-use mongoelector::Elector;
-use mongolock::{Acquire, Lock};
+use mongoagent::{NewTask, Queue};
 use serde_json::json;
 use store_mongo::MongoStore;
-use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write, WriteOutcome};
+use store_trait::{Collection, Condition, Query, Store};
 use tokio::time::Instant;
 
+use check::{check, foreign_tasks};
+use log::Log;
+use names::{FORK_LOCK, QUEUE, SEEDED};
+use retrying::{connect_retrying, now_retrying};
+use spawn::{spawn_quiet, spawn_traced};
+pub(crate) use worker::{ledger_writer, worker};
+
+use crate::cron::{self, Crons};
+use crate::error::LabError;
 use crate::server::{Server, ServerSpec, Storage};
-
-const LOCK: &str = "chaos-lock";
-const ELECTION: &str = "chaos-leader";
-const QUEUE: &str = "chaos_tasks";
-const LEDGER: &str = "chaos_ledger";
-/// The lock the forking runners (`mongocoord lock`) contend for, and their ledger.
-const FORK_LOCK: &str = "chaos-fork-lock";
-const FORK_LEDGER: &str = "chaos_fork_ledger";
-const SEEDED: u32 = 150;
-
-/// A line-oriented, append-only log; each line flushed at once, so a SIGKILL
-/// loses at most the line being written.
-#[derive(Clone)]
-struct Log(std::sync::Arc<parking_lot::Mutex<std::fs::File>>);
-
-impl Log {
-    fn open(path: &Path) -> std::io::Result<Log> {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(Log(std::sync::Arc::new(parking_lot::Mutex::new(f))))
-    }
-
-    fn line(&self, s: String) {
-        let mut f = self.0.lock();
-        let _ = writeln!(f, "{s}");
-    }
-}
-
-async fn connect_retrying(uri: &str, db: &str) -> MongoStore {
-    loop {
-        match MongoStore::connect(uri, db).await {
-            Ok(s) => return s,
-            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-        }
-    }
-}
-
-/// One worker process: contends for the lock (with fenced writes), campaigns for
-/// leadership, and runs an agent, until killed.
-pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, String> {
-    let log = Log::open(log_path).map_err(|e| e.to_string())?;
-    let store = connect_retrying(uri, db).await;
-    let ttl = Duration::from_secs(2);
-
-    let lock_loop = {
-        let (store, log) = (store.clone(), log.clone());
-        async move {
-            let ledger = Collection::new(LEDGER).map_err(|e| e.to_string())?;
-            let lock = Lock::builder(store.clone(), LOCK).ttl(ttl).build().map_err(|e| e.to_string())?;
-            // Half the workers write as careless code does: without asking
-            // whether the lock is still theirs, right after a pause past their
-            // lease, and even after letting go. Only the fence on the ledger
-            // stops those writes, so the run shows stale writes rejected by it.
-            let careless = fastrand::bool();
-            loop {
-                let Ok(guard) = lock.acquire_with(Acquire::new().timeout(Duration::from_secs(10)).auto_renew()).await
-                else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let fence = guard.fence();
-                log.line(format!("acq {fence} {}", guard.since().as_millis()));
-                let hold_until = Instant::now() + Duration::from_millis(fastrand::u64(50..600));
-                let ledger_key = Key::new("ledger").map_err(|e| e.to_string())?;
-                // A write only a holder with the newest fence may make.
-                let write = || async {
-                    let t = i64::try_from(fence).unwrap_or(i64::MAX);
-                    let w = Write::new(
-                        Condition::AtMost("last_fence".into(), t),
-                        Mutation::new().set("last_fence", t).inc("writes", 1),
-                    )
-                    .upsert();
-                    match store.write(&ledger, &ledger_key, &w).await {
-                        Ok(WriteOutcome::Applied(r)) => log.line(format!("write {fence} {} ok", r.rev())),
-                        Ok(WriteOutcome::Rejected(r)) => {
-                            log.line(format!("write {fence} {} rejected", r.map_or(0, |r| r.rev())))
-                        }
-                        Err(_) => {}
-                    }
-                };
-                while Instant::now() < hold_until && (careless || !guard.is_lost()) {
-                    write().await;
-                    if let Ok(now) = store.now().await {
-                        if !guard.is_lost() {
-                            log.line(format!("hold {fence} {}", now.as_millis()));
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                if careless {
-                    // Once more after the hold, however long a pause took,
-                    // without a look at the lease.
-                    write().await;
-                }
-                let _ = guard.release().await;
-                if careless {
-                    // And once after letting go, as code that writes after its
-                    // unlock does: a newer holder's write in between makes the
-                    // fence reject it.
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..300))).await;
-                    write().await;
-                }
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), String>(())
-        }
-    };
-
-    let elect_loop = {
-        let (store, log) = (store.clone(), log.clone());
-        async move {
-            let elector = Elector::builder(store.clone(), ELECTION).ttl(ttl).build().map_err(|e| e.to_string())?;
-            elector.start().map_err(|e| e.to_string())?;
-            let probe = Lock::builder(store.clone(), ELECTION)
-                .collection(mongoelector::DEFAULT_COLLECTION)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let mut last_term = 0;
-            loop {
-                if let Some(term) = elector.node_status().fence {
-                    if term != last_term {
-                        if let Ok(Some(info)) = probe.get_current().await {
-                            if info.fence == term {
-                                log.line(format!("term {term} {}", info.since.as_millis()));
-                            }
-                        }
-                        last_term = term;
-                    }
-                    if let Ok(now) = store.now().await {
-                        if elector.node_status().fence == Some(term) {
-                            log.line(format!("lead {term} {}", now.as_millis()));
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), String>(())
-        }
-    };
-
-    let agent_loop = {
-        let (store, log) = (store.clone(), log.clone());
-        // About half the workers (each picks at random) run short tasks, so
-        // their agents claim ahead of free slots (`mongoagent`'s `ahead.rs`:
-        // runs under 100 ms on average) and are killed holding tasks claimed
-        // ahead.
-        let runs = if fastrand::bool() { 5..60 } else { 20..400 };
-        async move {
-            let agent = Agent::builder(store, "chaos", QUEUE)
-                .ttl(ttl)
-                .concurrency(2)
-                .max_attempts(20)
-                .backoff(Duration::from_millis(100), Duration::from_secs(1))
-                .poll_interval(Duration::from_secs(1))
-                .build()
-                .map_err(|e| e.to_string())?;
-            let joins = log.clone();
-            let handler = move |task: Task| {
-                let (joins, runs) = (joins.clone(), runs.clone());
-                async move {
-                    if task.round() > 0 {
-                        let ended = task.children().iter().filter(|c| c.data().get_bool("complete").ok() == Some(true));
-                        joins.line(format!("joined {} {} {}", task.id(), ended.count(), task.children().len()));
-                    }
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(runs.clone()))).await;
-                    if fastrand::u32(..10) == 0 {
-                        return Outcome::failed("chaos");
-                    }
-                    // Odd seeded tasks wait for their follow-ups and run again (fan-in).
-                    let fan_in = task.data().get_i64("i").is_ok_and(|i| i % 2 == 1);
-                    match task.data().get_i32("stage") {
-                        Ok(0) if task.round() == 0 => {
-                            let o = Outcome::done()
-                                .follow_up(NewTask::new("chaos", doc! {"stage": 1}))
-                                .follow_up(NewTask::new("chaos", doc! {"stage": 1}));
-                            if fan_in {
-                                o.wait_for_follow_ups()
-                            } else {
-                                o
-                            }
-                        }
-                        _ => Outcome::done(),
-                    }
-                }
-            };
-            loop {
-                match agent.process(handler.clone()).await {
-                    Ok(Some(Processed::Completed(k) | Processed::Failed(k))) => log.line(format!("done {k} 0")),
-                    Ok(Some(Processed::Stale(k))) => log.line(format!("stale {k} 0")),
-                    Ok(Some(_)) => {}
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(200)).await,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "chaos worker: processing a task failed");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), String>(())
-        }
-    };
-    let limited_loop = limited::agent_loop(store.clone(), log.clone(), ttl);
-    tokio::try_join!(lock_loop, elect_loop, agent_loop, limited_loop)?;
-    Ok(0)
-}
-
-/// A ledger writer: started by `sh` under a `mongocoord lock` runner, so it is
-/// the runner's grandchild; it writes with the runner's fence until killed.
-/// It never checks the lock itself: that it stops in time is the runner's job.
-pub(crate) async fn ledger_writer(uri: &str, db: &str, log_path: &Path, fence: u64) -> Result<u8, String> {
-    let log = Log::open(log_path).map_err(|e| e.to_string())?;
-    let store = connect_retrying(uri, db).await;
-    let ledger = Collection::new(FORK_LEDGER).map_err(|e| e.to_string())?;
-    let key = Key::new("ledger").map_err(|e| e.to_string())?;
-    let f = i64::try_from(fence).map_err(|e| e.to_string())?;
-    loop {
-        let w = Write::new(
-            Condition::AtMost("last_fence".into(), f),
-            Mutation::new().set("last_fence", f).inc("writes", 1),
-        )
-        .upsert();
-        match store.write(&ledger, &key, &w).await {
-            Ok(WriteOutcome::Applied(r)) => log.line(format!("fwrite {fence} {} ok", r.rev())),
-            Ok(WriteOutcome::Rejected(r)) => log.line(format!("fwrite {fence} {} rejected", r.map_or(0, |r| r.rev()))),
-            Err(_) => {}
-        }
-        if let Ok(now) = store.now().await {
-            log.line(format!("fhold {fence} {}", now.as_millis()));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use crate::signal::{any_signal, runner_or_supervisor, signal};
 
 /// Options of a chaos run.
 #[derive(Debug, Clone)]
@@ -305,21 +86,11 @@ pub(crate) enum Scenario {
     Cron,
 }
 
-/// The server time, once the server answers.
-async fn now_retrying(store: &MongoStore) -> i64 {
-    loop {
-        match store.now().await {
-            Ok(t) => return t.as_millis(),
-            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-        }
-    }
-}
-
 /// `--only cron`: the schedule scenario alone (see [`crate::cron::only`]).
-async fn run_cron_only(store: &MongoStore, uri: &str, db: &str, o: &ChaosOpts) -> Result<serde_json::Value, String> {
-    let bin = o.mongocoord.as_ref().ok_or("--only cron needs --mongocoord")?;
-    let mut crons = crate::cron::Crons::start(bin, uri, db, &o.dir, store).await?;
-    let report = crate::cron::only(store, &mut crons, o.duration).await?;
+async fn run_cron_only(store: &MongoStore, uri: &str, db: &str, o: &ChaosOpts) -> Result<serde_json::Value, LabError> {
+    let bin = o.mongocoord.as_ref().ok_or_else(|| LabError::invalid("--only cron needs --mongocoord"))?;
+    let mut crons = Crons::start(bin, uri, db, &o.dir, store).await?;
+    let report = cron::only(store, &mut crons, o.duration).await?;
     Ok(json!({
         "seed": o.seed, "minutes": o.duration.as_secs_f64() / 60.0, "only": "cron",
         "cron_processes": 3, "cron_kills": crons.kills, "cron_ticks": report.ticks, "cron_reruns": report.reruns,
@@ -327,33 +98,11 @@ async fn run_cron_only(store: &MongoStore, uri: &str, db: &str, o: &ChaosOpts) -
     }))
 }
 
-/// What an operator, a crash or a command may send a runner or its
-/// supervisor, caught or not: each must leave at most one holder whose
-/// command runs. (`-36` is a real-time signal.)
-pub(crate) const ANY_SIGNAL: [&str; 10] =
-    ["-QUIT", "-ABRT", "-SEGV", "-ALRM", "-USR1", "-USR2", "-HUP", "-36", "-TERM", "-KILL"];
-
-/// `pid`, or as often its supervisor (the runner's child while a command
-/// runs; the runner itself when it has none).
-pub(crate) fn runner_or_supervisor(pid: u32, rng: &mut fastrand::Rng) -> u32 {
-    if rng.bool() {
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(child) = children.split_whitespace().next().and_then(|c| c.parse().ok()) {
-            return child;
-        }
-    }
-    pid
-}
-
-pub(crate) fn signal(pid: u32, sig: &str) {
-    // The process may be gone already (killed while paused): that is fine.
-    let _ = std::process::Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
-}
-
 /// Runs the chaos and the checker; returns 1 on any violation.
-pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u8, String> {
+pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u8, LabError> {
     let _ = std::fs::remove_dir_all(&o.dir);
-    std::fs::create_dir_all(o.dir.join("logs")).map_err(|e| e.to_string())?;
+    let logs = o.dir.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| LabError::io(format!("cannot create {}", logs.display()), e))?;
     let mut server = None;
     let uri = match (uri, &o.server_bin) {
         (_, Some(bin)) => {
@@ -372,7 +121,9 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             uri
         }
         (Some(u), None) => u,
-        (None, None) => return Err("chaos needs --server-bin (to own a restartable server) or --uri".into()),
+        (None, None) => {
+            return Err(LabError::invalid("chaos needs --server-bin (to own a restartable server) or --uri"))
+        }
     };
     let store = connect_retrying(&uri, db).await;
     if o.only == Some(Scenario::Cron) {
@@ -381,22 +132,23 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             s.kill().await;
         }
         let summary = summary?;
-        std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
-        println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+        write_summary(&o.dir, &summary)?;
         return Ok(if summary["ok"] == true { 0 } else { 1 });
     }
-    let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
+    let queue = Queue::new(store.clone(), QUEUE)?;
     let seeded: Vec<NewTask> = (0..SEEDED)
         .map(|i| NewTask::new("chaos", doc! {"stage": 0, "i": i64::from(i)}).id(format!("seed-{i}")))
         .collect();
-    queue.enqueue_all(&seeded).await.map_err(|e| e.to_string())?;
+    queue.enqueue_all(&seeded).await?;
     // Documents another program wrote into the queue, which no agent can read:
     // claims must pass over them, and nothing may stop on them.
     let raw = store.database().collection::<bson::Document>(QUEUE);
-    raw.insert_many(foreign_tasks()).await.map_err(|e| format!("cannot insert the foreign documents: {e}"))?;
+    raw.insert_many(foreign_tasks())
+        .await
+        .map_err(|e| LabError::from(e).context("cannot insert the foreign documents"))?;
 
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let spawn = |n: usize| -> Result<tokio::process::Child, String> {
+    let exe = std::env::current_exe().map_err(|e| LabError::io("cannot find the lab's own binary", e))?;
+    let spawn = |n: usize| -> Result<tokio::process::Child, LabError> {
         let mut c = tokio::process::Command::new(&exe);
         c.args(["--uri", &uri, "--db", db, "chaos-worker", "--log"])
             .arg(o.dir.join("logs").join(format!("worker-{n}.log")));
@@ -412,12 +164,14 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         next_log += 1;
     }
     let end = Instant::now() + o.duration;
-    let driver = Log::open(&o.dir.join("logs").join("driver.log")).map_err(|e| e.to_string())?;
+    let driver_log = logs.join("driver.log");
+    let driver =
+        Log::open(&driver_log).map_err(|e| LabError::io(format!("cannot open {}", driver_log.display()), e))?;
     let cycle = tokio::spawn(pause::cycle(store.clone(), driver.clone(), o.seed, end));
     // Forking runners: `mongocoord lock` runs `sh`, whose background child
     // (the runner's grandchild) writes to a ledger with the runner's fence.
-    let spawn_fork = |n: usize| -> Result<tokio::process::Child, String> {
-        let Some(bin) = &o.mongocoord else { return Err("no mongocoord binary".into()) };
+    let spawn_fork = |n: usize| -> Result<tokio::process::Child, LabError> {
+        let Some(bin) = &o.mongocoord else { return Err(LabError::invalid("forking runners need --mongocoord")) };
         let log = o.dir.join("logs").join(format!("fork-{n}.log"));
         let script = format!(
             "'{}' --uri '{uri}' --db '{db}' ledger-writer --log '{}' --fence \"$MONGOCOORD_FENCE\" & wait",
@@ -437,7 +191,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     }
     // The schedule: three `mongocoord cron` processes (see `crate::cron`).
     let mut crons = match &o.mongocoord {
-        Some(bin) => Some(crate::cron::Crons::start(bin, &uri, db, &o.dir, &store).await?),
+        Some(bin) => Some(Crons::start(bin, &uri, db, &o.dir, &store).await?),
         None => None,
     };
     let mut rng = fastrand::Rng::with_seed(o.seed);
@@ -502,7 +256,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
                     // (a runner that exits is started again above).
                     if let Some(pid) = forks[rng.usize(..forks.len())].id() {
                         let target = runner_or_supervisor(pid, &mut rng);
-                        signal(target, ANY_SIGNAL[rng.usize(..ANY_SIGNAL.len())]);
+                        signal(target, any_signal(&mut rng));
                         runner_signals += 1;
                     }
                 }
@@ -539,17 +293,17 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     // Every tick up to here must be accounted for.
     let cron_window_end = now_retrying(&store).await;
     // The limited agent is resumed for good (and fed no more) once this returns.
-    cycle.await.map_err(|e| e.to_string())??;
+    cycle.await.map_err(|e| LabError::join("the pause cycle stopped", e))??;
     // Let paused workers resume and the queue drain.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let coll = Collection::new(QUEUE).map_err(|e| e.to_string())?;
+    let coll = Collection::new(QUEUE)?;
     let open = || {
         Query::all()
             .when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate())
             .when(Condition::FieldEq("foreign".into(), Bson::Boolean(true)).negate())
             .when(Condition::Exists("pending_parent_fence".into()).negate())
     };
-    let lcoll = Collection::new(limited::QUEUE).map_err(|e| e.to_string())?;
+    let lcoll = Collection::new(limited::QUEUE)?;
     let lopen = Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
     // Wait while the queues still move: the check then reports a queue that
     // stopped (no task ended for `STALL`), not one that drains slowly on a
@@ -585,9 +339,9 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     // Every runner is gone: so must every ledger writer be, within the time the
     // runners' supervisors take to notice. Any line a writer logs after that is
     // a grandchild that outlived its runner.
-    let runners_gone = store.now().await.map_err(|e| e.to_string())?.as_millis() + 1_000;
+    let runners_gone = store.now().await?.as_millis() + 1_000;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut report = check(&store, &o.dir.join("logs")).await?;
+    let mut report = check(&store, &logs).await?;
     if let Some(late) = report.last_fork_hold.filter(|t| *t > runners_gone) {
         report.violations.push(format!(
             "a ledger writer was still running at {late}, after every runner had been killed (by {runners_gone})"
@@ -622,26 +376,17 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         "violations": report.violations,
         "ok": report.violations.is_empty(),
     });
-    std::fs::write(o.dir.join("summary.json"), summary.to_string()).map_err(|e| e.to_string())?;
-    println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+    write_summary(&o.dir, &summary)?;
     Ok(if report.violations.is_empty() { 0 } else { 1 })
 }
 
-/// Starts a child process as [`spawn_quiet`] does, its tracing (the agents'
-/// and the leases' state changes, every warning) going to `trace`: what a
-/// failed run's post-mortem reads.
-fn spawn_traced(mut c: tokio::process::Command, trace: &Path) -> Result<tokio::process::Child, String> {
-    let file = std::fs::File::create(trace).map_err(|e| format!("cannot create {}: {e}", trace.display()))?;
-    c.env("RUST_LOG", "warn,mongoagent=info,mongolock=info").env("NO_COLOR", "1");
-    spawn_with(c, file.into())
-}
-
-/// Starts a child process with no standard streams, killed if its handle is
-/// dropped (the driver's processes never outlive the run).
-fn spawn_quiet(c: tokio::process::Command) -> Result<tokio::process::Child, String> {
-    spawn_with(c, Stdio::null())
-}
-
-fn spawn_with(mut c: tokio::process::Command, stderr: Stdio) -> Result<tokio::process::Child, String> {
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).kill_on_drop(true).spawn().map_err(|e| e.to_string())
+/// Writes `DIR/summary.json` and prints the summary.
+fn write_summary(dir: &std::path::Path, summary: &serde_json::Value) -> Result<(), LabError> {
+    let path = dir.join("summary.json");
+    std::fs::write(&path, summary.to_string())
+        .map_err(|e| LabError::io(format!("cannot write {}", path.display()), e))?;
+    let pretty = serde_json::to_string_pretty(summary)
+        .map_err(|e| LabError::Json { what: "cannot print the summary".into(), source: e })?;
+    println!("{pretty}");
+    Ok(())
 }

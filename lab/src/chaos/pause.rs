@@ -25,7 +25,9 @@ use store_mongo::MongoStore;
 use tokio::time::Instant;
 
 use super::limited::{LIMITED, QUEUE};
-use super::{now_retrying, Log};
+use super::log::Log;
+use super::retrying::now_retrying;
+use crate::error::LabError;
 
 /// Allowance beyond [`CONTROL_REFRESH`] for what lies between an agent's
 /// read of the pause state and its claim's stamp (its permit's acquisition,
@@ -40,8 +42,8 @@ const BATCH: usize = 8;
 /// for good. Each cycle: a batch to run, 2-4 s, the pause; once the pause is
 /// due to be seen (its allowance), another batch, which must wait for the
 /// resume 1.5-3 s later (an agent that ignored the pause would claim it).
-pub(super) async fn cycle(store: MongoStore, log: Log, seed: u64, end: Instant) -> Result<(), String> {
-    let queue = Queue::new(store.clone(), QUEUE).map_err(|e| e.to_string())?;
+pub(super) async fn cycle(store: MongoStore, log: Log, seed: u64, end: Instant) -> Result<(), LabError> {
+    let queue = Queue::new(store.clone(), QUEUE)?;
     let mut rng = fastrand::Rng::with_seed(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1));
     let mut next = 0;
     let until = |ms: u64| tokio::time::sleep_until(end.min(Instant::now() + Duration::from_millis(ms)));
