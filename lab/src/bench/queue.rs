@@ -27,7 +27,20 @@ pub(super) struct QueueRun {
 pub(super) async fn preload(store: &MongoStore, tasks: u32, coll: &str) -> Result<Queue<MongoStore>, LabError> {
     let queue = Queue::new(store.clone(), coll)?;
     let batch: Vec<NewTask> = (0..tasks).map(|i| NewTask::new("bench", doc! {"i": i64::from(i)})).collect();
-    queue.enqueue_all(&batch).await?;
+    match queue.enqueue_all(&batch).await {
+        Ok(_) => {}
+        // A pooled connection that the server closed while the bench left
+        // it idle (the seed's failover trial idles it for a minute) fails
+        // the next write with a transient fault, and the bench's URI turns
+        // retryable writes off. The write may or may not have landed: the
+        // trial's collection is emptied and the tasks enqueued again, once.
+        Err(e) if e.is_retryable() => {
+            eprintln!("  (preloading {coll}: {e}; emptied and preloaded again)");
+            store.database().collection::<bson::Document>(coll).delete_many(doc! {}).await?;
+            queue.enqueue_all(&batch).await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
     Ok(queue)
 }
 

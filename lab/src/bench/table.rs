@@ -214,40 +214,108 @@ fn text<'a>(summary: &'a Value, key: &str) -> &'a str {
     summary.get(key).and_then(Value::as_str).unwrap_or("?")
 }
 
-/// The table, with a line per summary saying where its figures come from.
-pub(crate) fn render(summaries: &[Value]) -> String {
+/// A column of the table: a summary's, or one kept from the table as it was
+/// (a server whose summary is not here: its figures, and the line saying
+/// where they came from, stay as a run on it wrote them).
+enum Column {
+    /// From a summary.
+    Summary(Value),
+    /// Kept from the table as it was.
+    Kept {
+        /// The server's name (the column's header).
+        name: String,
+        /// Its line saying where the figures come from.
+        line: String,
+        /// Its cells, by row label.
+        cells: std::collections::HashMap<String, String>,
+    },
+}
+
+impl Column {
+    fn name(&self) -> &str {
+        match self {
+            Column::Summary(s) => text(s, "server_name"),
+            Column::Kept { name, .. } => name,
+        }
+    }
+
+    fn line(&self) -> String {
+        match self {
+            Column::Summary(s) => format!(
+                "- **{}**: {} (version {}), a `{}` run of commit `{}` on {}.",
+                text(s, "server_name"),
+                text(s, "server"),
+                text(s, "server_version"),
+                text(s, "mode"),
+                text(s, "commit"),
+                text(s, "date"),
+            ),
+            Column::Kept { line, .. } => line.clone(),
+        }
+    }
+
+    fn cell(&self, label: &str, figures: &[(&str, Unit)]) -> String {
+        match self {
+            Column::Summary(s) => figures.iter().map(|(f, u)| cell(s, f, *u)).collect::<Vec<_>>().join(" / "),
+            Column::Kept { cells, .. } => cells.get(label).cloned().unwrap_or_else(|| "–".into()),
+        }
+    }
+}
+
+/// The columns of `old` (the text between the markers) whose server is not
+/// in `fresh`.
+fn kept_columns(old: &str, fresh: &[&str]) -> Vec<Column> {
+    let rows: Vec<Vec<String>> = old
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
+        .map(|l| l.trim().trim_matches('|').split(" | ").map(|c| c.trim().to_owned()).collect())
+        .collect();
+    let Some(header) = rows.first().filter(|h| h.first().is_some_and(|f| f == "figure")) else { return Vec::new() };
+    let mut out = Vec::new();
+    for (i, name) in header.iter().enumerate().skip(1) {
+        if fresh.contains(&name.as_str()) {
+            continue;
+        }
+        let prefix = format!("- **{name}**:");
+        let Some(line) = old.lines().find(|l| l.starts_with(&prefix)) else { continue };
+        let cells = rows[1..].iter().filter_map(|r| Some((r.first()?.clone(), r.get(i)?.clone()))).collect();
+        out.push(Column::Kept { name: name.clone(), line: line.to_owned(), cells });
+    }
+    out
+}
+
+/// The table, with a line per column saying where its figures come from.
+fn render_columns(columns: &[Column]) -> String {
     let mut out = String::new();
-    for s in summaries {
-        let _ = writeln!(
-            out,
-            "- **{}**: {} (version {}), a `{}` run of commit `{}` on {}.",
-            text(s, "server_name"),
-            text(s, "server"),
-            text(s, "server_version"),
-            text(s, "mode"),
-            text(s, "commit"),
-            text(s, "date"),
-        );
+    for c in columns {
+        let _ = writeln!(out, "{}", c.line());
     }
     out.push_str("\n| figure |");
-    for s in summaries {
-        let _ = write!(out, " {} |", text(s, "server_name"));
+    for c in columns {
+        let _ = write!(out, " {} |", c.name());
     }
     out.push_str("\n|---|");
-    out.push_str(&"---|".repeat(summaries.len()));
+    out.push_str(&"---|".repeat(columns.len()));
     out.push('\n');
     for (label, figures) in ROWS {
         let _ = write!(out, "| {label} |");
-        for s in summaries {
-            let cells: Vec<String> = figures.iter().map(|(f, u)| cell(s, f, *u)).collect();
-            let _ = write!(out, " {} |", cells.join(" / "));
+        for c in columns {
+            let _ = write!(out, " {} |", c.cell(label, figures));
         }
         out.push('\n');
     }
     out
 }
 
-/// Rewrites the table between the markers of `readme` from `summaries`.
+/// The table of `summaries`, a column each.
+#[cfg(test)]
+fn render(summaries: &[Value]) -> String {
+    render_columns(&summaries.iter().cloned().map(Column::Summary).collect::<Vec<_>>())
+}
+
+/// Rewrites the table between the markers of `readme` from `summaries`; the
+/// column of a server with no summary here is kept as it was, so a run on
+/// one server leaves the other's figures (and where they came from) alone.
 pub(crate) fn rewrite(readme: &Path, summaries: &[&Path]) -> Result<(), LabError> {
     let mut values = Vec::new();
     for path in summaries {
@@ -268,7 +336,11 @@ pub(crate) fn rewrite(readme: &Path, summaries: &[&Path]) -> Result<(), LabError
     if end < start {
         return Err(LabError::invalid(format!("{}: the table's end marker comes before its start", readme.display())));
     }
-    let new = format!("{}{START}\n{}{}", &doc[..start], render(&values), &doc[end..]);
+    let fresh: Vec<&str> = values.iter().map(|v| text(v, "server_name")).collect();
+    let kept = kept_columns(&doc[start + START.len()..end], &fresh);
+    let mut columns: Vec<Column> = values.into_iter().map(Column::Summary).chain(kept).collect();
+    columns.sort_by(|a, b| a.name().cmp(b.name()));
+    let new = format!("{}{START}\n{}{}", &doc[..start], render_columns(&columns), &doc[end..]);
     std::fs::write(readme, new).map_err(|e| LabError::io(format!("cannot write {}", readme.display()), e))
 }
 
@@ -287,6 +359,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_server_without_a_summary_keeps_its_column() {
+        let dir = std::env::temp_dir().join(format!("bench-table-kept-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (readme, py_path, rs_path) = (dir.join("README.md"), dir.join("py.json"), dir.join("rs.json"));
+        std::fs::write(&readme, format!("{START}\nold\n{END}\n")).unwrap();
+        let py = json!({"server_name": "py", "commit": "aaa", "raw_fam_per_s": 900.0, "raw_fam_p50_us": 1100.0});
+        let rs = json!({"server_name": "rs", "commit": "bbb", "raw_fam_per_s": 3500.0, "raw_fam_p50_us": 300.0});
+        std::fs::write(&py_path, py.to_string()).unwrap();
+        std::fs::write(&rs_path, rs.to_string()).unwrap();
+        rewrite(&readme, &[&py_path, &rs_path]).unwrap();
+        // A later run on py alone: rs's column and its line stay.
+        let py2 = json!({"server_name": "py", "commit": "ccc", "raw_fam_per_s": 1000.0, "raw_fam_p50_us": 1000.0});
+        std::fs::write(&py_path, py2.to_string()).unwrap();
+        rewrite(&readme, &[&py_path]).unwrap();
+        let doc = std::fs::read_to_string(&readme).unwrap();
+        assert!(doc.contains("| figure | py | rs |"), "{doc}");
+        assert!(doc.contains("| 1000/s / 1.00 ms | 3500/s / 0.30 ms |"), "{doc}");
+        assert!(doc.contains("commit `ccc`") && doc.contains("commit `bbb`") && !doc.contains("commit `aaa`"), "{doc}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -347,10 +347,19 @@ impl<S: Store + Clone> AgentBuilder<S> {
             .allow_gc()
             .build()
             .map_err(config)?;
+        let shutdown = self.shutdown_on.unwrap_or_default();
         Ok(Agent {
             inner: Arc::new(Inner {
                 store: self.store.clone(),
-                claimer: super::claim::Claimer::new(queue.clone(), self.name.clone(), identity, ttl, leases, limits),
+                claimer: super::claim::Claimer::new(
+                    queue.clone(),
+                    self.name.clone(),
+                    identity,
+                    ttl,
+                    leases,
+                    limits,
+                    shutdown.clone(),
+                ),
                 finisher: super::finish::Finisher {
                     store: self.store.clone(),
                     queue: queue.clone(),
@@ -372,7 +381,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 run_times: super::ahead::RunTimes::default(),
                 drain_timeout: self.drain_timeout,
                 process_while: self.process_while,
-                shutdown: self.shutdown_on.unwrap_or_default(),
+                shutdown,
             }),
         })
     }

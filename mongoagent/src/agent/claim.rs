@@ -18,6 +18,7 @@ use store_trait::{
     UpdateClause,
 };
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::candidates::Candidates;
 use super::limits::{Limits, Permit};
@@ -51,6 +52,8 @@ pub(super) struct Claimer<S: Store + Clone> {
     paused: Mutex<Option<(Instant, bool)>>,
     gate: Arc<ClaimGate>,
     control: Arc<ControlWatch>,
+    /// The agent's stop: it ends a wait for the claim gate.
+    shutdown: CancellationToken,
     /// The cluster-wide limits of the agent name (permits, starts per interval).
     pub(super) limits: Limits<S>,
 }
@@ -74,6 +77,16 @@ pub(crate) fn claimable_changes() -> ChangeFilter {
         .update(UpdateClause::sets(fields::READY, true))
         .update(UpdateClause::sets(reserved::LEASE_OWNER, Bson::Null).unless_sets(fields::COMPLETE, true))
         .update(UpdateClause::touches(fields::RUN_AT))
+}
+
+/// Under a global concurrency: the changes that may make a task claimable
+/// ([`claimable_changes`]), and those that may free a permit of the name's
+/// semaphore, a task ending anywhere (its outcome sets `complete: true`).
+/// Renewals and progress reports still never leave the server. A permit
+/// whose holder crashed frees with no change at all: the limited agent polls
+/// (`poll_interval`) for it.
+pub(crate) fn claimable_or_freeing_changes() -> ChangeFilter {
+    claimable_changes().update(UpdateClause::sets(fields::COMPLETE, true))
 }
 
 /// A claimed task with its lease.
@@ -215,6 +228,7 @@ impl<S: Store + Clone> Claimer<S> {
         ttl: Ttl,
         leases: Leases<S>,
         limits: Limits<S>,
+        shutdown: CancellationToken,
     ) -> Self {
         Claimer {
             store: queue.store.clone(),
@@ -228,6 +242,7 @@ impl<S: Store + Clone> Claimer<S> {
             seq: AtomicU64::new(1),
             paused: Mutex::new(None),
             limits,
+            shutdown,
         }
     }
 
@@ -264,30 +279,61 @@ impl<S: Store + Clone> Claimer<S> {
     /// once). (A rate limit's start is taken by each task just before its
     /// handler runs: [`Limits::rate_start`].)
     ///
-    /// The pause state is looked at once, when it is this agent's turn at
-    /// the claim gate (a turn waited for is no time for a pause to go unseen
-    /// in), and before any permit is taken.
+    /// The pause state is read once, when it is this agent's turn at the
+    /// claim gate, right before the claim's commands (a claim whose commands
+    /// are slow may still take tasks for as long as they take; the bound of
+    /// a pause runs to the read).
     pub(super) async fn claim(&self, capacity: usize, woken: Option<Woken>) -> Result<Claims<S>, AgentError> {
+        // Permits are taken before the turn at the gate, so that a slow
+        // control collection of one limited name never holds up the other
+        // names claiming through clones of the queue; and none is taken for
+        // a name already known paused (what the agent last saw, no read).
+        let permits = if self.limits.is_global() {
+            if self.known_paused() {
+                self.release_pooled().await;
+                return Ok(Claims::none());
+            }
+            match self.limits.acquire(&self.name, capacity).await? {
+                Some(p) if p.is_empty() => {
+                    tracing::debug!(agent = %self.name, "no free permit of the global concurrency: not claiming");
+                    return Ok(Claims::none());
+                }
+                p => p,
+            }
+        } else {
+            None
+        };
         // Agents sharing a `Queue` take turns, and share their name's list of
         // candidates (`candidates.rs`): they never race each other for a key.
-        let mut lists = self.gate.0.lock().await;
+        // A stop ends the wait for a turn (the permits go back).
+        let mut lists = tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => {
+                self.limits.release(&self.name, permits.unwrap_or_default()).await;
+                return Ok(Claims::none());
+            }
+            lists = self.gate.0.lock() => lists,
+        };
+        // The pause state is read at this agent's turn, right before the
+        // claim's commands: a turn or a permit waited for is no time for a
+        // pause to go unseen in.
         let was_paused = self.seen_paused().unwrap_or(true);
         if self.paused().await? {
+            drop(lists);
+            self.limits.release(&self.name, permits.unwrap_or_default()).await;
+            self.release_pooled().await;
             return Ok(Claims::none());
         }
         let list = lists.entry(self.name.clone()).or_insert_with(|| Candidates::new(self.seed()));
-        let Some(mut permits) = self.limits.acquire(capacity).await? else {
+        let Some(mut permits) = permits else {
             return self.claim_unlimited(list, capacity, woken, was_paused).await;
         };
-        if permits.is_empty() {
-            tracing::debug!(agent = %self.name, "no free permit of the global concurrency: not claiming");
-            return Ok(Claims::none());
-        }
         // Dropped on an error: the permits are released in the background.
         // Its last claim may have found no permit, not no task: a keyed
         // claim of inserted tasks never stands for the usual one here.
         let woken = woken.map(Woken::then_claim_as_usual);
         let mut claimed = self.claim_unlimited(list, permits.len(), woken, was_paused).await?;
+        drop(lists);
         self.limits.claimed(claimed.tasks.len());
         let spare = permits.split_off(claimed.tasks.len().min(permits.len()));
         self.limits.release(&self.name, spare).await;
@@ -295,6 +341,16 @@ impl<S: Store + Clone> Claimer<S> {
             c.permit = Some(p);
         }
         Ok(claimed)
+    }
+
+    /// Whether the agent already knows its name paused, without a read: the
+    /// control task's view, or its own last read, either younger than
+    /// [`CONTROL_REFRESH`].
+    fn known_paused(&self) -> bool {
+        match self.control.peek() {
+            Some((_, names)) => names.contains(&self.name),
+            None => (*self.paused.lock()).is_some_and(|(at, paused)| paused && at.elapsed() < CONTROL_REFRESH),
+        }
     }
 
     /// [`Claimer::claim`] once its turn, the pause state and the limits

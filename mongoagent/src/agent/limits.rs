@@ -124,13 +124,16 @@ impl<S: Store + Clone> Limits<S> {
     /// those kept from tasks that just ended first, then new grants (one
     /// only after a claim that found nothing). `None` without a global
     /// concurrency (the claim is not limited); empty when none is free.
-    pub(super) async fn acquire(&self, capacity: usize) -> Result<Option<Vec<Permit<S>>>, AgentError> {
+    pub(super) async fn acquire(&self, agent: &str, capacity: usize) -> Result<Option<Vec<Permit<S>>>, AgentError> {
         let Some(sem) = &self.permits else { return Ok(None) };
-        let mut permits: Vec<Permit<S>> = {
+        // Kept permits serve a claim that comes at once: one kept past
+        // `PERMIT_REUSE` (the agent was paused, or idle) goes back.
+        let (mut permits, stale): (Vec<Permit<S>>, Vec<Permit<S>>) = {
             let mut pool = self.pool.lock();
             let n = pool.len().min(capacity);
-            pool.drain(..n).filter(|p| !p.guard.is_lost()).collect()
+            pool.drain(..n).filter(|p| !p.guard.is_lost()).partition(|p| p.granted.elapsed() < PERMIT_REUSE)
         };
+        self.release(agent, stale).await;
         let want = if self.found_none.load(Ordering::Relaxed) { 1 } else { capacity };
         let want = want.saturating_sub(permits.len());
         if want > 0 {

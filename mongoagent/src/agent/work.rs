@@ -404,14 +404,14 @@ impl<'a, S: Store + Clone> Worker<'a, S> {
         let (agent, inner) = (self.agent, &self.agent.inner);
         let Some(watcher) = self.events.as_mut() else {
             let (store, coll, poll) = (inner.store.clone(), inner.queue.coll.clone(), inner.poll_interval);
-            // Under a global concurrency limit a task ending
-            // anywhere frees a permit: every change wakes it.
-            let watcher = if inner.claimer.limits.is_global() {
-                Watcher::open(store, coll, None, poll).await
+            // Under a global concurrency limit a task ending anywhere may
+            // free a permit: those changes wake it too.
+            let filter = if inner.claimer.limits.is_global() {
+                super::claim::claimable_or_freeing_changes()
             } else {
-                Watcher::open_filtered(store, coll, super::claim::claimable_changes(), poll).await
-            }
-            .ignore_renewals();
+                super::claim::claimable_changes()
+            };
+            let watcher = Watcher::open_filtered(store, coll, filter, poll).await.ignore_renewals();
             tracing::debug!(agent = %inner.name, push = watcher.is_live(), "idle: watching for changes");
             self.events = Some(watcher);
             self.control = Some(inner.queue.control_view());

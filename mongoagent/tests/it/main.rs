@@ -15,6 +15,7 @@ mod outbox;
 mod reserved;
 mod review_dedupe;
 mod review_idle;
+mod review_refactor;
 mod review_timeouts;
 mod schedules;
 mod simulation;
