@@ -53,8 +53,6 @@ mod faults;
 mod state;
 
 use state::{diff, map_key, to_record, Entry, State};
-#[cfg(feature = "testing")]
-pub mod testing;
 
 pub use client::Client;
 pub use faults::Faults;
@@ -85,7 +83,7 @@ pub struct MemoryStoreBuilder {
 impl MemoryStoreBuilder {
     /// The store's clock (default: a [`TokioClock`] starting at the system time).
     ///
-    /// Give it a [`store_trait::TestClock`] (keeping a clone) to step the store
+    /// Give it a test clock (`store_test::TestClock`, keeping a clone) to step the store
     /// clock forward or back, or run it fast or slow, as a server's clock can:
     /// leases are granted and checked on this clock, so they lapse early, late or
     /// come back with it, while tokio time (the clients' monotonic clock) goes on
@@ -449,43 +447,5 @@ impl Store for MemoryStore {
             Ok(())
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use std::time::Duration;
-
-    use store_trait::{Collection, Condition, Key, Mutation, Store, StoreTime, TestClock, Ttl, Write};
-
-    use crate::MemoryStore;
-
-    #[tokio::test(start_paused = true)]
-    async fn leases_follow_a_stepped_and_fast_store_clock() {
-        let clock = TestClock::starting_at(StoreTime::from_millis(1_000_000));
-        let store = MemoryStore::builder().clock(clock.clone()).build();
-        let (coll, key) = (Collection::new("locks").unwrap(), Key::new("job").unwrap());
-        let ttl = Ttl::new(Duration::from_secs(10)).unwrap();
-        let take = |who: &str| Write::new(Condition::Free, Mutation::new().grant(who, ttl).bump_fence()).upsert();
-        assert!(store.write(&coll, &key, &take("a")).await.unwrap().is_applied());
-        assert_eq!(store.now().await.unwrap().as_millis(), 1_000_000);
-        // A step forward lapses the lease at once, with no tokio time passing.
-        clock.jump(10_000);
-        assert!(store.write(&coll, &key, &take("b")).await.unwrap().is_applied());
-        // A step back makes it live again: "b" holds until 1_020_000.
-        clock.jump(-5_000);
-        assert!(!store.write(&coll, &key, &take("c")).await.unwrap().is_applied());
-        assert_eq!(store.now().await.unwrap().as_millis(), 1_005_000);
-        // Twice as fast: the rest of b's 15 s of store time lapses in 7.5 s.
-        clock.set_rate(2.0).unwrap();
-        tokio::time::advance(Duration::from_millis(7_400)).await;
-        assert!(!store.write(&coll, &key, &take("c")).await.unwrap().is_applied());
-        tokio::time::advance(Duration::from_millis(100)).await;
-        assert!(store.write(&coll, &key, &take("c")).await.unwrap().is_applied());
-        let snap = store.peek(&coll, &key).unwrap();
-        assert_eq!(snap.now.as_millis(), 1_020_000);
-        assert_eq!(snap.record.unwrap().fence(), 3);
     }
 }

@@ -83,8 +83,6 @@ mod distinct;
 mod errors;
 mod server;
 mod session;
-#[cfg(feature = "testing")]
-pub mod testing;
 mod watch;
 mod write_many;
 
@@ -213,9 +211,11 @@ impl MongoStore {
     }
 
     /// This store reading as it does on a server of wire version `wire`: how
-    /// tests try the forms older servers get on a newer one.
+    /// tests try the forms older servers get on a newer one (`store-test`'s
+    /// `mongo::assuming_wire_version`). Not part of the API.
     #[cfg(feature = "testing")]
-    pub(crate) fn assuming_wire_version(mut self, wire: i32) -> StoreResult<Self> {
+    #[doc(hidden)]
+    pub fn assuming_wire_version(mut self, wire: i32) -> StoreResult<Self> {
         self.read_form = Arc::new(OnceLock::from(server::ReadForm::for_wire_version(wire)?));
         Ok(self)
     }

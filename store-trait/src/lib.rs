@@ -41,10 +41,12 @@
 //!
 //! - [`helpers`]: what is built on the contract for its users ([`helpers::Watcher`]),
 //!   and the figures it emits through the `metrics` facade ([`helpers::metrics`]);
-//! - [`backend`]: for implementors of [`Store`], not part of the stable API for
-//!   users (the reference semantics, shared input checks);
-//! - `testing` (feature `testing`): the conformance suite every backend runs
-//!   in full.
+//! - `backend`: for implementors of [`Store`] (the reference semantics, shared
+//!   input checks), **unstable** and hidden from these docs: it changes with
+//!   the backends, and users of a store never need it.
+//!
+//! The conformance suite every backend runs in full, and the test clock, live
+//! in the unpublished `store-test` crate.
 //!
 //! # Cancel safety
 //!
@@ -55,6 +57,7 @@
 //! bound a write by a deadline therefore run it on its own task and keep its
 //! late result, instead of dropping it (`mongolock`'s `on_own_task`).
 
+#[doc(hidden)]
 pub mod backend;
 mod error;
 pub mod helpers;
@@ -62,9 +65,6 @@ mod key;
 mod ops;
 mod record;
 mod time;
-
-#[cfg(feature = "testing")]
-pub mod testing;
 
 use std::sync::Arc;
 
@@ -77,7 +77,7 @@ pub use ops::{
     InsertOutcome, LeaseOp, Mutation, Nonce, Order, Query, UpdateClause, Write, WriteOutcome,
 };
 pub use record::{fields, render_raw_id, Lease, Record, Snapshot, MAX_COUNTER};
-pub use time::{Clock, StoreTime, SystemClock, TestClock, TokioClock, Ttl};
+pub use time::{Clock, StoreTime, SystemClock, TokioClock, Ttl};
 
 use bson::Document;
 
@@ -137,7 +137,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// as a [`Record`] (an `_id` that is no [`Key`], a reserved field of the wrong
     /// type: another program's) never matches, so a claim never hands out, nor
     /// changes, a document it cannot read ([`Record::from_document`] would fail;
-    /// the reference rule is [`backend::semantics::readable`]).
+    /// the reference rule is `backend::semantics::readable`).
     ///
     /// # Cancel safety
     ///

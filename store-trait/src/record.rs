@@ -45,7 +45,7 @@ pub mod fields {
 /// The largest `fence` or `rev` a record is read with (9·10¹⁵, as for a
 /// double): far beyond any count of writes, and far enough below `i64::MAX`
 /// that bumping it never overflows. A document with a larger one is
-/// malformed, so a claim passes over it ([`crate::backend::semantics::readable`]).
+/// malformed, so a claim passes over it (`backend::semantics::readable`).
 pub const MAX_COUNTER: u64 = 9_000_000_000_000_000;
 
 /// A lease on a record: who holds it, since when, until when (store clock).

@@ -9,8 +9,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The pinned versions: the test server, and the Python `mongoelector`.
-pub(crate) const SECANTUS: &str = "SecantusDB==0.7.0b3";
+/// The test server's version: the workspace's one pin, which `store-test`
+/// keeps (its harness installs that server) and xtask reads from the same
+/// file, as it depends on nothing.
+const SECANTUS_VERSION: &str = include_str!("../../store-test/SECANTUS_VERSION");
+
+/// The pinned test server, as pip names it (`SecantusDB==VERSION`).
+pub(crate) fn secantus() -> String {
+    format!("SecantusDB=={}", SECANTUS_VERSION.trim())
+}
+
+/// The pinned Python `mongoelector`.
 const MONGOELECTOR: &str = "mongoelector==1.0.2";
 
 /// The pinned Rust server: `cargo install secantus-mdb --version` this. The
@@ -28,7 +37,8 @@ pub(crate) fn venv() -> Result<PathBuf, String> {
     let dir = root().join("target").join("bench").join("venv");
     let py = dir.join("bin").join("python");
     if !dir.join("bin").join("secantusd-py").exists() {
-        eprintln!("installing {SECANTUS} and {MONGOELECTOR} into {}", dir.display());
+        let secantus = secantus();
+        eprintln!("installing {secantus} and {MONGOELECTOR} into {}", dir.display());
         let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         run_cmd(Command::new(python).args(["-m", "venv"]).arg(&dir))?;
         run_cmd(Command::new(&py).args([
@@ -37,7 +47,7 @@ pub(crate) fn venv() -> Result<PathBuf, String> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            SECANTUS,
+            secantus.as_str(),
             MONGOELECTOR,
         ]))?;
     }
@@ -129,7 +139,7 @@ impl Target {
         match self {
             Target::Py => {
                 let (s, u) = start(venv)?;
-                Ok((Some(s), u, format!("{} (fresh, in memory, retryWrites=false)", SECANTUS.replace("==", " "))))
+                Ok((Some(s), u, format!("{} (fresh, in memory, retryWrites=false)", secantus().replace("==", " "))))
             }
             Target::Rs => {
                 let (s, u) = start_rs()?;

@@ -151,8 +151,8 @@ mod tests {
     fn every_async_public_fn_documents_cancel_safety() {
         let mut missing = Vec::new();
         let mut seen = 0;
-        // The conformance suites (`testing.rs`) are test code: their module says it once.
-        for f in shipped_sources().into_iter().filter(|f| !f.ends_with("testing.rs")) {
+        // The conformance suite is test code, in `store-test`, which does not ship.
+        for f in shipped_sources() {
             let text = std::fs::read_to_string(&f).unwrap();
             let lines: Vec<&str> = text.lines().collect();
             // The indentation of the public trait whose body this line is in.
@@ -291,6 +291,23 @@ mod tests {
         }
         assert!(checked > 20, "found the links");
         assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    }
+
+    /// The test server is pinned once, in `store-test/SECANTUS_VERSION`: the
+    /// harness and xtask both read that file, and no source names a version.
+    #[test]
+    fn secantus_is_pinned_once() {
+        let pin = std::fs::read_to_string(root().join("store-test").join("SECANTUS_VERSION")).unwrap();
+        let pin = pin.trim();
+        assert!(!pin.is_empty() && !pin.contains(char::is_whitespace), "one version: {pin:?}");
+        assert_eq!(crate::server::secantus(), format!("SecantusDB=={pin}"));
+        let mut files = Vec::new();
+        rust_files(&root(), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            assert!(!text.contains(&format!("\"{pin}\"")), "{} names the pinned version: read the pin", f.display());
+            assert!(!text.contains(concat!("SecantusDB", "==0")), "{} pins SecantusDB again", f.display());
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub(crate) fn run() -> Result<(), String> {
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     run_cmd(Command::new(python).args(["-m", "venv"]).arg(&venv))?;
-    pip(&py, &["install", "maturin>=1.5,<2", "pymongo", "pytest", server::SECANTUS])?;
+    pip(&py, &["install", "maturin>=1.5,<2", "pymongo", "pytest", server::secantus().as_str()])?;
 
     let wheels = work.join("wheels");
     let _ = std::fs::remove_dir_all(&wheels);

@@ -322,7 +322,7 @@ mod mongo {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_limit_that_never_binds_idles_nobody() {
-        let Some(store) = store_mongo::testing::test_store("ag_limits_never_binds").await else { return };
+        let Some(store) = store_test::mongo::test_store("ag_limits_never_binds").await else { return };
         super::a_limit_that_never_binds_idles_nobody(store, 160).await;
     }
 
@@ -330,7 +330,7 @@ mod mongo {
     /// (their claims and permits are given back in the background).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn global_concurrency_across_crashes_and_restarts() {
-        let Some(store) = store_mongo::testing::test_store("ag_limits_global").await else { return };
+        let Some(store) = store_test::mongo::test_store("ag_limits_global").await else { return };
         let s = store.clone();
         global_concurrency_holds(
             store.clone(),
@@ -344,7 +344,7 @@ mod mongo {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rate_limit_holds() {
-        let Some(store) = store_mongo::testing::test_store("ag_limits_rate").await else { return };
+        let Some(store) = store_test::mongo::test_store("ag_limits_rate").await else { return };
         super::rate_limit_holds(store, 4, Duration::from_secs(2), Duration::from_secs(8), 250).await;
     }
 }

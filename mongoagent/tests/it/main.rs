@@ -23,46 +23,46 @@ mod suite;
 mod timeouts;
 mod wait;
 
-store_trait::on_all_backends!(crate::agent_suite, std::time::Duration::from_secs(2));
+store_test::on_all_backends!(crate::suite::agent_suite, std::time::Duration::from_secs(2));
 
 mod schedule_backends {
     //! The schedule suite on every backend (on the real server, a one-second interval).
-    store_trait::on_all_backends!(crate::schedule_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::schedules::schedule_suite, std::time::Duration::from_secs(2));
 }
 
 mod reserved_backends {
     //! User data against the reserved fields, on every backend.
-    store_trait::on_all_backends!(crate::reserved_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::reserved::reserved_suite, std::time::Duration::from_secs(2));
 }
 
 mod mongo_agent_spec_backends {
     //! The Ruby `mongo_agent` gem's spec, ported one example to one test, on every backend.
-    store_trait::on_all_backends!(crate::mongo_agent_spec_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::mongo_agent_spec::mongo_agent_spec_suite, std::time::Duration::from_secs(2));
 }
 
 mod timeout_backends {
     //! Execution timeouts on every backend.
-    store_trait::on_all_backends!(crate::timeouts_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::timeouts::timeouts_suite, std::time::Duration::from_secs(2));
 }
 
 mod wait_backends {
     //! Waiting for a task to end, on every backend.
-    store_trait::on_all_backends!(crate::wait_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::wait::wait_suite, std::time::Duration::from_secs(2));
 }
 
 mod dedupe_backends {
     //! Dedupe scopes on every backend.
-    store_trait::on_all_backends!(crate::dedupe_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::dedupe::dedupe_suite, std::time::Duration::from_secs(2));
 }
 
 mod review_dedupe_backends {
     //! Review of dedupe scopes and waiting (#33), on every backend.
-    store_trait::on_all_backends!(crate::review_dedupe_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::review_dedupe::review_dedupe_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
     //! The event stream suite on every backend.
-    store_trait::on_all_backends!(crate::events_suite, std::time::Duration::from_secs(2));
+    store_test::on_all_backends!(crate::events::events_suite, std::time::Duration::from_secs(2));
 }
 
 mod faults {
@@ -85,8 +85,8 @@ mod faults {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mongo_faults_lose_nothing() {
-        let Some(store) = store_mongo::testing::test_store_as("ag_failpoints", "agfp").await else { return };
-        let Some(admin) = store_mongo::testing::admin_client("ag_failpoints").await else { return };
+        let Some(store) = store_test::mongo::test_store_as("ag_failpoints", "agfp").await else { return };
+        let Some(admin) = store_test::mongo::admin_client("ag_failpoints").await else { return };
         let q = Queue::new(store.clone(), "tasks").unwrap();
         q.enqueue(NewTask::new("w", doc! {}).id("t1")).await.unwrap();
         q.enqueue(NewTask::new("w", doc! {}).id("t2")).await.unwrap();
@@ -132,8 +132,8 @@ mod faults {
     /// next agent to claim it (once its claim is given back) wakes the waiter.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mongo_fan_in_survives_a_failed_wake_up() {
-        let Some(store) = store_mongo::testing::test_store_as("ag_failpoint_fan_in", "agfpf").await else { return };
-        let Some(admin) = store_mongo::testing::admin_client("ag_failpoint_fan_in").await else { return };
+        let Some(store) = store_test::mongo::test_store_as("ag_failpoint_fan_in", "agfpf").await else { return };
+        let Some(admin) = store_test::mongo::admin_client("ag_failpoint_fan_in").await else { return };
         let q = Queue::new(store.clone(), "tasks").unwrap();
         q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
         let split = Agent::builder(store.clone(), "split", "tasks").build().unwrap();

@@ -32,52 +32,24 @@ use std::time::Duration;
 use bson::{doc, Document};
 use mongoagent::{Agent, AgentError, Outcome, Processed, Queue, Task};
 use mongolock::Identity;
-use store_trait::testing::Harness;
+use store_test::Harness;
 use store_trait::Collection;
-
-#[macro_export]
-macro_rules! mongo_agent_spec_suite {
-    ($harness:path, #[$attr:meta]) => {
-        $crate::mongo_agent_spec_suite!(@each $harness, #[$attr],
-            initialization_throws_mongo_agent_error_without_an_attributes_hash,
-            initialization_throws_mongo_agent_error_without_attributes_name,
-            initialization_throws_mongo_agent_error_without_attributes_queue,
-            initialization_creates_mongo_agent_agent_with_default_sleep_between_when_provided_a_name_and_queue,
-            initialization_allows_optional_attributes_sleep_between,
-            process_with_no_tasks_in_queue_returns_without_processing_any_tasks,
-            process_with_no_ready_tasks_in_queue_return_without_processing_any_tasks,
-            process_with_ready_tasks_success_default_updates_complete_started_at_completed_at_and_agent_host_but_not_error_encountered,
-            process_with_ready_tasks_success_with_update_updates_complete_started_at_completed_at_agent_host_and_update_params_but_not_error_encountered,
-            process_with_ready_tasks_failure_default_updates_complete_started_at_completed_at_agent_host_and_error_encountered,
-            process_with_ready_tasks_failure_with_update_updates_complete_started_at_completed_at_agent_host_update_params_and_error_encountered,
-            work_with_no_tasks_in_queue_returns_without_processing_any_tasks,
-            work_with_no_ready_tasks_in_queue_returns_without_processing_any_tasks,
-            work_with_ready_tasks_will_process_until_process_while_returns_false,
-            get_tasks_returns_all_ready_tasks_in_queue_by_default,
-            get_tasks_return_only_tasks_that_match_the_query_provided
-        );
-    };
-    (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
-        $(
-            #[$attr]
-            async fn $name() {
-                let Some(h) = $harness().await else { return };
-                $crate::mongo_agent_spec::$name(&h).await;
-            }
-        )*
-    };
-}
 
 /// `let (:test_agent_name)`.
 const TEST_AGENT_NAME: &str = "test_agent";
+
 /// `let (:test_agent_queue)`.
 const TEST_AGENT_QUEUE: &str = "testqueue";
+
 /// `let (:test_agent_sleep_between)` (seconds).
 const TEST_AGENT_SLEEP_BETWEEN: Duration = Duration::from_secs(10);
+
 /// `let (:expected_default_sleep_between)` (seconds).
 const EXPECTED_DEFAULT_SLEEP_BETWEEN: Duration = Duration::from_secs(5);
+
 /// `let (:test_task_params)`.
 const TEST_TASK_PARAMS: [&str; 4] = ["foo", "bar", "baz", "bleb"];
+
 /// A bound on `work!` (which the spec leaves unbounded), far above what it needs.
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -202,253 +174,6 @@ async fn work_for_three_attempts<S: store_trait::Store + Clone>(s: &S) -> (bool,
     (called.load(Ordering::SeqCst), attempts.load(Ordering::SeqCst), log)
 }
 
-/// `it "throws MongoAgent::Error without an attributes Hash"`
-/// (`MongoAgent::Agent.new`).
-///
-/// Cannot map as written: [`Agent::builder`] takes the name and the queue as
-/// arguments, so an agent without them does not compile. The closest is an
-/// agent given neither (both empty), which is refused as a configuration
-/// error ([`AgentError::Config`]) when built.
-pub(crate) async fn initialization_throws_mongo_agent_error_without_an_attributes_hash<H: Harness>(h: &H) {
-    let s = h.store("spec_init_no_attributes").await;
-    let built = Agent::builder(s.clone(), "", "").build();
-    assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
-}
-
-/// `it "throws MongoAgent::Error without attributes[:name]"`
-/// (`MongoAgent::Agent.new({queue: test_agent_queue})`).
-///
-/// The name is an argument of [`Agent::builder`]; left out, it is the empty
-/// name, refused as [`AgentError::Config`] when built.
-pub(crate) async fn initialization_throws_mongo_agent_error_without_attributes_name<H: Harness>(h: &H) {
-    let s = h.store("spec_init_no_name").await;
-    let built = Agent::builder(s.clone(), "", TEST_AGENT_QUEUE).build();
-    assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
-}
-
-/// `it 'throws MongoAgent::Error without attributes[:queue]'`
-/// (`MongoAgent::Agent.new({ name: test_agent_name })`).
-///
-/// The queue is an argument of [`Agent::builder`]; left out, it is the empty
-/// collection name, refused as [`AgentError::Config`] when built.
-pub(crate) async fn initialization_throws_mongo_agent_error_without_attributes_queue<H: Harness>(h: &H) {
-    let s = h.store("spec_init_no_queue").await;
-    let built = Agent::builder(s.clone(), TEST_AGENT_NAME, "").build();
-    assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
-}
-
-/// `it 'creates MongoAgent::Agent with default sleep_between when provided a name and queue'`.
-///
-/// `sleep_between` is [`Agent::poll_interval`] (5 s by default, as the
-/// gem's). It differs by design in what it is: the gem sleeps it after every
-/// `process!` in `work!`, busy or not; an agent here sleeps at most this long
-/// only while idle, and only until a change notification wakes it (a store
-/// with notifications) or a delayed task is due.
-pub(crate) async fn initialization_creates_mongo_agent_agent_with_default_sleep_between_when_provided_a_name_and_queue<
-    H: Harness,
->(
-    h: &H,
-) {
-    let s = h.store("spec_init_default_sleep").await;
-    let agent = Agent::builder(s.clone(), TEST_AGENT_NAME, TEST_AGENT_QUEUE).build().unwrap();
-    assert_eq!(agent.poll_interval(), EXPECTED_DEFAULT_SLEEP_BETWEEN);
-    assert_eq!((agent.name(), agent.queue().collection().as_str()), (TEST_AGENT_NAME, TEST_AGENT_QUEUE));
-}
-
-/// `it 'allows optional attributes[:sleep_between]'`.
-///
-/// `sleep_between: test_agent_sleep_between` is
-/// [`AgentBuilder::poll_interval`](mongoagent::AgentBuilder::poll_interval)
-/// (a [`Duration`]; the gem's is seconds). What it means differs as in the
-/// example before.
-pub(crate) async fn initialization_allows_optional_attributes_sleep_between<H: Harness>(h: &H) {
-    let s = h.store("spec_init_sleep_between").await;
-    let agent = Agent::builder(s.clone(), TEST_AGENT_NAME, TEST_AGENT_QUEUE)
-        .poll_interval(TEST_AGENT_SLEEP_BETWEEN)
-        .build()
-        .unwrap();
-    assert_eq!(agent.poll_interval(), TEST_AGENT_SLEEP_BETWEEN);
-}
-
-/// `process!`, "with no tasks in queue": `it 'returns without processing any tasks'`.
-///
-/// [`Agent::process`] returns `Ok(None)` (the gem returns `nil`, after a
-/// line on stderr).
-pub(crate) async fn process_with_no_tasks_in_queue_returns_without_processing_any_tasks<H: Harness>(h: &H) {
-    let s = h.store("spec_process_no_tasks").await;
-    let agent = subject(&s);
-    let run = process_recording(&agent, Outcome::done()).await;
-    assert!(!run.called);
-    assert_eq!(run.processed, None);
-    let log = agent.counters();
-    assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
-}
-
-/// `process!`, "with no ready tasks in queue": `it 'return without processing any tasks'`.
-///
-/// The four tasks have an `agent_name` and no `ready` field: none is
-/// claimed, and none is changed.
-pub(crate) async fn process_with_no_ready_tasks_in_queue_return_without_processing_any_tasks<H: Harness>(h: &H) {
-    let s = h.store("spec_process_no_ready").await;
-    insert(h, &s, test_tasks(false)).await;
-    let agent = subject(&s);
-    let run = process_recording(&agent, Outcome::done()).await;
-    assert!(!run.called);
-    assert_eq!(run.processed, None);
-    let log = agent.counters();
-    assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
-    for param in TEST_TASK_PARAMS {
-        let d = find_first(&s, param).await.unwrap();
-        assert!(d.get("ready").is_none() && d.get("complete").is_none() && d.get("agent_host").is_none(), "{d}");
-    }
-}
-
-/// `process!`, "with ready tasks", "success", "default":
-/// `it 'updates complete, started_at, completed_at, and agent_host but not :error_encountered'`.
-///
-/// The block's `true` completes the task: `complete: true,
-/// error_encountered: false`, `ready: false`, both times and the host.
-pub(crate) async fn process_with_ready_tasks_success_default_updates_complete_started_at_completed_at_and_agent_host_but_not_error_encountered<
-    H: Harness,
->(
-    h: &H,
-) {
-    let (log, processed, task) = process_a_ready_task(h, "spec_process_success", true.into()).await;
-    assert_eq!(log.failed_tasks, 0);
-    assert!(matches!(processed, Some(Processed::Completed(_))), "{processed:?}");
-    assert_eq!(task.get_bool("error_encountered").ok(), Some(false), "{task}");
-}
-
-/// `process!`, "with ready tasks", "success", "with update":
-/// `it 'updates complete, started_at, completed_at, agent_host, and update params, but not error_encountered'`.
-///
-/// The block's `[true, {test_update: 'updated'}]` is
-/// `Outcome::done_with(doc! {"test_update": "updated"})`.
-pub(crate) async fn process_with_ready_tasks_success_with_update_updates_complete_started_at_completed_at_agent_host_and_update_params_but_not_error_encountered<
-    H: Harness,
->(
-    h: &H,
-) {
-    let update = Outcome::done_with(doc! { "test_update": "updated" });
-    let (log, processed, task) = process_a_ready_task(h, "spec_process_success_update", update).await;
-    assert_eq!(log.failed_tasks, 0);
-    assert!(matches!(processed, Some(Processed::Completed(_))), "{processed:?}");
-    assert_eq!(task.get_bool("error_encountered").ok(), Some(false), "{task}");
-    assert_eq!(task.get_str("test_update").ok(), Some("updated"), "{task}");
-}
-
-/// `process!`, "with ready tasks", "failure", "default":
-/// `it 'updates complete, started_at, completed_at, agent_host, and error_encountered'`.
-///
-/// The block's `false` fails the task for good at once (`complete: true,
-/// error_encountered: true`), as the gem's `fail_entry` does, though the
-/// agent's default `max_attempts` is 5: a `false` is never retried (return
-/// `Outcome::failed` for that). Beyond the gem, the task also records why,
-/// `last_error: "the handler reported failure"`.
-pub(crate) async fn process_with_ready_tasks_failure_default_updates_complete_started_at_completed_at_agent_host_and_error_encountered<
-    H: Harness,
->(
-    h: &H,
-) {
-    let (log, processed, task) = process_a_ready_task(h, "spec_process_failure", false.into()).await;
-    assert_eq!(log.failed_tasks, 1);
-    assert!(matches!(processed, Some(Processed::Failed(_))), "failed for good: {processed:?}");
-    assert_eq!(task.get_bool("error_encountered").ok(), Some(true), "{task}");
-    assert_eq!(task.get_str("last_error").ok(), Some("the handler reported failure"), "{task}");
-}
-
-/// `process!`, "with ready tasks", "failure", "with update":
-/// `it 'updates complete, started_at, completed_at, agent_host, update params, and error_encountered'`.
-///
-/// The block's `[false, {test_update: 'updated'}]` is
-/// `Outcome::from(false).merge(doc! {"test_update": "updated"})`: failed for
-/// good at once, with the update merged (as the gem merges it whatever the
-/// success), and `last_error` as in the example before.
-pub(crate) async fn process_with_ready_tasks_failure_with_update_updates_complete_started_at_completed_at_agent_host_update_params_and_error_encountered<
-    H: Harness,
->(
-    h: &H,
-) {
-    let update = Outcome::from(false).merge(doc! { "test_update": "updated" });
-    let (log, processed, task) = process_a_ready_task(h, "spec_process_failure_update", update).await;
-    assert_eq!(log.failed_tasks, 1);
-    assert!(matches!(processed, Some(Processed::Failed(_))), "failed for good: {processed:?}");
-    assert_eq!(task.get_bool("error_encountered").ok(), Some(true), "{task}");
-    assert_eq!(task.get_str("test_update").ok(), Some("updated"), "{task}");
-    assert_eq!(task.get_str("last_error").ok(), Some("the handler reported failure"), "{task}");
-}
-
-/// `work!`, "with no tasks in queue": `it 'returns without processing any tasks'`.
-///
-/// `process_while` is called before each claim, with the log, as the gem
-/// calls it before each `process!`; it says stop at its fourth call, and
-/// [`Agent::work`] returns the log. The loop differs by design: the gem
-/// sleeps `sleep_between` after every `process!` (three claims, 15 s);
-/// an agent here claims, opens its change subscription and claims again,
-/// claims once more, then idles for at most the poll interval (5 s; until a
-/// change notification or a due time, on a store that has them) before the
-/// fourth call.
-pub(crate) async fn work_with_no_tasks_in_queue_returns_without_processing_any_tasks<H: Harness>(h: &H) {
-    let s = h.store("spec_work_no_tasks").await;
-    let (called, attempts, log) = work_for_three_attempts(&s).await;
-    assert!(!called);
-    assert_eq!(attempts, 4, "work! stopped at process_while's first false");
-    assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
-}
-
-/// `work!`, "with no ready tasks in queue": `it 'returns without processing any tasks'`.
-///
-/// As the example before, with the four tasks that have no `ready` field:
-/// none is claimed, and none is changed.
-pub(crate) async fn work_with_no_ready_tasks_in_queue_returns_without_processing_any_tasks<H: Harness>(h: &H) {
-    let s = h.store("spec_work_no_ready").await;
-    insert(h, &s, test_tasks(false)).await;
-    let (called, attempts, log) = work_for_three_attempts(&s).await;
-    assert!(!called);
-    assert_eq!(attempts, 4, "work! stopped at process_while's first false");
-    assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
-    for param in TEST_TASK_PARAMS {
-        let d = find_first(&s, param).await.unwrap();
-        assert!(d.get("ready").is_none() && d.get("complete").is_none(), "{d}");
-    }
-}
-
-/// `work!`, "with ready tasks": `it "will process! until process_while returns false"`
-/// (`process_while = -> (log) { (log[:tasks_processed] < 2) }`).
-///
-/// With the agent's default concurrency of one, exactly two of the four
-/// ready tasks are run and completed; the other two are left ready and
-/// unclaimed (an agent stopped by `process_while` starts no task past it).
-pub(crate) async fn work_with_ready_tasks_will_process_until_process_while_returns_false<H: Harness>(h: &H) {
-    let s = h.store("spec_work_ready").await;
-    insert(h, &s, test_tasks(true)).await;
-    let agent = Agent::builder(s.clone(), TEST_AGENT_NAME, TEST_AGENT_QUEUE)
-        .process_while(|log| log.tasks_processed < 2)
-        .build()
-        .unwrap();
-    let called = Arc::new(AtomicU32::new(0));
-    let c = called.clone();
-    let log = tokio::time::timeout(
-        WAIT,
-        agent.work(move |_task: Task| {
-            c.fetch_add(1, Ordering::SeqCst);
-            async { true }
-        }),
-    )
-    .await
-    .expect("work! returns once process_while says stop")
-    .unwrap();
-    assert_eq!(log, agent.counters(), "work returns the log");
-    assert_eq!(called.load(Ordering::SeqCst), 2);
-    assert!(log.tasks_processed >= 2, "expect(subject.log[:tasks_processed] < 2).to eq(false)");
-    assert_eq!(log.tasks_processed, 2);
-    assert_eq!(log.failed_tasks, 0);
-    let q = Queue::new(s.clone(), TEST_AGENT_QUEUE).unwrap();
-    let completed = q.tasks(doc! { "agent_name": TEST_AGENT_NAME, "complete": true }, None).await.unwrap();
-    assert_eq!(completed.len(), 2);
-    assert_eq!(agent.get_tasks(None).await.unwrap().len(), 2, "the other two are still ready");
-}
-
 /// The `get_tasks` context's fixtures: the four ready tasks and its
 /// `error_document`. The Ruby literal names `test_param` twice
 /// (`'finished'`, then `'failed_entry'`); a Ruby hash keeps the later value,
@@ -472,39 +197,293 @@ async fn get_tasks_fixtures<H: Harness>(h: &H, test: &str) -> H::Store {
     s
 }
 
-/// `get_tasks`: `it "returns all ready tasks in queue by default"`.
-///
-/// [`Agent::get_tasks`]`(None)` reads `{agent_name: name, ready: true}`, the
-/// gem's default query: the four ready tasks, not the error document.
-pub(crate) async fn get_tasks_returns_all_ready_tasks_in_queue_by_default<H: Harness>(h: &H) {
-    let s = get_tasks_fixtures(h, "spec_get_tasks_default").await;
-    let tasks = subject(&s).get_tasks(None).await.unwrap();
-    assert_eq!(tasks.len(), TEST_TASK_PARAMS.len());
-    for task in &tasks {
-        assert_eq!(task.data().get_bool("ready").ok(), Some(true), "{:?}", task.data());
-    }
-}
+/// The suite (`mongo_agent_spec_suite`): each `pub(crate) async fn` over a `Harness` here
+/// is one test on every backend, registered by being written.
+#[store_test::suite(mongo_agent_spec_suite, crate::mongo_agent_spec::cases)]
+pub(crate) mod cases {
+    use super::*;
 
-/// `get_tasks`: `it "return only tasks that match the query provided"`
-/// (`get_tasks({agent_name: test_agent_name, agent_host: error_document[:agent_host]})`).
-///
-/// [`Agent::get_tasks`]`(Some(filter))`; the filter is field equality (the
-/// gem passes any Mongo query through; ours refuses operators, and this one
-/// has none). Every field of the task read back that the error document
-/// names has the document's value.
-pub(crate) async fn get_tasks_return_only_tasks_that_match_the_query_provided<H: Harness>(h: &H) {
-    let s = get_tasks_fixtures(h, "spec_get_tasks_query").await;
-    let error_document = error_document();
-    let query = doc! { "agent_name": TEST_AGENT_NAME, "agent_host": error_document.get_str("agent_host").unwrap() };
-    let tasks = subject(&s).get_tasks(Some(query)).await.unwrap();
-    assert_eq!(tasks.len(), 1);
-    let returned_task = tasks[0].data();
-    let mut compared = 0;
-    for (key, value) in returned_task {
-        if let Some(expected) = error_document.get(key) {
-            assert_eq!(value, expected, "{key}");
-            compared += 1;
+    /// `it "throws MongoAgent::Error without an attributes Hash"`
+    /// (`MongoAgent::Agent.new`).
+    ///
+    /// Cannot map as written: [`Agent::builder`] takes the name and the queue as
+    /// arguments, so an agent without them does not compile. The closest is an
+    /// agent given neither (both empty), which is refused as a configuration
+    /// error ([`AgentError::Config`]) when built.
+    pub(crate) async fn initialization_throws_mongo_agent_error_without_an_attributes_hash<H: Harness>(h: &H) {
+        let s = h.store("spec_init_no_attributes").await;
+        let built = Agent::builder(s.clone(), "", "").build();
+        assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
+    }
+
+    /// `it "throws MongoAgent::Error without attributes[:name]"`
+    /// (`MongoAgent::Agent.new({queue: test_agent_queue})`).
+    ///
+    /// The name is an argument of [`Agent::builder`]; left out, it is the empty
+    /// name, refused as [`AgentError::Config`] when built.
+    pub(crate) async fn initialization_throws_mongo_agent_error_without_attributes_name<H: Harness>(h: &H) {
+        let s = h.store("spec_init_no_name").await;
+        let built = Agent::builder(s.clone(), "", TEST_AGENT_QUEUE).build();
+        assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
+    }
+
+    /// `it 'throws MongoAgent::Error without attributes[:queue]'`
+    /// (`MongoAgent::Agent.new({ name: test_agent_name })`).
+    ///
+    /// The queue is an argument of [`Agent::builder`]; left out, it is the empty
+    /// collection name, refused as [`AgentError::Config`] when built.
+    pub(crate) async fn initialization_throws_mongo_agent_error_without_attributes_queue<H: Harness>(h: &H) {
+        let s = h.store("spec_init_no_queue").await;
+        let built = Agent::builder(s.clone(), TEST_AGENT_NAME, "").build();
+        assert!(matches!(built, Err(AgentError::Config(_))), "{built:?}");
+    }
+
+    /// `it 'creates MongoAgent::Agent with default sleep_between when provided a name and queue'`.
+    ///
+    /// `sleep_between` is [`Agent::poll_interval`] (5 s by default, as the
+    /// gem's). It differs by design in what it is: the gem sleeps it after every
+    /// `process!` in `work!`, busy or not; an agent here sleeps at most this long
+    /// only while idle, and only until a change notification wakes it (a store
+    /// with notifications) or a delayed task is due.
+    pub(crate) async fn initialization_creates_mongo_agent_agent_with_default_sleep_between_when_provided_a_name_and_queue<
+        H: Harness,
+    >(
+        h: &H,
+    ) {
+        let s = h.store("spec_init_default_sleep").await;
+        let agent = Agent::builder(s.clone(), TEST_AGENT_NAME, TEST_AGENT_QUEUE).build().unwrap();
+        assert_eq!(agent.poll_interval(), EXPECTED_DEFAULT_SLEEP_BETWEEN);
+        assert_eq!((agent.name(), agent.queue().collection().as_str()), (TEST_AGENT_NAME, TEST_AGENT_QUEUE));
+    }
+
+    /// `it 'allows optional attributes[:sleep_between]'`.
+    ///
+    /// `sleep_between: test_agent_sleep_between` is
+    /// [`AgentBuilder::poll_interval`](mongoagent::AgentBuilder::poll_interval)
+    /// (a [`Duration`]; the gem's is seconds). What it means differs as in the
+    /// example before.
+    pub(crate) async fn initialization_allows_optional_attributes_sleep_between<H: Harness>(h: &H) {
+        let s = h.store("spec_init_sleep_between").await;
+        let agent = Agent::builder(s.clone(), TEST_AGENT_NAME, TEST_AGENT_QUEUE)
+            .poll_interval(TEST_AGENT_SLEEP_BETWEEN)
+            .build()
+            .unwrap();
+        assert_eq!(agent.poll_interval(), TEST_AGENT_SLEEP_BETWEEN);
+    }
+
+    /// `process!`, "with no tasks in queue": `it 'returns without processing any tasks'`.
+    ///
+    /// [`Agent::process`] returns `Ok(None)` (the gem returns `nil`, after a
+    /// line on stderr).
+    pub(crate) async fn process_with_no_tasks_in_queue_returns_without_processing_any_tasks<H: Harness>(h: &H) {
+        let s = h.store("spec_process_no_tasks").await;
+        let agent = subject(&s);
+        let run = process_recording(&agent, Outcome::done()).await;
+        assert!(!run.called);
+        assert_eq!(run.processed, None);
+        let log = agent.counters();
+        assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
+    }
+
+    /// `process!`, "with no ready tasks in queue": `it 'return without processing any tasks'`.
+    ///
+    /// The four tasks have an `agent_name` and no `ready` field: none is
+    /// claimed, and none is changed.
+    pub(crate) async fn process_with_no_ready_tasks_in_queue_return_without_processing_any_tasks<H: Harness>(h: &H) {
+        let s = h.store("spec_process_no_ready").await;
+        insert(h, &s, test_tasks(false)).await;
+        let agent = subject(&s);
+        let run = process_recording(&agent, Outcome::done()).await;
+        assert!(!run.called);
+        assert_eq!(run.processed, None);
+        let log = agent.counters();
+        assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
+        for param in TEST_TASK_PARAMS {
+            let d = find_first(&s, param).await.unwrap();
+            assert!(d.get("ready").is_none() && d.get("complete").is_none() && d.get("agent_host").is_none(), "{d}");
         }
     }
-    assert_eq!(compared, error_document.len(), "every field of the error document was read back: {returned_task}");
+
+    /// `process!`, "with ready tasks", "success", "default":
+    /// `it 'updates complete, started_at, completed_at, and agent_host but not :error_encountered'`.
+    ///
+    /// The block's `true` completes the task: `complete: true,
+    /// error_encountered: false`, `ready: false`, both times and the host.
+    pub(crate) async fn process_with_ready_tasks_success_default_updates_complete_started_at_completed_at_and_agent_host_but_not_error_encountered<
+        H: Harness,
+    >(
+        h: &H,
+    ) {
+        let (log, processed, task) = process_a_ready_task(h, "spec_process_success", true.into()).await;
+        assert_eq!(log.failed_tasks, 0);
+        assert!(matches!(processed, Some(Processed::Completed(_))), "{processed:?}");
+        assert_eq!(task.get_bool("error_encountered").ok(), Some(false), "{task}");
+    }
+
+    /// `process!`, "with ready tasks", "success", "with update":
+    /// `it 'updates complete, started_at, completed_at, agent_host, and update params, but not error_encountered'`.
+    ///
+    /// The block's `[true, {test_update: 'updated'}]` is
+    /// `Outcome::done_with(doc! {"test_update": "updated"})`.
+    pub(crate) async fn process_with_ready_tasks_success_with_update_updates_complete_started_at_completed_at_agent_host_and_update_params_but_not_error_encountered<
+        H: Harness,
+    >(
+        h: &H,
+    ) {
+        let update = Outcome::done_with(doc! { "test_update": "updated" });
+        let (log, processed, task) = process_a_ready_task(h, "spec_process_success_update", update).await;
+        assert_eq!(log.failed_tasks, 0);
+        assert!(matches!(processed, Some(Processed::Completed(_))), "{processed:?}");
+        assert_eq!(task.get_bool("error_encountered").ok(), Some(false), "{task}");
+        assert_eq!(task.get_str("test_update").ok(), Some("updated"), "{task}");
+    }
+
+    /// `process!`, "with ready tasks", "failure", "default":
+    /// `it 'updates complete, started_at, completed_at, agent_host, and error_encountered'`.
+    ///
+    /// The block's `false` fails the task for good at once (`complete: true,
+    /// error_encountered: true`), as the gem's `fail_entry` does, though the
+    /// agent's default `max_attempts` is 5: a `false` is never retried (return
+    /// `Outcome::failed` for that). Beyond the gem, the task also records why,
+    /// `last_error: "the handler reported failure"`.
+    pub(crate) async fn process_with_ready_tasks_failure_default_updates_complete_started_at_completed_at_agent_host_and_error_encountered<
+        H: Harness,
+    >(
+        h: &H,
+    ) {
+        let (log, processed, task) = process_a_ready_task(h, "spec_process_failure", false.into()).await;
+        assert_eq!(log.failed_tasks, 1);
+        assert!(matches!(processed, Some(Processed::Failed(_))), "failed for good: {processed:?}");
+        assert_eq!(task.get_bool("error_encountered").ok(), Some(true), "{task}");
+        assert_eq!(task.get_str("last_error").ok(), Some("the handler reported failure"), "{task}");
+    }
+
+    /// `process!`, "with ready tasks", "failure", "with update":
+    /// `it 'updates complete, started_at, completed_at, agent_host, update params, and error_encountered'`.
+    ///
+    /// The block's `[false, {test_update: 'updated'}]` is
+    /// `Outcome::from(false).merge(doc! {"test_update": "updated"})`: failed for
+    /// good at once, with the update merged (as the gem merges it whatever the
+    /// success), and `last_error` as in the example before.
+    pub(crate) async fn process_with_ready_tasks_failure_with_update_updates_complete_started_at_completed_at_agent_host_update_params_and_error_encountered<
+        H: Harness,
+    >(
+        h: &H,
+    ) {
+        let update = Outcome::from(false).merge(doc! { "test_update": "updated" });
+        let (log, processed, task) = process_a_ready_task(h, "spec_process_failure_update", update).await;
+        assert_eq!(log.failed_tasks, 1);
+        assert!(matches!(processed, Some(Processed::Failed(_))), "failed for good: {processed:?}");
+        assert_eq!(task.get_bool("error_encountered").ok(), Some(true), "{task}");
+        assert_eq!(task.get_str("test_update").ok(), Some("updated"), "{task}");
+        assert_eq!(task.get_str("last_error").ok(), Some("the handler reported failure"), "{task}");
+    }
+
+    /// `work!`, "with no tasks in queue": `it 'returns without processing any tasks'`.
+    ///
+    /// `process_while` is called before each claim, with the log, as the gem
+    /// calls it before each `process!`; it says stop at its fourth call, and
+    /// [`Agent::work`] returns the log. The loop differs by design: the gem
+    /// sleeps `sleep_between` after every `process!` (three claims, 15 s);
+    /// an agent here claims, opens its change subscription and claims again,
+    /// claims once more, then idles for at most the poll interval (5 s; until a
+    /// change notification or a due time, on a store that has them) before the
+    /// fourth call.
+    pub(crate) async fn work_with_no_tasks_in_queue_returns_without_processing_any_tasks<H: Harness>(h: &H) {
+        let s = h.store("spec_work_no_tasks").await;
+        let (called, attempts, log) = work_for_three_attempts(&s).await;
+        assert!(!called);
+        assert_eq!(attempts, 4, "work! stopped at process_while's first false");
+        assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
+    }
+
+    /// `work!`, "with no ready tasks in queue": `it 'returns without processing any tasks'`.
+    ///
+    /// As the example before, with the four tasks that have no `ready` field:
+    /// none is claimed, and none is changed.
+    pub(crate) async fn work_with_no_ready_tasks_in_queue_returns_without_processing_any_tasks<H: Harness>(h: &H) {
+        let s = h.store("spec_work_no_ready").await;
+        insert(h, &s, test_tasks(false)).await;
+        let (called, attempts, log) = work_for_three_attempts(&s).await;
+        assert!(!called);
+        assert_eq!(attempts, 4, "work! stopped at process_while's first false");
+        assert_eq!((log.tasks_processed, log.failed_tasks), (0, 0));
+        for param in TEST_TASK_PARAMS {
+            let d = find_first(&s, param).await.unwrap();
+            assert!(d.get("ready").is_none() && d.get("complete").is_none(), "{d}");
+        }
+    }
+
+    /// `work!`, "with ready tasks": `it "will process! until process_while returns false"`
+    /// (`process_while = -> (log) { (log[:tasks_processed] < 2) }`).
+    ///
+    /// With the agent's default concurrency of one, exactly two of the four
+    /// ready tasks are run and completed; the other two are left ready and
+    /// unclaimed (an agent stopped by `process_while` starts no task past it).
+    pub(crate) async fn work_with_ready_tasks_will_process_until_process_while_returns_false<H: Harness>(h: &H) {
+        let s = h.store("spec_work_ready").await;
+        insert(h, &s, test_tasks(true)).await;
+        let agent = Agent::builder(s.clone(), TEST_AGENT_NAME, TEST_AGENT_QUEUE)
+            .process_while(|log| log.tasks_processed < 2)
+            .build()
+            .unwrap();
+        let called = Arc::new(AtomicU32::new(0));
+        let c = called.clone();
+        let log = tokio::time::timeout(
+            WAIT,
+            agent.work(move |_task: Task| {
+                c.fetch_add(1, Ordering::SeqCst);
+                async { true }
+            }),
+        )
+        .await
+        .expect("work! returns once process_while says stop")
+        .unwrap();
+        assert_eq!(log, agent.counters(), "work returns the log");
+        assert_eq!(called.load(Ordering::SeqCst), 2);
+        assert!(log.tasks_processed >= 2, "expect(subject.log[:tasks_processed] < 2).to eq(false)");
+        assert_eq!(log.tasks_processed, 2);
+        assert_eq!(log.failed_tasks, 0);
+        let q = Queue::new(s.clone(), TEST_AGENT_QUEUE).unwrap();
+        let completed = q.tasks(doc! { "agent_name": TEST_AGENT_NAME, "complete": true }, None).await.unwrap();
+        assert_eq!(completed.len(), 2);
+        assert_eq!(agent.get_tasks(None).await.unwrap().len(), 2, "the other two are still ready");
+    }
+
+    /// `get_tasks`: `it "returns all ready tasks in queue by default"`.
+    ///
+    /// [`Agent::get_tasks`]`(None)` reads `{agent_name: name, ready: true}`, the
+    /// gem's default query: the four ready tasks, not the error document.
+    pub(crate) async fn get_tasks_returns_all_ready_tasks_in_queue_by_default<H: Harness>(h: &H) {
+        let s = get_tasks_fixtures(h, "spec_get_tasks_default").await;
+        let tasks = subject(&s).get_tasks(None).await.unwrap();
+        assert_eq!(tasks.len(), TEST_TASK_PARAMS.len());
+        for task in &tasks {
+            assert_eq!(task.data().get_bool("ready").ok(), Some(true), "{:?}", task.data());
+        }
+    }
+
+    /// `get_tasks`: `it "return only tasks that match the query provided"`
+    /// (`get_tasks({agent_name: test_agent_name, agent_host: error_document[:agent_host]})`).
+    ///
+    /// [`Agent::get_tasks`]`(Some(filter))`; the filter is field equality (the
+    /// gem passes any Mongo query through; ours refuses operators, and this one
+    /// has none). Every field of the task read back that the error document
+    /// names has the document's value.
+    pub(crate) async fn get_tasks_return_only_tasks_that_match_the_query_provided<H: Harness>(h: &H) {
+        let s = get_tasks_fixtures(h, "spec_get_tasks_query").await;
+        let error_document = error_document();
+        let query = doc! { "agent_name": TEST_AGENT_NAME, "agent_host": error_document.get_str("agent_host").unwrap() };
+        let tasks = subject(&s).get_tasks(Some(query)).await.unwrap();
+        assert_eq!(tasks.len(), 1);
+        let returned_task = tasks[0].data();
+        let mut compared = 0;
+        for (key, value) in returned_task {
+            if let Some(expected) = error_document.get(key) {
+                assert_eq!(value, expected, "{key}");
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, error_document.len(), "every field of the error document was read back: {returned_task}");
+    }
 }

@@ -45,7 +45,7 @@ async fn task_exists(store: &MongoStore, id: &Key) -> bool {
 /// read nor the agent sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_a_committed_task_is_picked_up_by_an_idle_agent() {
-    let Some(store) = store_mongo::testing::test_store("ag_outbox_commit").await else { return };
+    let Some(store) = store_test::mongo::test_store("ag_outbox_commit").await else { return };
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let ran: Arc<parking_lot::Mutex<Vec<Key>>> = Arc::default();
     let stop = CancellationToken::new();
@@ -94,7 +94,7 @@ async fn mongo_a_committed_task_is_picked_up_by_an_idle_agent() {
 /// and the task's dedupe key is free for the next enqueue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_an_aborted_transaction_leaves_no_task() {
-    let Some(store) = store_mongo::testing::test_store("ag_outbox_abort").await else { return };
+    let Some(store) = store_test::mongo::test_store("ag_outbox_abort").await else { return };
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let task = q.prepare(NewTask::new("mail", doc! { "order": 2 }).dedupe_key("order/2")).await.unwrap();
     let mut session = transaction(&store).await;
@@ -117,10 +117,10 @@ async fn mongo_an_aborted_transaction_leaves_no_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_a_crash_before_commit_leaves_no_task() {
     let test = "ag_outbox_crash";
-    let Some(store) = store_mongo::testing::test_store(test).await else { return };
+    let Some(store) = store_test::mongo::test_store(test).await else { return };
     // The transaction left open would stop every other test's notifications
     // for its lifetime where the server holds streams back behind it.
-    if !store_mongo::testing::server_has(test, store_mongo::testing::Feature::StreamsPastOpenTransactions).await {
+    if !store_test::mongo::server_has(test, store_test::mongo::Feature::StreamsPastOpenTransactions).await {
         return;
     }
     let q = Queue::new(store.clone(), "tasks").unwrap();
@@ -133,7 +133,7 @@ async fn mongo_a_crash_before_commit_leaves_no_task() {
         drop(session);
     }
     {
-        let Some(doomed) = store_mongo::testing::connect_as(test, "doomed").await else { return };
+        let Some(doomed) = store_test::mongo::connect_as(test, "doomed").await else { return };
         let dq = Queue::new(doomed.clone(), "tasks").unwrap();
         let task = dq.prepare(NewTask::new("mail", doc! { "order": 4 })).await.unwrap();
         let mut session = transaction(&doomed).await;
@@ -159,7 +159,7 @@ async fn mongo_a_crash_before_commit_leaves_no_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_a_held_dedupe_key_fails_the_transaction_with_a_duplicate() {
     let test = "ag_outbox_dedupe";
-    let Some(store) = store_mongo::testing::test_store(test).await else { return };
+    let Some(store) = store_test::mongo::test_store(test).await else { return };
     let q = Queue::new(store.clone(), "tasks").unwrap();
     let (holder, _) = q.enqueue(NewTask::new("mail", doc! {}).dedupe_key("k")).await.unwrap();
     let task = q.prepare(NewTask::new("mail", doc! { "order": 5 }).dedupe_key("k")).await.unwrap();
@@ -172,7 +172,7 @@ async fn mongo_a_held_dedupe_key_fails_the_transaction_with_a_duplicate() {
     assert!(!order_exists(&store, 5).await, "nothing of the transaction committed");
     assert_eq!(store.count(&tasks(), &store_trait::Query::all()).await.unwrap(), 1, "the holder alone");
 
-    if !store_mongo::testing::server_has(test, store_mongo::testing::Feature::UniqueKeyRelease).await {
+    if !store_test::mongo::server_has(test, store_test::mongo::Feature::UniqueKeyRelease).await {
         return;
     }
     let ended = || NewTask::new("mail", doc! {}).dedupe_key("u").dedupe_scope(mongoagent::DedupeScope::UntilEnded);

@@ -5,33 +5,10 @@ use std::time::Duration;
 
 use bson::{doc, Bson};
 use mongoagent::{Agent, DedupeScope, NewTask, Outcome, Processed, Queue, Task};
-use store_trait::testing::{Harness, Needs};
-use store_trait::{
-    BatchOutcome, ChangeFilter, ChangeStream, Claim, Collection, Condition, DeleteOutcome, IndexSpec, InsertOutcome,
-    Key, Query, Record, Snapshot, Store, StoreResult, StoreTime, Write, WriteOutcome,
-};
+use store_test::{Call, Harness, Intercept, Intercepted, Needs};
+use store_trait::{Collection, Condition, Key, Query, Store, StoreResult};
 
 use crate::hold_back::{HoldBack, Op};
-
-#[macro_export]
-macro_rules! review_dedupe_suite {
-    ($harness:path, #[$attr:meta]) => {
-        $crate::review_dedupe_suite!(@each $harness, #[$attr],
-            a_requeued_task_whose_key_was_retired_is_no_second_live_task,
-            a_requeued_task_takes_its_freed_key_back,
-            waiting_skips_retries_and_a_round_of_follow_ups
-        );
-    };
-    (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
-        $(
-            #[$attr]
-            async fn $name() {
-                let Some(h) = $harness().await else { return };
-                $crate::review_dedupe::$name(&h).await;
-            }
-        )*
-    };
-}
 
 fn coll() -> Collection {
     Collection::new("tasks").unwrap()
@@ -54,87 +31,6 @@ async fn live_with_key<S: Store>(s: &S, k: &str) -> Vec<Key> {
 async fn fail_one<S: Store + Clone>(s: &S, ttl: Duration) -> Option<Processed> {
     let a = Agent::builder(s.clone(), "d", "tasks").ttl(ttl).max_attempts(1).build().unwrap();
     a.process(|_t: Task| async { Outcome::failed("no") }).await.unwrap()
-}
-
-/// UntilEnded: A failed for good, so B took the key (A's is retired). A
-/// requeue of A must not make two live tasks with the key while B is live:
-/// B stands for A.
-pub(crate) async fn a_requeued_task_whose_key_was_retired_is_no_second_live_task<H: Harness>(h: &H) {
-    let s = h.store("rv_dedupe_requeue_live").await;
-    if !h.has("a_requeued_task_whose_key_was_retired_is_no_second_live_task", Needs::UniqueKeyRelease).await {
-        return;
-    }
-    let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (a, _) = q.enqueue(until_ended()).await.unwrap();
-    assert_eq!(fail_one(&s, h.ttl()).await, Some(Processed::Failed(a.clone())));
-    let (b, new) = q.enqueue(until_ended()).await.unwrap();
-    assert!(new && b != a);
-    let _ = q.requeue_ids(std::slice::from_ref(&a)).await.unwrap();
-    let live = live_with_key(&s, "k").await;
-    assert_eq!(live, vec![b], "one live task per key, not the requeued one too: {live:?}");
-}
-
-/// UntilEnded: once B ended too, a requeue of A revives it, and it holds the
-/// key again: the next enqueue with the key is its duplicate.
-pub(crate) async fn a_requeued_task_takes_its_freed_key_back<H: Harness>(h: &H) {
-    let s = h.store("rv_dedupe_requeue_back").await;
-    if !h.has("a_requeued_task_takes_its_freed_key_back", Needs::UniqueKeyRelease).await {
-        return;
-    }
-    let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (a, _) = q.enqueue(until_ended()).await.unwrap();
-    fail_one(&s, h.ttl()).await;
-    let (b, _) = q.enqueue(until_ended()).await.unwrap();
-    assert_eq!(fail_one(&s, h.ttl()).await, Some(Processed::Failed(b.clone())));
-    let done = q.requeue_ids(std::slice::from_ref(&a)).await.unwrap();
-    assert_eq!(done, vec![a.clone()]);
-    let again = q.enqueue(until_ended()).await.unwrap();
-    assert_eq!(again, (a.clone(), false), "the requeued task holds the key");
-    assert_eq!(live_with_key(&s, "k").await, vec![a]);
-}
-
-/// `wait_for` does not return on a failed attempt that will be retried, nor
-/// while the task waits for its follow-ups; it returns with the last round.
-pub(crate) async fn waiting_skips_retries_and_a_round_of_follow_ups<H: Harness>(h: &H) {
-    let s = h.store("rv_wait_rounds").await;
-    let q = Queue::new(s.clone(), "tasks").unwrap();
-    let (id, _) = q.enqueue(NewTask::new("p", doc! {})).await.unwrap();
-    let waiter = tokio::spawn({
-        let (q, id) = (q.clone(), id.clone());
-        async move { q.wait_for(&id).await }
-    });
-    let a = Agent::builder(s.clone(), "p", "tasks")
-        .ttl(h.ttl())
-        .backoff(Duration::from_millis(10), Duration::from_millis(20))
-        .build()
-        .unwrap();
-    let c = Agent::builder(s.clone(), "c", "tasks").ttl(h.ttl()).build().unwrap();
-    let handler = |t: Task| async move {
-        match (t.round(), t.attempt()) {
-            (0, 1) => Outcome::failed("first try"),
-            (0, _) => Outcome::done().follow_up(NewTask::new("c", doc! {})).wait_for_follow_ups(),
-            _ => Outcome::done_with(doc! { "rounds": 2 }),
-        }
-    };
-    assert!(matches!(a.process(handler).await.unwrap(), Some(Processed::Retried(_))));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "returned on a retried attempt");
-    assert!(matches!(a.process(handler).await.unwrap(), Some(Processed::Waiting(_))));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "returned while the task waits for its follow-ups");
-    assert!(matches!(c.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
-    let mut last = None;
-    for _ in 0..50 {
-        last = a.process(handler).await.unwrap();
-        if last.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(last, Some(Processed::Completed(id.clone())));
-    let ended = tokio::time::timeout(Duration::from_secs(20), waiter).await.unwrap().unwrap().unwrap();
-    assert!(ended.completed(), "{ended:?}");
-    assert_eq!(ended.data().get_i32("rounds").unwrap(), 2);
 }
 
 /// The retire write is conditioned on the key alone: a requeue of the holder
@@ -183,71 +79,25 @@ async fn waiting_survives_ended_notifications_and_does_not_poll_when_watched() {
 }
 
 /// A store that counts `get`s.
-#[derive(Clone, Debug)]
-struct Counting {
-    inner: store_memory::MemoryStore,
-    gets: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
+type Counting = Intercepted<store_memory::MemoryStore, Gets>;
 
-impl Counting {
-    fn new(inner: store_memory::MemoryStore) -> Self {
-        Counting { inner, gets: Default::default() }
-    }
+/// The `get`s a [`Counting`] store was sent.
+#[derive(Debug, Default)]
+struct Gets(std::sync::atomic::AtomicU64);
+
+impl Gets {
     fn gets(&self) -> u64 {
-        self.gets.load(std::sync::atomic::Ordering::SeqCst)
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
 #[async_trait::async_trait]
-impl Store for Counting {
-    fn backend_name(&self) -> &'static str {
-        self.inner.backend_name()
-    }
-    async fn now(&self) -> StoreResult<StoreTime> {
-        self.inner.now().await
-    }
-    async fn get(&self, c: &Collection, k: &Key) -> StoreResult<Snapshot> {
-        self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.get(c, k).await
-    }
-    async fn write(&self, c: &Collection, k: &Key, w: &Write) -> StoreResult<WriteOutcome> {
-        self.inner.write(c, k, w).await
-    }
-    async fn write_many(&self, c: &Collection, w: &[(Key, Write)]) -> StoreResult<Vec<BatchOutcome>> {
-        self.inner.write_many(c, w).await
-    }
-    async fn delete(&self, c: &Collection, k: &Key, cond: &Condition) -> StoreResult<DeleteOutcome> {
-        self.inner.delete(c, k, cond).await
-    }
-    async fn claim(&self, c: &Collection, claim: &Claim) -> StoreResult<Option<Record>> {
-        self.inner.claim(c, claim).await
-    }
-    async fn claim_many(&self, c: &Collection, claim: &Claim, limit: usize) -> StoreResult<Vec<Record>> {
-        self.inner.claim_many(c, claim, limit).await
-    }
-    async fn insert_many(&self, c: &Collection, docs: Vec<bson::Document>) -> StoreResult<Vec<InsertOutcome>> {
-        self.inner.insert_many(c, docs).await
-    }
-    async fn find(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Record>> {
-        self.inner.find(c, q).await
-    }
-    async fn find_each(&self, c: &Collection, q: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        self.inner.find_each(c, q).await
-    }
-    async fn find_keys(&self, c: &Collection, q: &Query) -> StoreResult<Vec<Key>> {
-        self.inner.find_keys(c, q).await
-    }
-    async fn count(&self, c: &Collection, q: &Query) -> StoreResult<u64> {
-        self.inner.count(c, q).await
-    }
-    async fn watch(&self, c: &Collection, k: Option<&Key>) -> StoreResult<ChangeStream> {
-        self.inner.watch(c, k).await
-    }
-    async fn watch_filtered(&self, c: &Collection, f: &ChangeFilter) -> StoreResult<ChangeStream> {
-        self.inner.watch_filtered(c, f).await
-    }
-    async fn ensure_indexes(&self, c: &Collection, i: &[IndexSpec]) -> StoreResult<()> {
-        self.inner.ensure_indexes(c, i).await
+impl<S: Store> Intercept<S> for Gets {
+    async fn before(&self, _coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        if matches!(call, Call::Get(_)) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
     }
 }
 
@@ -269,5 +119,93 @@ async fn a_foreign_holder_with_malformed_scope_fields_blocks() {
         let t = NewTask::new("d", doc! {}).dedupe_key(k.as_str()).dedupe_scope(DedupeScope::UntilEnded);
         let got = q.enqueue(t).await.unwrap();
         assert_eq!(got, (Key::new(format!("foreign{i}")).unwrap(), false));
+    }
+}
+
+/// The suite (`review_dedupe_suite`): each `pub(crate) async fn` over a `Harness` here
+/// is one test on every backend, registered by being written.
+#[store_test::suite(review_dedupe_suite, crate::review_dedupe::cases)]
+pub(crate) mod cases {
+    use super::*;
+
+    /// UntilEnded: A failed for good, so B took the key (A's is retired). A
+    /// requeue of A must not make two live tasks with the key while B is live:
+    /// B stands for A.
+    pub(crate) async fn a_requeued_task_whose_key_was_retired_is_no_second_live_task<H: Harness>(h: &H) {
+        let s = h.store("rv_dedupe_requeue_live").await;
+        if !h.has("a_requeued_task_whose_key_was_retired_is_no_second_live_task", Needs::UniqueKeyRelease).await {
+            return;
+        }
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (a, _) = q.enqueue(until_ended()).await.unwrap();
+        assert_eq!(fail_one(&s, h.ttl()).await, Some(Processed::Failed(a.clone())));
+        let (b, new) = q.enqueue(until_ended()).await.unwrap();
+        assert!(new && b != a);
+        let _ = q.requeue_ids(std::slice::from_ref(&a)).await.unwrap();
+        let live = live_with_key(&s, "k").await;
+        assert_eq!(live, vec![b], "one live task per key, not the requeued one too: {live:?}");
+    }
+
+    /// UntilEnded: once B ended too, a requeue of A revives it, and it holds the
+    /// key again: the next enqueue with the key is its duplicate.
+    pub(crate) async fn a_requeued_task_takes_its_freed_key_back<H: Harness>(h: &H) {
+        let s = h.store("rv_dedupe_requeue_back").await;
+        if !h.has("a_requeued_task_takes_its_freed_key_back", Needs::UniqueKeyRelease).await {
+            return;
+        }
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (a, _) = q.enqueue(until_ended()).await.unwrap();
+        fail_one(&s, h.ttl()).await;
+        let (b, _) = q.enqueue(until_ended()).await.unwrap();
+        assert_eq!(fail_one(&s, h.ttl()).await, Some(Processed::Failed(b.clone())));
+        let done = q.requeue_ids(std::slice::from_ref(&a)).await.unwrap();
+        assert_eq!(done, vec![a.clone()]);
+        let again = q.enqueue(until_ended()).await.unwrap();
+        assert_eq!(again, (a.clone(), false), "the requeued task holds the key");
+        assert_eq!(live_with_key(&s, "k").await, vec![a]);
+    }
+
+    /// `wait_for` does not return on a failed attempt that will be retried, nor
+    /// while the task waits for its follow-ups; it returns with the last round.
+    pub(crate) async fn waiting_skips_retries_and_a_round_of_follow_ups<H: Harness>(h: &H) {
+        let s = h.store("rv_wait_rounds").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (id, _) = q.enqueue(NewTask::new("p", doc! {})).await.unwrap();
+        let waiter = tokio::spawn({
+            let (q, id) = (q.clone(), id.clone());
+            async move { q.wait_for(&id).await }
+        });
+        let a = Agent::builder(s.clone(), "p", "tasks")
+            .ttl(h.ttl())
+            .backoff(Duration::from_millis(10), Duration::from_millis(20))
+            .build()
+            .unwrap();
+        let c = Agent::builder(s.clone(), "c", "tasks").ttl(h.ttl()).build().unwrap();
+        let handler = |t: Task| async move {
+            match (t.round(), t.attempt()) {
+                (0, 1) => Outcome::failed("first try"),
+                (0, _) => Outcome::done().follow_up(NewTask::new("c", doc! {})).wait_for_follow_ups(),
+                _ => Outcome::done_with(doc! { "rounds": 2 }),
+            }
+        };
+        assert!(matches!(a.process(handler).await.unwrap(), Some(Processed::Retried(_))));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "returned on a retried attempt");
+        assert!(matches!(a.process(handler).await.unwrap(), Some(Processed::Waiting(_))));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "returned while the task waits for its follow-ups");
+        assert!(matches!(c.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+        let mut last = None;
+        for _ in 0..50 {
+            last = a.process(handler).await.unwrap();
+            if last.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(last, Some(Processed::Completed(id.clone())));
+        let ended = tokio::time::timeout(Duration::from_secs(20), waiter).await.unwrap().unwrap().unwrap();
+        assert!(ended.completed(), "{ended:?}");
+        assert_eq!(ended.data().get_i32("rounds").unwrap(), 2);
     }
 }

@@ -14,8 +14,9 @@ use mongoagent::{
     Agent, NewTask, Task,
 };
 use store_memory::MemoryStore;
-use store_trait::testing::Harness;
-use store_trait::{Store, StoreTime, TestClock};
+use store_test::Harness;
+use store_test::TestClock;
+use store_trait::{Store, StoreTime};
 
 use crate::hold_back::{HoldBack, Op};
 
@@ -503,141 +504,6 @@ async fn a_pass_over_an_old_definition_does_not_record_its_tick_on_the_new_one()
     assert!(ticks.contains(&once.as_millis()), "the one-off tick never ran: {ticks:?}");
 }
 
-#[macro_export]
-macro_rules! schedule_suite {
-    ($harness:path, #[$attr:meta]) => {
-        $crate::schedule_suite!(@each $harness, #[$attr],
-            definitions_are_upserted_versioned_paused_and_deleted, two_schedulers_enqueue_each_second_once,
-            held_ticks_run_one_at_a_time
-        );
-    };
-    (@each $harness:path, #[$attr:meta], $($name:ident),* $(,)?) => {
-        $(
-            #[$attr]
-            async fn $name() {
-                let Some(h) = $harness().await else { return };
-                $crate::schedules::$name(&h).await;
-            }
-        )*
-    };
-}
-
-pub(crate) async fn definitions_are_upserted_versioned_paused_and_deleted<H: Harness>(h: &H) {
-    let store = h.store("sched_defs").await;
-    let s = Schedules::new(store.clone(), "jobs").unwrap();
-    let task = NewTask::new("w", doc! {"x": 1}).priority(2);
-    let def = Schedule::cron("nightly", "0 0 3 * * *", "UTC", task.clone()).unwrap();
-    assert_eq!(s.upsert(&def).await.unwrap(), Upserted::Created);
-    assert_eq!(s.upsert(&def).await.unwrap(), Upserted::Unchanged(1), "redeploying is idempotent");
-    let changed = Schedule::cron("nightly", "0 0 4 * * *", "UTC", task.clone()).unwrap();
-    assert_eq!(s.upsert(&changed).await.unwrap(), Upserted::Changed(2));
-    assert_eq!(s.upsert(&changed).await.unwrap(), Upserted::Unchanged(2));
-    let once = Schedule::at("once", StoreTime::from_millis(0), task.clone()).unwrap().missed(Missed::Once);
-    assert_eq!(s.upsert(&once).await.unwrap(), Upserted::Created);
-
-    let list = s.list().await.unwrap();
-    assert_eq!(list.iter().map(|i| i.schedule.name()).collect::<Vec<_>>(), ["nightly", "once"]);
-    assert_eq!(list[0].schedule, changed, "the definition reads back as written");
-    assert_eq!(list[0].version, 2);
-    let next = list[0].next_tick.unwrap().as_millis();
-    assert_eq!(next.rem_euclid(24 * HOUR), 4 * HOUR, "the next 04:00 UTC");
-
-    // A one-off time in the past runs once (Missed::Once), then never again.
-    let sch = s.scheduler();
-    sch.pass().await.unwrap();
-    sch.pass().await.unwrap();
-    assert_eq!(ticks_of(&s, "once").await, vec![0]);
-    let t = s.queue().tasks(doc! {"schedule": "once"}, None).await.unwrap();
-    assert_eq!(t[0].data().get_i64("priority").unwrap(), 2);
-    assert_eq!(t[0].data().get_i32("x").unwrap(), 1);
-    assert_eq!(s.get("once").await.unwrap().unwrap().next_tick, None);
-
-    assert!(s.pause("nightly").await.unwrap());
-    assert!(s.get("nightly").await.unwrap().unwrap().paused);
-    assert_eq!(s.get("nightly").await.unwrap().unwrap().next_tick, None);
-    assert!(s.resume("nightly").await.unwrap());
-    assert!(!s.get("nightly").await.unwrap().unwrap().paused);
-    assert!(!s.pause("nope").await.unwrap());
-    assert!(s.delete("nightly").await.unwrap());
-    assert!(!s.delete("nightly").await.unwrap());
-    assert!(s.get("nightly").await.unwrap().is_none());
-
-    assert!(Schedule::cron("bad", "not cron", "UTC", task.clone()).is_err());
-    assert!(Schedule::cron("bad", "* * * * *", "Nowhere/Special", task.clone()).is_err());
-    assert!(Schedule::every("bad", Duration::ZERO, task.clone()).is_err());
-    assert!(Schedule::every("", Duration::from_secs(1), task).is_err());
-    assert!(Schedule::every("bad", Duration::from_secs(1), NewTask::new("w", doc! {"ready": 1})).is_err());
-}
-
-/// Two schedulers on a one-second interval for a few seconds: every second has
-/// exactly one task, none missing between the first and the last.
-pub(crate) async fn two_schedulers_enqueue_each_second_once<H: Harness>(h: &H) {
-    let store = h.store("sched_two").await;
-    let s = Schedules::new(store.clone(), "jobs").unwrap();
-    let sched =
-        Schedule::every("tick", Duration::from_secs(1), NewTask::new("w", doc! {})).unwrap().overlap(Overlap::Allow);
-    s.upsert(&sched).await.unwrap();
-    let (a, b) = (s.scheduler().poll_every(Duration::from_millis(200)).spawn(), s.scheduler().spawn());
-    tokio::time::sleep(Duration::from_millis(5_500)).await;
-    a.stop().await.unwrap();
-    b.stop().await.unwrap();
-    let ticks = ticks_of(&s, "tick").await;
-    assert!(ticks.len() >= 4, "{ticks:?}");
-    assert!(ticks.windows(2).all(|w| w[1] - w[0] == 1_000), "one task per second, none missing: {ticks:?}");
-    assert!(ticks.iter().all(|t| t % 1_000 == 0));
-    let now = store.now().await.unwrap().as_millis();
-    assert!(*ticks.last().unwrap() > now - 2_000, "the last ticks are there: {ticks:?} at {now}");
-}
-
-/// `Overlap::Queue` on a one-second interval, with a handler that takes 1.5 s
-/// and an agent that would run three at once: runs never overlap, in tick order.
-pub(crate) async fn held_ticks_run_one_at_a_time<H: Harness>(h: &H) {
-    let store = h.store("sched_queue").await;
-    let s = Schedules::new(store.clone(), "jobs").unwrap();
-    let sched =
-        Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
-    s.upsert(&sched).await.unwrap();
-    let log: Arc<Mutex<(u32, u32, Vec<i64>)>> = Arc::default();
-    // Without notifications, an agent finds a task made ready by polling.
-    let agent = Agent::builder(store.clone(), "q", "jobs")
-        .concurrency(3)
-        .poll_interval(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let handler = {
-        let log = log.clone();
-        move |t: Task| {
-            let log = log.clone();
-            async move {
-                {
-                    let mut l = log.lock().unwrap();
-                    l.0 += 1;
-                    l.1 = l.1.max(l.0);
-                    l.2.push(t.data().get_datetime("scheduled_for").unwrap().timestamp_millis());
-                }
-                tokio::time::sleep(Duration::from_millis(1_500)).await;
-                log.lock().unwrap().0 -= 1;
-                true
-            }
-        }
-    };
-    let work = {
-        let agent = agent.clone();
-        tokio::spawn(async move { agent.work(handler).await })
-    };
-    let (a, b) = (s.scheduler().poll_every(Duration::from_millis(200)).spawn(), s.scheduler().spawn());
-    tokio::time::sleep(Duration::from_millis(6_500)).await;
-    a.stop().await.unwrap();
-    b.stop().await.unwrap();
-    agent.shutdown();
-    work.await.unwrap().unwrap();
-    let (_, max_active, order) = log.lock().unwrap().clone();
-    let ticks = ticks_of(&s, "q").await;
-    assert_eq!(max_active, 1, "held ticks never overlap");
-    assert!(order.len() >= 2 && ticks.len() > order.len(), "ran {order:?} of {ticks:?}");
-    assert_eq!(order, ticks[..order.len()].to_vec(), "in tick order");
-}
-
 /// Paused for two hours under an hourly interval with `Missed::All`: the ticks
 /// that fell while paused are not run after resuming; a changed definition
 /// (every 30 minutes) starts from the change, without backfilling.
@@ -759,4 +625,128 @@ async fn a_scheduler_for_one_schedule_leaves_the_others_alone() {
     h.stop().await.unwrap();
     assert_eq!(ticks_of(&s, "mine").await.len(), 10);
     assert_eq!(ticks_of(&s, "theirs").await, Vec::<i64>::new());
+}
+
+/// The suite (`schedule_suite`): each `pub(crate) async fn` over a `Harness` here
+/// is one test on every backend, registered by being written.
+#[store_test::suite(schedule_suite, crate::schedules::cases)]
+pub(crate) mod cases {
+    use super::*;
+
+    pub(crate) async fn definitions_are_upserted_versioned_paused_and_deleted<H: Harness>(h: &H) {
+        let store = h.store("sched_defs").await;
+        let s = Schedules::new(store.clone(), "jobs").unwrap();
+        let task = NewTask::new("w", doc! {"x": 1}).priority(2);
+        let def = Schedule::cron("nightly", "0 0 3 * * *", "UTC", task.clone()).unwrap();
+        assert_eq!(s.upsert(&def).await.unwrap(), Upserted::Created);
+        assert_eq!(s.upsert(&def).await.unwrap(), Upserted::Unchanged(1), "redeploying is idempotent");
+        let changed = Schedule::cron("nightly", "0 0 4 * * *", "UTC", task.clone()).unwrap();
+        assert_eq!(s.upsert(&changed).await.unwrap(), Upserted::Changed(2));
+        assert_eq!(s.upsert(&changed).await.unwrap(), Upserted::Unchanged(2));
+        let once = Schedule::at("once", StoreTime::from_millis(0), task.clone()).unwrap().missed(Missed::Once);
+        assert_eq!(s.upsert(&once).await.unwrap(), Upserted::Created);
+
+        let list = s.list().await.unwrap();
+        assert_eq!(list.iter().map(|i| i.schedule.name()).collect::<Vec<_>>(), ["nightly", "once"]);
+        assert_eq!(list[0].schedule, changed, "the definition reads back as written");
+        assert_eq!(list[0].version, 2);
+        let next = list[0].next_tick.unwrap().as_millis();
+        assert_eq!(next.rem_euclid(24 * HOUR), 4 * HOUR, "the next 04:00 UTC");
+
+        // A one-off time in the past runs once (Missed::Once), then never again.
+        let sch = s.scheduler();
+        sch.pass().await.unwrap();
+        sch.pass().await.unwrap();
+        assert_eq!(ticks_of(&s, "once").await, vec![0]);
+        let t = s.queue().tasks(doc! {"schedule": "once"}, None).await.unwrap();
+        assert_eq!(t[0].data().get_i64("priority").unwrap(), 2);
+        assert_eq!(t[0].data().get_i32("x").unwrap(), 1);
+        assert_eq!(s.get("once").await.unwrap().unwrap().next_tick, None);
+
+        assert!(s.pause("nightly").await.unwrap());
+        assert!(s.get("nightly").await.unwrap().unwrap().paused);
+        assert_eq!(s.get("nightly").await.unwrap().unwrap().next_tick, None);
+        assert!(s.resume("nightly").await.unwrap());
+        assert!(!s.get("nightly").await.unwrap().unwrap().paused);
+        assert!(!s.pause("nope").await.unwrap());
+        assert!(s.delete("nightly").await.unwrap());
+        assert!(!s.delete("nightly").await.unwrap());
+        assert!(s.get("nightly").await.unwrap().is_none());
+
+        assert!(Schedule::cron("bad", "not cron", "UTC", task.clone()).is_err());
+        assert!(Schedule::cron("bad", "* * * * *", "Nowhere/Special", task.clone()).is_err());
+        assert!(Schedule::every("bad", Duration::ZERO, task.clone()).is_err());
+        assert!(Schedule::every("", Duration::from_secs(1), task).is_err());
+        assert!(Schedule::every("bad", Duration::from_secs(1), NewTask::new("w", doc! {"ready": 1})).is_err());
+    }
+
+    /// Two schedulers on a one-second interval for a few seconds: every second has
+    /// exactly one task, none missing between the first and the last.
+    pub(crate) async fn two_schedulers_enqueue_each_second_once<H: Harness>(h: &H) {
+        let store = h.store("sched_two").await;
+        let s = Schedules::new(store.clone(), "jobs").unwrap();
+        let sched = Schedule::every("tick", Duration::from_secs(1), NewTask::new("w", doc! {}))
+            .unwrap()
+            .overlap(Overlap::Allow);
+        s.upsert(&sched).await.unwrap();
+        let (a, b) = (s.scheduler().poll_every(Duration::from_millis(200)).spawn(), s.scheduler().spawn());
+        tokio::time::sleep(Duration::from_millis(5_500)).await;
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+        let ticks = ticks_of(&s, "tick").await;
+        assert!(ticks.len() >= 4, "{ticks:?}");
+        assert!(ticks.windows(2).all(|w| w[1] - w[0] == 1_000), "one task per second, none missing: {ticks:?}");
+        assert!(ticks.iter().all(|t| t % 1_000 == 0));
+        let now = store.now().await.unwrap().as_millis();
+        assert!(*ticks.last().unwrap() > now - 2_000, "the last ticks are there: {ticks:?} at {now}");
+    }
+
+    /// `Overlap::Queue` on a one-second interval, with a handler that takes 1.5 s
+    /// and an agent that would run three at once: runs never overlap, in tick order.
+    pub(crate) async fn held_ticks_run_one_at_a_time<H: Harness>(h: &H) {
+        let store = h.store("sched_queue").await;
+        let s = Schedules::new(store.clone(), "jobs").unwrap();
+        let sched =
+            Schedule::every("q", Duration::from_secs(1), NewTask::new("q", doc! {})).unwrap().overlap(Overlap::Queue);
+        s.upsert(&sched).await.unwrap();
+        let log: Arc<Mutex<(u32, u32, Vec<i64>)>> = Arc::default();
+        // Without notifications, an agent finds a task made ready by polling.
+        let agent = Agent::builder(store.clone(), "q", "jobs")
+            .concurrency(3)
+            .poll_interval(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let handler = {
+            let log = log.clone();
+            move |t: Task| {
+                let log = log.clone();
+                async move {
+                    {
+                        let mut l = log.lock().unwrap();
+                        l.0 += 1;
+                        l.1 = l.1.max(l.0);
+                        l.2.push(t.data().get_datetime("scheduled_for").unwrap().timestamp_millis());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    log.lock().unwrap().0 -= 1;
+                    true
+                }
+            }
+        };
+        let work = {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.work(handler).await })
+        };
+        let (a, b) = (s.scheduler().poll_every(Duration::from_millis(200)).spawn(), s.scheduler().spawn());
+        tokio::time::sleep(Duration::from_millis(6_500)).await;
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+        agent.shutdown();
+        work.await.unwrap().unwrap();
+        let (_, max_active, order) = log.lock().unwrap().clone();
+        let ticks = ticks_of(&s, "q").await;
+        assert_eq!(max_active, 1, "held ticks never overlap");
+        assert!(order.len() >= 2 && ticks.len() > order.len(), "ran {order:?} of {ticks:?}");
+        assert_eq!(order, ticks[..order.len()].to_vec(), "in tick order");
+    }
 }

@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use bson::doc;
 use mongoagent::{Agent, AgentCounters, NewTask, Outcome, Queue, Task};
-use store_memory::testing::FaultSchedule;
 use store_memory::{Client, MemoryStore};
+use store_test::memory::FaultSchedule;
 use store_trait::{Collection, Query, Store};
 
 fn coll() -> Collection {

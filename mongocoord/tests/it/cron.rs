@@ -93,7 +93,7 @@ fn three_cron_processes_run_each_tick_once_across_a_kill() {
 #[test]
 fn bad_schedules_are_usage_errors() {
     // Checked before connecting: no server is needed.
-    let port = store_mongo::testing::free_port().unwrap();
+    let port = store_test::free_port().unwrap();
     let uri = format!("mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=300");
     for (args, says) in [
         (&["61 * * * *"][..], "cron expression \"61 * * * *\""),

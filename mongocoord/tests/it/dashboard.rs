@@ -27,7 +27,7 @@ fn chromedriver() -> Option<PathBuf> {
 }
 
 fn port() -> u16 {
-    store_mongo::testing::free_port().unwrap()
+    store_test::free_port().unwrap()
 }
 
 fn dashboard(e: &Env, port: u16, extra: &[&str]) -> Killed {
@@ -35,7 +35,7 @@ fn dashboard(e: &Env, port: u16, extra: &[&str]) -> Killed {
     let mut args = vec!["dashboard", "--bind", &bind, "--queue", "jobs"];
     args.extend(extra);
     let child = e.cmd(&args).stdin(Stdio::null()).spawn().unwrap();
-    store_mongo::testing::wait_for_port(port, Duration::from_secs(30)).unwrap();
+    store_test::wait_for_port(port, Duration::from_secs(30)).unwrap();
     Killed(child)
 }
 
@@ -116,7 +116,7 @@ fn the_dashboard_in_a_browser() {
             .spawn()
             .unwrap(),
     );
-    store_mongo::testing::wait_for_port(drv_port, Duration::from_secs(30)).unwrap();
+    store_test::wait_for_port(drv_port, Duration::from_secs(30)).unwrap();
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
@@ -184,7 +184,7 @@ fn the_dashboard_in_a_browser() {
             texts.sort();
             assert_eq!(texts, ["0", "1"], "resize's tasks did not time out, slow's did");
             let shot = c.screenshot().await.unwrap();
-            std::fs::write(store_mongo::testing::target_dir().join("dashboard.png"), &shot).unwrap();
+            std::fs::write(store_test::target_dir().join("dashboard.png"), &shot).unwrap();
             // The README's screenshot is refreshed on request only, so a test run
             // leaves the checkout clean.
             if std::env::var_os("UPDATE_SCREENSHOT").is_some() {

@@ -27,28 +27,28 @@ struct Env {
 }
 
 fn env(test: &str) -> Option<Env> {
-    let uri = match store_mongo::testing::server_uri() {
+    let uri = match store_test::mongo::server_uri() {
         Ok(u) => u,
         Err(why) => {
-            store_mongo::testing::skip(test, &why);
+            store_test::mongo::skip(test, &why);
             return None;
         }
     };
     // The test's database starts empty, as every Mongo test's: a second run
     // on one server (MONGODB_URI) must not find the first run's tasks.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(store_mongo::testing::test_store(&format!("cli_{test}")))?;
-    let dir = store_mongo::testing::target_dir().join("cli-tests").join(test);
+    rt.block_on(store_test::mongo::test_store(&format!("cli_{test}")))?;
+    let dir = store_test::target_dir().join("cli-tests").join(test);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    Some(Env { uri, db: store_mongo::testing::db_name(&format!("cli_{test}")), dir })
+    Some(Env { uri, db: store_test::mongo::db_name(&format!("cli_{test}")), dir })
 }
 
 /// Whether the test server has `feature`; when not, `test` is reported (see
-/// `store_mongo::testing::server_has`) and should return.
-fn has(test: &str, feature: store_mongo::testing::Feature) -> bool {
+/// `store_test::mongo::server_has`) and should return.
+fn has(test: &str, feature: store_test::mongo::Feature) -> bool {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(store_mongo::testing::server_has(test, feature))
+    rt.block_on(store_test::mongo::server_has(test, feature))
 }
 
 impl Env {
@@ -343,7 +343,7 @@ fn agent_serves_its_figures_with_metrics_bind() {
 
 #[test]
 fn unreachable_server_is_a_clear_error_without_the_password() {
-    let port = store_mongo::testing::free_port().unwrap();
+    let port = store_test::free_port().unwrap();
     let out = Command::new(BIN)
         .args(["--uri", &format!("mongodb://admin:s3cret@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"), "locks"])
         .output()
@@ -374,7 +374,7 @@ fn unreachable_server_is_a_clear_error_without_the_password() {
 /// Bad input and an unreachable server both exit with status 2.
 #[test]
 fn uri_secrets_are_never_printed() {
-    let port = store_mongo::testing::free_port().unwrap();
+    let port = store_test::free_port().unwrap();
     for (uri, secrets) in [
         (
             format!("mongodb://u:p%3Fss@127.0.0.1:{port}/?proxyPassword=hunter2&serverSelectionTimeoutMS=200"),

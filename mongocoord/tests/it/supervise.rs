@@ -64,14 +64,14 @@ fn with_option(uri: &str, option: &str) -> String {
 /// is held alone from `prepare` on.
 struct BlockedRenewals {
     rt: tokio::runtime::Runtime,
-    admin: store_mongo::testing::AdminClient,
+    admin: store_test::mongo::AdminClient,
 }
 
 impl BlockedRenewals {
     /// `None` (reported) when the server has no failpoints.
     fn prepare(test: &str) -> Option<Self> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let admin = rt.block_on(store_mongo::testing::admin_client(test))?;
+        let admin = rt.block_on(store_test::mongo::admin_client(test))?;
         Some(BlockedRenewals { rt, admin })
     }
 

@@ -200,7 +200,7 @@ fn enqueue_waits_for_the_outcome() {
 #[test]
 fn enqueue_dedupe_until_ended() {
     let Some(e) = env("dedupe_until_ended") else { return };
-    if !super::has("enqueue_dedupe_until_ended", store_mongo::testing::Feature::UniqueKeyRelease) {
+    if !super::has("enqueue_dedupe_until_ended", store_test::mongo::Feature::UniqueKeyRelease) {
         return;
     }
     let enqueue = |id: &str| {
@@ -252,7 +252,7 @@ fn enqueue_debounce() {
     assert_eq!((ran["n"].clone(), ran.get("only_first")), (3.into(), None), "the last data, whole: {ran}");
     // Where the server keeps a key its task no longer holds (secantusd-rs),
     // the key cannot move to a new task: there is nothing more to check.
-    if super::has("enqueue_debounce", store_mongo::testing::Feature::UniqueKeyRelease) {
+    if super::has("enqueue_debounce", store_test::mongo::Feature::UniqueKeyRelease) {
         let again =
             e.json(&["enqueue", "--queue", "jobs", "--agent", "d", "{}", "--dedupe-key", "k", "--debounce", "1"]);
         assert_eq!(again["inserted"], true, "the debounced task ran: a new one");

@@ -52,7 +52,7 @@ async fn memory_failover_after_partition() {
 /// when its process is killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_failover_after_abort() {
-    let Some(store) = store_mongo::testing::test_store("el_failover_abort").await else { return };
+    let Some(store) = store_test::mongo::test_store("el_failover_abort").await else { return };
     let ttl = Duration::from_millis(1500);
     let leader_store = store.clone();
     std::thread::spawn(move || {
@@ -85,9 +85,9 @@ async fn mongo_failover_after_abort() {
 /// lead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_leader_with_a_hung_renewal_steps_down_in_time() {
-    let Some(leader_store) = store_mongo::testing::test_store_as("el_failpoint", "elfp-leader").await else { return };
-    let Some(admin) = store_mongo::testing::admin_client("el_failpoint").await else { return };
-    let Some(follower_store) = store_mongo::testing::connect_as("el_failpoint", "elfp-follower").await else { return };
+    let Some(leader_store) = store_test::mongo::test_store_as("el_failpoint", "elfp-leader").await else { return };
+    let Some(admin) = store_test::mongo::admin_client("el_failpoint").await else { return };
+    let Some(follower_store) = store_test::mongo::connect_as("el_failpoint", "elfp-follower").await else { return };
     let ttl = Duration::from_millis(1500);
     let leader = Elector::builder(leader_store.clone(), "scheduler").ttl(ttl).report_status(false).build().unwrap();
     leader.start().unwrap();

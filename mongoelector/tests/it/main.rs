@@ -10,4 +10,4 @@ mod rounds;
 mod simulation;
 mod suite;
 
-store_trait::on_all_backends!(crate::elector_suite, std::time::Duration::from_secs(3));
+store_test::on_all_backends!(crate::suite::elector_suite, std::time::Duration::from_secs(3));

@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongoelector::{Elector, DEFAULT_COLLECTION};
-use store_memory::testing::FaultSchedule;
 use store_memory::{Client, MemoryStore};
-use store_trait::{Collection, Key, StoreTime, TestClock};
+use store_test::memory::FaultSchedule;
+use store_test::TestClock;
+use store_trait::{Collection, Key, StoreTime};
 
 const NODES: usize = 5;
 const TTL: Duration = Duration::from_secs(3);

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use mongolock::{Acquire, Lock, LockGuard};
 use store_memory::MemoryStore;
-use store_trait::{Collection, Key, Store, StoreTime, TestClock};
+use store_test::TestClock;
+use store_trait::{Collection, Key, Store, StoreTime};
 
 const TTL: Duration = Duration::from_secs(3);
 // With a ttl of 3 s: a safety margin of 300 ms, renewals every second.

@@ -173,8 +173,8 @@ async fn clear_fail_point(admin: &store_mongo::mongodb::Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongo_failpoints() {
     // A failpoint is server-wide: it only matches this test's application name.
-    let Some(store) = store_mongo::testing::test_store_as("lock_failpoints", "lockfp").await else { return };
-    let Some(admin) = store_mongo::testing::admin_client("lock_failpoints").await else { return };
+    let Some(store) = store_test::mongo::test_store_as("lock_failpoints", "lockfp").await else { return };
+    let Some(admin) = store_test::mongo::admin_client("lock_failpoints").await else { return };
     let ttl = Duration::from_millis(1500);
     let make = || Lock::builder(store.clone(), "job").ttl(ttl).build().unwrap();
 
@@ -233,7 +233,8 @@ async fn mongo_failpoints() {
 /// process tree). It stays held until the holder releases it or it lapses.
 #[tokio::test(start_paused = true)]
 async fn a_lost_lease_is_not_released_before_its_holder_lets_go() {
-    use store_trait::{StoreTime, TestClock};
+    use store_test::TestClock;
+    use store_trait::StoreTime;
     let store = MemoryStore::new();
     let wall = TestClock::starting_at(StoreTime::from_millis(1_700_000_000_000));
     let make = |clock: Option<TestClock>| {
@@ -261,7 +262,8 @@ async fn a_lost_lease_is_not_released_before_its_holder_lets_go() {
 /// The same for a guard dropped after its loss was signalled.
 #[tokio::test(start_paused = true)]
 async fn a_lost_guard_dropped_leaves_the_lease_to_lapse() {
-    use store_trait::{StoreTime, TestClock};
+    use store_test::TestClock;
+    use store_trait::StoreTime;
     let store = MemoryStore::new();
     let wall = TestClock::starting_at(StoreTime::from_millis(1_700_000_000_000));
     let a = Lock::builder(store.clone(), "job").ttl(Duration::from_secs(10)).clock(wall.clone()).build().unwrap();

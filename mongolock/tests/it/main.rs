@@ -10,4 +10,4 @@ mod lease;
 mod model;
 mod suite;
 
-store_trait::on_all_backends!(crate::lock_suite, std::time::Duration::from_secs(2));
+store_test::on_all_backends!(crate::suite::lock_suite, std::time::Duration::from_secs(2));

@@ -18,7 +18,8 @@ use std::time::Duration;
 use mongolock::{Acquire, Lock, LockGuard};
 use proptest::prelude::*;
 use store_memory::{Client as Gate, MemoryStore};
-use store_trait::{Collection, Key, StoreTime, TestClock};
+use store_test::TestClock;
+use store_trait::{Collection, Key, StoreTime};
 
 #[derive(Debug, Clone)]
 enum Op {

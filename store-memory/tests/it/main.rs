@@ -10,7 +10,7 @@ use store_trait::{
     Collection, Condition, Key, Mutation, Nonce, Store, StoreTime, TokioClock, Ttl, Write, WriteOutcome,
 };
 
-use store_memory::testing::MemoryHarness;
+use store_test::memory::MemoryHarness;
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -18,13 +18,13 @@ async fn harness() -> Option<MemoryHarness> {
     Some(MemoryHarness::new(TTL))
 }
 
-store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
+store_test::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
 
 mod without_change_streams {
     async fn harness() -> Option<super::MemoryHarness> {
         Some(super::MemoryHarness::polling(super::TTL))
     }
-    store_trait::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
+    store_test::conformance_tests!(harness, #[tokio::test(start_paused = true)]);
 }
 
 mod multi_thread {
@@ -32,7 +32,7 @@ mod multi_thread {
     async fn harness() -> Option<super::MemoryHarness> {
         Some(super::MemoryHarness::new(super::TTL))
     }
-    store_trait::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 4)]);
+    store_test::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 4)]);
 }
 
 fn acquire(owner: &str) -> Write {
@@ -247,4 +247,32 @@ async fn a_lost_batch_claim_lapses_and_is_claimed_again() {
         again.iter().map(|r| (r.key().to_string(), r.fence())).collect::<Vec<_>>(),
         [("t0".to_owned(), 2), ("t1".to_owned(), 2), ("t2".to_owned(), 2)]
     );
+}
+
+/// The store's clock steps and runs fast; leases follow it.
+#[tokio::test(start_paused = true)]
+async fn leases_follow_a_stepped_and_fast_store_clock() {
+    let clock = store_test::TestClock::starting_at(StoreTime::from_millis(1_000_000));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let (coll, key) = (Collection::new("locks").unwrap(), Key::new("job").unwrap());
+    let ttl = Ttl::new(Duration::from_secs(10)).unwrap();
+    let take = |who: &str| Write::new(Condition::Free, Mutation::new().grant(who, ttl).bump_fence()).upsert();
+    assert!(store.write(&coll, &key, &take("a")).await.unwrap().is_applied());
+    assert_eq!(store.now().await.unwrap().as_millis(), 1_000_000);
+    // A step forward lapses the lease at once, with no tokio time passing.
+    clock.jump(10_000);
+    assert!(store.write(&coll, &key, &take("b")).await.unwrap().is_applied());
+    // A step back makes it live again: "b" holds until 1_020_000.
+    clock.jump(-5_000);
+    assert!(!store.write(&coll, &key, &take("c")).await.unwrap().is_applied());
+    assert_eq!(store.now().await.unwrap().as_millis(), 1_005_000);
+    // Twice as fast: the rest of b's 15 s of store time lapses in 7.5 s.
+    clock.set_rate(2.0).unwrap();
+    tokio::time::advance(Duration::from_millis(7_400)).await;
+    assert!(!store.write(&coll, &key, &take("c")).await.unwrap().is_applied());
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(store.write(&coll, &key, &take("c")).await.unwrap().is_applied());
+    let snap = store.peek(&coll, &key).unwrap();
+    assert_eq!(snap.now.as_millis(), 1_020_000);
+    assert_eq!(snap.record.unwrap().fence(), 3);
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use store_mongo::testing::{admin_client, connect_as, test_store_as};
+use store_test::mongo::{admin_client, connect_as, test_store_as};
 use store_trait::{Claim, Collection, Condition, Key, Mutation, Order, Query, Store, Ttl, Write};
 
 fn claim(owner: &str) -> Claim {

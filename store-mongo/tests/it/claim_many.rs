@@ -18,8 +18,8 @@ fn batch(owner: &str, ttl: Ttl) -> Claim {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_lost_between_update_and_read_back_lapses_and_is_claimed_again() {
-    let Some(store) = store_mongo::testing::test_store_as("claim_many_crash", "cmcrash").await else { return };
-    let Some(admin) = store_mongo::testing::admin_client("claim_many_crash").await else { return };
+    let Some(store) = store_test::mongo::test_store_as("claim_many_crash", "cmcrash").await else { return };
+    let Some(admin) = store_test::mongo::admin_client("claim_many_crash").await else { return };
     let c = Collection::new("tasks").unwrap();
     let docs = (0..3).map(|n| doc! { "_id": format!("t{n}"), "n": n, "ready": true }).collect();
     store.insert_many(&c, docs).await.unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bson::doc;
 use futures::StreamExt;
-use store_mongo::testing::test_store;
+use store_test::mongo::test_store;
 use store_trait::{ChangeKind, Collection, Key, Store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

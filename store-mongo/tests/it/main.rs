@@ -11,10 +11,10 @@ mod reference;
 mod round_trips;
 mod versions;
 
-use store_mongo::testing::MongoHarness;
+use store_test::mongo::MongoHarness;
 
 async fn harness() -> Option<MongoHarness> {
     MongoHarness::get().await
 }
 
-store_trait::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);
+store_test::conformance_tests!(harness, #[tokio::test(flavor = "multi_thread", worker_threads = 2)]);

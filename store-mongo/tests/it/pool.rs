@@ -14,7 +14,7 @@ use store_trait::{Collection, Key, Store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_change_streams_do_not_hold_connections() {
-    let Some(store) = store_mongo::testing::test_store_with("pool_idle_watchers", "maxPoolSize=2").await else {
+    let Some(store) = store_test::mongo::test_store_with("pool_idle_watchers", "maxPoolSize=2").await else {
         return;
     };
     let coll = Collection::new("watched").unwrap();
@@ -38,17 +38,17 @@ async fn idle_change_streams_do_not_hold_connections() {
 /// closes when the last watcher is gone, and the next watcher opens a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_share_one_stream_per_collection() {
-    use store_mongo::testing::{server_has, Feature};
+    use store_test::mongo::{server_has, Feature};
     use store_trait::{ChangeKind, Condition, Mutation, Write};
     let test = "pool_shared_stream";
-    let Some(store) = store_mongo::testing::test_store_with(test, "maxPoolSize=3").await else {
+    let Some(store) = store_test::mongo::test_store_with(test, "maxPoolSize=3").await else {
         return;
     };
     if !server_has(test, Feature::IdleCursors).await {
         return;
     }
     // Its own pool: the count must not wait for the store's connections.
-    let admin = store_mongo::mongodb::Client::with_uri_str(store_mongo::testing::server_uri().unwrap()).await.unwrap();
+    let admin = store_mongo::mongodb::Client::with_uri_str(store_test::mongo::server_uri().unwrap()).await.unwrap();
     let ns = |c: &Collection| format!("{}.{}", store.database().name(), c.as_str());
     let coll = Collection::new("shared").unwrap();
     let (a, b) = (Key::new("a").unwrap(), Key::new("b").unwrap());
@@ -99,5 +99,5 @@ async fn next_event(s: &mut store_trait::ChangeStream) -> store_trait::ChangeEve
 
 /// How many cursors (change streams, in these tests) are open on `ns`.
 async fn server_streams(admin: &store_mongo::mongodb::Client, ns: &str) -> usize {
-    store_mongo::testing::open_cursors(admin, ns).await
+    store_test::mongo::open_cursors(admin, ns).await
 }

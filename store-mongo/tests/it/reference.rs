@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use store_mongo::testing::test_store;
+use store_test::mongo::test_store;
 use store_trait::backend::semantics;
 use store_trait::{
     fields, BatchOutcome, Collection, Condition, Key, Mutation, Store, StoreTime, Ttl, Write, WriteOutcome,

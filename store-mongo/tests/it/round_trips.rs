@@ -9,8 +9,8 @@ use bson::doc;
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
-use store_mongo::testing::{db_name, server_uri, skip};
 use store_mongo::MongoStore;
+use store_test::mongo::{db_name, server_uri, skip};
 use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
 
 pub(crate) type Seen = Arc<Mutex<Vec<String>>>;
@@ -100,7 +100,7 @@ async fn lock_and_claim_operations_are_one_command_each() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_a_typed_error() {
     // Nothing listens on this port: connecting fails fast and is classified.
-    let port = store_mongo::testing::free_port().unwrap();
+    let port = store_test::free_port().unwrap();
     let uri = format!("mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=300");
     let err = MongoStore::connect(&uri, "x").await.unwrap_err();
     assert_eq!(err.fault_kind(), Some(store_trait::FaultKind::Unreachable), "{err}");

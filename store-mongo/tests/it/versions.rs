@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use bson::doc;
-use store_mongo::testing::{assuming_wire_version, test_store, MongoHarness};
-use store_trait::testing as suite;
+use store_test::conformance::{documents, leases, writes};
+use store_test::mongo::{assuming_wire_version, test_store, MongoHarness};
 use store_trait::{Collection, Condition, FaultKind, Key, Mutation, Store, StoreError, Ttl, Write};
 
 use crate::round_trips::{monitored, take};
@@ -75,10 +75,10 @@ async fn the_version_is_learned_once() {
 async fn conformance_of_get_before_5_1() {
     let Some(h) = MongoHarness::get().await else { return };
     let h = h.assuming_wire_version(13);
-    suite::now_advances(&h).await;
-    suite::get_absent_and_present(&h).await;
-    suite::live_lease_is_never_taken(&h).await;
-    suite::lease_expires_on_store_clock(&h).await;
-    suite::conditional_delete(&h).await;
-    suite::foreign_documents_are_readable(&h).await;
+    leases::cases::now_advances(&h).await;
+    leases::cases::get_absent_and_present(&h).await;
+    leases::cases::live_lease_is_never_taken(&h).await;
+    leases::cases::lease_expires_on_store_clock(&h).await;
+    writes::cases::conditional_delete(&h).await;
+    documents::cases::foreign_documents_are_readable(&h).await;
 }

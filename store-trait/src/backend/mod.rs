@@ -1,8 +1,9 @@
 //! Support for **implementors of [`Store`](crate::Store)**: the reference
 //! semantics every backend must agree with, and the input checks they share.
 //!
-//! Not part of the stable API for users of a store: what is here may change
-//! with the backends (`store-memory` runs [`semantics`] directly, `store-mongo`
+//! **Unstable**, and hidden from the crate's docs: not part of the API for
+//! users of a store, and what is here may change with the backends
+//! (`store-memory` runs [`semantics`] directly, `store-mongo`
 //! compiles the same rules into server-side expressions). Users read records
 //! through [`Record`](crate::Record)'s accessors instead.
 

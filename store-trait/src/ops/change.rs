@@ -202,7 +202,7 @@ impl UpdateClause {
 }
 
 /// What a change did, as a [`ChangeFilter`] sees it: for backends that filter
-/// on their side ([`crate::backend::semantics::change_admitted`]); it is
+/// on their side (`backend::semantics::change_admitted`); it is
 /// `store_trait::backend::ChangeDetail`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

@@ -91,10 +91,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[(
     "a task list's state filter still reads `stuck`, lapsed's former name, from saved links",
 )];
 
-/// The Rust sources the product is made of, its tests included, and the lab's.
+/// The Rust sources the product is made of, its tests included, the lab's, and
+/// the test support's.
 fn sources() -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for c in SHIPPED.iter().chain(&["lab"]) {
+    for c in SHIPPED.iter().chain(&["lab", "store-test"]) {
         rust_files(&root().join(c).join("src"), &mut files);
         rust_files(&root().join(c).join("tests"), &mut files);
     }

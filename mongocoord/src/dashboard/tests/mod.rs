@@ -533,43 +533,43 @@ mod memory {
 mod mongo {
     #[tokio::test]
     async fn metrics_escape_and_cap_names_from_the_database() {
-        let Some(s) = store_mongo::testing::test_store("dash_metrics_escape").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_metrics_escape").await else { return };
         super::metrics_escape_and_cap_names_from_the_database(s).await;
     }
 
     #[tokio::test]
     async fn pages_json_and_metrics() {
-        let Some(s) = store_mongo::testing::test_store("dash_pages").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_pages").await else { return };
         super::pages_json_and_metrics(s).await;
     }
 
     #[tokio::test]
     async fn actions() {
-        let Some(s) = store_mongo::testing::test_store("dash_actions").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_actions").await else { return };
         super::actions(s).await;
     }
 
     #[tokio::test]
     async fn a_confirmation_acts_on_the_previewed_tasks() {
-        let Some(s) = store_mongo::testing::test_store("dash_confirm_pins").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_confirm_pins").await else { return };
         super::security::a_confirmation_acts_on_the_previewed_tasks(s).await;
     }
 
     #[tokio::test]
     async fn read_only() {
-        let Some(s) = store_mongo::testing::test_store("dash_read_only").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_read_only").await else { return };
         super::read_only(s).await;
     }
 
     #[tokio::test]
     async fn task_events_seen() {
-        let Some(s) = store_mongo::testing::test_store("dash_events_seen").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_events_seen").await else { return };
         super::task_events_seen(s).await;
     }
 
     #[tokio::test]
     async fn tabs_share_one_watcher_per_collection() {
-        let Some(s) = store_mongo::testing::test_store("dash_tabs").await else { return };
+        let Some(s) = store_test::mongo::test_store("dash_tabs").await else { return };
         super::tabs_see(s, false, || None).await;
     }
 }

@@ -1,9 +1,9 @@
-//! The in-memory backend's harness for `store_trait`'s conformance suite and the
-//! behaviour suites of the crates above.
+//! The in-memory backend's harness for the conformance suite and the behaviour
+//! suites of the crates above, and a random schedule of its faults.
 
 use std::time::Duration;
 
-use crate::MemoryStore;
+use store_memory::MemoryStore;
 
 /// A fresh memory store per test; with or without change notifications.
 #[derive(Debug, Clone, Copy)]
@@ -27,7 +27,7 @@ impl MemoryHarness {
 }
 
 #[async_trait::async_trait]
-impl store_trait::testing::Harness for MemoryHarness {
+impl crate::Harness for MemoryHarness {
     type Store = MemoryStore;
     async fn store(&self, _test: &str) -> MemoryStore {
         MemoryStore::builder().change_streams(self.change_streams).build()

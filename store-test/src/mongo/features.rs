@@ -15,7 +15,9 @@ use std::sync::OnceLock;
 use bson::doc;
 use futures::StreamExt as _;
 
-use store_trait::testing::Needs;
+use store_mongo::mongodb;
+
+use crate::Needs;
 
 use super::{db_name, required, server_uri, skip_unless_required, with_option};
 
@@ -56,10 +58,9 @@ impl Feature {
     }
 
     /// The feature that keeps a part of the contract some servers break.
-    pub fn of(need: Needs) -> Option<Feature> {
+    pub fn of(need: Needs) -> Feature {
         match need {
-            Needs::UniqueKeyRelease => Some(Feature::UniqueKeyRelease),
-            _ => None,
+            Needs::UniqueKeyRelease => Feature::UniqueKeyRelease,
         }
     }
 

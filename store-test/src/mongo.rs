@@ -3,8 +3,9 @@
 //! 1. `MONGODB_URI`, when set;
 //! 2. a testcontainers `mongo` container (a one-node replica set), when a Docker
 //!    engine answers;
-//! 3. a SecantusDB server started here (PyPI `SecantusDB`, pinned to
-//!    [`SECANTUS_VERSION`], installed into a venv under `target/` if missing);
+//! 3. a SecantusDB server started here ([`crate::secantus`]: PyPI
+//!    `SecantusDB` at the version pinned for the whole workspace, installed
+//!    into a venv under `target/` if missing);
 //! 4. otherwise the test is skipped with a message written straight to stderr
 //!    (which `cargo test` does not capture) — or, with `CI` set, it fails.
 //!
@@ -20,18 +21,15 @@ mod features;
 pub use features::{open_cursors, server_has, Feature};
 
 use std::io::Write as _;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use store_trait::StoreResult;
 
-use crate::MongoStore;
+use store_mongo::MongoStore;
 
-/// The SecantusDB release the tests are pinned to.
-pub const SECANTUS_VERSION: &str = "0.7.0b3";
+use crate::secantus;
 
 /// URI options for test connections: fail fast when no server answers, and poll
 /// the server's state so an injected "shutting down" error does not stall the
@@ -73,8 +71,8 @@ fn discover() -> Result<String, String> {
     } else {
         why.push("no Docker engine (no /var/run/docker.sock, DOCKER_HOST unset)".to_owned());
     }
-    match start_secantus() {
-        Ok(uri) => Ok(uri),
+    match secantus::start() {
+        Ok(port) => Ok(format!("mongodb://127.0.0.1:{port}/?{TEST_URI_OPTIONS}")),
         Err(e) => {
             why.push(format!("SecantusDB: {e}"));
             Err(why.join("; "))
@@ -102,107 +100,6 @@ mod docker {
         let _ = CONTAINER.set(c);
         Ok(format!("mongodb://{host}:{port}/?{}", super::TEST_URI_OPTIONS))
     }
-}
-
-/// The workspace's `target` directory.
-pub fn target_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(dir);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target")
-}
-
-/// Where the pinned SecantusDB is installed.
-pub fn secantus_venv() -> PathBuf {
-    target_dir().join("secantus").join(format!("venv-{SECANTUS_VERSION}"))
-}
-
-/// Installs the pinned SecantusDB into [`secantus_venv`] unless it is there.
-/// Safe to call from several processes at once.
-pub fn install_secantus() -> Result<PathBuf, String> {
-    let venv = secantus_venv();
-    let bin = venv.join("bin").join("secantusd-py");
-    if bin.exists() {
-        return Ok(bin);
-    }
-    let parent = venv.parent().ok_or("bad venv path")?;
-    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
-    let lock = parent.join("install.lock");
-    let started = Instant::now();
-    while std::fs::create_dir(&lock).is_err() {
-        if bin.exists() {
-            return Ok(bin);
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            return Err(format!("timed out waiting for another install ({})", lock.display()));
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let result = (|| {
-        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        run(Command::new(&python).args(["-m", "venv"]).arg(&venv))?;
-        run(Command::new(venv.join("bin").join("pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("SecantusDB=={SECANTUS_VERSION}")))?;
-        if bin.exists() {
-            Ok(bin.clone())
-        } else {
-            Err(format!("{} missing after install", bin.display()))
-        }
-    })();
-    let _ = std::fs::remove_dir(&lock);
-    result
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
-}
-
-/// Waits until something accepts connections on `port`.
-pub fn wait_for_port(port: u16, timeout: Duration) -> Result<(), String> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Err(format!("nothing listening on port {port} after {timeout:?}"))
-}
-
-/// Starts an in-memory SecantusDB for this process. A small shell watchdog stops
-/// the server when this process exits, however it exits.
-fn start_secantus() -> Result<String, String> {
-    let bin = install_secantus()?;
-    let port = free_port()?;
-    let log = target_dir().join("secantus").join(format!("server-{port}.log"));
-    let script = format!(
-        "'{bin}' --port {port} --storage-path :memory: --enable-test-commands --log-level WARNING >'{log}' 2>&1 & s=$!; \
-         while kill -0 {parent} 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; kill $s 2>/dev/null",
-        bin = bin.display(),
-        log = log.display(),
-        parent = std::process::id()
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start SecantusDB: {e}"))?;
-    wait_for_port(port, Duration::from_secs(60))?;
-    Ok(format!("mongodb://127.0.0.1:{port}/?{TEST_URI_OPTIONS}"))
 }
 
 /// A database name for a test: the test's name made safe, at most 63 bytes.
@@ -345,18 +242,18 @@ static FAIL_POINTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// [`admin_client`]); it derefs to the driver's client.
 #[derive(Debug)]
 pub struct AdminClient {
-    client: mongodb::Client,
+    client: store_mongo::mongodb::Client,
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl std::ops::Deref for AdminClient {
-    type Target = mongodb::Client;
-    fn deref(&self) -> &mongodb::Client {
+    type Target = store_mongo::mongodb::Client;
+    fn deref(&self) -> &store_mongo::mongodb::Client {
         &self.client
     }
 }
 
-async fn admin_client_to(server: Result<String, String>, required: bool) -> Option<mongodb::Client> {
+async fn admin_client_to(server: Result<String, String>, required: bool) -> Option<store_mongo::mongodb::Client> {
     let test = "a failpoint test (admin client)";
     let uri = match server {
         Ok(uri) => uri,
@@ -365,7 +262,7 @@ async fn admin_client_to(server: Result<String, String>, required: bool) -> Opti
             return None;
         }
     };
-    match mongodb::Client::with_uri_str(&uri).await {
+    match store_mongo::mongodb::Client::with_uri_str(&uri).await {
         Ok(c) => Some(c),
         Err(e) => {
             skip_unless_required(required, test, &e.to_string());
@@ -394,12 +291,13 @@ pub async fn prune_ttl() {
 /// `store` reading as it would from a server whose `hello` reports
 /// `max_wire_version` (9 for MongoDB 4.4, 13 for 5.0, 14 for 5.1): the forms
 /// older servers get, tried on the test server. A permanent error for a
-/// version older than [`MIN_SERVER_VERSION`](crate::MIN_SERVER_VERSION).
+/// version older than [`MIN_SERVER_VERSION`](store_mongo::MIN_SERVER_VERSION).
 pub fn assuming_wire_version(store: MongoStore, max_wire_version: i32) -> StoreResult<MongoStore> {
     store.assuming_wire_version(max_wire_version)
 }
 
-/// The [`Harness`](store_trait::testing::Harness) for the conformance suite.
+/// The [`Harness`](crate::Harness) of a real server, for the conformance suite
+/// and the behaviour suites.
 #[derive(Debug, Clone, Copy)]
 pub struct MongoHarness {
     wire_version: Option<i32>,
@@ -431,7 +329,7 @@ impl MongoHarness {
 }
 
 #[async_trait::async_trait]
-impl store_trait::testing::Harness for MongoHarness {
+impl crate::Harness for MongoHarness {
     type Store = MongoStore;
 
     async fn store(&self, test: &str) -> MongoStore {
@@ -471,11 +369,8 @@ impl store_trait::testing::Harness for MongoHarness {
         prune_ttl().await;
     }
 
-    async fn has(&self, test: &str, need: store_trait::testing::Needs) -> bool {
-        match Feature::of(need) {
-            Some(feature) => server_has(test, feature).await,
-            None => true,
-        }
+    async fn has(&self, test: &str, need: crate::Needs) -> bool {
+        server_has(test, Feature::of(need)).await
     }
 }
 
