@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson};
 use mongolock::ConfigError;
-use store_trait::{ChangeEvent, ChangeKind, Collection, Condition, Key, Mutation, Query, Store, StoreError, Write};
+use store_trait::{ChangeEvent, ChangeKind, Collection, Key, Query, Store, StoreError};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -62,10 +62,10 @@ const _: () = assert!(REREAD.as_millis() < CONTROL_REFRESH.as_millis());
 const QUIET: Duration = Duration::from_secs(30);
 
 /// The key of an agent name's control document is this and the name.
-const KEY_PREFIX: &str = "agent:";
+pub(crate) const KEY_PREFIX: &str = "agent:";
 
 /// The field of a control document that says its agent name is paused.
-const PAUSED: &str = "paused";
+pub(crate) const PAUSED: &str = "paused";
 
 /// The paused agent names as read after the last notification, while the
 /// control collection's subscription is live; `None` when agents must read on a
@@ -255,12 +255,12 @@ fn publish(tx: &watch::Sender<ControlView>, names: HashSet<String>) {
 }
 
 /// The paused agent names: one `find` of the control documents that say so.
-async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<String>, StoreError> {
+pub(crate) async fn paused_names<S: Store>(store: &S, coll: &Collection) -> Result<HashSet<String>, StoreError> {
     let found = store.find(coll, &Query::eq(doc! { PAUSED: Bson::Boolean(true) })).await?;
     Ok(found.iter().filter_map(|r| r.key().to_string().strip_prefix(KEY_PREFIX).map(str::to_owned)).collect())
 }
 
-fn control_key(agent: &str) -> Result<Key, AgentError> {
+pub(crate) fn control_key(agent: &str) -> Result<Key, AgentError> {
     // No agent has an empty name (`AgentBuilder::build` refuses it).
     if agent.is_empty() {
         return Err(AgentError::Config("an agent name must not be empty".into()));
@@ -272,49 +272,6 @@ impl<S: Store + Clone> Queue<S> {
     /// The control collection: `<queue>_control`.
     pub fn control_collection(&self) -> Result<Collection, AgentError> {
         Collection::new(format!("{}_control", self.coll)).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
-    }
-
-    /// Pauses (`true`) or resumes (`false`) every agent named `agent` on this
-    /// queue, in every process: they stop claiming (tasks they run finish) or
-    /// claim again as soon as the change notification reaches them, and
-    /// within [`CONTROL_REFRESH`] when none does (a store without change
-    /// notifications, a notification late or lost).
-    ///
-    /// # Cancel safety
-    ///
-    /// Not cancel-safe: dropped half-way, the change may or may not have been
-    /// written; calling it again is idempotent.
-    pub async fn set_paused(&self, agent: &str, paused: bool) -> Result<(), AgentError> {
-        let w = Write::new(Condition::Always, Mutation::new().set(PAUSED, paused).set_now("changed_at")).upsert();
-        self.store.write(&self.control_collection()?, &control_key(agent)?, &w).await?;
-        tracing::info!(queue = %self.coll, agent, paused, "agent name paused or resumed");
-        Ok(())
-    }
-
-    /// Whether agents named `agent` are paused on this queue.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: a read.
-    pub async fn is_paused(&self, agent: &str) -> Result<bool, AgentError> {
-        // A `find` (not `get`, whose `$$NOW` costs an `aggregate`): the
-        // agents' timed read of it, without notifications, stays cheap.
-        let id = control_key(agent)?.as_bson().clone();
-        let q = Query::eq(doc! { store_trait::fields::ID: id }).limit(1);
-        let found = self.store.find(&self.control_collection()?, &q).await?;
-        Ok(found.first().and_then(|r| r.get_bool(PAUSED)).unwrap_or(false))
-    }
-
-    /// The agent names paused on this queue.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: a read.
-    pub async fn paused_agents(&self) -> Result<Vec<String>, AgentError> {
-        let mut names: Vec<String> =
-            paused_names(&self.store, &self.control_collection()?).await?.into_iter().collect();
-        names.sort();
-        Ok(names)
     }
 
     /// A view of what the control task reads, which keeps it running (see the module's docs).

@@ -62,7 +62,6 @@
 //! ```
 
 mod agent;
-mod cancel;
 mod control;
 mod dedupe;
 mod error;

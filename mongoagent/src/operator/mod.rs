@@ -23,10 +23,14 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 
 use bson::{doc, Document};
-use store_trait::{fields as reserved, Key, Store};
+use store_trait::{fields as reserved, Condition, Key, Query, Record, Store};
 
 use crate::error::AgentError;
 use crate::queue::Queue;
+
+mod cancel;
+mod pause;
+mod requeue;
 
 type Running<'a> = Pin<Box<dyn Future<Output = Result<Vec<Key>, AgentError>> + Send + 'a>>;
 
@@ -227,5 +231,26 @@ impl<S: Store + Clone> Queue<S> {
     /// deletes the rest.
     pub fn delete(&self, filter: Document) -> Delete<'_, S> {
         Delete { queue: self, filter, force: false, dry_run: false }
+    }
+}
+
+impl<S: Store + Clone> Queue<S> {
+    /// The tasks matching `filter` and `which` that the store can read, for an
+    /// operator action (`what` names it in the log): another program's document
+    /// the store cannot read is left alone, with a warning.
+    pub(crate) async fn readable_matches(
+        &self,
+        filter: Document,
+        which: Condition,
+        what: &str,
+    ) -> Result<Vec<Record>, AgentError> {
+        let found = self.store.find_each(&self.coll, &Query::eq(filter).when(which)).await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|r| {
+                r.inspect_err(|e| tracing::warn!(queue = %self.coll, error = %e, action = what, "skipped a document it cannot read"))
+                    .ok()
+            })
+            .collect())
     }
 }
