@@ -196,8 +196,9 @@ impl<S: Store + Clone> Finisher<S> {
     pub(super) fn stale(&self, key: &Key, fence: u64, current: Option<Box<mongolock::LockInfo>>) -> Processed {
         self.bump(|l| l.stale_rejected += 1);
         tracing::warn!(agent = %self.name, task = %key, fence, now_held_by = ?current.map(|c| c.owner), "claim lost: outcome rejected, not applied");
-        crate::metrics::outcome(&self.queue.coll, &self.name, Processed::Stale(key.clone()).label());
-        Processed::Stale(key.clone())
+        let stale = Processed::Stale(key.clone());
+        crate::metrics::outcome(&self.queue.coll, &self.name, stale.label());
+        stale
     }
 
     /// The changes that end a task (completed or failed for good); the claim is
