@@ -31,8 +31,19 @@ use crate::task::NewTask;
 use crate::task::DEBOUNCE;
 
 /// How many times a duplicate is settled again before it is an error: each
-/// round is lost only to another producer that moved the key or inserted.
-const ROUNDS: usize = 4;
+/// round is lost only to another producer that moved the key or inserted, or
+/// (debounced) to an agent that claimed the task judged. Eight producers
+/// debouncing into a queue whose agents claim within a millisecond lost four
+/// rounds in a row about once in fifty runs; sixteen, with the pause between
+/// them, make that a matter of a server that keeps failing.
+const ROUNDS: usize = 16;
+
+/// A pause before round `round` (from 1) that spreads racing producers apart,
+/// so that they do not meet again in lockstep: up to `round` milliseconds.
+async fn spread(round: usize) {
+    let ms = fastrand::u64(0..=u64::try_from(round).unwrap_or(u64::MAX));
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
 
 impl<S: Store + Clone> Queue<S> {
     /// `doc`'s insert (of `task`) found `dup` taken: by its id (a duplicate,
@@ -51,7 +62,10 @@ impl<S: Store + Clone> Queue<S> {
             // A debounced task has no id of its own (`NewTask::to_document`).
             return self.settle_debounced(dedupe, &doc, task.starts_after().unwrap_or(after)).await;
         }
-        for _ in 0..ROUNDS {
+        for round in 0..ROUNDS {
+            if round > 0 {
+                spread(round).await;
+            }
             if doc.contains_key(store_trait::fields::ID) && self.store.get(&self.coll, &dup).await?.record.is_some() {
                 return Ok(InsertOutcome::Duplicate(dup));
             }
@@ -88,12 +102,28 @@ impl<S: Store + Clone> Queue<S> {
         after: Duration,
     ) -> Result<InsertOutcome, AgentError> {
         let agent = doc.get_str(fields::AGENT_NAME).unwrap_or_default();
-        for _ in 0..ROUNDS {
-            let judged = self.holder_of(dedupe).await?;
+        // The holder as a rejected replace returned it: judged without a read.
+        let mut known: Option<Record> = None;
+        for round in 0..ROUNDS {
+            let judged = match known.take() {
+                Some(h) => Some(h),
+                None => {
+                    if round > 0 {
+                        spread(round).await;
+                    }
+                    self.holder_of(dedupe).await?
+                }
+            };
             match &judged {
                 Some(h) if debounce_pending(h, agent) => {
-                    if self.debounce_into(h, dedupe, doc, after).await? {
-                        return Ok(InsertOutcome::Duplicate(h.key().clone()));
+                    match self.debounce_into(h, dedupe, doc, after).await? {
+                        Replaced::Yes => return Ok(InsertOutcome::Duplicate(h.key().clone())),
+                        // Claimed since the read, most often: its key is moved
+                        // off it and this enqueue's task inserted next round.
+                        Replaced::No(now) => {
+                            known =
+                                now.map(|n| *n).filter(|n| n.data().get_str(fields::DEDUPE_KEY).ok() == Some(dedupe))
+                        }
                     }
                     continue;
                 }
@@ -143,15 +173,16 @@ impl<S: Store + Clone> Queue<S> {
 
     /// Replaces the data and options of `holder`, a debounced task never
     /// claimed, with `doc`'s, and moves its start to `after` from now (store
-    /// clock). `true` when done, or superseded by another replace; `false`
-    /// when the task was claimed, cancelled or deleted since it was read.
+    /// clock). [`Replaced::Yes`] when done, or superseded by another replace;
+    /// [`Replaced::No`] when the task was claimed, cancelled or deleted since
+    /// it was read.
     async fn debounce_into(
         &self,
         holder: &Record,
         dedupe: &str,
         doc: &Document,
         after: Duration,
-    ) -> Result<bool, AgentError> {
+    ) -> Result<Replaced, AgentError> {
         let agent = doc.get_str(fields::AGENT_NAME).unwrap_or_default();
         // On the revision read: the fields to remove are the holder's as read,
         // so the task's data is this enqueue's alone, never a mix of two.
@@ -164,7 +195,7 @@ impl<S: Store + Clone> Queue<S> {
                 let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
                 // Debug, not info: a debounce exists for bursts.
                 tracing::debug!(queue = %self.coll, dedupe, task = %holder.key(), after_ms, "debounced: the pending task takes the latest data");
-                Ok(true)
+                Ok(Replaced::Yes)
             }
             // Only a debounced enqueue writes a task and leaves it never
             // claimed, so another one replaced it after our read.
@@ -172,9 +203,9 @@ impl<S: Store + Clone> Queue<S> {
                 if debounce_pending(&now, agent) && now.get_str(fields::DEDUPE_KEY) == Some(dedupe) =>
             {
                 tracing::debug!(queue = %self.coll, dedupe, task = %holder.key(), "debounced: superseded by a racing replace");
-                Ok(true)
+                Ok(Replaced::Yes)
             }
-            WriteOutcome::Rejected(_) => Ok(false),
+            WriteOutcome::Rejected(now) => Ok(Replaced::No(now.map(Box::new))),
         }
     }
 
@@ -222,6 +253,15 @@ impl<S: Store + Clone> Queue<S> {
             _ => true,
         })
     }
+}
+
+/// What became of a debounced enqueue's replace of a pending task's data.
+enum Replaced {
+    /// Replaced, or superseded by a racing replace.
+    Yes,
+    /// The task was claimed, cancelled or deleted since it was read: as it
+    /// is now, when it still exists.
+    No(Option<Box<Record>>),
 }
 
 /// The state of `holder` in which [`Queue::blocks`] found its key free, as a

@@ -305,6 +305,49 @@ pub(crate) mod cases {
         assert_eq!(data, doc! { "n": n, format!("p{n}"): true }, "one producer's data, whole");
     }
 
+    /// Two debounced enqueues race after their key's task was claimed: both
+    /// move the key off it (one move applies), both insert, one insert wins,
+    /// and the other enqueue is superseded by the winner at once. It is told
+    /// the winner's id, and writes nothing more: the winner's data is its own,
+    /// never replaced (no `debounced_at`). Each racer's writes arrive after
+    /// both have read the claimed task.
+    pub(crate) async fn an_enqueue_that_loses_the_insert_race_is_superseded_at_once<H: Harness>(h: &H) {
+        let s = h.store("ag_debounce_superseded").await;
+        if !h.has("an_enqueue_that_loses_the_insert_race_is_superseded_at_once", Needs::UniqueKeyRelease).await {
+            return;
+        }
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (first, _) = q.enqueue(debounced(doc! { "n": 0 }, Duration::from_millis(1))).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let ran = loop {
+            match run_one(&s, h.ttl()).await {
+                Some(p) => break p,
+                None if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+                None => panic!("the first task never ran"),
+            }
+        };
+        assert_eq!(ran, Processed::Completed(first.clone()));
+        let late = crate::hold_back::HoldBack::new(s.clone());
+        late.delay_writes("tasks", Duration::from_millis(100));
+        let q = Queue::new(late, "tasks").unwrap();
+        let racers: Vec<_> = (1..=2)
+            .map(|n| {
+                let q = q.clone();
+                tokio::spawn(async move { q.enqueue(debounced(doc! { "n": n }, Duration::from_secs(60))).await })
+            })
+            .collect();
+        let mut told = Vec::new();
+        for r in racers {
+            told.push(r.await.unwrap().unwrap());
+        }
+        let won = holder(&s).await;
+        assert_ne!(won.key(), &first);
+        assert!(told.iter().all(|(id, _)| id == won.key()), "both told the winner's id: {told:?}");
+        assert_eq!(told.iter().filter(|(_, new)| *new).count(), 1, "one inserted: {told:?}");
+        assert!(!won.data().contains_key("debounced_at"), "the loser replaced the winner's data: {won:?}");
+        assert!([doc! { "n": 1 }, doc! { "n": 2 }].contains(&user_data(&won)), "{won:?}");
+    }
+
     /// Producers enqueue a debounce of 1 ms while two agents claim as fast as
     /// they can. Whatever interleaving: no task runs twice, one task at most
     /// holds the key, and the last enqueue's data (after every racer) runs: an
@@ -391,12 +434,14 @@ pub(crate) mod cases {
             })
             .await
         });
-        let debounce = Duration::from_millis(1000);
+        // Enqueues 300 ms apart, ten times within the debounce: a loaded
+        // machine that stretched a gap past it would rightly split the burst.
+        let debounce = Duration::from_millis(3000);
         let mut before_last = None;
         for n in 1..=3 {
             before_last = Some(s.now().await.unwrap());
             q.enqueue(debounced(doc! { "n": n }, debounce)).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(600)).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         while ran.lock().is_empty() && tokio::time::Instant::now() < deadline {
@@ -407,7 +452,7 @@ pub(crate) mod cases {
         working.await.unwrap().unwrap();
         let ran = ran.lock().clone();
         assert_eq!(ran.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3], "once, with the last data");
-        let earliest = before_last.unwrap().as_millis() + 1000;
+        let earliest = before_last.unwrap().as_millis() + 3000;
         assert!(ran[0].1.as_millis() >= earliest, "not before the last enqueue's debounce ({earliest}): {ran:?}");
     }
 
