@@ -99,7 +99,8 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         eprintln!("idle cost: mongocoord agent, elect follower, lock waiter and cron, {window:?} each, side by side…");
         let dir = o.out.parent().unwrap_or(Path::new("."));
         let warm_up = Duration::from_secs(size.idle_warm_up_s);
-        idle::put_figures(&mut f, &o.mongocoord, uri, db, dir, warm_up, window).await?;
+        let peer = agenda::PeerServer::new(o.peer_server.clone(), uri);
+        idle::put_figures(&mut f, &o.mongocoord, &peer, db, dir, warm_up, window).await?;
     }
 
     match (&o.python, &o.seed_script) {

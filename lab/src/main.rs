@@ -65,8 +65,9 @@ enum Cmd {
         agenda: Option<PathBuf>,
         /// A server binary (`secantusd-py` or `secantusd-rs`) to start fresh
         /// for each of Agenda's settings, so that no setting runs on a server
-        /// our sections, or another setting, left busy; without it Agenda
-        /// runs on the `--uri` server.
+        /// our sections, or another setting, left busy, and for each idle
+        /// role, so that no role's writes wake another's change stream;
+        /// without it both run on the `--uri` server.
         #[arg(long)]
         fresh_server_bin: Option<PathBuf>,
         /// Start those fresh servers in memory (`secantusd-py`), not on disk

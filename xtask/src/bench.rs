@@ -84,8 +84,10 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
         .env("MONGOCOORD_BENCH_SERVER", label)
         .env("MONGOCOORD_BENCH_SERVER_NAME", target.name())
         .env("MONGOCOORD_BENCH_COMMIT", commit());
+    // Fresh servers of the run's kind: one per Agenda setting, one per idle role.
+    cmd.args(target.fresh_server_args(&venv)?);
     if let Some(dir) = &agenda {
-        cmd.arg("--agenda").arg(dir).args(target.fresh_server_args(&venv)?);
+        cmd.arg("--agenda").arg(dir);
     }
     match mode {
         Mode::Smoke => {

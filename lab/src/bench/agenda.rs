@@ -12,8 +12,8 @@ use super::figures::{AgendaSetting, Figures, Section, AGENDA_SWEEP};
 use crate::error::LabError;
 use crate::server::{Server, ServerSpec};
 
-/// Where Agenda runs: a fresh server per setting when there is a spec,
-/// else the run's own server.
+/// Where a peer's setting, or an idle role, runs: a fresh server each when
+/// there is a spec, else the run's own server.
 pub(super) struct PeerServer<'a> {
     spec: Option<ServerSpec>,
     shared_uri: &'a str,
@@ -24,9 +24,9 @@ impl<'a> PeerServer<'a> {
         PeerServer { spec, shared_uri }
     }
 
-    /// A server for one setting, and its URI; the server (if fresh) stops
-    /// when the first is dropped.
-    async fn get(&self) -> Result<(Option<Server>, String), LabError> {
+    /// A server for one setting (or one idle role), and its URI; the server
+    /// (if fresh) stops when the first is dropped.
+    pub(super) async fn get(&self) -> Result<(Option<Server>, String), LabError> {
         match &self.spec {
             Some(spec) => {
                 let s = Server::fresh(spec).await?;

@@ -1,7 +1,9 @@
 //! What an idle process costs, the figure that matters to whoever runs many
 //! of them: `mongocoord agent` on an empty queue, an elector follower, a
 //! `lock` waiting for a held lock, and `cron` between ticks, each a real CLI
-//! process on the same server, measured over a window after a warm-up.
+//! process, measured side by side over a window after a warm-up. Each role
+//! gets a fresh server of its own when the run has one to start (as each of
+//! Agenda's settings does), else a database of its own on the run's server.
 //!
 //! - Commands: the driver's own command monitoring, through its tracing
 //!   (`RUST_LOG=mongodb::command=debug`, one "Command started" line per
@@ -14,8 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use super::agenda::PeerServer;
 use super::figures::{Figures, Section};
 use crate::error::LabError;
+use crate::server::Server;
 
 /// The roles measured, with their figure names (`idle_<role>_*`).
 pub(crate) const ROLES: [&str; 4] = ["agent", "follower", "waiter", "cron"];
@@ -59,7 +63,7 @@ struct Reading {
 pub(super) async fn put_figures(
     f: &mut Figures,
     mongocoord: &Path,
-    uri: &str,
+    peer: &PeerServer<'_>,
     db: &str,
     dir: &Path,
     warm_up: Duration,
@@ -70,16 +74,29 @@ pub(super) async fn put_figures(
         return Ok(());
     }
     let tick_hz = clock_ticks_per_s().await;
-    // A database per role, so that no role's writes land in another's
-    // collections. secantusd-py still answers a waiting change-stream
-    // `getMore` at every write anywhere on the server, whatever the stream's
-    // filter and database: there the watching roles' figures include the
-    // holder's and the leader's renewals (docs/test-servers.md).
-    // secantusd-rs answers only at a matching change or the await's end.
+    // A server per role where we can start one, else a database per role, so
+    // that no role's writes land in another's collections. secantusd-py
+    // answers a waiting change-stream `getMore` at every write anywhere on
+    // the server, whatever the stream's filter and database
+    // (docs/test-servers.md): on a shared server, each watching role's
+    // figures would include the other roles' renewals, which `mongod` and
+    // secantusd-rs never wake a stream for. The holder's and the leader's
+    // renewals still land beside the waiter and the follower they exist for.
+    let mut servers: Vec<Server> = Vec::new();
+    let mut uris = Vec::new();
+    for _ in ROLES {
+        let (server, uri) = peer.get().await?;
+        servers.extend(server);
+        uris.push(uri);
+    }
     let db_of = |role: &str| format!("{db}_idle_{role}");
+    let uri_of = |role: &str| ROLES.iter().position(|r| *r == role).map_or(uris[0].as_str(), |i| uris[i].as_str());
     let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, LabError> {
         let mut c = tokio::process::Command::new(mongocoord);
-        c.args(["--uri", uri, "--db", &db_of(role)]).stdin(Stdio::null()).stdout(Stdio::null()).kill_on_drop(true);
+        c.args(["--uri", uri_of(role), "--db", &db_of(role)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
         match log {
             Some(path) => {
                 let file = std::fs::File::create(path)
@@ -145,6 +162,7 @@ pub(super) async fn put_figures(
     }
     drop(measured);
     drop(helpers);
+    drop(servers);
     Ok(())
 }
 

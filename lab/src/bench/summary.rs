@@ -39,6 +39,10 @@ pub(super) fn finish(mut f: Figures, o: &BenchOpts, server: &str, version: &str)
         ("mode", o.mode.name()),
         ("commit", &commit),
         ("agenda_server", if o.peer_server.is_some() { "a fresh server per setting" } else { "the run's server" }),
+        (
+            "idle_server",
+            if o.peer_server.is_some() { "a fresh server per role" } else { "the run's server, a database per role" },
+        ),
         ("date", date),
     ];
     f.write(&o.out, &header)?;
