@@ -29,6 +29,7 @@ mod pickup;
 mod processes;
 mod queue;
 mod raw_queue;
+pub(crate) mod report;
 mod scaling;
 mod seed;
 mod shapes;

@@ -89,6 +89,16 @@ enum Cmd {
         #[arg(required = true)]
         summaries: Vec<PathBuf>,
     },
+    /// A bench report: every figure of each summary side by side, the
+    /// change from the first to each other, and the targets checked.
+    BenchReport {
+        /// Where to write it (Markdown).
+        #[arg(long)]
+        out: PathBuf,
+        /// The summaries, the first being the one the others are compared to.
+        #[arg(required = true)]
+        summaries: Vec<PathBuf>,
+    },
     /// One queue agent process of `lab bench` (started by it): prints `ready`,
     /// works on a `go` line, stops when stdin closes and prints its command count.
     #[command(hide = true)]
@@ -217,6 +227,12 @@ async fn run(cli: Cli) -> Result<u8, LabError> {
             let paths: Vec<&std::path::Path> = summaries.iter().map(PathBuf::as_path).collect();
             bench::table::rewrite(&readme, &paths)?;
             eprintln!("rewrote the table in {}", readme.display());
+            Ok(0)
+        }
+        Cmd::BenchReport { out, summaries } => {
+            let paths: Vec<&std::path::Path> = summaries.iter().map(PathBuf::as_path).collect();
+            bench::report::write(&out, &paths)?;
+            eprintln!("wrote {}", out.display());
             Ok(0)
         }
         Cmd::BenchAgent { coll } => {

@@ -9,7 +9,9 @@
 //! is there).
 //!
 //! `cargo xtask bench-table` rewrites the README's Performance table from
-//! `summary-py.json` and `summary-rs.json`.
+//! `summary-py.json` and `summary-rs.json`; `cargo xtask bench-report` writes
+//! every figure of summaries side by side (two runs of a server before and
+//! after a change, say) with the targets checked.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -133,6 +135,31 @@ pub(crate) fn table() -> Result<(), String> {
             .arg("bench-table")
             .arg("--readme")
             .arg(root().join("README.md"))
+            .args(&summaries),
+    )
+}
+
+/// `cargo xtask bench-report [SUMMARY...]`: `target/bench/report.md`, every
+/// figure of the summaries side by side with the change from the first, and
+/// the targets checked (`lab bench-report`). Without summaries: those of
+/// full runs on each server there is one of.
+pub(crate) fn report(summaries: &[String]) -> Result<(), String> {
+    crate::cargo(&["build", "-p", "lab"], &[("RUSTFLAGS", "-Dwarnings")])?;
+    let dir = root().join("target").join("bench");
+    let summaries: Vec<PathBuf> = if summaries.is_empty() {
+        ["py", "rs"].iter().map(|s| dir.join(format!("summary-{s}.json"))).filter(|p| p.exists()).collect()
+    } else {
+        summaries.iter().map(PathBuf::from).collect()
+    };
+    if summaries.is_empty() {
+        return Err(format!("no {}/summary-py.json or summary-rs.json: run `cargo xtask bench` first", dir.display()));
+    }
+    let out = dir.join("report.md");
+    run_cmd(
+        Command::new(root().join("target").join("debug").join("lab"))
+            .arg("bench-report")
+            .arg("--out")
+            .arg(&out)
             .args(&summaries),
     )
 }

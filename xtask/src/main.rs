@@ -33,6 +33,9 @@
 //!                     (target/bench/smoke-SERVER.json); `ci` runs it
 //! cargo xtask bench-table
 //!                     rewrites the README's Performance table from the summaries
+//! cargo xtask bench-report [SUMMARY...]
+//!                     target/bench/report.md: the summaries' figures side by side,
+//!                     each compared to the first, and the targets checked
 //! ```
 //!
 //! The test harness provisions the MongoDB server itself (`MONGODB_URI`, else a
@@ -52,7 +55,7 @@ mod tidy;
 mod upstream;
 
 const USAGE: &str =
-    "usage: cargo xtask <ci | test [ARGS] | test-rs | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] [--server py|rs|URI] | bench-table | upstream>";
+    "usage: cargo xtask <ci | test [ARGS] | test-rs | demo [ARGS] | chaos [--minutes N] [--seed S] | bench [--quick | --smoke] [--server py|rs|URI] | bench-table | bench-report [SUMMARY...] | upstream>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
             },
         ),
         Some("bench-table") => bench::table(),
+        Some("bench-report") => bench::report(&args[1..]),
         Some("chaos") => chaos::run(&args[1..]),
         Some("upstream") => upstream::run(),
         Some("demo") => {
