@@ -79,7 +79,8 @@ impl Outcome {
     /// Fan-in, as a new task: on success, enqueue `task` now but make it ready
     /// only once every follow-up has ended; its handler sees them in
     /// [`Task::children`](crate::Task::children). If this task is itself a follow-up something waits
-    /// for, that wait extends to `task`.
+    /// for, that wait extends to `task`. Its id is derived from this task's,
+    /// which keeps it once: its dedupe key and scope, if any, are dropped.
     ///
     /// ```
     /// use mongoagent::{NewTask, Outcome};

@@ -112,6 +112,11 @@ impl<S: Store + Clone> Queue<S> {
     /// not changed, except by a debounce ([`NewTask::debounce`]), which
     /// gives a never-claimed debounced task its data.
     ///
+    /// Every task is settled even when one fails: a debounce refused
+    /// ([`AgentError::KeyHeldByAnother`]) or a store fault while settling one
+    /// duplicate leaves the others' inserts and debounces made, and the call
+    /// returns the first such error.
+    ///
     /// # Cancel safety
     ///
     /// Cancel-safe in effect: a dropped call may or may not have inserted some of
@@ -120,10 +125,19 @@ impl<S: Store + Clone> Queue<S> {
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
         let docs = self.documents(tasks).await?;
         let mut out = self.store.insert_many(&self.coll, docs.clone()).await?;
+        let mut first_error = None;
         for ((doc, task), outcome) in docs.into_iter().zip(tasks).zip(out.iter_mut()) {
             if let InsertOutcome::Duplicate(key) = outcome {
-                *outcome = self.settle_duplicate(doc, task, key.clone()).await?;
+                match self.settle_duplicate(doc, task, key.clone()).await {
+                    Ok(settled) => *outcome = settled,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         tracing::debug!(queue = %self.coll, count = out.len(), "tasks enqueued");
         Ok(out)

@@ -138,14 +138,15 @@ impl NewTask {
     /// replaces its data and options and pushes its start again, and returns
     /// its id as a duplicate (`(id, false)`). Once it has been claimed
     /// (running, retried, ended), a later enqueue inserts a new task, so the
-    /// latest data is never lost: it runs after the one that is running.
+    /// latest data is never lost. The new task is not ordered after the
+    /// claimed one: it may run beside it, or before its retry.
     ///
     /// ```
     /// use mongoagent::NewTask;
     /// use std::time::Duration;
     ///
     /// // Reindex a document once edits have paused for five seconds, with the latest edit.
-    /// let t = NewTask::new("reindex", bson::doc! { "doc": 42, "rev": 7 })
+    /// let t = NewTask::new("reindex", bson::doc! { "doc": 42, "edit": 7 })
     ///     .dedupe_key("reindex/42")
     ///     .debounce(Duration::from_secs(5));
     /// # let _ = t;

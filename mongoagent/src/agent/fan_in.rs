@@ -10,7 +10,7 @@ use super::Processed;
 use crate::error::AgentError;
 use crate::schema::pending::{self, Finish};
 use crate::schema::{fields, not_complete, task_round};
-use crate::task::{Child, NewTask};
+use crate::task::{Child, DedupeScope, NewTask};
 
 /// The follow-ups of `waiter`'s round `round`, in the order they were returned.
 pub(crate) fn joined_to(waiter: &Bson, round: i64) -> Query {
@@ -309,7 +309,10 @@ impl<S: Store + Clone> Finisher<S> {
         self.enqueue_children(key, round, fence, children, Some((waiter_key.as_bson().clone(), 0))).await?;
         waiter.id = Some(waiter_key.as_bson().clone());
         waiter.parent = Some(key.as_bson().clone());
+        // Its id, derived from this task's, is what keeps it once: a dedupe
+        // key (and so its scope) has no part in it.
         waiter.dedupe_key = None;
+        waiter.dedupe_scope = DedupeScope::Forever;
         waiter.fan_in = true;
         // A wait on this task extends to the fan-in task: it is enqueued before
         // this task ends, so the waiter always sees one of them open.

@@ -13,6 +13,7 @@ mod mechanisms;
 mod mongo_agent_spec;
 mod outbox;
 mod reserved;
+mod review_debounce;
 mod review_dedupe;
 mod review_idle;
 mod review_refactor;
@@ -53,6 +54,12 @@ mod wait_backends {
 mod dedupe_backends {
     //! Dedupe scopes on every backend.
     store_test::on_all_backends!(crate::dedupe::dedupe_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_debounce_backends {
+    //! Review of debounce (#33): the README's example run, batches, fan-in
+    //! tasks with a scope, odd keys and data, on every backend.
+    store_test::on_all_backends!(crate::review_debounce::review_debounce_suite, std::time::Duration::from_secs(2));
 }
 
 mod review_dedupe_backends {

@@ -132,14 +132,25 @@ pub async fn server_has(test: &str, feature: Feature) -> bool {
     has_in_turn(test, feature).await
 }
 
+/// Held while a probe runs.
+static PROBING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// As [`server_has`], for a caller that holds the failpoints' turn.
 pub(super) async fn has_in_turn(test: &str, feature: Feature) -> bool {
     let found = match feature.cached().get() {
         Some(found) => found.clone(),
         None => {
-            let Some(client) = client(test).await else { return false };
-            let found = probe(&client, feature).await;
-            feature.cached().get_or_init(|| found).clone()
+            // One probe at a time: two at once share the probe's database,
+            // and one's drop would fail the other's insert, a lack that is not.
+            let _probing = PROBING.lock().await;
+            match feature.cached().get() {
+                Some(found) => found.clone(),
+                None => {
+                    let Some(client) = client(test).await else { return false };
+                    let found = probe(&client, feature).await;
+                    feature.cached().get_or_init(|| found).clone()
+                }
+            }
         }
     };
     match (found, declared_lacking(feature)) {
