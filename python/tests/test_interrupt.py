@@ -8,6 +8,15 @@ import time
 
 from mongoelector import MongoLocker
 
+
+def sigint_as_python_starts_it():
+    """The child's SIGINT at its default, so Python installs its handler: a
+    shell that starts a job in the background without job control (`cmd &`)
+    hands its children SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, whatever the package does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 WAITER = """
 import os, sys, time
 import pymongo
@@ -40,6 +49,7 @@ def interrupt(uri, db_name, what):
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, MONGOELECTOR_TEST_URI=uri, MONGOELECTOR_TEST_DB=db_name),
+        preexec_fn=sigint_as_python_starts_it,
     )
     try:
         assert child.stdout.readline().strip() == "WAITING"
@@ -101,6 +111,7 @@ def test_an_uncaught_interrupt_ends_the_process_as_python_does(uri, db, db_name)
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, MONGOELECTOR_TEST_URI=uri, MONGOELECTOR_TEST_DB=db_name),
+        preexec_fn=sigint_as_python_starts_it,
     )
     try:
         assert child.stdout.readline().strip() == "WAITING"

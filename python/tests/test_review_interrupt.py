@@ -11,6 +11,15 @@ import time
 
 import pytest
 
+
+def sigint_as_python_starts_it():
+    """The child's SIGINT at its default, so Python installs its handler: a
+    shell that starts a job in the background without job control (`cmd &`)
+    hands its children SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, whatever the package does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 CHILD = r"""
 import os, signal, socket, sys, threading, time
 import pymongo
@@ -65,6 +74,7 @@ def test_review_ctrl_c_interrupts_every_blocking_call(uri, db_name, what):
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, MONGOELECTOR_TEST_URI=uri, MONGOELECTOR_TEST_DB=db_name),
+        preexec_fn=sigint_as_python_starts_it,
     )
     try:
         first = child.stdout.readline().strip()
