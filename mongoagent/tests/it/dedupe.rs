@@ -30,13 +30,18 @@ fn debounced(data: Document, d: Duration) -> NewTask {
 
 /// The task holding key `k`.
 async fn holder<S: Store>(s: &S) -> Record {
-    let found = s.find(&Collection::new("tasks").unwrap(), &Query::eq(doc! { "dedupe_key": "k" })).await.unwrap();
+    holder_of(s, "k").await
+}
+
+/// The task of collection `tasks` holding dedupe key `key`.
+pub(crate) async fn holder_of<S: Store>(s: &S, key: &str) -> Record {
+    let found = s.find(&Collection::new("tasks").unwrap(), &Query::eq(doc! { "dedupe_key": key })).await.unwrap();
     assert_eq!(found.len(), 1, "one task holds the key: {found:?}");
     found.into_iter().next().unwrap()
 }
 
 /// The task's own fields: its data, without the queue's.
-fn user_data(r: &Record) -> Document {
+pub(crate) fn user_data(r: &Record) -> Document {
     r.data().iter().filter(|(k, _)| !mongoagent::fields::is_reserved(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 

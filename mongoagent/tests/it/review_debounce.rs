@@ -9,7 +9,9 @@ use std::time::Duration;
 use bson::{doc, Document};
 use mongoagent::{Agent, AgentError, DedupeScope, NewTask, Outcome, Processed, Queue, Task};
 use store_test::{Harness, Needs};
-use store_trait::{Collection, Key, Query, Record, Store};
+
+use crate::dedupe::{holder_of, user_data};
+use store_trait::{Collection, Key, Store};
 
 fn coll() -> Collection {
     Collection::new("tasks").unwrap()
@@ -17,18 +19,6 @@ fn coll() -> Collection {
 
 fn debounced(key: &str, data: Document, d: Duration) -> NewTask {
     NewTask::new("d", data).dedupe_key(key).debounce(d)
-}
-
-/// The task holding dedupe key `key`.
-async fn holder<S: Store>(s: &S, key: &str) -> Record {
-    let found = s.find(&coll(), &Query::eq(doc! { "dedupe_key": key })).await.unwrap();
-    assert_eq!(found.len(), 1, "one task holds the key: {found:?}");
-    found.into_iter().next().unwrap()
-}
-
-/// The task's own fields: its data, without the queue's.
-fn user_data(r: &Record) -> Document {
-    r.data().iter().filter(|(k, _)| !mongoagent::fields::is_reserved(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// The suite (`review_debounce_suite`): each `pub(crate) async fn` over a
@@ -74,7 +64,7 @@ pub(crate) mod cases {
             let e = q.enqueue_all(&batch).await.unwrap_err();
             assert!(matches!(&e, AgentError::KeyHeldByAnother { dedupe_key, .. } if dedupe_key == "a"), "{e}");
         }
-        let t = holder(&s, "b").await;
+        let t = holder_of(&s, "b").await;
         assert_eq!(t.key(), &b);
         assert_eq!(
             user_data(&t),
@@ -94,12 +84,12 @@ pub(crate) mod cases {
         let minute = Duration::from_secs(60);
         let first = doc! { "s": "$agent_name", "v": "$$REMOVE", "e": { "add": ["$fence", 1] }, "gone": "$$ROOT" };
         let (id, _) = q.enqueue(debounced("$k.x", first.clone(), minute)).await.unwrap();
-        assert_eq!(user_data(&holder(&s, "$k.x").await), first);
+        assert_eq!(user_data(&holder_of(&s, "$k.x").await), first);
         let second = doc! {
             "s": "$dedupe_key", "v": "$$NOW", "e": ["$ready", { "x": "$$CURRENT" }], "n": bson::Bson::Null, "empty": ""
         };
         assert_eq!(q.enqueue(debounced("$k.x", second.clone(), minute)).await.unwrap(), (id, false));
-        let t = holder(&s, "$k.x").await;
+        let t = holder_of(&s, "$k.x").await;
         assert_eq!(user_data(&t), second, "the replace's data, as given");
         assert_eq!(t.get_str("agent_name"), Some("d"));
     }
@@ -118,7 +108,7 @@ pub(crate) mod cases {
             assert!(new, "{short:?}");
             let again = q.enqueue(debounced(&key, doc! { "version": 2 }, minute)).await.unwrap();
             assert_eq!(again, (id.clone(), false), "{short:?}");
-            assert_eq!(user_data(&holder(&s, &key).await), doc! { "version": 2 }, "{short:?}");
+            assert_eq!(user_data(&holder_of(&s, &key).await), doc! { "version": 2 }, "{short:?}");
             let plain = q.enqueue(NewTask::new("d", doc! { "version": 3 }).dedupe_key(key.as_str())).await.unwrap();
             assert_eq!(plain, (id, false), "{short:?}");
         }
@@ -162,14 +152,14 @@ pub(crate) mod cases {
         let (id, _) = q.enqueue(debounced("k", doc! { "a": big.as_str() }, minute)).await.unwrap();
         let second = q.enqueue(debounced("k", doc! { "b": big.as_str() }, minute)).await;
         assert_eq!(second.unwrap(), (id.clone(), false));
-        let data = user_data(&holder(&s, "k").await);
+        let data = user_data(&holder_of(&s, "k").await);
         assert_eq!(
             (data.len(), data.get_str("b").ok().map(str::len)),
             (1, Some(big.len())),
             "the second enqueue's data, whole"
         );
         assert_eq!(q.enqueue(debounced("k", doc! {}, minute)).await.unwrap(), (id, false));
-        assert_eq!(user_data(&holder(&s, "k").await), doc! {}, "empty data replaces too");
+        assert_eq!(user_data(&holder_of(&s, "k").await), doc! {}, "empty data replaces too");
     }
 
     /// A debounced key given back by an operator: the task that took the
@@ -187,7 +177,7 @@ pub(crate) mod cases {
         assert_eq!(q.cancel_ids(std::slice::from_ref(&first)).await.unwrap(), vec![first.clone()]);
         let (second, new) = q.enqueue(debounced("k", doc! { "version": 2 }, minute)).await.unwrap();
         assert!(new && second != first, "a new task after the cancel");
-        let t: Key = holder(&s, "k").await.key().clone();
+        let t: Key = holder_of(&s, "k").await.key().clone();
         assert_eq!(t, second);
     }
 }
