@@ -32,10 +32,8 @@ use crate::task::DEBOUNCE;
 
 /// How many times a duplicate is settled again before it is an error: each
 /// round is lost only to another producer that moved the key or inserted, or
-/// (debounced) to an agent that claimed the task judged. Eight producers
-/// debouncing into a queue whose agents claim within a millisecond lost four
-/// rounds in a row about once in fifty runs; sixteen, with the pause between
-/// them, make that a matter of a server that keeps failing.
+/// (debounced) to an agent that claimed the task judged, so a burst of
+/// producers against agents that claim at once must not run out of them.
 const ROUNDS: usize = 16;
 
 /// A pause before round `round` (from 1) that spreads racing producers apart,

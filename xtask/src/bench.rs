@@ -124,12 +124,7 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
 /// summaries of full runs on each server there is one of (`lab bench-table`).
 pub(crate) fn table() -> Result<(), String> {
     crate::cargo(&["build", "-p", "lab"], &[("RUSTFLAGS", "-Dwarnings")])?;
-    let dir = root().join("target").join("bench");
-    let summaries: Vec<PathBuf> =
-        ["py", "rs"].iter().map(|s| dir.join(format!("summary-{s}.json"))).filter(|p| p.exists()).collect();
-    if summaries.is_empty() {
-        return Err(format!("no {}/summary-py.json or summary-rs.json: run `cargo xtask bench` first", dir.display()));
-    }
+    let summaries = full_run_summaries()?;
     run_cmd(
         Command::new(root().join("target").join("debug").join("lab"))
             .arg("bench-table")
@@ -145,16 +140,9 @@ pub(crate) fn table() -> Result<(), String> {
 /// full runs on each server there is one of.
 pub(crate) fn report(summaries: &[String]) -> Result<(), String> {
     crate::cargo(&["build", "-p", "lab"], &[("RUSTFLAGS", "-Dwarnings")])?;
-    let dir = root().join("target").join("bench");
-    let summaries: Vec<PathBuf> = if summaries.is_empty() {
-        ["py", "rs"].iter().map(|s| dir.join(format!("summary-{s}.json"))).filter(|p| p.exists()).collect()
-    } else {
-        summaries.iter().map(PathBuf::from).collect()
-    };
-    if summaries.is_empty() {
-        return Err(format!("no {}/summary-py.json or summary-rs.json: run `cargo xtask bench` first", dir.display()));
-    }
-    let out = dir.join("report.md");
+    let summaries =
+        if summaries.is_empty() { full_run_summaries()? } else { summaries.iter().map(PathBuf::from).collect() };
+    let out = root().join("target").join("bench").join("report.md");
     run_cmd(
         Command::new(root().join("target").join("debug").join("lab"))
             .arg("bench-report")
@@ -162,6 +150,17 @@ pub(crate) fn report(summaries: &[String]) -> Result<(), String> {
             .arg(&out)
             .args(&summaries),
     )
+}
+
+/// The summaries of the last full run on each server there is one of.
+fn full_run_summaries() -> Result<Vec<PathBuf>, String> {
+    let dir = root().join("target").join("bench");
+    let summaries: Vec<PathBuf> =
+        ["py", "rs"].iter().map(|s| dir.join(format!("summary-{s}.json"))).filter(|p| p.exists()).collect();
+    if summaries.is_empty() {
+        return Err(format!("no {}/summary-py.json or summary-rs.json: run `cargo xtask bench` first", dir.display()));
+    }
+    Ok(summaries)
 }
 
 /// The commit the bench runs, with `+dirty` when the work tree has changes.

@@ -90,7 +90,10 @@ pub(super) async fn put_figures(
         uris.push(uri);
     }
     let db_of = |role: &str| format!("{db}_idle_{role}");
-    let uri_of = |role: &str| ROLES.iter().position(|r| *r == role).map_or(uris[0].as_str(), |i| uris[i].as_str());
+    let uri_of = |role: &str| {
+        let i = ROLES.iter().position(|r| *r == role).unwrap_or(0);
+        uris[i].as_str()
+    };
     let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, LabError> {
         let mut c = tokio::process::Command::new(mongocoord);
         c.args(["--uri", uri_of(role), "--db", &db_of(role)])
