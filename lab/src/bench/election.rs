@@ -9,6 +9,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bson::{doc, Document};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use store_mongo::mongodb::Collection;
 use store_mongo::MongoStore;
 use store_trait::Store;
@@ -136,9 +138,12 @@ pub(super) async fn trials(
             .position(|p| p.id() == Some(leader_pid))
             .ok_or_else(|| LabError::Broken(format!("leader {leader_pid} is not one of ours")))?;
         let kill = trial >= stops;
+        // The signal is sent from here, not by a `kill` process: starting one
+        // would count its fork and exec as handover.
+        let sig = if kill { Signal::SIGKILL } else { Signal::SIGTERM };
+        let pid = Pid::from_raw(i32::try_from(leader_pid).map_err(|_| LabError::Broken(format!("pid {leader_pid}")))?);
         let t0 = unix_ms();
-        let sig = if kill { "-KILL" } else { "-TERM" };
-        let _ = tokio::process::Command::new("kill").args([sig, &leader_pid.to_string()]).status().await;
+        nix::sys::signal::kill(pid, sig).map_err(|e| LabError::io("cannot signal the leader", e.into()))?;
         // A renewal in flight when the leader died lands within a round trip.
         let lapses = match (kill, lease) {
             (true, Some(l)) => {
