@@ -66,6 +66,7 @@ mod control;
 mod dedupe;
 mod error;
 mod events;
+pub mod group;
 pub mod metrics;
 pub mod operator;
 mod outcome;

@@ -89,6 +89,12 @@ impl<S: Store + Clone> Queue<S> {
                     .into(),
             ));
         }
+        if task.group.is_some() {
+            return Err(AgentError::InvalidTask(
+                "a grouped task cannot be prepared yet: its agents learn of it from the enqueue, after the insert"
+                    .into(),
+            ));
+        }
         let Some(doc) = self.documents(std::slice::from_ref(&task)).await?.pop() else {
             return Err(AgentError::InvalidTask("prepare made no document".into()));
         };

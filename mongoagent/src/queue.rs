@@ -101,7 +101,18 @@ impl<S: Store + Clone> Queue<S> {
                     vec![(fields::JOIN.into(), Order::Asc), (fields::JOIN_ROUND.into(), Order::Asc)],
                 )
                 .sparse();
-                self.store.ensure_indexes(&self.coll, &[claim, recover, dedupe, parent, join, IndexSpec::gc()]).await
+                // A group's held tasks in order (`group.rs`); sparse: only grouped tasks.
+                let group = IndexSpec::new(
+                    "group",
+                    vec![
+                        (fields::GROUP_KEY.into(), Order::Asc),
+                        (fields::GROUP_HELD.into(), Order::Asc),
+                        (fields::GROUP_SEQ.into(), Order::Asc),
+                    ],
+                )
+                .sparse();
+                let all = [claim, recover, dedupe, parent, join, group, IndexSpec::gc()];
+                self.store.ensure_indexes(&self.coll, &all).await
             })
             .await?;
         Ok(())
@@ -123,7 +134,16 @@ impl<S: Store + Clone> Queue<S> {
     /// the tasks; enqueuing the same tasks again (same ids or dedupe keys) is
     /// idempotent, so retry.
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
-        let docs = self.documents(tasks).await?;
+        let mut docs = self.documents(tasks).await?;
+        // Grouped tasks are numbered in their group before the insert, and
+        // their agents nudged after it.
+        let grouped = if tasks.iter().any(|t| t.group.is_some()) {
+            let groups = crate::group::Groups::of(self)?;
+            let pairs = groups.number(&mut docs).await?;
+            Some((groups, pairs))
+        } else {
+            None
+        };
         let mut out = self.store.insert_many(&self.coll, docs.clone()).await?;
         let mut first_error = None;
         for ((doc, task), outcome) in docs.into_iter().zip(tasks).zip(out.iter_mut()) {
@@ -133,6 +153,15 @@ impl<S: Store + Clone> Queue<S> {
                     Err(e) => {
                         first_error.get_or_insert(e);
                     }
+                }
+            }
+        }
+        if let Some((groups, pairs)) = grouped {
+            for (agent, group) in pairs {
+                // The tasks are in: an agent's sweep finds them anyway, so a
+                // failed nudge delays them, and is no reason to enqueue again.
+                if let Err(e) = groups.nudge(&agent, &group).await {
+                    tracing::warn!(queue = %self.coll, agent, group, error = %e, "nudging the group's agents failed; their sweep lets the tasks through");
                 }
             }
         }

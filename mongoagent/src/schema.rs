@@ -89,6 +89,15 @@ pub mod fields {
     /// A dedupe key that no longer blocks, kept for the record: moved here
     /// from [`DEDUPE_KEY`] when a later task with the key was enqueued.
     pub const DEDUPE_RETIRED: &str = "dedupe_key_retired";
+    /// Which group the task belongs to ([`NewTask::group`](crate::NewTask::group)):
+    /// agents with a cap ([`AgentBuilder::group_concurrency`](crate::AgentBuilder::group_concurrency))
+    /// run at most that many of a group's tasks at once, in the order of
+    /// [`GROUP_SEQ`] (see [`crate::group`]).
+    pub const GROUP_KEY: &str = "group_key";
+    /// The task's place in its group: numbers grow with enqueue order.
+    pub const GROUP_SEQ: &str = "group_seq";
+    /// Set while a task of a group waits for its turn (not ready until then).
+    pub const GROUP_HELD: &str = "group_held";
     /// The fence of the claim whose attempt timed out, while that attempt
     /// is the latest to have ended (the next outcome of another kind, or a
     /// requeue, removes it with [`TIMED_OUT_ATTEMPT`] and
@@ -112,7 +121,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 44] = [
+    pub const RESERVED: [&str; 47] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -155,6 +164,9 @@ pub mod fields {
         TIMED_OUT_FENCE,
         TIMED_OUT_ATTEMPT,
         TIMED_OUT_AFTER_MS,
+        GROUP_KEY,
+        GROUP_SEQ,
+        GROUP_HELD,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

@@ -46,6 +46,8 @@ pub struct NewTask {
     pub(crate) held: bool,
     /// How long one attempt may run.
     pub(crate) timeout: Option<Duration>,
+    /// The group it runs in, one of at most the agents' cap at a time.
+    pub(crate) group: Option<String>,
 }
 
 impl NewTask {
@@ -71,6 +73,7 @@ impl NewTask {
             run_at: None,
             schedule: None,
             held: false,
+            group: None,
         }
     }
 
@@ -183,6 +186,34 @@ impl NewTask {
         self
     }
 
+    /// Puts the task in group `key`: agents of its name built with a cap
+    /// ([`AgentBuilder::group_concurrency`](crate::AgentBuilder::group_concurrency))
+    /// run at most that many of the group's tasks at once, across the
+    /// cluster, and start them in enqueue order; other groups run beside
+    /// it. With a cap of 1, a group's tasks run one at a time, in order
+    /// (a retry runs before the next task; a delayed task holds its turn
+    /// until it is due). See [`crate::group`] for the design and its cost.
+    ///
+    /// A grouped task waits (not ready) until an agent with a cap lets it
+    /// through: enqueued for agents without one, it does not run.
+    ///
+    /// The key is 1 to [`MAX_GROUP_LEN`](crate::group::MAX_GROUP_LEN) bytes.
+    /// Not yet for follow-ups (their outcome fails for good), debounced
+    /// tasks, nor schedules' ticks ([`AgentError::InvalidTask`]).
+    ///
+    /// ```
+    /// use mongoagent::NewTask;
+    ///
+    /// // One customer's orders run one at a time, in order.
+    /// let t = NewTask::new("orders", bson::doc! { "order": 17 }).group("customer-42");
+    /// # let _ = t;
+    /// ```
+    #[must_use]
+    pub fn group(mut self, key: impl Into<String>) -> Self {
+        self.group = Some(key.into());
+        self
+    }
+
     /// How long after its enqueue (store clock) the task starts, if not at
     /// once: its delay, and for a debounced task the later of the delay and
     /// the debounce.
@@ -214,12 +245,25 @@ impl NewTask {
             return Err(AgentError::InvalidTask("max_attempts must be at least 1".into()));
         }
         let timeout = self.timeout.map(timeout_ms).transpose()?;
+        if let Some(g) = &self.group {
+            crate::group::check(&self.agent_name, g)?;
+            if self.dedupe_scope.debounce().is_some() || self.held || self.fan_in || self.join.is_some() {
+                return Err(AgentError::InvalidTask(
+                    "a group is not yet supported on a debounced task, a schedule's tick or a fan-in task".into(),
+                ));
+            }
+        }
         let mut d = Document::new();
         if let Some(id) = &self.id {
             d.insert("_id", id.clone());
         }
         d.insert(fields::AGENT_NAME, self.agent_name.as_str());
-        d.insert(fields::READY, !self.fan_in && !self.held);
+        d.insert(fields::READY, !self.fan_in && !self.held && self.group.is_none());
+        if let Some(g) = &self.group {
+            // Numbered (`group_seq`) by the queue as it enqueues.
+            d.insert(fields::GROUP_KEY, g.as_str());
+            d.insert(fields::GROUP_HELD, true);
+        }
         if self.held {
             d.insert(fields::OVERLAP_HELD, true);
         }

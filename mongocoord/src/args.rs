@@ -68,6 +68,11 @@ pub(crate) struct Limits {
     /// such as 100/60.
     #[arg(long, value_name = "N/SECONDS", value_parser = rate)]
     pub(crate) rate: Option<Rate>,
+    /// At most N tasks of one group (`enqueue --group`) run at once across
+    /// every process, started in enqueue order; 1: one at a time, in order.
+    /// Without it, this agent runs no grouped task
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) group_concurrency: Option<u32>,
 }
 
 #[cfg(test)]

@@ -267,7 +267,8 @@ pub(crate) async fn queue_counts<S: Store + Clone>(
 }
 
 /// A task's state in words, from its fields: the one reading of them the
-/// views share (`completed`, `failed`, `cancelled`, `held` by the overlap policy,
+/// views share (`completed`, `failed`, `cancelled`, `held` by the overlap policy
+/// or waiting for its group's turn,
 /// `waiting` for follow-ups, `running` (claimed; the lease may have lapsed),
 /// `ready`, or `pending`: a follow-up not yet active).
 pub(crate) fn task_state(d: &Document) -> &'static str {
@@ -280,7 +281,7 @@ pub(crate) fn task_state(d: &Document) -> &'static str {
         } else {
             "completed"
         }
-    } else if flag(fields::OVERLAP_HELD) {
+    } else if flag(fields::OVERLAP_HELD) || flag(fields::GROUP_HELD) {
         "held"
     } else if d.contains_key(fields::WAITING) {
         "waiting"

@@ -230,6 +230,10 @@ enum Cmd {
         /// Seconds one run of it may take, whatever its agent's --timeout
         #[arg(long, value_name = "SECS")]
         timeout: Option<f64>,
+        /// Put the task in group KEY: agents started with --group-concurrency N
+        /// run at most N of the group's tasks at once, in enqueue order
+        #[arg(long, value_name = "KEY", conflicts_with = "debounce")]
+        group: Option<String>,
         /// Wait until the task has ended, then print it as JSON (`completed`,
         /// `error`, `result`: the task's document): exit status 0 if it
         /// completed, 1 if it failed for good or was cancelled, 74 if
@@ -535,6 +539,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             debounce,
             id,
             timeout,
+            group,
             wait,
             wait_timeout,
         } => {
@@ -546,7 +551,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
                 (false, Some(s), None) => mongoagent::DedupeScope::For(args::seconds("dedupe-for", s, false)?),
                 (false, None, None) => mongoagent::DedupeScope::Forever,
             };
-            let opts = views::EnqueueOpts { priority, delay, dedupe_key, dedupe_scope, id, timeout, wait };
+            let opts = views::EnqueueOpts { priority, delay, dedupe_key, dedupe_scope, id, timeout, group, wait };
             views::enqueue(&connect(uri, db).await?, &queue, &agent, &data, opts, json).await
         }
         Cmd::Requeue { queue, filter, dry_run, yes } => {

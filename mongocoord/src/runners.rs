@@ -288,6 +288,9 @@ pub(crate) fn agent_builder(
     if let Some(r) = o.limits.and_then(|l| l.rate) {
         b = b.rate_limit(r.n, r.per);
     }
+    if let Some(n) = o.limits.and_then(|l| l.group_concurrency) {
+        b = b.group_concurrency(usize::try_from(n).unwrap_or(usize::MAX));
+    }
     b
 }
 

@@ -237,6 +237,8 @@ pub(crate) struct EnqueueOpts {
     pub(crate) dedupe_scope: mongoagent::DedupeScope,
     pub(crate) id: Option<String>,
     pub(crate) timeout: Option<f64>,
+    /// Its group (`--group`).
+    pub(crate) group: Option<String>,
     /// Wait for the task to end (`Some`), for at most this long (`Some(Some)`).
     pub(crate) wait: Option<Option<std::time::Duration>>,
 }
@@ -261,6 +263,9 @@ pub(crate) async fn enqueue(
     }
     if let Some(s) = o.timeout {
         t = t.timeout(crate::args::seconds("timeout", s, false)?);
+    }
+    if let Some(g) = o.group {
+        t = t.group(g);
     }
     if let Some(id) = o.id {
         data::check_new_task_id(&id)?;

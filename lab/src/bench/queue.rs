@@ -25,8 +25,25 @@ pub(super) struct QueueRun {
 /// Preloads `tasks` trivial tasks for agent `bench` into `coll` (with the
 /// queue's indexes), through the uncounted `store`.
 pub(super) async fn preload(store: &MongoStore, tasks: u32, coll: &str) -> Result<Queue<MongoStore>, LabError> {
+    preload_grouped(store, tasks, coll, None).await
+}
+
+/// As [`preload`]; with `groups`, task `i` in group `i % groups`.
+pub(super) async fn preload_grouped(
+    store: &MongoStore,
+    tasks: u32,
+    coll: &str,
+    groups: Option<u32>,
+) -> Result<Queue<MongoStore>, LabError> {
     let queue = Queue::new(store.clone(), coll)?;
-    let batch: Vec<NewTask> = (0..tasks).map(|i| NewTask::new("bench", doc! {"i": i64::from(i)})).collect();
+    let task = |i: u32| {
+        let t = NewTask::new("bench", doc! {"i": i64::from(i)});
+        match groups {
+            Some(g) => t.group(format!("g{}", i % g.max(1))),
+            None => t,
+        }
+    };
+    let batch: Vec<NewTask> = (0..tasks).map(task).collect();
     match queue.enqueue_all(&batch).await {
         Ok(_) => {}
         // A pooled connection that the server closed while the bench left
@@ -92,8 +109,9 @@ pub(super) async fn drive(
 /// from `coll`; with `shared`, the agents are built on one `Queue`
 /// (`Agent::on_queue`) and take turns claiming, else each on its own
 /// (`Agent::builder`); with `global`, under a global concurrency of that many
-/// permits. Commands are counted from the agents' start until they have shut
-/// down.
+/// permits; with `groups`, the tasks spread over that many groups and the
+/// agents capped at one task per group. Commands are counted from the
+/// agents' start until they have shut down.
 pub(super) async fn queue_run(
     uri: &str,
     db: &str,
@@ -103,7 +121,22 @@ pub(super) async fn queue_run(
     shared: bool,
     global: Option<u32>,
 ) -> Result<QueueRun, LabError> {
-    preload(store, tasks, coll).await?;
+    queue_run_grouped(uri, db, store, tasks, coll, shared, global, None).await
+}
+
+/// [`queue_run`], with the tasks in `groups` groups, one at a time each.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn queue_run_grouped(
+    uri: &str,
+    db: &str,
+    store: &MongoStore,
+    tasks: u32,
+    coll: &str,
+    shared: bool,
+    global: Option<u32>,
+    groups: Option<u32>,
+) -> Result<QueueRun, LabError> {
+    preload_grouped(store, tasks, coll, groups).await?;
     let (counted, commands) = counted_store(uri, db).await?;
     let queue = Queue::new(counted.clone(), coll)?;
     let done = Arc::new(AtomicU64::new(0));
@@ -114,6 +147,7 @@ pub(super) async fn queue_run(
             let b =
                 if shared { Agent::on_queue(&queue, "bench") } else { Agent::builder(counted.clone(), "bench", coll) };
             let b = b.concurrency(4).poll_interval(Duration::from_millis(200));
+            let b = if groups.is_some() { b.group_concurrency(1) } else { b };
             match global {
                 Some(n) => b.global_concurrency(n).build(),
                 None => b.build(),

@@ -6,7 +6,7 @@ use store_mongo::MongoStore;
 
 use super::figures::{Figures, SHAPES};
 use super::processes::queue_processes_run;
-use super::queue::{put_breakdown, queue_run, QueueRun};
+use super::queue::{put_breakdown, queue_run, queue_run_grouped, QueueRun};
 use super::raw_queue::raw_queue_run;
 use crate::error::LabError;
 
@@ -49,6 +49,16 @@ pub(super) async fn put_figures(
         f.put(format!("queue_{shape}_commands_per_task"), r.commands_per_task);
         put_breakdown(f, &format!("queue_{shape}"), &r.counts, tasks);
         f.put(format!("queue_{shape}_vs_raw_queue"), r.rate / raw_queue.rate);
+    }
+    // Groups: the per-agent shape with its tasks in 100 groups, one at a
+    // time each (the producers' numbering and nudges are not counted).
+    eprintln!("queue: as per agent, the tasks in 100 groups, a cap of 1 per group, {tasks} trivial tasks…");
+    let grouped = queue_run_grouped(uri, db, store, tasks, "bench_queue_grouped", false, None, Some(100)).await?;
+    f.put("queue_grouped_100_tasks_per_s", grouped.rate);
+    f.put("queue_grouped_100_commands_per_task", grouped.commands_per_task);
+    put_breakdown(f, "queue_grouped_100", &grouped.counts, tasks);
+    if let Some((_, per_agent)) = shapes.first() {
+        f.put("queue_grouped_100_vs_per_agent", grouped.rate / per_agent.rate);
     }
     {
         // The cost of a global limit that never binds (issue 15: within 10 %),

@@ -97,6 +97,14 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
         ],
     ),
     (
+        "queue, as each on its own `Queue`, tasks in 100 groups of one at a time: tasks/s, ÷ ungrouped, commands per task",
+        &[
+            ("queue_grouped_100_tasks_per_s", Unit::PerS),
+            ("queue_grouped_100_vs_per_agent", Unit::Times),
+            ("queue_grouped_100_commands_per_task", Unit::Plain),
+        ],
+    ),
+    (
         "agent processes on one queue, 1 / 2 / 4 / 8 / 16: tasks/s",
         &[
             ("scaling_1_processes_tasks_per_s", Unit::PerS),
@@ -133,6 +141,7 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
         "idle pickup, enqueue → handler start, p50 / p99 (Agenda at its defaults)",
         &[("pickup_ms_p50", Unit::Ms), ("pickup_ms_p99", Unit::Ms), ("agenda_pickup_ms_p50", Unit::Ms)],
     ),
+    ("a producer's `Queue::wait_for`, enqueue → result seen, p50", &[("wait_for_ms_p50", Unit::Ms)]),
     (
         "lifecycle events to one subscriber: events/s, per task",
         &[("queue_events_per_s", Unit::PerS), ("queue_events_per_task", Unit::Plain)],

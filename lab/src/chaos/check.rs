@@ -29,6 +29,9 @@ pub(super) struct Report {
     /// The limited agent's runs, and its tasks in the store.
     pub(super) limited: Overlap,
     pub(super) limited_tasks: usize,
+    /// The grouped agent's runs, and its tasks in the store.
+    pub(super) grouped: super::grouped::Report,
+    pub(super) grouped_tasks: usize,
     pub(super) pause: PauseReport,
     pub(super) violations: Vec<String>,
 }
@@ -48,6 +51,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     let mut fork_writes: Vec<(u64, u64)> = Vec::new();
     let mut done: HashMap<String, usize> = HashMap::new();
     let (mut runs, mut pauses) = (Runs::default(), Pauses::default());
+    let mut gruns = super::grouped::Runs::default();
     let entries = std::fs::read_dir(logs).map_err(|e| LabError::io(format!("cannot list {}", logs.display()), e))?;
     for e in entries.flatten() {
         let path = e.path();
@@ -57,6 +61,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
         for line in text.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
             runs.line(&f);
+            gruns.line(&f);
             pauses.line(&source, &f);
             let num = |i: usize| f.get(i).and_then(|s| s.parse::<i64>().ok());
             match (f.first().copied(), num(1), num(2)) {
@@ -119,6 +124,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     check_overlaps(&terms, "term", &mut r.violations);
     check_overlaps(&fork_holds, "forked runner fence", &mut r.violations);
     r.limited = runs.check(&mut r.violations);
+    r.grouped = gruns.check(&mut r.violations);
     r.pause = pauses.check(&mut r.violations);
     r.fork_fences = fork_holds.len();
     r.terms = terms.len();
@@ -144,6 +150,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
         }
     }
     r.limited_tasks = super::limited::check_store(store, &pauses.seeded, &mut r.violations).await?;
+    r.grouped_tasks = super::grouped::check_store(store, &gruns.seeded, &mut r.violations).await?;
     for d in &debris {
         let parent = d.data().get("parent").and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
         if parent.is_none_or(|p| p.data().get_bool("complete").ok() != Some(true)) {

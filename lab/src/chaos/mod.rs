@@ -22,16 +22,19 @@
 //!   grandchild that outlives its runner's lease shows up as two fences
 //!   running at once;
 //! - `lclaim`, `lrun`: the globally limited agent's runs (`limited.rs`);
+//! - `grun`, and the driver's `gseed`: the grouped agent's runs and tasks
+//!   (`grouped.rs`);
 //! - the driver's own log, `driver.log`: the pause/resume cycle and the
 //!   SIGSTOPs (`pause.rs`).
 //!
 //! One concern per child module: `worker.rs` the worker processes,
 //! `check.rs` the checker, `limited.rs` and `pause.rs` the globally limited
-//! agent and its pause cycle, `names.rs` what the processes share, `log.rs`
+//! agent and its pause cycle, `grouped.rs` the grouped agent, `names.rs` what the processes share, `log.rs`
 //! their logs, `retrying.rs` the server as they reach it, `spawn.rs` how
 //! they are started; this file is the orchestrator.
 
 mod check;
+mod grouped;
 mod limited;
 mod log;
 mod names;
@@ -202,6 +205,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         Instant::now() + Duration::try_from_secs_f64(server_every).unwrap_or(Duration::from_secs(15));
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rng.u64(700..2500))).await;
+        grouped::feed(&store, &driver, &mut rng).await;
         let i = rng.usize(..workers.len());
         match rng.u32(..10) {
             0..=3 => {
@@ -305,6 +309,7 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     };
     let lcoll = Collection::new(limited::QUEUE)?;
     let lopen = Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
+    let gcoll = Collection::new(grouped::QUEUE)?;
     // Wait while the queues still move: the check then reports a queue that
     // stopped (no task ended for `STALL`), not one that drains slowly on a
     // loaded machine (two cores shared by the server, every worker and the
@@ -314,8 +319,10 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     let drain_until = Instant::now() + Duration::from_secs(600);
     let (mut fewest, mut moved_at) = (u64::MAX, Instant::now());
     while Instant::now() < drain_until && moved_at.elapsed() < STALL {
-        let left = match (store.count(&coll, &open()).await, store.count(&lcoll, &lopen).await) {
-            (Ok(a), Ok(b)) => a + b,
+        let counts =
+            (store.count(&coll, &open()).await, store.count(&lcoll, &lopen).await, store.count(&gcoll, &lopen).await);
+        let left = match counts {
+            (Ok(a), Ok(b), Ok(c)) => a + b + c,
             _ => u64::MAX,
         };
         if left == 0 {
@@ -372,6 +379,10 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
             "pause_cycles": report.pause.cycles, "claims_before_pause_seen": report.pause.claims_in_grace,
             "claims_of_stopped_workers_in_pause": report.pause.claims_excused,
             "latest_claim_after_pause_ms": report.pause.latest_ms,
+        },
+        "grouped": {
+            "agent": grouped::GROUPED, "group_concurrency": 1, "groups": report.grouped.groups,
+            "tasks": report.grouped_tasks, "tasks_run": report.grouped.tasks_run,
         },
         "violations": report.violations,
         "ok": report.violations.is_empty(),

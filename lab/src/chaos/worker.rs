@@ -13,10 +13,10 @@ use mongolock::{Acquire, Lock};
 use store_trait::{Collection, Condition, Key, Mutation, Store, Write, WriteOutcome};
 use tokio::time::Instant;
 
-use super::limited;
 use super::log::Log;
 use super::names::{ELECTION, FORK_LEDGER, LEDGER, LOCK, QUEUE};
 use super::retrying::connect_retrying;
+use super::{grouped, limited};
 use crate::error::LabError;
 
 /// Opens a worker's log, for appending.
@@ -186,7 +186,8 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, L
         }
     };
     let limited_loop = limited::agent_loop(store.clone(), log.clone(), ttl);
-    tokio::try_join!(lock_loop, elect_loop, agent_loop, limited_loop)?;
+    let grouped_loop = grouped::agent_loop(store.clone(), log.clone(), ttl);
+    tokio::try_join!(lock_loop, elect_loop, agent_loop, limited_loop, grouped_loop)?;
     Ok(0)
 }
 

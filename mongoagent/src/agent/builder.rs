@@ -44,6 +44,7 @@ pub struct AgentBuilder<S> {
     shutdown_on: Option<CancellationToken>,
     global_concurrency: Option<u32>,
     rate_limit: Option<(u32, Duration)>,
+    group_concurrency: Option<usize>,
 }
 
 impl<S> std::fmt::Debug for AgentBuilder<S> {
@@ -75,6 +76,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             shutdown_on: None,
             global_concurrency: None,
             rate_limit: None,
+            group_concurrency: None,
         }
     }
 
@@ -230,6 +232,33 @@ impl<S: Store + Clone> AgentBuilder<S> {
         self
     }
 
+    /// At most `n` tasks of one group ([`NewTask::group`](crate::NewTask::group))
+    /// run at once across the cluster, started in enqueue order; with 1, a
+    /// group's tasks run one at a time, in order. Other groups, and tasks
+    /// without a group, run beside them as usual. Without it, the agent runs
+    /// no grouped task: they wait for an agent of the name that has a cap.
+    /// Every process of a name should give the same `n` (each lets tasks
+    /// through by its own).
+    ///
+    /// The agent then also lets a group's next task through when it ends
+    /// one; [`Agent::work`] watches the queue's group slots
+    /// (`<queue>_groups`) for producers' nudges and sweeps its name's active
+    /// slots (every [`SWEEP`](crate::group::SWEEP)), and [`Agent::process`]
+    /// sweeps when it finds nothing ready, at most once per poll interval.
+    ///
+    /// ```
+    /// use mongoagent::Agent;
+    ///
+    /// # fn build(store: store_memory::MemoryStore) -> Result<(), mongoagent::AgentError> {
+    /// let agent = Agent::builder(store, "orders", "tasks").concurrency(8).group_concurrency(1).build()?;
+    /// # let _ = agent; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn group_concurrency(mut self, n: usize) -> Self {
+        self.group_concurrency = Some(n);
+        self
+    }
+
     /// How long a stopping agent lets in-flight tasks finish before it gives
     /// their claims back (default 30 s).
     #[must_use]
@@ -306,6 +335,9 @@ impl<S: Store + Clone> AgentBuilder<S> {
             crate::task::timeout_ms(t)
                 .map_err(|_| AgentError::Config(format!("timeout {t:?}: from 1 ms to a year").into()))?;
         }
+        if self.group_concurrency == Some(0) {
+            return bad("group_concurrency must be at least 1".into());
+        }
         if self.timeout_grace > crate::task::MAX_TIMEOUT {
             return bad(format!("timeout_grace {:?} is above a year", self.timeout_grace));
         }
@@ -347,6 +379,10 @@ impl<S: Store + Clone> AgentBuilder<S> {
             .allow_gc()
             .build()
             .map_err(config)?;
+        let groups = match self.group_concurrency {
+            Some(cap) => Some(super::groups::GroupCap::new(crate::group::Groups::of(&queue)?, cap)),
+            None => None,
+        };
         let shutdown = self.shutdown_on.unwrap_or_default();
         Ok(Agent {
             inner: Arc::new(Inner {
@@ -381,6 +417,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                 run_times: super::ahead::RunTimes::default(),
                 drain_timeout: self.drain_timeout,
                 process_while: self.process_while,
+                groups,
                 shutdown,
             }),
         })

@@ -254,6 +254,12 @@ pub(super) fn check_follow_ups<'a>(
     follow_ups: impl IntoIterator<Item = &'a crate::task::NewTask>,
 ) -> Result<(), String> {
     for (i, t) in follow_ups.into_iter().enumerate() {
+        if t.group.is_some() {
+            return Err(format!(
+                "follow-up {i} (for {:?}) cannot be enqueued: a group is not yet supported on follow-ups",
+                t.agent_name
+            ));
+        }
         t.to_document().map_err(|e| format!("follow-up {i} (for {:?}) cannot be enqueued: {e}", t.agent_name))?;
     }
     Ok(())

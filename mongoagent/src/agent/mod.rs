@@ -5,8 +5,9 @@
 //! (the loop: concurrency, idle wait, drain), `claim` (claim queries, order,
 //! the claim gate), `candidates` (the keys claims name), `ahead` (claims
 //! ahead of free slots), `run` (the
-//! handler), `finish` (outcomes, retry policy, fencing) and `fan_in`
-//! (waiting for follow-ups). This file holds the handle and its counters.
+//! handler), `finish` (outcomes, retry policy, fencing), `fan_in`
+//! (waiting for follow-ups) and `groups` (letting grouped tasks through).
+//! This file holds the handle and its counters.
 
 mod ahead;
 mod builder;
@@ -15,6 +16,7 @@ mod claim;
 mod commit;
 mod fan_in;
 mod finish;
+mod groups;
 mod limits;
 mod run;
 mod work;
@@ -124,6 +126,8 @@ struct Inner<S: Store + Clone> {
     run_times: ahead::RunTimes,
     drain_timeout: Duration,
     process_while: Option<ProcessWhile>,
+    /// With a cap per group: the queue's groups, and the cap (`groups.rs`).
+    groups: Option<groups::GroupCap<S>>,
     shutdown: CancellationToken,
 }
 
@@ -218,7 +222,13 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        match self.inner.claimer.claim(1, None).await?.tasks.pop() {
+        let mut claimed = self.inner.claimer.claim(1, None).await?.tasks.pop();
+        // Nothing ready: with a cap per group, a sweep may let a held task
+        // through (there is no loop beside `process` to do it).
+        if claimed.is_none() && self.sweep_groups_if_due().await {
+            claimed = self.inner.claimer.claim(1, None).await?.tasks.pop();
+        }
+        match claimed {
             Some(c) => {
                 let processed = self.run(c, handler).await;
                 // No next claim follows here: a kept permit goes back now.

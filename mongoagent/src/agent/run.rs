@@ -44,7 +44,11 @@ impl<S: Store + Clone> Agent<S> {
     pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
         let Claimed { guard, record, permit } = c;
         let cancel = super::limits::task_cancellation(&guard, permit.as_ref());
+        let group = super::groups::group_of(record.data());
         let processed = self.run_claimed(guard, record, cancel, handler).await;
+        if let Ok(p) = &processed {
+            self.after_grouped(group, p).await;
+        }
         if let Ok(Processed::Abandoned(_)) = &processed {
             // Its claim is left to lapse, work of the handler perhaps still
             // running: so is its permit, which counts that work until then.

@@ -41,6 +41,12 @@ impl<S: Store + Clone> Agent<S> {
     /// rejected. Use [`Agent::shutdown`] to stop with a drain.
     pub async fn work(&self, handler: impl Handler) -> Result<AgentCounters, AgentError> {
         self.inner.queue.ensure_indexes().await?;
+        // Grouped tasks are let through beside the work loop, for as long as it runs.
+        let groups = tokio_util::sync::CancellationToken::new();
+        let _stop_groups = groups.clone().drop_guard();
+        if self.inner.groups.is_some() {
+            tokio::spawn(self.clone().let_groups_through(groups));
+        }
         Worker::new(self, Arc::new(handler)).run().await
     }
 

@@ -56,6 +56,8 @@ impl<S: Store + Clone> Queue<S> {
                     // A held tick cancelled no longer waits its turn: the
                     // schedule lets the next one through, never this one.
                     .unset(fields::OVERLAP_HELD)
+                    // Nor does a grouped task: its group's next goes first.
+                    .unset(fields::GROUP_HELD)
                     .set_now(fields::COMPLETED_AT),
             );
             match self.store.write(&self.coll, r.key(), &w).await? {
@@ -64,6 +66,10 @@ impl<S: Store + Clone> Queue<S> {
                     crate::metrics::cancelled(&self.coll, r.get_str(fields::AGENT_NAME));
                     if r.fence() > 0 {
                         self.remove_pending_follow_ups(r.key(), r.fence()).await?;
+                    }
+                    // Its group's agents let the next task through now, not at their sweep.
+                    if let (Some(g), Some(agent)) = (r.get_str(fields::GROUP_KEY), r.get_str(fields::AGENT_NAME)) {
+                        crate::group::Groups::of(self)?.nudge(agent, g).await?;
                     }
                     return Ok(true);
                 }
@@ -115,6 +121,13 @@ impl<S: Store + Clone> Queue<S> {
             // Conditional again: a task requeued since it was read stays.
             if let DeleteOutcome::Deleted(_) = self.store.delete(&self.coll, r.key(), &which).await? {
                 tracing::info!(queue = %self.coll, task = %r.key(), force, "task deleted");
+                // A live grouped task deleted (with force) frees its group's slot.
+                let live = r.get_bool(fields::COMPLETE) != Some(true);
+                if let (true, Some(g), Some(agent)) =
+                    (live, r.get_str(fields::GROUP_KEY), r.get_str(fields::AGENT_NAME))
+                {
+                    crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                }
                 out.push(r.key().clone());
             }
         }

@@ -80,6 +80,17 @@ impl<S: Store + Clone> Queue<S> {
                 Some(k) => revive.set(fields::DEDUPE_KEY, k.as_str()).unset(fields::DEDUPE_RETIRED),
                 None => revive,
             };
+            // A grouped task that had ended left its group's slot: it waits
+            // for its turn again (its number keeps its place), and its
+            // group's agents are nudged below. A lapsed one kept its slot.
+            let group = match (r.get_str(fields::GROUP_KEY), r.get_bool(fields::COMPLETE)) {
+                (Some(g), Some(true)) => Some(g.to_owned()),
+                _ => None,
+            };
+            let revive = match &group {
+                Some(_) => revive.set(fields::READY, false).set(fields::GROUP_HELD, true),
+                None => revive,
+            };
             let w = Write::new(which.clone().and(Condition::FenceIs(r.fence())), revive);
             let mut applied = false;
             for _ in 0..4 {
@@ -99,6 +110,9 @@ impl<S: Store + Clone> Queue<S> {
                 }
             }
             if applied {
+                if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
+                    crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                }
                 out.push(r.key().clone());
             }
         }

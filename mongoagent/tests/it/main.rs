@@ -6,6 +6,7 @@
 mod dedupe;
 mod events;
 mod fencing;
+mod groups;
 mod hold_back;
 mod input;
 mod limits;
@@ -49,6 +50,11 @@ mod timeout_backends {
 mod wait_backends {
     //! Waiting for a task to end, on every backend.
     store_test::on_all_backends!(crate::wait::wait_suite, std::time::Duration::from_secs(2));
+}
+
+mod group_backends {
+    //! Groups: a cap per group, enqueue order, repair, on every backend.
+    store_test::on_all_backends!(crate::groups::groups_suite, std::time::Duration::from_secs(2));
 }
 
 mod dedupe_backends {

@@ -1,0 +1,138 @@
+//! The agent's side of groups ([`crate::group`]), for an agent with a cap
+//! ([`AgentBuilder::group_concurrency`](crate::AgentBuilder::group_concurrency)):
+//! a task of a group it ends lets the group's next task through
+//! ([`Agent::after_grouped`]), and a loop beside the work loop
+//! ([`Agent::let_groups_through`]) lets through what producers nudge, and
+//! sweeps the name's active slots at its start, every
+//! [`SWEEP`](crate::group::SWEEP), and whenever notifications may have been
+//! missed.
+
+use bson::Bson;
+use store_trait::helpers::Watcher;
+use store_trait::{ChangeFilter, ChangeKind, Store, UpdateClause};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Agent, Processed};
+use crate::group::{slot_fields, Groups, SWEEP};
+use crate::schema::fields;
+
+/// An agent's cap per group, and what it needs to apply it.
+pub(super) struct GroupCap<S> {
+    pub(super) groups: Groups<S>,
+    pub(super) cap: usize,
+    /// When `Agent::process` last swept (it sweeps when it finds nothing, at
+    /// most once per poll interval).
+    swept: parking_lot::Mutex<Option<Instant>>,
+}
+
+impl<S> GroupCap<S> {
+    pub(super) fn new(groups: Groups<S>, cap: usize) -> Self {
+        GroupCap { groups, cap, swept: parking_lot::Mutex::new(None) }
+    }
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// After a task of group `group` was processed: when it ended, its slot
+    /// frees, and the group's next task is let through at once. A failure
+    /// is logged: the sweep lets the task through later.
+    pub(super) async fn after_grouped(&self, group: Option<String>, processed: &Processed) {
+        let (Some(GroupCap { groups, cap, .. }), Some(group)) = (&self.inner.groups, group) else { return };
+        let ended = match processed {
+            Processed::Completed(k) | Processed::Failed(k) => Some(k),
+            // A recovered step may have ended the task, or let it wait for
+            // its follow-ups (it keeps its place then): read it.
+            Processed::Recovered(_) => None,
+            _ => return,
+        };
+        if let Err(e) = groups.let_through(&self.inner.name, &group, *cap, ended).await {
+            tracing::warn!(agent = %self.inner.name, group, error = %e, "letting the group's next task through failed; the sweep will");
+        }
+    }
+
+    /// The loop that lets grouped tasks through, until `stop`: woken by
+    /// producers' nudges on the slots of this agent's name, and sweeping
+    /// them every [`SWEEP`] (every poll interval without notifications, and
+    /// at once after a gap in them).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: each step is ([`Groups::let_through`]).
+    pub(super) async fn let_groups_through(self, stop: CancellationToken) {
+        let Some(GroupCap { groups, cap, .. }) = &self.inner.groups else { return };
+        let (groups, cap) = (groups.clone(), *cap);
+        let name = self.inner.name.clone();
+        if let Err(e) = groups.ensure_indexes().await {
+            tracing::warn!(agent = %name, error = %e, "creating the group slots' indexes failed");
+        }
+        let filter = ChangeFilter::new().inserts().update(UpdateClause::touches(slot_fields::ENQUEUED));
+        let mut nudges =
+            Watcher::open_filtered(self.inner.store.clone(), groups.slots().clone(), filter, self.inner.poll_interval)
+                .await;
+        let mut sweep_at = Instant::now();
+        // The first sweep reads every active slot: nudges may have come before.
+        let mut all = true;
+        loop {
+            if Instant::now() >= sweep_at {
+                // Without notifications no nudge comes: every active slot.
+                let every_slot = std::mem::take(&mut all) || !nudges.is_live();
+                match groups.sweep(&name, cap, every_slot).await {
+                    Ok(n) => tracing::debug!(agent = %name, slots = n, "group slots swept"),
+                    Err(e) => {
+                        tracing::warn!(agent = %name, error = %e, "sweeping the group slots failed; trying again")
+                    }
+                }
+                let every = if nudges.is_live() { SWEEP } else { self.inner.poll_interval };
+                sweep_at = Instant::now() + every;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(sweep_at) => {}
+                ev = nudges.changed() => match (&ev.kind, &ev.key) {
+                    // Nudges may have been missed: every active slot.
+                    (ChangeKind::Resync, _) => (sweep_at, all) = (Instant::now(), true),
+                    (_, Some(key)) => {
+                        if let Some(group) = Groups::<S>::group_of(&name, key) {
+                            if let Err(e) = groups.let_through(&name, group, cap, None).await {
+                                tracing::warn!(agent = %name, group, error = %e, "letting a group's task through failed; the sweep will");
+                            }
+                        }
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+}
+
+impl<S: Store + Clone> Agent<S> {
+    /// For `Agent::process`, which has no loop beside it: sweeps the
+    /// group slots when the last sweep is a poll interval old (or there
+    /// was none). Returns whether it swept.
+    pub(super) async fn sweep_groups_if_due(&self) -> bool {
+        let Some(g) = &self.inner.groups else { return false };
+        {
+            let mut swept = g.swept.lock();
+            if swept.is_some_and(|t| t.elapsed() < self.inner.poll_interval) {
+                return false;
+            }
+            *swept = Some(Instant::now());
+        }
+        // No nudge reaches `process`: every active slot.
+        match g.groups.sweep(&self.inner.name, g.cap, true).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(agent = %self.inner.name, error = %e, "sweeping the group slots failed");
+                false
+            }
+        }
+    }
+}
+
+/// The group of a claimed task's document, if it has one.
+pub(super) fn group_of(data: &bson::Document) -> Option<String> {
+    match data.get(fields::GROUP_KEY) {
+        Some(Bson::String(g)) => Some(g.clone()),
+        _ => None,
+    }
+}

@@ -1,0 +1,318 @@
+//! Groups, every backend: with a cap per group, agents run at most that
+//! many of a group's tasks at once across processes, in enqueue order, and
+//! other groups beside them; a retry keeps its group's turn; a grouped task
+//! waits for an agent with a cap; what a crash leaves half done (a task
+//! listed in its slot but still held, a nudge no agent saw) is finished by
+//! the sweep; a requeued task waits for its turn again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::doc;
+use mongoagent::{Agent, AgentError, NewTask, Outcome, Processed, Queue, Task};
+use store_test::Harness;
+use store_trait::{Collection, Condition, Mutation, Query, Store, Write};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Starts and ends of handler runs: (group, task number, started).
+type Log = Arc<Mutex<Vec<(String, i64, bool)>>>;
+
+/// An agent of name `w` with a cap of `cap` per group (none without).
+fn agent<S: Store + Clone>(s: &S, ttl: Duration, cap: Option<usize>, stop: &CancellationToken) -> Agent<S> {
+    let b = Agent::builder(s.clone(), "w", "tasks")
+        .ttl(ttl)
+        .concurrency(4)
+        .max_attempts(5)
+        .backoff(Duration::from_millis(20), Duration::from_millis(40))
+        .poll_interval(Duration::from_millis(200))
+        .shutdown_on(stop);
+    match cap {
+        Some(n) => b.group_concurrency(n).build().unwrap(),
+        None => b.build().unwrap(),
+    }
+}
+
+/// A handler that logs its run's start and end around a short sleep.
+fn logging(
+    log: Log,
+) -> impl Fn(Task) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>> + Send + Sync {
+    move |t: Task| {
+        let log = log.clone();
+        Box::pin(async move {
+            let g = t.data().get_str("g").unwrap().to_owned();
+            let i = t.data().get_i64("i").unwrap();
+            log.lock().unwrap().push((g.clone(), i, true));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            log.lock().unwrap().push((g, i, false));
+            Outcome::done()
+        })
+    }
+}
+
+/// Runs `agents` agents with `cap` until `n` tasks of `w` completed (or a
+/// minute passed), then stops them.
+async fn run_until<S: Store + Clone>(h: &impl Harness, s: &S, agents: usize, cap: usize, n: u64, log: &Log) {
+    let log = log.clone();
+    work_until(h, s, agents, cap, move || logging(log.clone()), |st| st.completed >= n).await;
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    assert_eq!(q.stats("w").await.unwrap().completed, n, "every task completed");
+}
+
+/// Runs `agents` agents with `cap` and handlers from `handler` until the
+/// stats of `w` are `done` (or a minute passed), then stops them.
+async fn work_until<S: Store + Clone, F: mongoagent::Handler>(
+    h: &impl Harness,
+    s: &S,
+    agents: usize,
+    cap: usize,
+    handler: impl Fn() -> F,
+    done: impl Fn(&mongoagent::QueueStats) -> bool,
+) {
+    let q = Queue::new(s.clone(), "tasks").unwrap();
+    let stop = CancellationToken::new();
+    let mut workers = Vec::new();
+    for _ in 0..agents {
+        let a = agent(s, h.ttl(), Some(cap), &stop);
+        let handler = handler();
+        workers.push(tokio::spawn(async move { a.work(handler).await.unwrap() }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done(&q.stats("w").await.unwrap()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    for w in workers {
+        w.await.unwrap();
+    }
+}
+
+/// The most runs of one group at once, and of all groups at once.
+fn overlaps(log: &[(String, i64, bool)]) -> (usize, usize) {
+    let (mut per, mut all, mut most_one, mut most_all) = (HashMap::<&str, usize>::new(), 0_usize, 0, 0);
+    for (g, _, start) in log {
+        let n = per.entry(g.as_str()).or_default();
+        if *start {
+            *n += 1;
+            all += 1;
+        } else {
+            *n -= 1;
+            all -= 1;
+        }
+        most_one = most_one.max(*n);
+        most_all = most_all.max(all);
+    }
+    (most_one, most_all)
+}
+
+fn grouped(g: &str, i: i64) -> NewTask {
+    NewTask::new("w", doc! { "g": g, "i": i }).group(g)
+}
+
+/// The suite (`groups_suite`): each `pub(crate) async fn` over a `Harness`
+/// here is one test on every backend, registered by being written.
+#[store_test::suite(groups_suite, crate::groups::cases)]
+pub(crate) mod cases {
+    use super::*;
+
+    /// Three groups of six tasks, half enqueued in one call and half one by
+    /// one, run by three agents of four slots with a cap of 1: each group's
+    /// tasks run one at a time, in enqueue order, each once; and groups run
+    /// beside each other. Each task is let through as the one before it
+    /// ends, not at a sweep: the whole run takes less than one sweep period.
+    pub(crate) async fn a_cap_of_one_runs_a_group_one_at_a_time_in_enqueue_order<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_order").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        // Ids that sort against enqueue order: the order is the group's numbers'.
+        let tasks: Vec<NewTask> =
+            (0..18).map(|i| grouped(&format!("g{}", i % 3), i).id(format!("t{:02}", 17 - i))).collect();
+        q.enqueue_all(&tasks[..9]).await.unwrap();
+        for t in &tasks[9..] {
+            q.enqueue(t.clone()).await.unwrap();
+        }
+        let log = Log::default();
+        let t0 = Instant::now();
+        run_until(h, &s, 3, 1, 18, &log).await;
+        assert!(t0.elapsed() < mongoagent::group::SWEEP, "let through as tasks end: {:?}", t0.elapsed());
+        let log = log.lock().unwrap().clone();
+        let (one, all) = overlaps(&log);
+        assert_eq!(one, 1, "a group's tasks ran one at a time: {log:?}");
+        assert!(all > 1, "groups ran beside each other (else this checks little): {log:?}");
+        for g in ["g0", "g1", "g2"] {
+            let started: Vec<i64> = log.iter().filter(|(x, _, s)| x == g && *s).map(|(_, i, _)| *i).collect();
+            let enqueued: Vec<i64> = (0..18).filter(|i| format!("g{}", i % 3) == g).collect();
+            assert_eq!(started, enqueued, "group {g} ran once each, in enqueue order");
+        }
+    }
+
+    /// With a cap of 2, two tasks of one group run at once, and never three.
+    pub(crate) async fn a_cap_of_two_runs_two_of_a_group_at_once<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_two").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let tasks: Vec<NewTask> = (0..10).map(|i| grouped("g", i)).collect();
+        q.enqueue_all(&tasks).await.unwrap();
+        let log = Log::default();
+        run_until(h, &s, 2, 2, 10, &log).await;
+        let (one, _) = overlaps(&log.lock().unwrap());
+        assert_eq!(one, 2, "two at once, never more: {:?}", log.lock().unwrap());
+    }
+
+    /// A failed attempt keeps its group's turn: the retry runs before the
+    /// group's next task starts.
+    pub(crate) async fn a_retry_keeps_its_groups_turn<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_retry").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue_all(&[grouped("g", 0), grouped("g", 1)]).await.unwrap();
+        let log = Log::default();
+        let stop = CancellationToken::new();
+        let a = agent(&s, h.ttl(), Some(1), &stop);
+        let l = log.clone();
+        let worker = tokio::spawn(async move {
+            a.work(move |t: Task| {
+                let l = l.clone();
+                async move {
+                    let i = t.data().get_i64("i").unwrap();
+                    l.lock().unwrap().push((format!("{i}@{}", t.attempt()), i, true));
+                    if i == 0 && t.attempt() == 1 {
+                        return Outcome::retry_after("not yet", Duration::from_millis(100));
+                    }
+                    Outcome::done()
+                }
+            })
+            .await
+            .unwrap()
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while q.stats("w").await.unwrap().completed < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        worker.await.unwrap();
+        let runs: Vec<String> = log.lock().unwrap().iter().map(|(r, _, _)| r.clone()).collect();
+        assert_eq!(runs, ["0@1", "0@2", "1@1"], "the retry ran before the next task");
+    }
+
+    /// A grouped task waits for an agent with a cap: one without runs
+    /// nothing of it, and one with a cap, started later, finds it (its
+    /// sweep at start, since no agent saw the producer's nudge).
+    pub(crate) async fn a_grouped_task_waits_for_an_agent_with_a_cap<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_uncapped").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (id, _) = q.enqueue(grouped("g", 0)).await.unwrap();
+        let stop = CancellationToken::new();
+        let plain = agent(&s, h.ttl(), None, &stop);
+        assert_eq!(plain.process(|_t: Task| async { true }).await.unwrap(), None, "held: not claimable");
+        let log = Log::default();
+        let t0 = Instant::now();
+        run_until(h, &s, 1, 1, 1, &log).await;
+        // At the agent's first sweep, which reads every active slot, not a
+        // sweep period later.
+        assert!(t0.elapsed() < mongoagent::group::SWEEP, "found at the first sweep: {:?}", t0.elapsed());
+        let t = s.get(&Collection::new("tasks").unwrap(), &id).await.unwrap().record.unwrap();
+        assert_eq!(t.get_bool("complete"), Some(true));
+        assert_eq!(t.get_bool("group_held"), None, "let through, then run");
+    }
+
+    /// An idle agent runs a grouped task enqueued while it waits at once:
+    /// the producer's nudge wakes it (or, without notifications, its poll),
+    /// not its periodic sweep. The group's slot exists already (a task of
+    /// the group ran before), so the nudge is the only write that says so.
+    pub(crate) async fn an_idle_agent_runs_a_grouped_task_at_once<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_idle").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let log = Log::default();
+        let producer = {
+            let q = q.clone();
+            async move {
+                q.enqueue(grouped("g", 0)).await.unwrap();
+                while q.stats("w").await.unwrap().completed < 1 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // Once the agent is idle again.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let t0 = Instant::now();
+                q.enqueue(grouped("g", 1)).await.unwrap();
+                t0
+            }
+        };
+        let (t0, ()) = tokio::join!(producer, run_until(h, &s, 1, 1, 2, &log));
+        assert!(t0.elapsed() < mongoagent::group::SWEEP, "run at once: {:?}", t0.elapsed());
+    }
+
+    /// `Agent::process`, with no loop beside it, lets a held task through
+    /// itself when it finds nothing ready (a sweep), and runs it.
+    pub(crate) async fn process_lets_a_held_task_through<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_process").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (id, _) = q.enqueue(grouped("g", 0)).await.unwrap();
+        let a = agent(&s, h.ttl(), Some(1), &CancellationToken::new());
+        assert_eq!(a.process(|_t: Task| async { true }).await.unwrap(), Some(Processed::Completed(id)));
+    }
+
+    /// A crash between the slot's write and the task's release leaves the
+    /// task listed in the slot and still held: the sweep makes it ready,
+    /// and it runs; the group's next task waits its turn meanwhile.
+    pub(crate) async fn a_task_listed_but_still_held_is_released_by_the_sweep<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_repair").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (first, _) = q.enqueue(grouped("g", 0)).await.unwrap();
+        q.enqueue(grouped("g", 1)).await.unwrap();
+        // What an agent that died after its compare-and-set leaves.
+        let slots = Collection::new("tasks_groups").unwrap();
+        let slot = s.find(&slots, &Query::eq(doc! { "agent_name": "w", "group": "g" })).await.unwrap();
+        assert_eq!(slot.len(), 1, "one slot for the group: {slot:?}");
+        let w = Write::new(Condition::Always, Mutation::new().set("running", vec![first.as_bson().clone()]));
+        assert!(s.write(&slots, slot[0].key(), &w).await.unwrap().is_applied());
+        let log = Log::default();
+        run_until(h, &s, 1, 1, 2, &log).await;
+        let started: Vec<i64> = log.lock().unwrap().iter().filter(|(_, _, st)| *st).map(|(_, i, _)| *i).collect();
+        assert_eq!(started, [0, 1], "the listed task first, then the next");
+    }
+
+    /// A grouped task that failed for good and is requeued waits for its
+    /// turn again (held), and runs once an agent with a cap lets it through.
+    pub(crate) async fn a_requeued_grouped_task_waits_for_its_turn<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_requeue").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let (id, _) = q.enqueue(grouped("g", 0).max_attempts(1)).await.unwrap();
+        work_until(h, &s, 1, 1, || |_t: Task| async { false }, |st| st.failed >= 1).await;
+        let tasks = Collection::new("tasks").unwrap();
+        let t = s.get(&tasks, &id).await.unwrap().record.unwrap();
+        assert_eq!(t.get_bool("error_encountered"), Some(true), "failed for good: {t:?}");
+        assert_eq!(q.requeue_ids(std::slice::from_ref(&id)).await.unwrap().len(), 1);
+        let t = s.get(&tasks, &id).await.unwrap().record.unwrap();
+        assert_eq!((t.get_bool("ready"), t.get_bool("group_held")), (Some(false), Some(true)), "held again");
+        let log = Log::default();
+        q.enqueue(grouped("g", 1)).await.unwrap();
+        run_until(h, &s, 1, 1, 2, &log).await;
+        let started: Vec<i64> = log.lock().unwrap().iter().filter(|(_, _, st)| *st).map(|(_, i, _)| *i).collect();
+        assert_eq!(started, [0, 1], "the requeued task kept its place");
+    }
+
+    /// Bad groups are refused before anything is written: empty, too long,
+    /// with a NUL; on a debounced task, a prepared one, a follow-up; a cap
+    /// of 0.
+    pub(crate) async fn bad_groups_are_refused<H: Harness>(h: &H) {
+        let s = h.store("ag_groups_input").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let long = "x".repeat(mongoagent::group::MAX_GROUP_LEN + 1);
+        for g in ["", long.as_str(), "a\0b"] {
+            let e = q.enqueue(grouped(g, 0)).await.unwrap_err();
+            assert!(matches!(e, AgentError::InvalidTask(_)), "{g:?}: {e}");
+        }
+        let debounced = NewTask::new("w", doc! {}).dedupe_key("k").debounce(Duration::from_secs(1)).group("g");
+        assert!(matches!(q.enqueue(debounced).await.unwrap_err(), AgentError::InvalidTask(_)));
+        assert!(matches!(q.prepare(grouped("g", 0)).await.unwrap_err(), AgentError::InvalidTask(_)));
+        assert_eq!(s.count(&Collection::new("tasks").unwrap(), &Query::all()).await.unwrap(), 0, "nothing enqueued");
+        let e = Agent::builder(s.clone(), "w", "tasks").group_concurrency(0).build().unwrap_err();
+        assert!(matches!(e, AgentError::Config(_)), "{e}");
+        // A follow-up with a group fails its parent's outcome for good, saying why.
+        let (parent, _) = q.enqueue(NewTask::new("p", doc! {})).await.unwrap();
+        let a = Agent::builder(s.clone(), "p", "tasks").ttl(h.ttl()).build().unwrap();
+        let p = a.process(|_t: Task| async { Outcome::done().follow_up(grouped("g", 0)) }).await.unwrap();
+        assert_eq!(p, Some(Processed::Failed(parent.clone())));
+        let r = s.get(&Collection::new("tasks").unwrap(), &parent).await.unwrap().record.unwrap();
+        assert!(r.get_str("last_error").unwrap().contains("group"), "{r:?}");
+    }
+}
