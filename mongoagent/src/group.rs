@@ -20,7 +20,7 @@
 //! do: a retry keeps its place (it has not ended), so with a cap of 1 it
 //! runs before the next task.
 //!
-//! Letting through ([`Groups::let_through`]) is idempotent, and it also
+//! Letting through (`Groups::let_through`) is idempotent, and it also
 //! finishes what a crash left half done: a task in `running` still held
 //! (its agent died between the two writes) is made ready. It runs:
 //! - in the agent that ended a task of the group, right after its outcome;

@@ -389,6 +389,16 @@ pub(crate) fn task_detail(q: &str, d: &TaskDetail, seen: &TaskHistory, actions: 
     if let Some(timed_out) = crate::data::timed_out_json(t) {
         let _ = write!(h, r#"<dt>timed out</dt><dd id="timed-out" class="timed-out">{}</dd>"#, esc(&timed_out));
     }
+    if !t["group_key"].is_null() {
+        // Its group, its number in it, and whether it waits for its turn.
+        let waits = if t["group_held"] == Value::Bool(true) { ", waiting for its turn" } else { "" };
+        let _ = write!(
+            h,
+            r#"<dt>group</dt><dd id="group">{} (number {}{waits})</dd>"#,
+            cell(&t["group_key"]),
+            cell(&t["group_seq"])
+        );
+    }
     for (label, field) in
         [("run at", "run_at"), ("started", "started_at"), ("on host", "agent_host"), ("ended", "completed_at")]
     {

@@ -221,6 +221,13 @@ fn the_dashboard_in_a_browser() {
             let badge = find(&c, "span.badge.timed-out").await.text().await.unwrap();
             assert_eq!(badge, "attempt 1 timed out after 500 ms");
 
+            // A grouped task no capped agent let through: held, its group and number shown.
+            let grouped = e.json(&["enqueue", "--queue", "jobs", "--agent", "ordered", "--group", "customer-7", "{}"]);
+            let grouped = grouped["id"].as_str().unwrap().to_owned();
+            c.goto(&format!("{base}/tasks/{grouped}?queue=jobs")).await.unwrap();
+            assert_eq!(find(&c, "#state").await.text().await.unwrap(), "held");
+            assert_eq!(find(&c, "#group").await.text().await.unwrap(), "customer-7 (number 1, waiting for its turn)");
+
             // A read-only dashboard offers no action.
             c.goto(&format!("http://127.0.0.1:{ro_port}/tasks?queue=jobs")).await.unwrap();
             assert!(c.find(Locator::Css(".ro")).await.is_ok());

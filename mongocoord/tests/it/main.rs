@@ -262,6 +262,57 @@ fn agent_limits_from_the_command_line() {
     }
 }
 
+/// `enqueue --group` and `agent --group-concurrency 1`: a group's commands
+/// run one at a time, in enqueue order, beside another group's; bad groups
+/// and caps are usage errors.
+#[test]
+fn agent_runs_a_group_one_at_a_time_in_order() {
+    let Some(e) = env("agent_groups") else { return };
+    for i in 0..6 {
+        let g = if i % 3 == 2 { "d" } else { "c" };
+        e.json(&[
+            "enqueue",
+            "--queue",
+            "jobs",
+            "--agent",
+            "ord",
+            "--group",
+            g,
+            &format!(r#"{{"g": "{g}", "i": {i}}}"#),
+        ]);
+    }
+    let log = e.file("runs.log");
+    let script = format!("read -r t; echo \"start $t\" >> {0}; sleep 0.2; echo \"end $t\" >> {0}", log.display());
+    let args =
+        ["agent", "ord", "--queue", "jobs", "--concurrency", "4", "--group-concurrency", "1", "--max-tasks", "6"];
+    let out = e.run(&[&args[..], &["--", "sh", "-c", &script]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs: Vec<(bool, String, i64)> = lines(&log)
+        .iter()
+        .map(|l| {
+            let (what, task) = l.split_once(' ').unwrap();
+            let t: Value = serde_json::from_str(task).unwrap();
+            (what == "start", t["g"].as_str().unwrap().to_owned(), t["i"].as_i64().unwrap())
+        })
+        .collect();
+    for g in ["c", "d"] {
+        let mine: Vec<&(bool, String, i64)> = runs.iter().filter(|r| r.1 == g).collect();
+        let order: Vec<i64> = mine.iter().filter(|r| r.0).map(|r| r.2).collect();
+        let expected: Vec<i64> = (0..6).filter(|i| (if i % 3 == 2 { "d" } else { "c" }) == g).collect();
+        assert_eq!(order, expected, "group {g} in enqueue order: {runs:?}");
+        // One at a time: starts and ends alternate.
+        assert!(mine.iter().enumerate().all(|(k, r)| r.0 == (k % 2 == 0)), "group {g} one at a time: {runs:?}");
+    }
+    assert_eq!(e.json(&["tasks", "--queue", "jobs"])["ord"]["completed"], 6);
+    for bad in [
+        &["agent", "ord", "--queue", "jobs", "--group-concurrency", "0", "--", "true"][..],
+        &["enqueue", "--queue", "jobs", "--agent", "ord", "--group", "", "{}"][..],
+    ] {
+        let out = e.run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 #[test]
 fn cancel_and_delete_by_id_and_filter() {
     let Some(e) = env("cancel_delete") else { return };
