@@ -12,18 +12,21 @@
 //! One **slot document** per agent name and group, in `<queue>_groups`,
 //! decides whose turn it is. Its `running` array lists the tasks let through
 //! that were not yet seen ended. It changes only by compare-and-set on its
-//! rev, and a task is made ready only after the write that put it in
-//! `running` applied. An id leaves `running` only once its task is seen
-//! ended (or gone), and a task that is made live again (a requeue) is held
-//! again first. So at most the cap of a group's tasks are ever ready,
-//! claimed or running at once, whatever crashes, lapsed claims and retries
-//! do: a retry keeps its place (it has not ended), so with a cap of 1 it
-//! runs before the next task.
+//! rev, and a task is made ready only after a write of the slot made after
+//! the task was read. An id leaves `running` only once its task is seen
+//! ended (and, if it was cancelled or deleted while it ran, its run too:
+//! `group_busy_until`, [`slot_fields::GONE_BUSY`]), gone, or another
+//! group's; a task that is made live again (a requeue) is held again first.
+//! So at most the cap of a group's tasks are ever ready, claimed or running
+//! at once, whatever crashes, lapsed claims and retries do: a retry keeps
+//! its place (it has not ended), so with a cap of 1 it runs before the next
+//! task.
 //!
 //! Letting through (`Groups::let_through`) is idempotent, and it also
 //! finishes what a crash left half done: a task in `running` still held
 //! (its agent died between the two writes) is made ready. It runs:
-//! - in the agent that ended a task of the group, right after its outcome;
+//! - in the agent whose run of a task of the group ended, right after it
+//!   (an agent without a cap nudges instead);
 //! - in agents woken by a producer's **nudge**: after inserting, a producer
 //!   bumps the slot's `enqueued` counter, and agents watch those writes
 //!   (without change notifications, they poll);
@@ -31,8 +34,9 @@
 //!   its start, then every [`SWEEP`] those unchanged for as long, for what a
 //!   crash or a lost notification left.
 //!
-//! A slot with nothing running and nothing held is marked inactive, out of
-//! the sweep, and collected after [`SLOT_RETAIN`] unless used again.
+//! A slot with nothing running and nothing held, and no producer's touch for
+//! [`QUIET`], is marked inactive, out of the sweep, and collected after
+//! [`SLOT_RETAIN`] unless used again.
 //!
 //! # Cost
 //!
@@ -50,7 +54,7 @@ use bson::{doc, Bson};
 use mongolock::ConfigError;
 use store_trait::{
     fields as reserved, Collection, Condition, FaultKind, IndexSpec, Key, Mutation, Order, Query, Record, Store,
-    StoreError, Ttl, Write, WriteOutcome,
+    StoreError, StoreTime, Ttl, Write, WriteOutcome,
 };
 
 use crate::error::AgentError;
@@ -63,6 +67,11 @@ pub const MAX_GROUP_LEN: usize = 256;
 /// How often an agent with a cap sweeps its name's active slots, while it
 /// has change notifications (without them it sweeps every poll interval).
 pub const SWEEP: Duration = Duration::from_secs(30);
+
+/// How long after a producer's numbering or nudge a slot stays active (in
+/// the sweep) though nothing is held: a producer may have numbered a task
+/// whose insert has not landed yet.
+pub const QUIET: Duration = Duration::from_secs(60);
 
 /// How long an inactive slot (nothing running, nothing held) is kept: its
 /// numbering goes on if the group is used again within this time.
@@ -82,10 +91,16 @@ pub mod slot_fields {
     pub const SEQ: &str = "seq";
     /// The ids of the tasks let through and not yet seen ended.
     pub const RUNNING: &str = "running";
+    /// Tasks deleted while they ran (`{id, until}`): their turn stays
+    /// taken until their lease's end, or until their agent's run ended.
+    pub const GONE_BUSY: &str = "gone_busy";
     /// Bumped by producers after inserting held tasks: what wakes agents.
     pub const ENQUEUED: &str = "enqueued";
     /// Whether tasks are running or held (what the sweep reads).
     pub const ACTIVE: &str = "active";
+    /// [`QUIET`](super::QUIET) after a producer's last touch (store clock):
+    /// until then the slot stays active, whatever it lists.
+    pub const QUIET_AFTER: &str = "quiet_after";
     /// [`SWEEP`](super::SWEEP) after the slot's last change: a periodic
     /// sweep passes over a slot that changed since (store clock).
     pub const SWEEP_AFTER: &str = "sweep_after";
@@ -163,7 +178,9 @@ impl<S: Store + Clone> Groups<S> {
             };
             let last = last.ok_or_else(|| transient(format!("group {group:?}: its slot has no number")))?;
             // The first of this call's numbers; each document takes the next.
-            *n = last - *n + 1;
+            *n = last.checked_sub(*n - 1).filter(|first| first.checked_add(*n).is_some()).ok_or_else(|| {
+                AgentError::InvalidTask(format!("group {group:?}: its slot's number {last} is out of range"))
+            })?;
         }
         for d in docs.iter_mut() {
             let (Ok(agent), Ok(group)) = (d.get_str(fields::AGENT_NAME), d.get_str(fields::GROUP_KEY)) else {
@@ -171,7 +188,7 @@ impl<S: Store + Clone> Groups<S> {
             };
             if let Some((_, n)) = pairs.iter_mut().find(|(p, _)| p.0 == agent && p.1 == group) {
                 let seq = *n;
-                *n += 1;
+                *n = n.saturating_add(1);
                 d.insert(fields::GROUP_SEQ, seq);
             }
         }
@@ -181,7 +198,13 @@ impl<S: Store + Clone> Groups<S> {
     /// Tells the agents of `agent` that held tasks of `group` were inserted:
     /// after the insert, so that the agent it wakes finds them.
     pub(crate) async fn nudge(&self, agent: &str, group: &str) -> Result<(), AgentError> {
-        self.touch(agent, group, Mutation::new().inc(slot_fields::ENQUEUED, 1)).await.map(drop)
+        let mut tries = 0;
+        loop {
+            match self.touch(agent, group, Mutation::new().inc(slot_fields::ENQUEUED, 1)).await {
+                Err(e) if e.is_retryable() && tries < 2 => tries += 1,
+                other => return other.map(drop),
+            }
+        }
     }
 
     /// Applies `m` to the slot, creating it if need be, and marks it active.
@@ -192,11 +215,38 @@ impl<S: Store + Clone> Groups<S> {
             .set(slot_fields::GROUP, group)
             .set(slot_fields::ACTIVE, true)
             .set_time_after(slot_fields::SWEEP_AFTER, SWEEP)
+            .set_time_after(slot_fields::QUIET_AFTER, QUIET)
             .clear_gc();
         match self.store.write(&self.slots, &key, &Write::new(Condition::Always, m).upsert()).await? {
             WriteOutcome::Applied(r) => Ok(Some(r)),
             WriteOutcome::Rejected(_) => Ok(None),
         }
+    }
+
+    /// Before `task` (listed in its group's slot, running under a lease
+    /// that ends at `until`) is deleted: its turn stays taken until then, or
+    /// until its agent's run ended, as a cancelled running task's does.
+    pub(crate) async fn deleted_while_running(
+        &self,
+        agent: &str,
+        group: &str,
+        task: &Key,
+        until: StoreTime,
+    ) -> Result<(), AgentError> {
+        let key = slot_key(agent, group)?;
+        for _ in 0..ROUNDS {
+            let Some(slot) = self.store.get(&self.slots, &key).await?.record else { return Ok(()) };
+            let mut gone: Vec<Bson> = match slot.get(slot_fields::GONE_BUSY) {
+                Some(Bson::Array(a)) => a.clone(),
+                _ => Vec::new(),
+            };
+            gone.push(Bson::Document(doc! { "id": task.as_bson().clone(), "until": until.to_bson_datetime() }));
+            let w = Write::new(Condition::RevIs(slot.rev()), Mutation::new().set(slot_fields::GONE_BUSY, gone));
+            if self.store.write(&self.slots, &key, &w).await?.is_applied() {
+                return Ok(());
+            }
+        }
+        Err(transient(format!("group {group:?}: its slot kept changing; try again")))
     }
 
     /// Lets the oldest held tasks of `group` through while fewer than `cap`
@@ -256,6 +306,13 @@ impl<S: Store + Clone> Groups<S> {
     }
 
     /// One round on `slot`: false when another writer changed it first.
+    ///
+    /// A listed task keeps its place unless it is gone, another group's or
+    /// agent name's (its id reused), or ended; an ended task cancelled while
+    /// it ran keeps it until its `group_busy_until`, unless it is `ended`,
+    /// the task whose run the caller saw end. Every release follows a
+    /// compare-and-set of the slot made after the read of the released
+    /// task, so a settle that read an older state cannot apply after it.
     async fn settle(
         &self,
         slot: &Record,
@@ -271,12 +328,38 @@ impl<S: Store + Clone> Groups<S> {
         // Listed and not ended; of those, still held.
         let mut kept: Vec<Key> = Vec::new();
         let mut held: Vec<Key> = Vec::new();
-        let only_ended = running.iter().all(|id| ended.is_some_and(|e| e.as_bson() == id));
-        if !only_ended {
+        if !running.is_empty() {
             let keys: Vec<Key> = running.iter().filter_map(|b| Key::from_bson(b.clone()).ok()).collect();
-            let found = self.store.find_each(&self.tasks, &Query::all().keys(keys.clone())).await?;
-            for task in found.into_iter().flatten() {
-                if task.get_bool(fields::COMPLETE) == Some(true) {
+            let found: Vec<Record> = self
+                .store
+                .find_each(&self.tasks, &Query::all().keys(keys.clone()))
+                .await?
+                .into_iter()
+                .flatten()
+                .collect();
+            let busy = |t: &Record| t.get_time(fields::GROUP_BUSY_UNTIL).filter(|_| ended != Some(t.key()));
+            // Listed, deleted while running (`Groups::deleted_while_running`),
+            // and maybe still running: until when, unless its run ended.
+            let gone: Vec<(Key, StoreTime)> = gone_busy(slot)
+                .into_iter()
+                .filter(|(k, _)| ended != Some(k) && !found.iter().any(|t| t.key() == k))
+                .collect();
+            let now = if found.iter().any(|t| busy(t).is_some()) || !gone.is_empty() {
+                Some(self.store.now().await?)
+            } else {
+                None
+            };
+            for (k, until) in &gone {
+                if now.is_some_and(|n| n < *until) && keys.contains(k) {
+                    kept.push(k.clone());
+                }
+            }
+            for task in found {
+                let ours =
+                    task.get_str(fields::AGENT_NAME) == Some(agent) && task.get_str(fields::GROUP_KEY) == Some(group);
+                let done = task.get_bool(fields::COMPLETE) == Some(true)
+                    && busy(&task).is_none_or(|until| now.is_some_and(|n| n >= until));
+                if !ours || done {
                     continue;
                 }
                 if task.get_bool(fields::GROUP_HELD) == Some(true) {
@@ -304,18 +387,40 @@ impl<S: Store + Clone> Groups<S> {
         }
         let listed: Vec<Bson> = kept.iter().chain(&next).map(|k| k.as_bson().clone()).collect();
         let active = !listed.is_empty();
-        if listed != running || slot.get_bool(slot_fields::ACTIVE) != Some(active) {
-            let m = Mutation::new()
-                .set(slot_fields::RUNNING, listed)
-                .set(slot_fields::ACTIVE, active)
-                .set_time_after(slot_fields::SWEEP_AFTER, SWEEP);
-            let m = match (active, Ttl::new(SLOT_RETAIN)) {
-                (true, _) => m.clear_gc(),
-                (false, Ok(ttl)) => m.gc_after(ttl),
-                (false, Err(_)) => m,
+        let releases = !held.is_empty() || !next.is_empty();
+        if releases || listed != running || slot.get_bool(slot_fields::ACTIVE) != Some(active) {
+            let still_gone: Vec<Bson> = gone_busy(slot)
+                .into_iter()
+                .filter(|(k, _)| kept.contains(k))
+                .map(|(k, until)| Bson::Document(doc! { "id": k.as_bson().clone(), "until": until.to_bson_datetime() }))
+                .collect();
+            let write = |active: bool, cond: Condition| {
+                let m = Mutation::new()
+                    .set(slot_fields::RUNNING, listed.clone())
+                    .set(slot_fields::GONE_BUSY, still_gone.clone())
+                    .set(slot_fields::ACTIVE, active)
+                    .set_time_after(slot_fields::SWEEP_AFTER, SWEEP);
+                let m = match (active, Ttl::new(SLOT_RETAIN)) {
+                    (true, _) => m.clear_gc(),
+                    (false, Ok(ttl)) => m.gc_after(ttl),
+                    (false, Err(_)) => m,
+                };
+                Write::new(cond, m)
             };
-            let w = Write::new(Condition::RevIs(slot.rev()), m);
-            if !self.store.write(&self.slots, slot.key(), &w).await?.is_applied() {
+            let cas = Condition::RevIs(slot.rev());
+            let mut applied = false;
+            if !active {
+                // Out of the sweep only once no producer touched the slot for
+                // `QUIET`: one may have numbered a task not inserted yet.
+                let quiet = Condition::DueBy(slot_fields::QUIET_AFTER.into());
+                match self.store.write(&self.slots, slot.key(), &write(false, cas.clone().and(quiet))).await? {
+                    WriteOutcome::Applied(_) => applied = true,
+                    // Not quiet yet: it stays active (below).
+                    WriteOutcome::Rejected(Some(now)) if now.rev() == slot.rev() => {}
+                    WriteOutcome::Rejected(_) => return Ok(false),
+                }
+            }
+            if !applied && !self.store.write(&self.slots, slot.key(), &write(true, cas)).await?.is_applied() {
                 return Ok(false);
             }
         }
@@ -330,6 +435,19 @@ impl<S: Store + Clone> Groups<S> {
         }
         Ok(true)
     }
+}
+
+/// The slot's tasks deleted while they ran, with until when each may run.
+fn gone_busy(slot: &Record) -> Vec<(Key, StoreTime)> {
+    let Some(Bson::Array(a)) = slot.get(slot_fields::GONE_BUSY) else { return Vec::new() };
+    a.iter()
+        .filter_map(|e| {
+            let d = e.as_document()?;
+            let k = Key::from_bson(d.get("id")?.clone()).ok()?;
+            let until = StoreTime::from_millis(d.get_datetime("until").ok()?.timestamp_millis());
+            Some((k, until))
+        })
+        .collect()
 }
 
 fn transient(why: String) -> AgentError {

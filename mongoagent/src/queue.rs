@@ -144,16 +144,27 @@ impl<S: Store + Clone> Queue<S> {
         } else {
             None
         };
-        let mut out = self.store.insert_many(&self.coll, docs.clone()).await?;
+        // A grouped task with a dedupe key may go in only after its
+        // duplicate is settled (its key moved off an ended task): inserted
+        // in one batch, a later task of its group could be let through
+        // before it. Such a call inserts its tasks one at a time, in order.
+        let one_by_one = grouped.is_some() && tasks.iter().any(|t| t.group.is_some() && t.dedupe_key.is_some());
+        let batches: Vec<Vec<usize>> =
+            if one_by_one { (0..docs.len()).map(|i| vec![i]).collect() } else { vec![(0..docs.len()).collect()] };
+        let mut out = Vec::with_capacity(docs.len());
         let mut first_error = None;
-        for ((doc, task), outcome) in docs.into_iter().zip(tasks).zip(out.iter_mut()) {
-            if let InsertOutcome::Duplicate(key) = outcome {
-                match self.settle_duplicate(doc, task, key.clone()).await {
-                    Ok(settled) => *outcome = settled,
-                    Err(e) => {
-                        first_error.get_or_insert(e);
+        for batch in batches {
+            let inserted = self.store.insert_many(&self.coll, batch.iter().map(|&i| docs[i].clone()).collect()).await?;
+            for (i, mut outcome) in batch.into_iter().zip(inserted) {
+                if let InsertOutcome::Duplicate(key) = &outcome {
+                    match self.settle_duplicate(docs[i].clone(), &tasks[i], key.clone()).await {
+                        Ok(settled) => outcome = settled,
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
                     }
                 }
+                out.push(outcome);
             }
         }
         if let Some((groups, pairs)) = grouped {

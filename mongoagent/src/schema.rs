@@ -98,6 +98,11 @@ pub mod fields {
     pub const GROUP_SEQ: &str = "group_seq";
     /// Set while a task of a group waits for its turn (not ready until then).
     pub const GROUP_HELD: &str = "group_held";
+    /// On a grouped task cancelled while it ran: until when (store clock)
+    /// its handler may still run, the end of the lease its claim had; its
+    /// group's turn stays taken until then, or until its agent says the
+    /// run ended.
+    pub const GROUP_BUSY_UNTIL: &str = "group_busy_until";
     /// The fence of the claim whose attempt timed out, while that attempt
     /// is the latest to have ended (the next outcome of another kind, or a
     /// requeue, removes it with [`TIMED_OUT_ATTEMPT`] and
@@ -121,7 +126,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 47] = [
+    pub const RESERVED: [&str; 48] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -167,6 +172,7 @@ pub mod fields {
         GROUP_KEY,
         GROUP_SEQ,
         GROUP_HELD,
+        GROUP_BUSY_UNTIL,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

@@ -379,9 +379,11 @@ impl<S: Store + Clone> AgentBuilder<S> {
             .allow_gc()
             .build()
             .map_err(config)?;
-        let groups = match self.group_concurrency {
-            Some(cap) => Some(super::groups::GroupCap::new(crate::group::Groups::of(&queue)?, cap)),
-            None => None,
+        // Without a cap, groups only to nudge the capped agents (a queue name
+        // too long for the slots' collection has no grouped tasks anyway).
+        let groups = match (self.group_concurrency, crate::group::Groups::of(&queue)) {
+            (Some(cap), groups) => Some(super::groups::GroupCap::new(groups?, Some(cap))),
+            (None, groups) => groups.ok().map(|g| super::groups::GroupCap::new(g, None)),
         };
         let shutdown = self.shutdown_on.unwrap_or_default();
         Ok(Agent {

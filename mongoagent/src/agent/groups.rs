@@ -17,35 +17,40 @@ use super::{Agent, Processed};
 use crate::group::{slot_fields, Groups, SWEEP};
 use crate::schema::fields;
 
-/// An agent's cap per group, and what it needs to apply it.
+/// An agent's groups: the queue's slots and, with a cap, the cap.
 pub(super) struct GroupCap<S> {
     pub(super) groups: Groups<S>,
-    pub(super) cap: usize,
-    /// When `Agent::process` last swept (it sweeps when it finds nothing, at
-    /// most once per poll interval).
+    /// `None` for an agent without a cap: it lets nothing through, and
+    /// nudges the capped agents when it ends a grouped task.
+    pub(super) cap: Option<usize>,
+    /// When `Agent::process` last swept (at most once per poll interval).
     swept: parking_lot::Mutex<Option<Instant>>,
 }
 
 impl<S> GroupCap<S> {
-    pub(super) fn new(groups: Groups<S>, cap: usize) -> Self {
+    pub(super) fn new(groups: Groups<S>, cap: Option<usize>) -> Self {
         GroupCap { groups, cap, swept: parking_lot::Mutex::new(None) }
     }
 }
 
 impl<S: Store + Clone> Agent<S> {
-    /// After a task of group `group` was processed: when it ended, its slot
-    /// frees, and the group's next task is let through at once. A failure
-    /// is logged: the sweep lets the task through later.
+    /// After a run of a task of group `group` ended: when the task ended
+    /// too, its turn frees, and the group's next task is let through at
+    /// once (by an agent without a cap: the capped agents are nudged). A
+    /// failure is logged: the sweep lets the task through later.
     pub(super) async fn after_grouped(&self, group: Option<String>, processed: &Processed) {
-        let (Some(GroupCap { groups, cap, .. }), Some(group)) = (&self.inner.groups, group) else { return };
-        let ended = match processed {
-            Processed::Completed(k) | Processed::Failed(k) => Some(k),
-            // A recovered step may have ended the task, or let it wait for
-            // its follow-ups (it keeps its place then): read it.
-            Processed::Recovered(_) => None,
+        let (Some(g), Some(group)) = (&self.inner.groups, group) else { return };
+        // The run ended (the task may have, or wait for follow-ups, or have
+        // been cancelled under it: the settle reads it).
+        let ran = match processed {
+            Processed::Completed(k) | Processed::Failed(k) | Processed::Recovered(k) | Processed::Stale(k) => k,
             _ => return,
         };
-        if let Err(e) = groups.let_through(&self.inner.name, &group, *cap, ended).await {
+        let done = match g.cap {
+            Some(cap) => g.groups.let_through(&self.inner.name, &group, cap, Some(ran)).await,
+            None => g.groups.nudge(&self.inner.name, &group).await,
+        };
+        if let Err(e) = done {
             tracing::warn!(agent = %self.inner.name, group, error = %e, "letting the group's next task through failed; the sweep will");
         }
     }
@@ -59,7 +64,7 @@ impl<S: Store + Clone> Agent<S> {
     ///
     /// Cancel-safe: each step is ([`Groups::let_through`]).
     pub(super) async fn let_groups_through(self, stop: CancellationToken) {
-        let Some(GroupCap { groups, cap, .. }) = &self.inner.groups else { return };
+        let Some(GroupCap { groups, cap: Some(cap), .. }) = &self.inner.groups else { return };
         let (groups, cap) = (groups.clone(), *cap);
         let name = self.inner.name.clone();
         if let Err(e) = groups.ensure_indexes().await {
@@ -110,7 +115,7 @@ impl<S: Store + Clone> Agent<S> {
     /// group slots when the last sweep is a poll interval old (or there
     /// was none). Returns whether it swept.
     pub(super) async fn sweep_groups_if_due(&self) -> bool {
-        let Some(g) = &self.inner.groups else { return false };
+        let Some(g @ GroupCap { cap: Some(cap), .. }) = &self.inner.groups else { return false };
         {
             let mut swept = g.swept.lock();
             if swept.is_some_and(|t| t.elapsed() < self.inner.poll_interval) {
@@ -119,7 +124,7 @@ impl<S: Store + Clone> Agent<S> {
             *swept = Some(Instant::now());
         }
         // No nudge reaches `process`: every active slot.
-        match g.groups.sweep(&self.inner.name, g.cap, true).await {
+        match g.groups.sweep(&self.inner.name, *cap, true).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::warn!(agent = %self.inner.name, error = %e, "sweeping the group slots failed");

@@ -222,13 +222,11 @@ impl<S: Store + Clone> Agent<S> {
     /// dropped run is rejected).
     pub async fn process(&self, handler: impl Handler) -> Result<Option<Processed>, AgentError> {
         let handler: Arc<dyn Handler> = Arc::new(handler);
-        let mut claimed = self.inner.claimer.claim(1, None).await?.tasks.pop();
-        // Nothing ready: with a cap per group, a sweep may let a held task
-        // through (there is no loop beside `process` to do it).
-        if claimed.is_none() && self.sweep_groups_if_due().await {
-            claimed = self.inner.claimer.claim(1, None).await?.tasks.pop();
-        }
-        match claimed {
+        // With a cap per group, a sweep (at most once per poll interval, busy
+        // or not) lets held tasks through: no loop beside `process` does, and
+        // no nudge reaches it.
+        self.sweep_groups_if_due().await;
+        match self.inner.claimer.claim(1, None).await?.tasks.pop() {
             Some(c) => {
                 let processed = self.run(c, handler).await;
                 // No next claim follows here: a kept permit goes back now.

@@ -44,7 +44,7 @@ impl<S: Store + Clone> Agent<S> {
         // Grouped tasks are let through beside the work loop, for as long as it runs.
         let groups = tokio_util::sync::CancellationToken::new();
         let _stop_groups = groups.clone().drop_guard();
-        if self.inner.groups.is_some() {
+        if self.inner.groups.as_ref().is_some_and(|g| g.cap.is_some()) {
             tokio::spawn(self.clone().let_groups_through(groups));
         }
         Worker::new(self, Arc::new(handler)).run().await

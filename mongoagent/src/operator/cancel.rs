@@ -42,9 +42,25 @@ impl<S: Store + Clone> Queue<S> {
     async fn cancel_record(&self, mut r: Record) -> Result<bool, AgentError> {
         for _ in 0..CANCEL_TRIES {
             let running = r.get_bool(fields::CLAIMED) == Some(true);
+            let group = r.get_str(fields::GROUP_KEY).zip(r.get_str(fields::AGENT_NAME));
+            // A grouped task cancelled while it runs keeps its group's turn
+            // until its handler has stopped: at the latest when the lease its
+            // claim had ends (its agent stops it before then), exact because
+            // the write is conditioned on the revision read (a renewal moves
+            // it). Its agent frees the turn as soon as the run ends.
+            let busy_until = match (running, group, r.lease()) {
+                (true, Some(_), Some(lease)) => Some(lease.until),
+                _ => None,
+            };
+            let cond = cancellable().and(Condition::FenceIs(r.fence()));
+            let cond = if busy_until.is_some() { cond.and(Condition::RevIs(r.rev())) } else { cond };
+            let mutation = match busy_until {
+                Some(t) => Mutation::new().set(fields::GROUP_BUSY_UNTIL, t.to_bson_datetime()),
+                None => Mutation::new(),
+            };
             let w = Write::new(
-                cancellable().and(Condition::FenceIs(r.fence())),
-                Mutation::new()
+                cond,
+                mutation
                     .release()
                     .bump_fence()
                     .set(fields::COMPLETE, true)
@@ -67,14 +83,22 @@ impl<S: Store + Clone> Queue<S> {
                     if r.fence() > 0 {
                         self.remove_pending_follow_ups(r.key(), r.fence()).await?;
                     }
-                    // Its group's agents let the next task through now, not at their sweep.
-                    if let (Some(g), Some(agent)) = (r.get_str(fields::GROUP_KEY), r.get_str(fields::AGENT_NAME)) {
+                    // A task that was not running: its group's agents let the
+                    // next through now, not at their sweep. A running one's
+                    // agent does when its run has ended.
+                    if let (Some((g, agent)), None) = (group, busy_until) {
                         crate::group::Groups::of(self)?.nudge(agent, g).await?;
                     }
                     return Ok(true);
                 }
                 // Ended (completed first, say), deleted, or in a fan-in step now.
                 store_trait::WriteOutcome::Rejected(None) => return Ok(false),
+                // Renewed in between (the revision moved): again, on what it is now.
+                store_trait::WriteOutcome::Rejected(Some(now))
+                    if busy_until.is_some() && now.fence() == r.fence() && now.rev() != r.rev() =>
+                {
+                    r = now
+                }
                 store_trait::WriteOutcome::Rejected(Some(now)) if now.fence() == r.fence() => return Ok(false),
                 // Claimed or retried in between: try again on its new fence.
                 store_trait::WriteOutcome::Rejected(Some(now)) => r = now,
@@ -118,19 +142,46 @@ impl<S: Store + Clone> Queue<S> {
                 out.push(r.key().clone());
                 continue;
             }
-            // Conditional again: a task requeued since it was read stays.
-            if let DeleteOutcome::Deleted(_) = self.store.delete(&self.coll, r.key(), &which).await? {
-                tracing::info!(queue = %self.coll, task = %r.key(), force, "task deleted");
-                // A live grouped task deleted (with force) frees its group's slot.
-                let live = r.get_bool(fields::COMPLETE) != Some(true);
-                if let (true, Some(g), Some(agent)) =
-                    (live, r.get_str(fields::GROUP_KEY), r.get_str(fields::AGENT_NAME))
-                {
-                    crate::group::Groups::of(self)?.nudge(agent, g).await?;
-                }
-                out.push(r.key().clone());
+            if let Some(k) = self.delete_record(r, &which, force).await? {
+                out.push(k);
             }
         }
         Ok(out)
+    }
+
+    /// Deletes one task if `which` still holds. A grouped task running under
+    /// a live lease keeps its group's turn past its deletion (recorded in its
+    /// slot, with the lease's end, exact because the delete is conditioned
+    /// on the revision read: a renewal moves it) until its run has ended.
+    async fn delete_record(&self, mut r: Record, which: &Condition, force: bool) -> Result<Option<Key>, AgentError> {
+        for _ in 0..CANCEL_TRIES {
+            let running = r.get_bool(fields::CLAIMED) == Some(true) && r.get_bool(fields::COMPLETE) != Some(true);
+            let group = r.get_str(fields::GROUP_KEY).zip(r.get_str(fields::AGENT_NAME));
+            let cond = match (running, group, r.lease()) {
+                (true, Some((g, agent)), Some(lease)) => {
+                    crate::group::Groups::of(self)?.deleted_while_running(agent, g, r.key(), lease.until).await?;
+                    which.clone().and(Condition::RevIs(r.rev()))
+                }
+                _ => which.clone(),
+            };
+            // Conditional again: a task requeued since it was read stays.
+            match self.store.delete(&self.coll, r.key(), &cond).await? {
+                DeleteOutcome::Deleted(_) => {
+                    tracing::info!(queue = %self.coll, task = %r.key(), force, "task deleted");
+                    // A grouped task deleted while ready or held frees its
+                    // group's turn now; a running one's, when its run ends.
+                    if let (false, Some((g, agent))) = (running, group) {
+                        if r.get_bool(fields::COMPLETE) != Some(true) {
+                            crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                        }
+                    }
+                    return Ok(Some(r.key().clone()));
+                }
+                // Renewed in between: again, on what it is now.
+                DeleteOutcome::Rejected(Some(now)) if running && group.is_some() && now.rev() != r.rev() => r = now,
+                DeleteOutcome::Rejected(_) => return Ok(None),
+            }
+        }
+        Ok(None)
     }
 }

@@ -91,6 +91,11 @@ impl<S: Store + Clone> Queue<S> {
                 Some(_) => revive.set(fields::READY, false).set(fields::GROUP_HELD, true),
                 None => revive,
             };
+            // Its slot is touched first (kept in the sweep for a while), so
+            // a requeue that dies before its nudge below loses nothing.
+            if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
+                crate::group::Groups::of(self)?.nudge(agent, g).await?;
+            }
             let w = Write::new(which.clone().and(Condition::FenceIs(r.fence())), revive);
             let mut applied = false;
             for _ in 0..4 {

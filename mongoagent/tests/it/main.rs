@@ -16,6 +16,7 @@ mod outbox;
 mod reserved;
 mod review_debounce;
 mod review_dedupe;
+mod review_groups;
 mod review_idle;
 mod review_refactor;
 mod review_timeouts;
@@ -71,6 +72,12 @@ mod review_debounce_backends {
 mod review_dedupe_backends {
     //! Review of dedupe scopes and waiting (#33), on every backend.
     store_test::on_all_backends!(crate::review_dedupe::review_dedupe_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_groups_backends {
+    //! Review of groups (#33): the cap, the order and nothing lost under
+    //! operators, races, crashes and odd data, on every backend.
+    store_test::on_all_backends!(crate::review_groups::review_groups_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
