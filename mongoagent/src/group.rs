@@ -51,14 +51,12 @@
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use mongolock::ConfigError;
 use store_trait::{
     fields as reserved, Collection, Condition, FaultKind, IndexSpec, Key, Mutation, Order, Query, Record, Store,
     StoreError, StoreTime, Ttl, Write, WriteOutcome,
 };
 
 use crate::error::AgentError;
-use crate::queue::Queue;
 use crate::schema::{fields, not_complete};
 
 /// The longest group key, in bytes.
@@ -139,9 +137,10 @@ pub(crate) struct Groups<S> {
 }
 
 impl<S: Store + Clone> Groups<S> {
-    /// The groups of `queue`.
-    pub(crate) fn of(queue: &Queue<S>) -> Result<Self, AgentError> {
-        Ok(Groups { store: queue.store.clone(), tasks: queue.coll.clone(), slots: queue.group_collection()? })
+    /// The groups of the queue whose tasks are in `tasks`; their slots in
+    /// `slots` (`Queue::group_collection`).
+    pub(crate) fn new(store: S, tasks: Collection, slots: Collection) -> Self {
+        Groups { store, tasks, slots }
     }
 
     /// The slot collection.
@@ -452,11 +451,4 @@ fn gone_busy(slot: &Record) -> Vec<(Key, StoreTime)> {
 
 fn transient(why: String) -> AgentError {
     AgentError::Store(StoreError::backend(FaultKind::Transient, why))
-}
-
-impl<S: Store + Clone> Queue<S> {
-    /// The collection of the queue's group slots (`<queue>_groups`).
-    pub fn group_collection(&self) -> Result<Collection, AgentError> {
-        Collection::new(format!("{}_groups", self.coll)).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
-    }
 }

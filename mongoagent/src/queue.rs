@@ -68,6 +68,17 @@ impl<S: Store + Clone> Queue<S> {
         &self.coll
     }
 
+    /// The collection of the queue's group slots (`<queue>_groups`, see
+    /// [`crate::group`]).
+    pub fn group_collection(&self) -> Result<Collection, AgentError> {
+        Collection::new(format!("{}_groups", self.coll)).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
+    }
+
+    /// The queue's groups.
+    pub(crate) fn groups(&self) -> Result<crate::group::Groups<S>, AgentError> {
+        Ok(crate::group::Groups::new(self.store.clone(), self.coll.clone(), self.group_collection()?))
+    }
+
     /// Creates the queue's indexes once: the claim index (equality, then sort
     /// fields), the recovery index, the dedupe index, the parent and fan-in
     /// indexes, and the TTL index that
@@ -138,7 +149,7 @@ impl<S: Store + Clone> Queue<S> {
         // Grouped tasks are numbered in their group before the insert, and
         // their agents nudged after it.
         let grouped = if tasks.iter().any(|t| t.group.is_some()) {
-            let groups = crate::group::Groups::of(self)?;
+            let groups = self.groups()?;
             let pairs = groups.number(&mut docs).await?;
             Some((groups, pairs))
         } else {

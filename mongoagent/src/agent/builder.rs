@@ -381,7 +381,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             .map_err(config)?;
         // Without a cap, groups only to nudge the capped agents (a queue name
         // too long for the slots' collection has no grouped tasks anyway).
-        let groups = match (self.group_concurrency, crate::group::Groups::of(&queue)) {
+        let groups = match (self.group_concurrency, queue.groups()) {
             (Some(cap), groups) => Some(super::groups::GroupCap::new(groups?, Some(cap))),
             (None, groups) => groups.ok().map(|g| super::groups::GroupCap::new(g, None)),
         };

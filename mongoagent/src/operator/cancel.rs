@@ -87,7 +87,7 @@ impl<S: Store + Clone> Queue<S> {
                     // next through now, not at their sweep. A running one's
                     // agent does when its run has ended.
                     if let (Some((g, agent)), None) = (group, busy_until) {
-                        crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                        self.groups()?.nudge(agent, g).await?;
                     }
                     return Ok(true);
                 }
@@ -159,7 +159,7 @@ impl<S: Store + Clone> Queue<S> {
             let group = r.get_str(fields::GROUP_KEY).zip(r.get_str(fields::AGENT_NAME));
             let cond = match (running, group, r.lease()) {
                 (true, Some((g, agent)), Some(lease)) => {
-                    crate::group::Groups::of(self)?.deleted_while_running(agent, g, r.key(), lease.until).await?;
+                    self.groups()?.deleted_while_running(agent, g, r.key(), lease.until).await?;
                     which.clone().and(Condition::RevIs(r.rev()))
                 }
                 _ => which.clone(),
@@ -172,7 +172,7 @@ impl<S: Store + Clone> Queue<S> {
                     // group's turn now; a running one's, when its run ends.
                     if let (false, Some((g, agent))) = (running, group) {
                         if r.get_bool(fields::COMPLETE) != Some(true) {
-                            crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                            self.groups()?.nudge(agent, g).await?;
                         }
                     }
                     return Ok(Some(r.key().clone()));

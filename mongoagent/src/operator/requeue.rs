@@ -94,7 +94,7 @@ impl<S: Store + Clone> Queue<S> {
             // Its slot is touched first (kept in the sweep for a while), so
             // a requeue that dies before its nudge below loses nothing.
             if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
-                crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                self.groups()?.nudge(agent, g).await?;
             }
             let w = Write::new(which.clone().and(Condition::FenceIs(r.fence())), revive);
             let mut applied = false;
@@ -116,7 +116,7 @@ impl<S: Store + Clone> Queue<S> {
             }
             if applied {
                 if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
-                    crate::group::Groups::of(self)?.nudge(agent, g).await?;
+                    self.groups()?.nudge(agent, g).await?;
                 }
                 out.push(r.key().clone());
             }
