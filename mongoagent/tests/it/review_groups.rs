@@ -537,6 +537,17 @@ pub(crate) mod cases {
     /// runs before A: the group's tasks do not start in enqueue order.
     pub(crate) async fn a_dedupe_retire_inside_enqueue_all_lets_the_later_task_run_first<H: Harness>(h: &H) {
         let s = h.store("rv_groups_dedupe_order").await;
+        // A key moved off an ended task, then taken: what secantusd-rs's
+        // unique index does not let go of (docs/test-servers.md).
+        if !h
+            .has(
+                "a_dedupe_retire_inside_enqueue_all_lets_the_later_task_run_first",
+                store_test::Needs::UniqueKeyRelease,
+            )
+            .await
+        {
+            return;
+        }
         let q = Queue::new(s.clone(), "tasks").unwrap();
         let until_ended = |t: NewTask| t.dedupe_key("k").dedupe_scope(mongoagent::DedupeScope::UntilEnded);
         q.enqueue(until_ended(NewTask::new("d", doc! {}))).await.unwrap();
