@@ -70,7 +70,8 @@ pub(crate) struct Limits {
     pub(crate) rate: Option<Rate>,
     /// At most N tasks of one group (`enqueue --group`) run at once across
     /// every process, started in enqueue order; 1: one at a time, in order.
-    /// Without it, this agent runs no grouped task
+    /// Without it, this agent lets no grouped task through (it may run one
+    /// another agent let through)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) group_concurrency: Option<u32>,
 }

@@ -105,12 +105,21 @@ pub(super) async fn drive(
     Ok((rate, completed))
 }
 
-/// 4 agents (concurrency 4 each) in this process process `tasks` trivial tasks
-/// from `coll`; with `shared`, the agents are built on one `Queue`
-/// (`Agent::on_queue`) and take turns claiming, else each on its own
-/// (`Agent::builder`); with `global`, under a global concurrency of that many
-/// permits; with `groups`, the tasks spread over that many groups and the
-/// agents capped at one task per group. Commands are counted from the
+/// How the agents of a queue run are built ([`queue_run`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Shape {
+    /// Built on one `Queue` (`Agent::on_queue`), taking turns claiming;
+    /// else each on its own (`Agent::builder`).
+    pub(super) shared: bool,
+    /// Under a global concurrency of this many permits.
+    pub(super) global: Option<u32>,
+    /// The tasks spread over this many groups, the agents capped at one
+    /// task per group.
+    pub(super) groups: Option<u32>,
+}
+
+/// 4 agents (concurrency 4 each) in this process, built as `shape` says,
+/// process `tasks` trivial tasks from `coll`. Commands are counted from the
 /// agents' start until they have shut down.
 pub(super) async fn queue_run(
     uri: &str,
@@ -118,24 +127,9 @@ pub(super) async fn queue_run(
     store: &MongoStore,
     tasks: u32,
     coll: &str,
-    shared: bool,
-    global: Option<u32>,
+    shape: Shape,
 ) -> Result<QueueRun, LabError> {
-    queue_run_grouped(uri, db, store, tasks, coll, shared, global, None).await
-}
-
-/// [`queue_run`], with the tasks in `groups` groups, one at a time each.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn queue_run_grouped(
-    uri: &str,
-    db: &str,
-    store: &MongoStore,
-    tasks: u32,
-    coll: &str,
-    shared: bool,
-    global: Option<u32>,
-    groups: Option<u32>,
-) -> Result<QueueRun, LabError> {
+    let Shape { shared, global, groups } = shape;
     preload_grouped(store, tasks, coll, groups).await?;
     let (counted, commands) = counted_store(uri, db).await?;
     let queue = Queue::new(counted.clone(), coll)?;

@@ -6,7 +6,7 @@ use store_mongo::MongoStore;
 
 use super::figures::{Figures, SHAPES};
 use super::processes::queue_processes_run;
-use super::queue::{put_breakdown, queue_run, queue_run_grouped, QueueRun};
+use super::queue::{put_breakdown, queue_run, QueueRun, Shape};
 use super::raw_queue::raw_queue_run;
 use crate::error::LabError;
 
@@ -34,11 +34,22 @@ pub(super) async fn put_figures(
     let mut shapes: Vec<(&str, QueueRun)> = Vec::new();
     let [per_agent, shared, shared_global, processes] = SHAPES;
     eprintln!("queue: 4 agents, {tasks} trivial tasks, each agent on its own Queue (Agent::builder)…");
-    shapes.push((per_agent, queue_run(uri, db, store, tasks, "bench_queue", false, None).await?));
+    shapes.push((per_agent, queue_run(uri, db, store, tasks, "bench_queue", Shape::default()).await?));
     eprintln!("queue: 4 agents sharing one Queue (Agent::on_queue), {tasks} trivial tasks…");
-    shapes.push((shared, queue_run(uri, db, store, tasks, "bench_queue_shared", true, None).await?));
+    shapes.push((
+        shared,
+        queue_run(uri, db, store, tasks, "bench_queue_shared", Shape { shared: true, ..Shape::default() }).await?,
+    ));
     eprintln!("queue: as shared, with a global concurrency of 1,000 (never binding), {tasks} trivial tasks…");
-    let global = queue_run(uri, db, store, tasks, "bench_queue_global", true, Some(1000)).await?;
+    let global = queue_run(
+        uri,
+        db,
+        store,
+        tasks,
+        "bench_queue_global",
+        Shape { shared: true, global: Some(1000), ..Shape::default() },
+    )
+    .await?;
     shapes.push((shared_global, global));
     eprintln!("queue: 4 agent processes (lab bench-agent), {tasks} trivial tasks…");
     shapes.push((processes, queue_processes_run(uri, db, store, tasks, "bench_queue_processes", 4).await?));
@@ -53,7 +64,9 @@ pub(super) async fn put_figures(
     // Groups: the per-agent shape with its tasks in 100 groups, one at a
     // time each (the producers' numbering and nudges are not counted).
     eprintln!("queue: as per agent, the tasks in 100 groups, a cap of 1 per group, {tasks} trivial tasks…");
-    let grouped = queue_run_grouped(uri, db, store, tasks, "bench_queue_grouped", false, None, Some(100)).await?;
+    let grouped =
+        queue_run(uri, db, store, tasks, "bench_queue_grouped", Shape { groups: Some(100), ..Shape::default() })
+            .await?;
     f.put("queue_grouped_100_tasks_per_s", grouped.rate);
     f.put("queue_grouped_100_commands_per_task", grouped.commands_per_task);
     put_breakdown(f, "queue_grouped_100", &grouped.counts, tasks);
@@ -69,10 +82,30 @@ pub(super) async fn put_figures(
         // rather than as in a ten-second one.
         let n = tasks.saturating_mul(2);
         eprintln!("queue: shared / global 1,000 / global 1,000 / shared, {n} trivial tasks each…");
-        let shared_a = queue_run(uri, db, store, n, "bench_queue_pair_shared_a", true, None).await?;
-        let global_a = queue_run(uri, db, store, n, "bench_queue_pair_global_a", true, Some(1000)).await?;
-        let global_b = queue_run(uri, db, store, n, "bench_queue_pair_global_b", true, Some(1000)).await?;
-        let shared_b = queue_run(uri, db, store, n, "bench_queue_pair_shared_b", true, None).await?;
+        let shared_a =
+            queue_run(uri, db, store, n, "bench_queue_pair_shared_a", Shape { shared: true, ..Shape::default() })
+                .await?;
+        let global_a = queue_run(
+            uri,
+            db,
+            store,
+            n,
+            "bench_queue_pair_global_a",
+            Shape { shared: true, global: Some(1000), ..Shape::default() },
+        )
+        .await?;
+        let global_b = queue_run(
+            uri,
+            db,
+            store,
+            n,
+            "bench_queue_pair_global_b",
+            Shape { shared: true, global: Some(1000), ..Shape::default() },
+        )
+        .await?;
+        let shared_b =
+            queue_run(uri, db, store, n, "bench_queue_pair_shared_b", Shape { shared: true, ..Shape::default() })
+                .await?;
         f.put("queue_global_1000_pair_tasks", f64::from(n));
         f.put("queue_global_1000_vs_shared_first_pair", global_a.rate / shared_a.rate);
         f.put("queue_global_1000_vs_shared_second_pair", global_b.rate / shared_b.rate);

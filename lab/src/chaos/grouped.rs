@@ -75,18 +75,7 @@ pub(super) async fn agent_loop(store: MongoStore, log: Log, ttl: Duration) -> Re
             }
         }
     };
-    let one = |agent: Agent<MongoStore>| {
-        let handler = handler.clone();
-        async move {
-            loop {
-                match agent.process(handler.clone()).await {
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => tokio::time::sleep(Duration::from_millis(fastrand::u64(500..1500))).await,
-                }
-            }
-        }
-    };
-    tokio::join!(one(agent.clone()), one(agent));
+    super::side::two_loops(agent, handler, 500..1500).await;
     Ok(())
 }
 
@@ -169,29 +158,11 @@ impl Runs {
     }
 }
 
-/// The grouped agent's tasks in the store: every one the driver enqueued is
-/// there and completed, none failed for good. Returns how many there are.
+/// The grouped agent's tasks in the store (`side::check_store`).
 pub(super) async fn check_store(
     store: &MongoStore,
-    seeded: &HashSet<String>,
+    seeded: &std::collections::HashSet<String>,
     violations: &mut Vec<String>,
 ) -> Result<usize, LabError> {
-    let coll = store_trait::Collection::new(QUEUE)?;
-    let mut tasks = Vec::new();
-    for t in store.find_each(&coll, &store_trait::Query::all()).await? {
-        tasks.push(t.map_err(|e| LabError::from(e).context("an unreadable grouped task"))?);
-    }
-    let present: HashSet<String> = tasks.iter().map(|t| t.key().to_string()).collect();
-    if let Some(missing) = seeded.iter().find(|t| !present.contains(*t)) {
-        violations.push(format!("grouped task {missing} was enqueued but is not in the store"));
-    }
-    let failed = tasks.iter().filter(|t| t.get_bool(fields::ERROR_ENCOUNTERED) == Some(true)).count();
-    if failed > 0 {
-        violations.push(format!("{failed} grouped task(s) failed for good (50 attempts)"));
-    }
-    let open = tasks.iter().filter(|t| t.get_bool(fields::COMPLETE) != Some(true)).count();
-    if open > 0 {
-        violations.push(format!("{open} grouped task(s) never finished"));
-    }
-    Ok(tasks.len())
+    super::side::check_store(store, QUEUE, "grouped", seeded, violations).await
 }

@@ -81,21 +81,10 @@ pub(super) async fn agent_loop(store: MongoStore, log: Log, ttl: Duration) -> Re
             }
         }
     };
-    let one = |agent: Agent<MongoStore>| {
-        let handler = handler.clone();
-        async move {
-            loop {
-                match agent.process(handler.clone()).await {
-                    Ok(Some(_)) => {}
-                    // Idle, paused, no permit free, or the server away. An
-                    // idle poll costs about five commands (a permit taken
-                    // and given back, the claim's two queries): not often.
-                    Ok(None) | Err(_) => tokio::time::sleep(Duration::from_millis(fastrand::u64(1500..2500))).await,
-                }
-            }
-        }
-    };
-    tokio::join!(one(agent.clone()), one(agent));
+    // Idle, paused, no permit free, or the server away. An idle poll costs
+    // about five commands (a permit taken and given back, the claim's two
+    // queries): not often.
+    super::side::two_loops(agent, handler, 1500..2500).await;
     Ok(())
 }
 
@@ -163,30 +152,11 @@ impl Runs {
     }
 }
 
-/// The limited agent's tasks in the store: every one the driver enqueued
-/// (`seeded`) is there and completed. Returns how many there are, and how
-/// many are not complete.
+/// The limited agent's tasks in the store (`side::check_store`).
 pub(super) async fn check_store(
     store: &MongoStore,
     seeded: &std::collections::HashSet<String>,
     violations: &mut Vec<String>,
 ) -> Result<usize, LabError> {
-    let coll = store_trait::Collection::new(QUEUE)?;
-    let mut tasks = Vec::new();
-    for t in store.find_each(&coll, &store_trait::Query::all()).await? {
-        tasks.push(t.map_err(|e| LabError::from(e).context("an unreadable limited task"))?);
-    }
-    let present: std::collections::HashSet<String> = tasks.iter().map(|t| t.key().to_string()).collect();
-    if let Some(missing) = seeded.iter().find(|t| !present.contains(*t)) {
-        violations.push(format!("limited task {missing} was enqueued but is not in the store"));
-    }
-    let failed = tasks.iter().filter(|t| t.get_bool(fields::ERROR_ENCOUNTERED) == Some(true)).count();
-    if failed > 0 {
-        violations.push(format!("{failed} limited task(s) failed for good (50 attempts)"));
-    }
-    let open = tasks.iter().filter(|t| t.get_bool(fields::COMPLETE) != Some(true)).count();
-    if open > 0 {
-        violations.push(format!("{open} limited task(s) never finished"));
-    }
-    Ok(tasks.len())
+    super::side::check_store(store, QUEUE, "limited", seeded, violations).await
 }

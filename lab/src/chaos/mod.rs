@@ -29,7 +29,8 @@
 //!
 //! One concern per child module: `worker.rs` the worker processes,
 //! `check.rs` the checker, `limited.rs` and `pause.rs` the globally limited
-//! agent and its pause cycle, `grouped.rs` the grouped agent, `names.rs` what the processes share, `log.rs`
+//! agent and its pause cycle, `grouped.rs` the grouped agent, `side.rs` what
+//! those two share, `names.rs` what the processes share, `log.rs`
 //! their logs, `retrying.rs` the server as they reach it, `spawn.rs` how
 //! they are started; this file is the orchestrator.
 
@@ -40,6 +41,7 @@ mod log;
 mod names;
 mod pause;
 mod retrying;
+mod side;
 mod spawn;
 mod worker;
 

@@ -17,10 +17,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Starts and ends of handler runs: (group, task number, started).
-type Log = Arc<Mutex<Vec<(String, i64, bool)>>>;
+pub(crate) type Log = Arc<Mutex<Vec<(String, i64, bool)>>>;
 
 /// An agent of name `w` with a cap of `cap` per group (none without).
-fn agent<S: Store + Clone>(s: &S, ttl: Duration, cap: Option<usize>, stop: &CancellationToken) -> Agent<S> {
+pub(crate) fn agent<S: Store + Clone>(s: &S, ttl: Duration, cap: Option<usize>, stop: &CancellationToken) -> Agent<S> {
     let b = Agent::builder(s.clone(), "w", "tasks")
         .ttl(ttl)
         .concurrency(4)
@@ -108,7 +108,7 @@ fn overlaps(log: &[(String, i64, bool)]) -> (usize, usize) {
     (most_one, most_all)
 }
 
-fn grouped(g: &str, i: i64) -> NewTask {
+pub(crate) fn grouped(g: &str, i: i64) -> NewTask {
     NewTask::new("w", doc! { "g": g, "i": i }).group(g)
 }
 

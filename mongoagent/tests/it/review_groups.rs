@@ -16,10 +16,8 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::groups::{agent, grouped, Log};
 use crate::hold_back::{HoldBack, Op};
-
-/// Starts and ends of handler runs: (group, task number, started).
-type Log = Arc<Mutex<Vec<(String, i64, bool)>>>;
 
 fn tasks() -> Collection {
     Collection::new("tasks").unwrap()
@@ -27,25 +25,6 @@ fn tasks() -> Collection {
 
 fn slots() -> Collection {
     Collection::new("tasks_groups").unwrap()
-}
-
-/// An agent of name `w` with a cap of `cap` per group (none without).
-fn agent<S: Store + Clone>(s: &S, ttl: Duration, cap: Option<usize>, stop: &CancellationToken) -> Agent<S> {
-    let b = Agent::builder(s.clone(), "w", "tasks")
-        .ttl(ttl)
-        .concurrency(4)
-        .max_attempts(5)
-        .backoff(Duration::from_millis(20), Duration::from_millis(40))
-        .poll_interval(Duration::from_millis(200))
-        .shutdown_on(stop);
-    match cap {
-        Some(n) => b.group_concurrency(n).build().unwrap(),
-        None => b.build().unwrap(),
-    }
-}
-
-fn grouped(g: &str, i: i64) -> NewTask {
-    NewTask::new("w", doc! { "g": g, "i": i }).group(g)
 }
 
 /// The most runs of one group at once.
