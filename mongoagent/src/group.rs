@@ -34,9 +34,16 @@
 //!   its start, then every [`SWEEP`] those unchanged for as long, for what a
 //!   crash or a lost notification left.
 //!
-//! A slot with nothing running and nothing held, and no producer's touch for
-//! [`QUIET`], is marked inactive, out of the sweep, and collected after
-//! [`SLOT_RETAIN`] unless used again.
+//! A slot with nothing running and nothing held is marked inactive, out of
+//! the sweep, and collected after [`SLOT_RETAIN`] unless used again; but
+//! not while a write that may add held tasks is **announced** and has not
+//! **landed**. A producer announces in the write that numbers its tasks (a
+//! requeue, in a touch before it), and says its write landed in the nudge
+//! after it: a slot whose announcements outnumber its landings stays in the
+//! sweep, so that a producer that dies between its insert and its nudge,
+//! however late the insert lands, strands nothing. A producer that died
+//! before its insert leaves an announcement that never lands: it is given
+//! up [`LAND_WITHIN`] after the slot's last announcement.
 //!
 //! # Cost
 //!
@@ -66,10 +73,11 @@ pub const MAX_GROUP_LEN: usize = 256;
 /// has change notifications (without them it sweeps every poll interval).
 pub const SWEEP: Duration = Duration::from_secs(30);
 
-/// How long after a producer's numbering or nudge a slot stays active (in
-/// the sweep) though nothing is held: a producer may have numbered a task
-/// whose insert has not landed yet.
-pub const QUIET: Duration = Duration::from_secs(60);
+/// How long after a slot's last announcement ([`slot_fields::ANNOUNCED`])
+/// it stays in the sweep for announced writes that have not landed: longer
+/// than any write takes to land, so that only a producer that died before
+/// its write leaves the slot waiting this long.
+pub const LAND_WITHIN: Duration = Duration::from_secs(3600);
 
 /// How long an inactive slot (nothing running, nothing held) is kept: its
 /// numbering goes on if the group is used again within this time.
@@ -96,9 +104,15 @@ pub mod slot_fields {
     pub const ENQUEUED: &str = "enqueued";
     /// Whether tasks are running or held (what the sweep reads).
     pub const ACTIVE: &str = "active";
-    /// [`QUIET`](super::QUIET) after a producer's last touch (store clock):
-    /// until then the slot stays active, whatever it lists.
-    pub const QUIET_AFTER: &str = "quiet_after";
+    /// How many writes that may add held tasks producers announced (an
+    /// enqueue's numbering, a requeue's touch before it).
+    pub const ANNOUNCED: &str = "announced";
+    /// How many announced writes landed (their producer's nudge after
+    /// them): while fewer than [`ANNOUNCED`], the slot stays active.
+    pub const LANDED: &str = "landed";
+    /// [`LAND_WITHIN`](super::LAND_WITHIN) after the last announcement
+    /// (store clock): announcements not landed by then are given up.
+    pub const LAND_BY: &str = "land_by";
     /// [`SWEEP`](super::SWEEP) after the slot's last change: a periodic
     /// sweep passes over a slot that changed since (store clock).
     pub const SWEEP_AFTER: &str = "sweep_after";
@@ -170,7 +184,7 @@ impl<S: Store + Clone> Groups<S> {
             }
         }
         for ((agent, group), n) in &mut pairs {
-            let m = Mutation::new().inc(slot_fields::SEQ, *n);
+            let m = announcing(Mutation::new().inc(slot_fields::SEQ, *n));
             let last = match self.touch(agent, group, m).await? {
                 Some(r) => r.get_i64(slot_fields::SEQ),
                 None => None,
@@ -194,8 +208,15 @@ impl<S: Store + Clone> Groups<S> {
         Ok(pairs.into_iter().map(|(p, _)| p).collect())
     }
 
-    /// Tells the agents of `agent` that held tasks of `group` were inserted:
-    /// after the insert, so that the agent it wakes finds them.
+    /// Before a write that may make tasks of `group` held (a requeue): keeps
+    /// the slot in the sweep until [`Groups::landed`] says it is made.
+    pub(crate) async fn announce(&self, agent: &str, group: &str) -> Result<(), AgentError> {
+        self.touch(agent, group, announcing(Mutation::new())).await.map(drop)
+    }
+
+    /// Tells the agents of `agent` that tasks of `group` may be let through
+    /// (a task was held or freed its turn): after the write, so that the
+    /// agent it wakes finds it.
     pub(crate) async fn nudge(&self, agent: &str, group: &str) -> Result<(), AgentError> {
         let mut tries = 0;
         loop {
@@ -203,6 +224,19 @@ impl<S: Store + Clone> Groups<S> {
                 Err(e) if e.is_retryable() && tries < 2 => tries += 1,
                 other => return other.map(drop),
             }
+        }
+    }
+
+    /// [`Groups::nudge`] after a write announced by [`Groups::number`] or
+    /// [`Groups::announce`], made or failed: it has landed. Counted once at
+    /// most (an ambiguous failure is not tried again as a landing, only as
+    /// a nudge): a landing counted twice could hide a later producer's
+    /// announcement, one missed only keeps the slot in the sweep longer.
+    pub(crate) async fn landed(&self, agent: &str, group: &str) -> Result<(), AgentError> {
+        let m = Mutation::new().inc(slot_fields::ENQUEUED, 1).inc(slot_fields::LANDED, 1);
+        match self.touch(agent, group, m).await {
+            Err(e) if e.is_retryable() => self.nudge(agent, group).await,
+            other => other.map(drop),
         }
     }
 
@@ -214,7 +248,6 @@ impl<S: Store + Clone> Groups<S> {
             .set(slot_fields::GROUP, group)
             .set(slot_fields::ACTIVE, true)
             .set_time_after(slot_fields::SWEEP_AFTER, SWEEP)
-            .set_time_after(slot_fields::QUIET_AFTER, QUIET)
             .clear_gc();
         match self.store.write(&self.slots, &key, &Write::new(Condition::Always, m).upsert()).await? {
             WriteOutcome::Applied(r) => Ok(Some(r)),
@@ -222,24 +255,28 @@ impl<S: Store + Clone> Groups<S> {
         }
     }
 
-    /// Before `task` (listed in its group's slot, running under a lease
-    /// that ends at `until`) is deleted: its turn stays taken until then, or
-    /// until its agent's run ended, as a cancelled running task's does.
+    /// Before `task` is deleted while its claim of fence `fence` may still
+    /// run (under a lease that ends at `until`; or it was cancelled while it
+    /// ran, and its `group_busy_until` is `until`): its turn stays taken
+    /// until then, or until the run of that claim ended, as a cancelled
+    /// running task's does.
     pub(crate) async fn deleted_while_running(
         &self,
         agent: &str,
         group: &str,
         task: &Key,
-        until: StoreTime,
+        (until, fence): (StoreTime, u64),
     ) -> Result<(), AgentError> {
         let key = slot_key(agent, group)?;
         for _ in 0..ROUNDS {
             let Some(slot) = self.store.get(&self.slots, &key).await?.record else { return Ok(()) };
-            let mut gone: Vec<Bson> = match slot.get(slot_fields::GONE_BUSY) {
-                Some(Bson::Array(a)) => a.clone(),
-                _ => Vec::new(),
-            };
-            gone.push(Bson::Document(doc! { "id": task.as_bson().clone(), "until": until.to_bson_datetime() }));
+            // One entry per task: a delete tried again replaces its own.
+            let mut gone: Vec<Bson> = gone_busy(&slot)
+                .into_iter()
+                .filter(|(k, _, _)| k != task)
+                .map(|(k, until, fence)| gone_entry(&k, until, fence))
+                .collect();
+            gone.push(gone_entry(task, until, Some(fence)));
             let w = Write::new(Condition::RevIs(slot.rev()), Mutation::new().set(slot_fields::GONE_BUSY, gone));
             if self.store.write(&self.slots, &key, &w).await?.is_applied() {
                 return Ok(());
@@ -258,14 +295,14 @@ impl<S: Store + Clone> Groups<S> {
     /// Cancel-safe in effect: dropped between its writes, it leaves a task
     /// listed and held, which the next run makes ready.
     ///
-    /// `ended`: a task of the group the caller saw end (its own), which
-    /// needs no read.
+    /// `ended`: a task of the group whose run the caller saw end (its own),
+    /// with the fence of that run's claim.
     pub(crate) async fn let_through(
         &self,
         agent: &str,
         group: &str,
         cap: usize,
-        ended: Option<&Key>,
+        ended: Option<(&Key, u64)>,
     ) -> Result<(), AgentError> {
         let key = slot_key(agent, group)?;
         for _ in 0..ROUNDS {
@@ -307,18 +344,19 @@ impl<S: Store + Clone> Groups<S> {
     /// One round on `slot`: false when another writer changed it first.
     ///
     /// A listed task keeps its place unless it is gone, another group's or
-    /// agent name's (its id reused), or ended; an ended task cancelled while
-    /// it ran keeps it until its `group_busy_until`, unless it is `ended`,
-    /// the task whose run the caller saw end. Every release follows a
-    /// compare-and-set of the slot made after the read of the released
-    /// task, so a settle that read an older state cannot apply after it.
+    /// agent name's (its id reused), or ended; an ended task cancelled (or
+    /// deleted) while it ran keeps it until its `group_busy_until`, unless
+    /// the run cancelled is `ended`, the run the caller saw end (same task,
+    /// same claim fence). Every release follows a compare-and-set of the
+    /// slot made after the read of the released task, so a settle that read
+    /// an older state cannot apply after it.
     async fn settle(
         &self,
         slot: &Record,
         agent: &str,
         group: &str,
         cap: usize,
-        ended: Option<&Key>,
+        ended: Option<(&Key, u64)>,
     ) -> Result<bool, AgentError> {
         let running: Vec<Bson> = match slot.get(slot_fields::RUNNING) {
             Some(Bson::Array(a)) => a.clone(),
@@ -336,20 +374,26 @@ impl<S: Store + Clone> Groups<S> {
                 .into_iter()
                 .flatten()
                 .collect();
-            let busy = |t: &Record| t.get_time(fields::GROUP_BUSY_UNTIL).filter(|_| ended != Some(t.key()));
+            let run_ended = |k: &Key, fence: Option<i64>| {
+                ended.is_some_and(|(e, f)| e == k && fence.and_then(|x| u64::try_from(x).ok()) == Some(f))
+            };
+            let busy = |t: &Record| {
+                t.get_time(fields::GROUP_BUSY_UNTIL)
+                    .filter(|_| !run_ended(t.key(), t.get_i64(fields::GROUP_BUSY_FENCE)))
+            };
             // Listed, deleted while running (`Groups::deleted_while_running`),
             // and maybe still running: until when, unless its run ended.
-            let gone: Vec<(Key, StoreTime)> = gone_busy(slot)
+            let gone: Vec<(Key, StoreTime, Option<i64>)> = gone_busy(slot)
                 .into_iter()
-                .filter(|(k, _)| ended != Some(k) && !found.iter().any(|t| t.key() == k))
+                .filter(|(k, _, f)| !run_ended(k, *f) && !found.iter().any(|t| t.key() == k))
                 .collect();
             let now = if found.iter().any(|t| busy(t).is_some()) || !gone.is_empty() {
                 Some(self.store.now().await?)
             } else {
                 None
             };
-            for (k, until) in &gone {
-                if now.is_some_and(|n| n < *until) && keys.contains(k) {
+            for (k, until, _) in &gone {
+                if now.is_some_and(|n| n < *until) && keys.contains(k) && !kept.contains(k) {
                     kept.push(k.clone());
                 }
             }
@@ -390,9 +434,13 @@ impl<S: Store + Clone> Groups<S> {
         if releases || listed != running || slot.get_bool(slot_fields::ACTIVE) != Some(active) {
             let still_gone: Vec<Bson> = gone_busy(slot)
                 .into_iter()
-                .filter(|(k, _)| kept.contains(k))
-                .map(|(k, until)| Bson::Document(doc! { "id": k.as_bson().clone(), "until": until.to_bson_datetime() }))
+                .filter(|(k, _, _)| kept.contains(k))
+                .map(|(k, until, fence)| gone_entry(&k, until, fence))
                 .collect();
+            // Announced writes not landed: the slot stays in the sweep until
+            // they land, or until `LAND_BY` gives them up.
+            let (announced, landed) = (slot.get_i64(slot_fields::ANNOUNCED), slot.get_i64(slot_fields::LANDED));
+            let owed = announced.unwrap_or(0) > landed.unwrap_or(0);
             let write = |active: bool, cond: Condition| {
                 let m = Mutation::new()
                     .set(slot_fields::RUNNING, listed.clone())
@@ -404,17 +452,24 @@ impl<S: Store + Clone> Groups<S> {
                     (false, Ok(ttl)) => m.gc_after(ttl),
                     (false, Err(_)) => m,
                 };
+                // Given up: a later announcement counts from here.
+                let m = match (active, announced) {
+                    (false, Some(n)) if owed => m.set(slot_fields::LANDED, n),
+                    _ => m,
+                };
                 Write::new(cond, m)
             };
             let cas = Condition::RevIs(slot.rev());
             let mut applied = false;
             if !active {
-                // Out of the sweep only once no producer touched the slot for
-                // `QUIET`: one may have numbered a task not inserted yet.
-                let quiet = Condition::DueBy(slot_fields::QUIET_AFTER.into());
-                match self.store.write(&self.slots, slot.key(), &write(false, cas.clone().and(quiet))).await? {
+                // Out of the sweep only once every announced write landed, or
+                // was given up: a producer may have numbered a task whose
+                // insert has not landed yet.
+                let cond =
+                    if owed { cas.clone().and(Condition::DueBy(slot_fields::LAND_BY.into())) } else { cas.clone() };
+                match self.store.write(&self.slots, slot.key(), &write(false, cond)).await? {
                     WriteOutcome::Applied(_) => applied = true,
-                    // Not quiet yet: it stays active (below).
+                    // Still owed: it stays active (below).
                     WriteOutcome::Rejected(Some(now)) if now.rev() == slot.rev() => {}
                     WriteOutcome::Rejected(_) => return Ok(false),
                 }
@@ -436,17 +491,32 @@ impl<S: Store + Clone> Groups<S> {
     }
 }
 
-/// The slot's tasks deleted while they ran, with until when each may run.
-fn gone_busy(slot: &Record) -> Vec<(Key, StoreTime)> {
+/// The slot's tasks deleted while they ran, with until when each may run
+/// and the fence of the claim that ran it.
+fn gone_busy(slot: &Record) -> Vec<(Key, StoreTime, Option<i64>)> {
     let Some(Bson::Array(a)) = slot.get(slot_fields::GONE_BUSY) else { return Vec::new() };
     a.iter()
         .filter_map(|e| {
             let d = e.as_document()?;
             let k = Key::from_bson(d.get("id")?.clone()).ok()?;
             let until = StoreTime::from_millis(d.get_datetime("until").ok()?.timestamp_millis());
-            Some((k, until))
+            Some((k, until, d.get_i64("fence").ok()))
         })
         .collect()
+}
+
+/// An entry of [`slot_fields::GONE_BUSY`].
+fn gone_entry(task: &Key, until: StoreTime, fence: Option<impl TryInto<i64>>) -> Bson {
+    let mut e = doc! { "id": task.as_bson().clone(), "until": until.to_bson_datetime() };
+    if let Some(f) = fence {
+        e.insert("fence", f.try_into().unwrap_or(i64::MAX));
+    }
+    Bson::Document(e)
+}
+
+/// `m`, announcing a write that may add held tasks ([`slot_fields::ANNOUNCED`]).
+fn announcing(m: Mutation) -> Mutation {
+    m.inc(slot_fields::ANNOUNCED, 1).set_time_after(slot_fields::LAND_BY, LAND_WITHIN)
 }
 
 fn transient(why: String) -> AgentError {

@@ -165,7 +165,21 @@ impl<S: Store + Clone> Queue<S> {
         let mut out = Vec::with_capacity(docs.len());
         let mut first_error = None;
         for batch in batches {
-            let inserted = self.store.insert_many(&self.coll, batch.iter().map(|&i| docs[i].clone()).collect()).await?;
+            let inserted =
+                match self.store.insert_many(&self.coll, batch.iter().map(|&i| docs[i].clone()).collect()).await {
+                    Ok(inserted) => inserted,
+                    Err(e) => {
+                        // Made or not, the numbered inserts are over: said so, a
+                        // slot waits for nothing (an ambiguous insert that did land
+                        // is let through by this very nudge).
+                        if let Some((groups, pairs)) = &grouped {
+                            for (agent, group) in pairs {
+                                let _ = groups.landed(agent, group).await;
+                            }
+                        }
+                        return Err(e.into());
+                    }
+                };
             for (i, mut outcome) in batch.into_iter().zip(inserted) {
                 if let InsertOutcome::Duplicate(key) = &outcome {
                     match self.settle_duplicate(docs[i].clone(), &tasks[i], key.clone()).await {
@@ -180,9 +194,10 @@ impl<S: Store + Clone> Queue<S> {
         }
         if let Some((groups, pairs)) = grouped {
             for (agent, group) in pairs {
-                // The tasks are in: an agent's sweep finds them anyway, so a
-                // failed nudge delays them, and is no reason to enqueue again.
-                if let Err(e) = groups.nudge(&agent, &group).await {
+                // The tasks are in, and their slot stays in the sweep until
+                // this lands: a failed nudge delays them, and is no reason to
+                // enqueue again.
+                if let Err(e) = groups.landed(&agent, &group).await {
                     tracing::warn!(queue = %self.coll, agent, group, error = %e, "nudging the group's agents failed; their sweep lets the tasks through");
                 }
             }

@@ -103,6 +103,10 @@ pub mod fields {
     /// group's turn stays taken until then, or until its agent says the
     /// run ended.
     pub const GROUP_BUSY_UNTIL: &str = "group_busy_until";
+    /// Beside [`GROUP_BUSY_UNTIL`]: the fence of the claim whose run was
+    /// cancelled. Only the end of that run frees the turn early; a stale
+    /// run of an older claim ending says nothing of it.
+    pub const GROUP_BUSY_FENCE: &str = "group_busy_fence";
     /// The fence of the claim whose attempt timed out, while that attempt
     /// is the latest to have ended (the next outcome of another kind, or a
     /// requeue, removes it with [`TIMED_OUT_ATTEMPT`] and
@@ -126,7 +130,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 48] = [
+    pub const RESERVED: [&str; 49] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -173,6 +177,7 @@ pub mod fields {
         GROUP_SEQ,
         GROUP_HELD,
         GROUP_BUSY_UNTIL,
+        GROUP_BUSY_FENCE,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

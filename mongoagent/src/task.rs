@@ -479,7 +479,10 @@ impl Task {
     }
 
     /// Cancelled when the claim is lost (before its lease can lapse) or the agent
-    /// stops waiting for the handler; long handlers should select on it.
+    /// stops waiting for the handler; long handlers should select on it. A
+    /// handler still running when a lost claim's lease reaches its local
+    /// deadline is aborted (dropped at its next `.await`): past it, the
+    /// task's next run, or its group's next task, may begin.
     #[doc(alias = "cancelled")]
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel

@@ -71,6 +71,38 @@ impl Validity {
     }
 }
 
+impl Validity {
+    /// Waits until the local deadline has passed (the send time of the last
+    /// confirmed renewal plus ttl minus the safety margin), lost or not: the
+    /// last instant the holder may count on its lease, and the one by which
+    /// work under a lost lock must have stopped, since another holder may
+    /// begin once the lease ends on the store, the margin later. A renewal
+    /// confirmed meanwhile moves the deadline on: the wait then goes on.
+    ///
+    /// ```
+    /// # async fn demo(v: mongolock::Validity, work: impl std::future::Future<Output = ()>) {
+    /// // Work that must never outlive the lease: dropped at its deadline.
+    /// tokio::select! {
+    ///     _ = work => {}
+    ///     _ = v.lapsed() => {}
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only sleeps and reads the deadline.
+    pub async fn lapsed(&self) {
+        loop {
+            tokio::time::sleep_until(self.deadline()).await;
+            // A renewal may have moved the deadline while this slept.
+            if self.deadline() <= Instant::now() {
+                return;
+            }
+        }
+    }
+}
+
 /// A held lock. Release it with [`LockGuard::release`]; dropping it without
 /// releasing schedules a best-effort release in the background (it never blocks or
 /// panics; the lease lapses at its expiry if that release cannot reach the store).

@@ -38,7 +38,8 @@ impl<S: Store + Clone> Agent<S> {
     /// too, its turn frees, and the group's next task is let through at
     /// once (by an agent without a cap: the capped agents are nudged). A
     /// failure is logged: the sweep lets the task through later.
-    pub(super) async fn after_grouped(&self, group: Option<String>, processed: &Processed) {
+    /// `fence`: the fence of the run's claim.
+    pub(super) async fn after_grouped(&self, group: Option<String>, fence: u64, processed: &Processed) {
         let (Some(g), Some(group)) = (&self.inner.groups, group) else { return };
         // The run ended (the task may have, or wait for follow-ups, or have
         // been cancelled under it: the settle reads it).
@@ -47,7 +48,7 @@ impl<S: Store + Clone> Agent<S> {
             _ => return,
         };
         let done = match g.cap {
-            Some(cap) => g.groups.let_through(&self.inner.name, &group, cap, Some(ran)).await,
+            Some(cap) => g.groups.let_through(&self.inner.name, &group, cap, Some((ran, fence))).await,
             None => g.groups.nudge(&self.inner.name, &group).await,
         };
         if let Err(e) = done {

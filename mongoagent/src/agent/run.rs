@@ -44,10 +44,10 @@ impl<S: Store + Clone> Agent<S> {
     pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
         let Claimed { guard, record, permit } = c;
         let cancel = super::limits::task_cancellation(&guard, permit.as_ref());
-        let group = super::groups::group_of(record.data());
+        let (group, fence) = (super::groups::group_of(record.data()), guard.fence());
         let processed = self.run_claimed(guard, record, cancel, handler).await;
         if let Ok(p) = &processed {
-            self.after_grouped(group, p).await;
+            self.after_grouped(group, fence, p).await;
         }
         if let Ok(Processed::Abandoned(_)) = &processed {
             // Its claim is left to lapse, work of the handler perhaps still
@@ -134,12 +134,29 @@ impl<S: Store + Clone> Agent<S> {
         // this future is dropped (drain timeout), the handler is aborted with it.
         let started = tokio::time::Instant::now();
         let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
-        let joined = match timeout {
-            None => (&mut handle.0).await,
-            Some(limit) => match tokio::time::timeout(limit, &mut handle.0).await {
-                Ok(joined) => joined,
-                Err(_) => return self.timed_out(guard, &record, handle, (stop, &timed_out), limit).await,
-            },
+        let validity = guard.validity();
+        let timeout_at = async {
+            match timeout {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        // A handler whose claim was lost (cancelled, deleted, taken over) is
+        // told by its cancellation; one that goes on past the lease's local
+        // deadline is aborted there: past it, the task's next run, or its
+        // group's next task, may begin.
+        let outlived = async {
+            stop.cancelled().await;
+            validity.lapsed().await;
+        };
+        let joined = tokio::select! {
+            biased;
+            joined = &mut handle.0 => joined,
+            () = timeout_at => {
+                let limit = timeout.unwrap_or_default();
+                return self.timed_out(guard, &record, handle, (stop, &timed_out), limit).await;
+            }
+            () = outlived => return self.outlived(guard, &record, handle).await,
         };
         let outcome = match joined {
             Ok(o) => o,
@@ -181,7 +198,7 @@ impl<S: Store + Clone> Agent<S> {
             }
             Err(_) => {
                 crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
-                drop(handle);
+                handle.abort_and_wait().await;
                 tracing::warn!(
                     agent = %inner.name, task = %key, fence = guard.fence(), ?grace,
                     "the timed-out handler ignored its cancellation: aborted, its claim left to lapse"
@@ -202,6 +219,25 @@ impl<S: Store + Clone> Agent<S> {
                 Ok(done)
             }
         }
+    }
+
+    /// A handler that went on past its lost claim's lease: aborted. Its
+    /// outcome write, a failure, is made only if the claim is held after all
+    /// (it lapsed locally only: a host suspend, say); else it is stale.
+    async fn outlived(
+        &self,
+        guard: LockGuard<S>,
+        record: &Record,
+        handle: AbortOnDrop<Outcome>,
+    ) -> Result<Processed, AgentError> {
+        handle.abort_and_wait().await;
+        tracing::warn!(
+            agent = %self.inner.name, task = %record.key(), fence = guard.fence(),
+            "the handler went on past its lost claim's lease: aborted"
+        );
+        self.bump(|l| l.tasks_processed += 1);
+        let why = "its claim was lost, and its handler, still running at the lease's end, was aborted";
+        self.inner.finisher.finish(guard, record, Outcome::failed(why)).await
     }
 
     /// The error to fail `record`'s task with for good, without a run, when
@@ -235,6 +271,17 @@ impl<S: Store + Clone> Agent<S> {
 
 /// Aborts a spawned task when dropped.
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    /// Aborts the task and waits, for a moment at most, until its future
+    /// is dropped: what its drop does (a guard's release, a log line)
+    /// happens before what the caller does next. A handler blocked in
+    /// synchronous code is never dropped: the wait gives up.
+    async fn abort_and_wait(mut self) {
+        self.0.abort();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut self.0).await;
+    }
+}
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

@@ -47,7 +47,8 @@ impl<S: Store + Clone> Queue<S> {
             // until its handler has stopped: at the latest when the lease its
             // claim had ends (its agent stops it before then), exact because
             // the write is conditioned on the revision read (a renewal moves
-            // it). Its agent frees the turn as soon as the run ends.
+            // it). Its agent frees the turn as soon as that run ends (the
+            // mark names its claim's fence: no other run's end frees it).
             let busy_until = match (running, group, r.lease()) {
                 (true, Some(_), Some(lease)) => Some(lease.until),
                 _ => None,
@@ -55,7 +56,9 @@ impl<S: Store + Clone> Queue<S> {
             let cond = cancellable().and(Condition::FenceIs(r.fence()));
             let cond = if busy_until.is_some() { cond.and(Condition::RevIs(r.rev())) } else { cond };
             let mutation = match busy_until {
-                Some(t) => Mutation::new().set(fields::GROUP_BUSY_UNTIL, t.to_bson_datetime()),
+                Some(t) => Mutation::new()
+                    .set(fields::GROUP_BUSY_UNTIL, t.to_bson_datetime())
+                    .set(fields::GROUP_BUSY_FENCE, i64::try_from(r.fence()).unwrap_or(i64::MAX)),
                 None => Mutation::new(),
             };
             let w = Write::new(
@@ -149,20 +152,32 @@ impl<S: Store + Clone> Queue<S> {
         Ok(out)
     }
 
-    /// Deletes one task if `which` still holds. A grouped task running under
-    /// a live lease keeps its group's turn past its deletion (recorded in its
-    /// slot, with the lease's end, exact because the delete is conditioned
-    /// on the revision read: a renewal moves it) until its run has ended.
+    /// Deletes one task if `which` still holds. A grouped task whose run
+    /// may go on keeps its group's turn past its deletion (recorded in its
+    /// slot) until that run has ended: one running under a live lease, until
+    /// the lease's end, and one cancelled while it ran, until its
+    /// `group_busy_until`. A grouped task's delete is conditioned on the
+    /// revision read, so a claim, a renewal or a cancel in between is seen,
+    /// and the delete made again on what the task is now.
     async fn delete_record(&self, mut r: Record, which: &Condition, force: bool) -> Result<Option<Key>, AgentError> {
         for _ in 0..CANCEL_TRIES {
             let running = r.get_bool(fields::CLAIMED) == Some(true) && r.get_bool(fields::COMPLETE) != Some(true);
             let group = r.get_str(fields::GROUP_KEY).zip(r.get_str(fields::AGENT_NAME));
-            let cond = match (running, group, r.lease()) {
-                (true, Some((g, agent)), Some(lease)) => {
-                    self.groups()?.deleted_while_running(agent, g, r.key(), lease.until).await?;
+            let busy = match (running, r.lease(), r.get_time(fields::GROUP_BUSY_UNTIL)) {
+                (true, Some(lease), _) => Some((lease.until, r.fence())),
+                (false, _, Some(until)) if r.get_bool(fields::COMPLETE) == Some(true) => {
+                    let fence = r.get_i64(fields::GROUP_BUSY_FENCE).and_then(|f| u64::try_from(f).ok());
+                    Some((until, fence.unwrap_or(0)))
+                }
+                _ => None,
+            };
+            let cond = match (group, busy) {
+                (Some((g, agent)), Some(busy)) => {
+                    self.groups()?.deleted_while_running(agent, g, r.key(), busy).await?;
                     which.clone().and(Condition::RevIs(r.rev()))
                 }
-                _ => which.clone(),
+                (Some(_), None) => which.clone().and(Condition::RevIs(r.rev())),
+                (None, _) => which.clone(),
             };
             // Conditional again: a task requeued since it was read stays.
             match self.store.delete(&self.coll, r.key(), &cond).await? {
@@ -177,8 +192,9 @@ impl<S: Store + Clone> Queue<S> {
                     }
                     return Ok(Some(r.key().clone()));
                 }
-                // Renewed in between: again, on what it is now.
-                DeleteOutcome::Rejected(Some(now)) if running && group.is_some() && now.rev() != r.rev() => r = now,
+                // Claimed, renewed or cancelled in between: again, on what it
+                // is now (if `which` still holds).
+                DeleteOutcome::Rejected(Some(now)) if group.is_some() && now.rev() != r.rev() => r = now,
                 DeleteOutcome::Rejected(_) => return Ok(None),
             }
         }

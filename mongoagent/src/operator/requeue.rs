@@ -91,33 +91,36 @@ impl<S: Store + Clone> Queue<S> {
                 Some(_) => revive.set(fields::READY, false).set(fields::GROUP_HELD, true),
                 None => revive,
             };
-            // Its slot is touched first (kept in the sweep for a while), so
-            // a requeue that dies before its nudge below loses nothing.
+            // Announced in its slot first (which stays in the sweep until
+            // the landing below), so a requeue that dies before it loses
+            // nothing.
             if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
-                self.groups()?.nudge(agent, g).await?;
+                self.groups()?.announce(agent, g).await?;
             }
             let w = Write::new(which.clone().and(Condition::FenceIs(r.fence())), revive);
-            let mut applied = false;
-            for _ in 0..4 {
-                match self.store.write(&self.coll, r.key(), &w).await {
-                    Ok(o) => {
-                        applied = o.is_applied();
-                        break;
-                    }
-                    Err(StoreError::DuplicateKey { .. }) if retired.is_some() => {
-                        let k = retired.as_deref().unwrap_or_default();
-                        if let Some(holder) = self.free_key(k).await? {
-                            tracing::info!(queue = %self.coll, task = %r.key(), dedupe = k, %holder, "not requeued: its dedupe key is held by a live task");
-                            break;
+            let applied: Result<bool, AgentError> = async {
+                for _ in 0..4 {
+                    match self.store.write(&self.coll, r.key(), &w).await {
+                        Ok(o) => return Ok(o.is_applied()),
+                        Err(StoreError::DuplicateKey { .. }) if retired.is_some() => {
+                            let k = retired.as_deref().unwrap_or_default();
+                            if let Some(holder) = self.free_key(k).await? {
+                                tracing::info!(queue = %self.coll, task = %r.key(), dedupe = k, %holder, "not requeued: its dedupe key is held by a live task");
+                                return Ok(false);
+                            }
                         }
+                        Err(e) => return Err(e.into()),
                     }
-                    Err(e) => return Err(e.into()),
                 }
+                Ok(false)
             }
-            if applied {
-                if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
-                    self.groups()?.nudge(agent, g).await?;
-                }
+            .await;
+            // Made or not, the announced write is over (and a task held
+            // again is let through by this nudge).
+            if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
+                self.groups()?.landed(agent, g).await?;
+            }
+            if applied? {
                 out.push(r.key().clone());
             }
         }

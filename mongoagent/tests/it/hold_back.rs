@@ -18,6 +18,7 @@ pub(crate) enum Op<'a> {
     Write(&'a Write),
     Find(&'a Query),
     Claim(&'a Claim),
+    Delete(&'a Key),
 }
 
 type Matches = Box<dyn Fn(&Collection, Op<'_>) -> bool + Send + Sync>;
@@ -128,6 +129,7 @@ impl<S: Store> Intercept<S> for Holds {
             Call::Write(_, w) => Op::Write(w),
             Call::Find(q) | Call::FindEach(q) => Op::Find(q),
             Call::Claim(claim) | Call::ClaimMany(claim, _) => Op::Claim(claim),
+            Call::Delete(k, _) => Op::Delete(k),
             _ => return Ok(()),
         };
         self.pass(c, op).await;

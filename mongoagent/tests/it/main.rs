@@ -16,6 +16,7 @@ mod outbox;
 mod reserved;
 mod review_debounce;
 mod review_dedupe;
+mod review_group_runs;
 mod review_groups;
 mod review_idle;
 mod review_refactor;
@@ -78,6 +79,12 @@ mod review_groups_backends {
     //! Review of groups (#33): the cap, the order and nothing lost under
     //! operators, races, crashes and odd data, on every backend.
     store_test::on_all_backends!(crate::review_groups::review_groups_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_group_runs_backends {
+    //! Second review of groups (#33): runs that go on after their task
+    //! changed under them, and inserts that land late, on every backend.
+    store_test::on_all_backends!(crate::review_group_runs::review_group_runs_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

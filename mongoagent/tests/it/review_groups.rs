@@ -71,11 +71,11 @@ async fn live_in<S: Store>(s: &S, g: &str) -> Vec<String> {
 /// A producer's store: holds its next insert into `tasks` until opened,
 /// and fails its nudges (what a producer that dies between its insert and
 /// its nudge leaves: the insert made, the nudge not).
-struct Producer {
-    hold_insert: AtomicBool,
-    fail_nudge: AtomicBool,
-    reached: Notify,
-    open: Semaphore,
+pub(crate) struct Producer {
+    pub(crate) hold_insert: AtomicBool,
+    pub(crate) fail_nudge: AtomicBool,
+    pub(crate) reached: Notify,
+    pub(crate) open: Semaphore,
 }
 
 impl Default for Producer {
