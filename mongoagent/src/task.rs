@@ -479,10 +479,10 @@ impl Task {
     }
 
     /// Cancelled when the claim is lost (before its lease can lapse) or the agent
-    /// stops waiting for the handler; long handlers should select on it. A
-    /// handler still running when a lost claim's lease reaches its local
-    /// deadline is aborted (dropped at its next `.await`): past it, the
-    /// task's next run, or its group's next task, may begin.
+    /// stops waiting for the handler; long handlers should select on it. The
+    /// handler of a task cancelled or deleted under it that still runs when
+    /// its lease reaches its local deadline is aborted (dropped at its next
+    /// `.await`): past it, its group's next task may begin.
     #[doc(alias = "cancelled")]
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel

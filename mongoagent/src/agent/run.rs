@@ -141,12 +141,16 @@ impl<S: Store + Clone> Agent<S> {
                 None => std::future::pending().await,
             }
         };
-        // A handler whose claim was lost (cancelled, deleted, taken over) is
-        // told by its cancellation; one that goes on past the lease's local
-        // deadline is aborted there: past it, the task's next run, or its
-        // group's next task, may begin.
+        // A handler whose claim was lost is told by its cancellation. If its
+        // task was cancelled or deleted, one that goes on past the lease's
+        // local deadline is aborted there: past it, its group's next task may
+        // begin. A claim lost otherwise (lapsed, taken over) runs on, its
+        // outcome fenced out, as a paused process's would.
         let outlived = async {
             stop.cancelled().await;
+            if !self.ended_under(&key).await {
+                std::future::pending::<()>().await;
+            }
             validity.lapsed().await;
         };
         let joined = tokio::select! {
@@ -221,7 +225,22 @@ impl<S: Store + Clone> Agent<S> {
         }
     }
 
-    /// A handler that went on past its lost claim's lease: aborted. Its
+    /// Whether the task `key` was cancelled or deleted, read until a read
+    /// answers: an agent cut off from the server runs on, as a paused one
+    /// would, and learns it once it can.
+    async fn ended_under(&self, key: &Key) -> bool {
+        loop {
+            match self.inner.store.get(&self.inner.queue.coll, key).await {
+                Ok(got) => return got.record.is_none_or(|r| r.get_bool(fields::CANCELLED) == Some(true)),
+                Err(e) => {
+                    tracing::debug!(agent = %self.inner.name, task = %key, error = %e, "reading a task whose claim was lost failed; again");
+                    tokio::time::sleep(self.inner.poll_interval.min(std::time::Duration::from_secs(1))).await;
+                }
+            }
+        }
+    }
+
+    /// A handler that went on past its cancelled or deleted task's lease: aborted. Its
     /// outcome write, a failure, is made only if the claim is held after all
     /// (it lapsed locally only: a host suspend, say); else it is stale.
     async fn outlived(
