@@ -79,6 +79,7 @@ pub mod schedule;
 mod schema;
 mod shared;
 mod task;
+mod trace;
 mod wait;
 
 pub use agent::{Agent, AgentBuilder, AgentCounters, Handler, Processed};

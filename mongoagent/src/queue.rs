@@ -145,6 +145,20 @@ impl<S: Store + Clone> Queue<S> {
     /// the tasks; enqueuing the same tasks again (same ids or dedupe keys) is
     /// idempotent, so retry.
     pub async fn enqueue_all(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "mongoagent.enqueue",
+            otel.kind = "producer",
+            messaging.system = "mongoagent",
+            messaging.operation.type = "send",
+            messaging.destination.name = %self.coll,
+            messaging.batch.message_count = tasks.len(),
+        );
+        self.enqueue_traced(tasks).instrument(span).await
+    }
+
+    /// [`Queue::enqueue_all`], in its span (whose trace each task carries).
+    async fn enqueue_traced(&self, tasks: &[NewTask]) -> Result<Vec<InsertOutcome>, AgentError> {
         let mut docs = self.documents(tasks).await?;
         // Grouped tasks are numbered in their group before the insert, and
         // their agents nudged after it.
@@ -320,6 +334,8 @@ impl<S: Store + Clone> Queue<S> {
                     let ms = i64::try_from(w.as_millis()).unwrap_or(i64::MAX / 2);
                     d.insert(fields::DEDUPE_UNTIL, bson::DateTime::from_millis(now.as_millis().saturating_add(ms)));
                 }
+                // The enqueue's span (a follow-up's: its parent's run).
+                crate::trace::inject(&tracing::Span::current(), &mut d);
                 Ok(d)
             })
             .collect::<Result<Vec<_>, AgentError>>()

@@ -107,6 +107,10 @@ pub mod fields {
     /// cancelled. Only the end of that run frees the turn early; a stale
     /// run of an older claim ending says nothing of it.
     pub const GROUP_BUSY_FENCE: &str = "group_busy_fence";
+    /// The W3C trace context of the span that enqueued the task
+    /// (`{traceparent, tracestate}`): its runs continue that trace (with the
+    /// `otel` feature; the README's "Traces").
+    pub const TRACE_CONTEXT: &str = "trace_context";
     /// The fence of the claim whose attempt timed out, while that attempt
     /// is the latest to have ended (the next outcome of another kind, or a
     /// requeue, removes it with [`TIMED_OUT_ATTEMPT`] and
@@ -130,7 +134,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 49] = [
+    pub const RESERVED: [&str; 50] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -178,6 +182,7 @@ pub mod fields {
         GROUP_HELD,
         GROUP_BUSY_UNTIL,
         GROUP_BUSY_FENCE,
+        TRACE_CONTEXT,
         super::pending::FENCE,
         super::pending::FIELDS,
     ];

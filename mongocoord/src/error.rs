@@ -79,6 +79,10 @@ pub(crate) enum CliError {
         #[source]
         source: nix::errno::Errno,
     },
+    /// The trace exporter the environment asks for cannot be built (status 2).
+    #[cfg(feature = "otel")]
+    #[error("OTEL_EXPORTER_OTLP_*: {0}")]
+    Telemetry(#[source] opentelemetry_otlp::ExporterBuildError),
     /// No runtime could be started (status 1).
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),

@@ -20,6 +20,7 @@ mod queue_ops;
 mod runners;
 mod schedules;
 mod supervise;
+mod telemetry;
 mod terminal;
 mod views;
 
@@ -408,12 +409,11 @@ fn main() -> ExitCode {
         }
     }
     let filter = default_log_filter(cli.verbose);
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))
-        .with_writer(std::io::stderr)
-        // Colour only for a terminal: a log file or a pipe gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    // The supervisor exports nothing: its runner's spans tell its story.
+    let telemetry = match telemetry::init(filter, !matches!(cli.cmd, Cmd::Supervise { .. })) {
+        Ok(t) => t,
+        Err(e) => return fail("mongocoord", &e),
+    };
     // A large stack for the workers: decoding a document is recursive, and a
     // foreign document nested deep (MongoDB allows 100 levels) must not
     // overflow the default 2 MiB of a debug build.
@@ -431,6 +431,7 @@ fn main() -> ExitCode {
         close_clients().await;
         result
     });
+    telemetry.shutdown();
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => fail("mongocoord", &e),

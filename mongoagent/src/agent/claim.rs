@@ -95,6 +95,8 @@ pub(super) struct Claimed<S: Store + Clone> {
     pub(super) record: Record,
     /// The permit of the agent name's global concurrency it runs under, if limited.
     pub(super) permit: Option<Permit<S>>,
+    /// The claim it came from, for its run's trace.
+    pub(super) trace: crate::trace::ClaimTrace,
 }
 
 /// What one claim call got: its tasks, and whether it gave up with ready
@@ -486,12 +488,13 @@ impl<S: Store + Clone> Claimer<S> {
             Take::One => self.store.claim(&self.queue.coll, &claim).await?.into_iter().collect(),
         };
         crate::metrics::claimed(&self.queue.coll, &self.name, sent.elapsed());
+        let trace = crate::trace::claimed(self.queue.coll.as_str(), &self.name, records.len(), sent);
         let mut claimed = Vec::with_capacity(records.len());
         for record in records {
             // Kept like a lock's acquisition, by the agent's one `Leases`.
             let guard = self.leases.keep(&record, sent)?;
             tracing::debug!(agent = %self.name, task = %record.key(), fence = record.fence(), "task claimed");
-            claimed.push(Claimed { guard, record, permit: None });
+            claimed.push(Claimed { guard, record, permit: None, trace: trace.clone() });
         }
         if !claimed.is_empty() {
             self.control.needed();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use mongolock::{LockError, LockGuard};
 use store_trait::{Key, Mutation, Record, Store};
+use tracing::Instrument;
 
 use super::claim::Claimed;
 use super::finish::TimeoutMark;
@@ -42,10 +43,15 @@ impl<S: Store + Clone> Agent<S> {
     /// that waits for its follow-ups, was left by a crashed agent in the middle
     /// of a step: that step is finished instead.
     pub(super) async fn run(&self, c: Claimed<S>, handler: Arc<dyn Handler>) -> Result<Processed, AgentError> {
-        let Claimed { guard, record, permit } = c;
+        let Claimed { guard, record, permit, trace } = c;
         let cancel = super::limits::task_cancellation(&guard, permit.as_ref());
         let (group, fence) = (super::groups::group_of(record.data()), guard.fence());
-        let processed = self.run_claimed(guard, record, cancel, handler).await;
+        // The run continues its producer's trace; its handler runs inside it.
+        let span = crate::trace::run_span(&self.inner.name, &record, &trace);
+        let processed = self.run_claimed(guard, record, cancel, handler).instrument(span.clone()).await;
+        if let Ok(p) = &processed {
+            span.record("outcome", p.label());
+        }
         if let Ok(p) = &processed {
             self.after_grouped(group, fence, p).await;
         }
@@ -133,7 +139,7 @@ impl<S: Store + Clone> Agent<S> {
         // The handler runs on its own task: a panic is a failure, not a crash. If
         // this future is dropped (drain timeout), the handler is aborted with it.
         let started = tokio::time::Instant::now();
-        let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task)));
+        let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task).in_current_span()));
         let validity = guard.validity();
         let timeout_at = async {
             match timeout {
@@ -171,7 +177,8 @@ impl<S: Store + Clone> Agent<S> {
         if matches!(outcome, Outcome::Fail { .. }) {
             self.bump(|l| l.failed_tasks += 1);
         }
-        self.inner.finisher.finish(guard, &record, outcome).await
+        let span = crate::trace::outcome_span(&outcome);
+        self.inner.finisher.finish(guard, &record, outcome).instrument(span).await
     }
 
     /// An attempt whose timeout passed: its cancellation fires; a handler that

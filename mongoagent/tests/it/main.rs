@@ -12,6 +12,8 @@ mod input;
 mod limits;
 mod mechanisms;
 mod mongo_agent_spec;
+#[cfg(feature = "otel")]
+mod otel;
 mod outbox;
 mod reserved;
 mod review_debounce;

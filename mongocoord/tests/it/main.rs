@@ -13,6 +13,8 @@ use serde_json::Value;
 mod cron;
 mod dashboard;
 mod events;
+#[cfg(feature = "otel")]
+mod otel;
 mod reserved;
 mod schedules;
 mod supervise;
