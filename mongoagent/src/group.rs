@@ -31,7 +31,7 @@
 //!   bumps the slot's `enqueued` counter, and agents watch those writes
 //!   (without change notifications, they poll);
 //! - in every agent's **sweep** of its name's active slots: all of them at
-//!   its start, then every [`SWEEP`] those unchanged for as long, for what a
+//!   its start, then every [`SWEEP`] those not settled for as long, for what a
 //!   crash or a lost notification left.
 //!
 //! A slot with nothing running and nothing held is marked inactive, out of
@@ -52,7 +52,7 @@
 //! one of the held tasks (and one of the running ones when the cap is above
 //! 1 or another agent's task is listed), one compare-and-set and one write
 //! per task let through. Nothing scans the groups per claim; the sweep reads
-//! the active slots of the agent's name that did not change for [`SWEEP`]
+//! the active slots of the agent's name not settled for [`SWEEP`]
 //! (a group whose tasks end more often than that is never swept).
 
 use std::time::Duration;
@@ -82,6 +82,9 @@ pub const LAND_WITHIN: Duration = Duration::from_secs(3600);
 /// How long an inactive slot (nothing running, nothing held) is kept: its
 /// numbering goes on if the group is used again within this time.
 pub const SLOT_RETAIN: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The most held documents one settle reads to pass over unreadable ones.
+const MAX_HELD_READ: usize = 10_000;
 
 /// Compare-and-set rounds of one [`Groups::let_through`] before it leaves
 /// the rest to the next trigger (another agent is settling the same slot).
@@ -113,8 +116,10 @@ pub mod slot_fields {
     /// [`LAND_WITHIN`](super::LAND_WITHIN) after the last announcement
     /// (store clock): announcements not landed by then are given up.
     pub const LAND_BY: &str = "land_by";
-    /// [`SWEEP`](super::SWEEP) after the slot's last change: a periodic
-    /// sweep passes over a slot that changed since (store clock).
+    /// [`SWEEP`](super::SWEEP) after the slot's last settle: a periodic
+    /// sweep passes over a slot settled since (store clock). A producer's
+    /// touch does not move it: nudges that no agent hears would then keep
+    /// a busy group out of the sweep for ever.
     pub const SWEEP_AFTER: &str = "sweep_after";
 }
 
@@ -247,7 +252,6 @@ impl<S: Store + Clone> Groups<S> {
             .set(slot_fields::AGENT_NAME, agent)
             .set(slot_fields::GROUP, group)
             .set(slot_fields::ACTIVE, true)
-            .set_time_after(slot_fields::SWEEP_AFTER, SWEEP)
             .clear_gc();
         match self.store.write(&self.slots, &key, &Write::new(Condition::Always, m).upsert()).await? {
             WriteOutcome::Applied(r) => Ok(Some(r)),
@@ -316,7 +320,7 @@ impl<S: Store + Clone> Groups<S> {
     }
 
     /// Settles the active slots of `agent` (the sweep): with `all`, every
-    /// one (an agent starting knows nothing yet); else those unchanged for
+    /// one (an agent starting knows nothing yet); else those not settled for
     /// [`SWEEP`] (the others are being settled as their tasks end). Returns
     /// how many it read.
     pub(crate) async fn sweep(&self, agent: &str, cap: usize, all: bool) -> Result<usize, AgentError> {
@@ -334,6 +338,43 @@ impl<S: Store + Clone> Groups<S> {
             }
         }
         Ok(n)
+    }
+
+    /// The `free` oldest held tasks of the group (by number), with their
+    /// numbers, but none whose id is `kept`'s. A document the store cannot
+    /// read (another program's) is passed over: the query is made again,
+    /// larger, so that it never takes a readable task's place.
+    async fn oldest_held(
+        &self,
+        agent: &str,
+        group: &str,
+        free: usize,
+        kept: &[(Key, Option<i64>)],
+    ) -> Result<Vec<(Key, Option<i64>)>, AgentError> {
+        let mut limit = free + kept.len();
+        loop {
+            let q = Query::eq(doc! { fields::AGENT_NAME: agent, fields::GROUP_KEY: group, fields::GROUP_HELD: true })
+                .when(not_complete())
+                .sort(fields::GROUP_SEQ, Order::Asc)
+                .sort(reserved::ID, Order::Asc)
+                .limit(u32::try_from(limit).unwrap_or(u32::MAX));
+            let found = self.store.find_each(&self.tasks, &q).await?;
+            let (all, unreadable) = (found.len(), found.iter().filter(|r| r.is_err()).count());
+            let next: Vec<(Key, Option<i64>)> = found
+                .into_iter()
+                .flatten()
+                .filter(|t| !kept.iter().any(|(k, _)| k == t.key()))
+                .map(|t| (t.key().clone(), t.get_i64(fields::GROUP_SEQ)))
+                .take(free)
+                .collect();
+            if next.len() == free || unreadable == 0 || all < limit || limit >= MAX_HELD_READ {
+                if unreadable > 0 {
+                    tracing::warn!(queue = %self.tasks, agent, group, unreadable, "held documents of the group that cannot be read are passed over");
+                }
+                return Ok(next);
+            }
+            limit = (limit + unreadable).saturating_mul(2).min(MAX_HELD_READ);
+        }
     }
 
     /// The group of `key`, a slot key of `agent`, if it is one.
@@ -362,11 +403,18 @@ impl<S: Store + Clone> Groups<S> {
             Some(Bson::Array(a)) => a.clone(),
             _ => Vec::new(),
         };
-        // Listed and not ended; of those, still held.
-        let mut kept: Vec<Key> = Vec::new();
-        let mut held: Vec<Key> = Vec::new();
-        if !running.is_empty() {
-            let keys: Vec<Key> = running.iter().filter_map(|b| Key::from_bson(b.clone()).ok()).collect();
+        let entries = listed(&running);
+        // A found task is the one listed only with the number it was let
+        // through with: an id used again (in the group or elsewhere) is
+        // another task.
+        let same = |t: &Record| {
+            entries.iter().any(|(k, seq)| k == t.key() && seq.is_none_or(|s| t.get_i64(fields::GROUP_SEQ) == Some(s)))
+        };
+        // Listed and not ended; of those, still held (with their numbers).
+        let mut kept: Vec<(Key, Option<i64>)> = Vec::new();
+        let mut held: Vec<(Key, Option<i64>)> = Vec::new();
+        if !entries.is_empty() {
+            let keys: Vec<Key> = entries.iter().map(|(k, _)| k.clone()).collect();
             let found: Vec<Record> = self
                 .store
                 .find_each(&self.tasks, &Query::all().keys(keys.clone()))
@@ -385,7 +433,7 @@ impl<S: Store + Clone> Groups<S> {
             // and maybe still running: until when, unless its run ended.
             let gone: Vec<(Key, StoreTime, Option<i64>)> = gone_busy(slot)
                 .into_iter()
-                .filter(|(k, _, f)| !run_ended(k, *f) && !found.iter().any(|t| t.key() == k))
+                .filter(|(k, _, f)| !run_ended(k, *f) && !found.iter().any(|t| t.key() == k && same(t)))
                 .collect();
             let now = if found.iter().any(|t| busy(t).is_some()) || !gone.is_empty() {
                 Some(self.store.now().await?)
@@ -393,48 +441,40 @@ impl<S: Store + Clone> Groups<S> {
                 None
             };
             for (k, until, _) in &gone {
-                if now.is_some_and(|n| n < *until) && keys.contains(k) && !kept.contains(k) {
-                    kept.push(k.clone());
+                let entry = entries.iter().find(|(x, _)| x == k);
+                if let (true, Some((k, seq))) = (now.is_some_and(|n| n < *until), entry) {
+                    if !kept.iter().any(|(x, _)| x == k) {
+                        kept.push((k.clone(), *seq));
+                    }
                 }
             }
             for task in found {
-                let ours =
-                    task.get_str(fields::AGENT_NAME) == Some(agent) && task.get_str(fields::GROUP_KEY) == Some(group);
+                let ours = task.get_str(fields::AGENT_NAME) == Some(agent)
+                    && task.get_str(fields::GROUP_KEY) == Some(group)
+                    && same(&task);
                 let done = task.get_bool(fields::COMPLETE) == Some(true)
                     && busy(&task).is_none_or(|until| now.is_some_and(|n| n >= until));
-                if !ours || done {
+                if !ours || done || kept.iter().any(|(x, _)| x == task.key()) {
                     continue;
                 }
+                let entry = (task.key().clone(), task.get_i64(fields::GROUP_SEQ));
                 if task.get_bool(fields::GROUP_HELD) == Some(true) {
-                    held.push(task.key().clone());
+                    held.push(entry.clone());
                 }
-                kept.push(task.key().clone());
+                kept.push(entry);
             }
             // In the slot's order.
-            kept.sort_by_key(|k| keys.iter().position(|x| x == k));
+            kept.sort_by_key(|(k, _)| keys.iter().position(|x| x == k));
         }
         let free = cap.saturating_sub(kept.len());
-        let mut next: Vec<Key> = Vec::new();
-        if free > 0 {
-            let limit = u32::try_from(free + held.len()).unwrap_or(u32::MAX);
-            let q = Query::eq(doc! { fields::AGENT_NAME: agent, fields::GROUP_KEY: group, fields::GROUP_HELD: true })
-                .when(not_complete())
-                .sort(fields::GROUP_SEQ, Order::Asc)
-                .sort(reserved::ID, Order::Asc)
-                .limit(limit);
-            for task in self.store.find_each(&self.tasks, &q).await?.into_iter().flatten() {
-                if next.len() < free && !kept.contains(task.key()) {
-                    next.push(task.key().clone());
-                }
-            }
-        }
-        let listed: Vec<Bson> = kept.iter().chain(&next).map(|k| k.as_bson().clone()).collect();
+        let next = if free > 0 { self.oldest_held(agent, group, free, &kept).await? } else { Vec::new() };
+        let listed: Vec<Bson> = kept.iter().chain(&next).map(|(k, seq)| listed_entry(k, *seq)).collect();
         let active = !listed.is_empty();
         let releases = !held.is_empty() || !next.is_empty();
         if releases || listed != running || slot.get_bool(slot_fields::ACTIVE) != Some(active) {
             let still_gone: Vec<Bson> = gone_busy(slot)
                 .into_iter()
-                .filter(|(k, _, _)| kept.contains(k))
+                .filter(|(k, _, _)| kept.iter().any(|(x, _)| x == k))
                 .map(|(k, until, fence)| gone_entry(&k, until, fence))
                 .collect();
             // Announced writes not landed: the slot stays in the sweep until
@@ -478,9 +518,14 @@ impl<S: Store + Clone> Groups<S> {
                 return Ok(false);
             }
         }
-        for key in held.iter().chain(&next) {
+        for (key, seq) in held.iter().chain(&next) {
+            // That task, not one that took its id since.
+            let this = match seq {
+                Some(n) => Condition::FieldEq(fields::GROUP_SEQ.into(), Bson::Int64(*n)),
+                None => Condition::Always,
+            };
             let w = Write::new(
-                Condition::FieldEq(fields::GROUP_HELD.into(), Bson::Boolean(true)),
+                Condition::FieldEq(fields::GROUP_HELD.into(), Bson::Boolean(true)).and(this),
                 Mutation::new().set(fields::READY, true).unset(fields::GROUP_HELD),
             );
             if self.store.write(&self.tasks, key, &w).await?.is_applied() {
@@ -489,6 +534,27 @@ impl<S: Store + Clone> Groups<S> {
         }
         Ok(true)
     }
+}
+
+/// The entries of a slot's `running`: each task's id and the number it was
+/// let through with (an entry of an id alone matches any number).
+fn listed(running: &[Bson]) -> Vec<(Key, Option<i64>)> {
+    running
+        .iter()
+        .filter_map(|b| match b {
+            Bson::Document(d) => Some((Key::from_bson(d.get("id")?.clone()).ok()?, d.get_i64("seq").ok())),
+            other => Some((Key::from_bson(other.clone()).ok()?, None)),
+        })
+        .collect()
+}
+
+/// An entry of a slot's `running`.
+fn listed_entry(task: &Key, seq: Option<i64>) -> Bson {
+    let mut e = doc! { "id": task.as_bson().clone() };
+    if let Some(n) = seq {
+        e.insert("seq", n);
+    }
+    Bson::Document(e)
 }
 
 /// The slot's tasks deleted while they ran, with until when each may run

@@ -202,34 +202,41 @@ impl<S: Store + Clone> Agent<S> {
         // The attempt failed, whether its handler stops in time or not.
         self.bump(|l| l.failed_tasks += 1);
         let error = timed_out::error(limit);
-        match tokio::time::timeout(grace, &mut handle.0).await {
-            Ok(_) => {
-                crate::metrics::timed_out(&inner.queue.coll, &inner.name, "stopped");
-                self.inner.finisher.finish_marked(guard, record, Outcome::failed(error), TimeoutMark::This(limit)).await
-            }
-            Err(_) => {
-                crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
-                handle.abort_and_wait().await;
-                tracing::warn!(
-                    agent = %inner.name, task = %key, fence = guard.fence(), ?grace,
-                    "the timed-out handler ignored its cancellation: aborted, its claim left to lapse"
-                );
-                // Told under the claim, which it keeps (its lease is not
-                // touched): the next claim is the next attempt, or, with none
-                // left, fails the task for good saying why. Not written (the
-                // claim lost meanwhile): the next claim runs as after a crash.
-                let attempt = crate::task::attempt(record);
-                let mark =
-                    timed_out::mark(Mutation::new().set(fields::LAST_ERROR, error), guard.fence(), attempt, limit);
-                if let Err(e) = guard.write(mark).await {
-                    tracing::debug!(agent = %inner.name, task = %key, error = %e, "the timed-out attempt was not recorded");
-                }
-                guard.abandon();
-                let done = Processed::Abandoned(key);
-                crate::metrics::outcome(&inner.queue.coll, &inner.name, done.label());
-                Ok(done)
-            }
+        let validity = guard.validity();
+        let stopped = tokio::select! {
+            biased;
+            joined = tokio::time::timeout(grace, &mut handle.0) => joined.is_ok(),
+            // The claim lost in the grace (cancelled, deleted, taken over): its
+            // lease's end is the grace's too, for a run that failed anyway.
+            () = validity.lapsed() => false,
+        };
+        if stopped {
+            crate::metrics::timed_out(&inner.queue.coll, &inner.name, "stopped");
+            return self
+                .inner
+                .finisher
+                .finish_marked(guard, record, Outcome::failed(error), TimeoutMark::This(limit))
+                .await;
         }
+        crate::metrics::timed_out(&inner.queue.coll, &inner.name, "abandoned");
+        handle.abort_and_wait().await;
+        tracing::warn!(
+            agent = %inner.name, task = %key, fence = guard.fence(), ?grace,
+            "the timed-out handler ignored its cancellation: aborted, its claim left to lapse"
+        );
+        // Told under the claim, which it keeps (its lease is not
+        // touched): the next claim is the next attempt, or, with none
+        // left, fails the task for good saying why. Not written (the
+        // claim lost meanwhile): the next claim runs as after a crash.
+        let attempt = crate::task::attempt(record);
+        let mark = timed_out::mark(Mutation::new().set(fields::LAST_ERROR, error), guard.fence(), attempt, limit);
+        if let Err(e) = guard.write(mark).await {
+            tracing::debug!(agent = %inner.name, task = %key, error = %e, "the timed-out attempt was not recorded");
+        }
+        guard.abandon();
+        let done = Processed::Abandoned(key);
+        crate::metrics::outcome(&inner.queue.coll, &inner.name, done.label());
+        Ok(done)
     }
 
     /// Whether the task `key` was cancelled or deleted, read until a read

@@ -20,6 +20,7 @@ mod review_debounce;
 mod review_dedupe;
 mod review_group_runs;
 mod review_groups;
+mod review_groups3;
 mod review_idle;
 mod review_refactor;
 mod review_timeouts;
@@ -87,6 +88,13 @@ mod review_group_runs_backends {
     //! Second review of groups (#33): runs that go on after their task
     //! changed under them, and inserts that land late, on every backend.
     store_test::on_all_backends!(crate::review_group_runs::review_group_runs_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_groups3_backends {
+    //! Third review of groups (#33): ids used again in their own group,
+    //! handlers in a timeout's grace whose claim is lost, silent nudges,
+    //! foreign slot data, on every backend.
+    store_test::on_all_backends!(crate::review_groups3::review_groups3_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
