@@ -12,8 +12,9 @@
 //! One **slot document** per agent name and group, in `<queue>_groups`,
 //! decides whose turn it is. Its `running` array lists the tasks let through
 //! that were not yet seen ended. It changes only by compare-and-set on its
-//! rev, and a task is made ready only after a write of the slot made after
-//! the task was read. An id leaves `running` only once its task is seen
+//! `version` (which producers' numbering and nudges leave alone, so they
+//! never starve a settle), and a task is made ready only after a write of
+//! the slot made after the task was read. An id leaves `running` only once its task is seen
 //! ended (and, if it was cancelled or deleted while it ran, its run too:
 //! `group_busy_until`, [`slot_fields::GONE_BUSY`]), gone, or another
 //! group's; a task that is made live again (a requeue) is held again first.
@@ -116,6 +117,13 @@ pub mod slot_fields {
     /// [`LAND_WITHIN`](super::LAND_WITHIN) after the last announcement
     /// (store clock): announcements not landed by then are given up.
     pub const LAND_BY: &str = "land_by";
+    /// Bumped by every write of [`RUNNING`] or [`GONE_BUSY`], and by a
+    /// requeue's announcement: what a settle's compare-and-set is on. A
+    /// producer's numbering and nudges leave it, so that producers writing
+    /// a hot group's slot never starve its settles (a settle that would
+    /// mark the slot inactive is on the whole revision: a producer's write
+    /// in between keeps it active).
+    pub const VERSION: &str = "version";
     /// [`SWEEP`](super::SWEEP) after the slot's last settle: a periodic
     /// sweep passes over a slot settled since (store clock). A producer's
     /// touch does not move it: nudges that no agent hears would then keep
@@ -216,7 +224,8 @@ impl<S: Store + Clone> Groups<S> {
     /// Before a write that may make tasks of `group` held (a requeue): keeps
     /// the slot in the sweep until [`Groups::landed`] says it is made.
     pub(crate) async fn announce(&self, agent: &str, group: &str) -> Result<(), AgentError> {
-        self.touch(agent, group, announcing(Mutation::new())).await.map(drop)
+        // A settle under way reads again: it may have read the task ended.
+        self.touch(agent, group, announcing(Mutation::new()).inc(slot_fields::VERSION, 1)).await.map(drop)
     }
 
     /// Tells the agents of `agent` that tasks of `group` may be let through
@@ -281,7 +290,8 @@ impl<S: Store + Clone> Groups<S> {
                 .map(|(k, until, fence)| gone_entry(&k, until, fence))
                 .collect();
             gone.push(gone_entry(task, until, Some(fence)));
-            let w = Write::new(Condition::RevIs(slot.rev()), Mutation::new().set(slot_fields::GONE_BUSY, gone));
+            let m = Mutation::new().set(slot_fields::GONE_BUSY, gone).inc(slot_fields::VERSION, 1);
+            let w = Write::new(Condition::RevIs(slot.rev()), m);
             if self.store.write(&self.slots, &key, &w).await?.is_applied() {
                 return Ok(());
             }
@@ -481,8 +491,10 @@ impl<S: Store + Clone> Groups<S> {
             // they land, or until `LAND_BY` gives them up.
             let (announced, landed) = (slot.get_i64(slot_fields::ANNOUNCED), slot.get_i64(slot_fields::LANDED));
             let owed = announced.unwrap_or(0) > landed.unwrap_or(0);
+            let version = slot.get_i64(slot_fields::VERSION).unwrap_or(0);
             let write = |active: bool, cond: Condition| {
                 let m = Mutation::new()
+                    .set(slot_fields::VERSION, version.saturating_add(1))
                     .set(slot_fields::RUNNING, listed.clone())
                     .set(slot_fields::GONE_BUSY, still_gone.clone())
                     .set(slot_fields::ACTIVE, active)
@@ -499,14 +511,20 @@ impl<S: Store + Clone> Groups<S> {
                 };
                 Write::new(cond, m)
             };
-            let cas = Condition::RevIs(slot.rev());
+            // No other settle, delete or requeue wrote the slot since it was
+            // read (a missing version reads as 0).
+            let cas = match version {
+                0 => Condition::AtMost(slot_fields::VERSION.into(), 0),
+                v => Condition::FieldEq(slot_fields::VERSION.into(), Bson::Int64(v)),
+            };
             let mut applied = false;
             if !active {
                 // Out of the sweep only once every announced write landed, or
                 // was given up: a producer may have numbered a task whose
-                // insert has not landed yet.
-                let cond =
-                    if owed { cas.clone().and(Condition::DueBy(slot_fields::LAND_BY.into())) } else { cas.clone() };
+                // insert has not landed yet. On the whole revision: a
+                // producer's write since the read keeps it active.
+                let whole = Condition::RevIs(slot.rev());
+                let cond = if owed { whole.and(Condition::DueBy(slot_fields::LAND_BY.into())) } else { whole };
                 match self.store.write(&self.slots, slot.key(), &write(false, cond)).await? {
                     WriteOutcome::Applied(_) => applied = true,
                     // Still owed: it stays active (below).
