@@ -7,7 +7,8 @@
 //!   later term). A term that ends before its `on_leader` started is not reported
 //!   at all: its pending `on_leader` is dropped and no loss follows, so the user
 //!   never hears "leader" for a term that is already over, and for one node the
-//!   two callbacks still strictly alternate, leader first.
+//!   two callbacks still strictly alternate, leader first. Without an
+//!   `on_leader`, every term's loss is reported.
 //! - The **info lane** runs `on_new_leader` and `on_loop`, each coalesced: at most
 //!   one of each is pending, with the latest leader. A slow `on_loop` delays
 //!   neither lane's other work nor a loss.
@@ -176,9 +177,15 @@ impl Dispatcher {
         self.shared.info_wake.notify_one();
     }
 
-    /// This node became leader of the term cancelled by `term`.
+    /// This node became leader of the term cancelled by `term`. Without an
+    /// `on_leader` there is nothing to start: the term counts as reported at
+    /// once, so that its loss is always reported, however short the term.
     pub(crate) fn leader(&self, term: CancellationToken) {
-        self.update(|p| p.push_leader(term));
+        if self.shared.handlers.on_leader.is_some() {
+            self.update(|p| p.push_leader(term));
+        } else {
+            self.update(|p| p.reported = true);
+        }
     }
 
     /// This node's term ended.
@@ -339,6 +346,26 @@ mod tests {
         p.push_loss();
         assert_eq!(kind(p.next_term_job()), "loss");
         assert_eq!(kind(p.next_term_job()), "-");
+    }
+
+    #[tokio::test]
+    async fn without_an_on_leader_a_short_terms_loss_is_reported() {
+        let losses = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let l = losses.clone();
+        let on_loss: Callback = Arc::new(move || {
+            l.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let d = Dispatcher::new("k".into(), Handlers { on_leader_loss: Some(on_loss), ..Handlers::default() });
+        // The term ends before any lane ran.
+        d.leader(CancellationToken::new());
+        d.loss();
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while losses.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the loss was reported");
     }
 
     #[test]
