@@ -304,7 +304,10 @@ fn replacement(holder: &Record, doc: &Document, after: Duration) -> Mutation {
     let mut set = doc.clone();
     set.remove(store_trait::fields::ID);
     set.remove(fields::RUN_AT);
-    let optional = [fields::MAX_ATTEMPTS, fields::TIMEOUT_MS];
+    // Reserved fields an enqueue may or may not write: one this enqueue did
+    // not is removed (its trace context too: the task runs in the trace of
+    // the enqueue whose data it has, or in none).
+    let optional = [fields::MAX_ATTEMPTS, fields::TIMEOUT_MS, fields::TRACE_CONTEXT];
     let gone: Vec<String> = holder
         .data()
         .keys()

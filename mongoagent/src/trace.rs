@@ -15,9 +15,10 @@
 //! With the `otel` feature, a run span links to a `mongoagent.claim` span
 //! (made only for claims that got tasks, from the global tracer provider),
 //! and the context is read from, and written to, the `tracing-opentelemetry`
-//! layer; without it, no `trace_context` is written and runs start their own
-//! traces. A trace context in a document that is not one (a foreign
-//! document) is ignored.
+//! layer (a process without the layer passes a run's stored context on, as
+//! it is, to what the run enqueues); without the feature, no
+//! `trace_context` is written and runs start their own traces. A trace
+//! context in a document that is not one (a foreign document) is ignored.
 
 use bson::Document;
 use tracing::Span;
@@ -29,15 +30,71 @@ pub(crate) struct ClaimTrace {
     span: Option<opentelemetry::trace::SpanContext>,
 }
 
+#[cfg(feature = "otel")]
+tokio::task_local! {
+    /// The trace context stored in the task whose run this is: passed on
+    /// as it is where no layer makes the run's span part of a trace.
+    static STORED: Option<Document>;
+}
+
 /// Puts the trace context of `span` into `doc`, a task about to be inserted,
-/// if `span` is in a trace.
+/// if `span` is in a trace; else, inside a run ([`carry`]), the run's task's
+/// own stored context, so that a process that exports nothing still passes
+/// its producer's trace on to the follow-ups and tasks it enqueues.
 pub(crate) fn inject(span: &Span, doc: &mut Document) {
     #[cfg(feature = "otel")]
-    if let Some(cx) = otel::context_of(span) {
+    if let Some(cx) = otel::context_of(span).or_else(|| STORED.try_with(Clone::clone).ok().flatten()) {
         doc.insert(crate::schema::fields::TRACE_CONTEXT, cx);
     }
     #[cfg(not(feature = "otel"))]
     let _ = (span, doc);
+}
+
+/// The trace context stored in a claimed task, for [`carry`].
+#[derive(Debug, Default)]
+pub(crate) struct Stored {
+    #[cfg(feature = "otel")]
+    context: Option<Document>,
+}
+
+/// The trace context `record`'s task carries, if well formed.
+pub(crate) fn stored(record: &store_trait::Record) -> Stored {
+    #[cfg(feature = "otel")]
+    {
+        let context = record.data().get_document(crate::schema::fields::TRACE_CONTEXT).ok();
+        Stored { context: context.filter(|d| otel::parse(d).is_some()).cloned() }
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = record;
+        Stored::default()
+    }
+}
+
+/// `fut` (a run of a task), with the task's stored trace context at hand
+/// for [`inject`].
+pub(crate) fn carry<F: std::future::Future>(stored: Stored, fut: F) -> impl std::future::Future<Output = F::Output> {
+    #[cfg(feature = "otel")]
+    {
+        STORED.scope(stored.context, fut)
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = stored;
+        fut
+    }
+}
+
+/// `fut`, to be spawned from inside a run: with the run's stored trace
+/// context at hand, as [`carry`] gives it (a spawned task has its own).
+pub(crate) fn carried<F: std::future::Future>(fut: F) -> impl std::future::Future<Output = F::Output> {
+    #[cfg(feature = "otel")]
+    {
+        let stored = STORED.try_with(Clone::clone).ok().flatten();
+        STORED.scope(stored, fut)
+    }
+    #[cfg(not(feature = "otel"))]
+    fut
 }
 
 /// A claim that got `tasks` tasks, sent at `sent`.
@@ -54,7 +111,10 @@ pub(crate) fn claimed(queue: &str, agent: &str, tasks: usize, sent: tokio::time:
 /// The span of a run of the claimed task `record`, continuing its
 /// producer's trace and linked to its claim.
 pub(crate) fn run_span(agent: &str, record: &store_trait::Record, claim: &ClaimTrace) -> Span {
+    // Its parent is its producer, never the agent's current span: a worker
+    // loop's span would otherwise hold every run it ever made.
     let span = tracing::info_span!(
+        parent: None,
         "mongoagent.run",
         otel.kind = "consumer",
         messaging.system = "mongoagent",

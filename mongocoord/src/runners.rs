@@ -324,7 +324,7 @@ pub(crate) async fn work_tasks(
                 vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.fence().to_string())];
             vars.extend(env(&task));
             // The command continues the run's trace (W3C `TRACEPARENT`).
-            vars.extend(crate::telemetry::traceparent().map(|t| ("TRACEPARENT", t)));
+            vars.extend(crate::telemetry::trace_env(&task));
             let spec = Spec { argv: &argv, env: vars, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
             let mut stops = Stops::new();
             stops.terminate_on(&signal, Why::Signal);

@@ -3,7 +3,9 @@
 //! is set, its traces over OTLP (HTTP/protobuf, the `otel` feature, on by
 //! default): a task's run in `mongocoord agent` continues the trace of the
 //! process that enqueued it, and the command it runs gets `TRACEPARENT`
-//! (`runners.rs`). `OTEL_SDK_DISABLED=true` turns the export off; the other
+//! (and `TRACESTATE`; `runners.rs`), and a `mongocoord` run with
+//! `TRACEPARENT` set continues that trace. `OTEL_SDK_DISABLED=true` and
+//! `OTEL_TRACES_EXPORTER=none` turn the export off; the other
 //! standard variables (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_EXPORTER_OTLP_HEADERS`, …) are read by the exporter.
 
@@ -52,29 +54,83 @@ pub(crate) fn init(filter: &str, traces: bool) -> Result<Telemetry, CliError> {
 }
 
 impl Telemetry {
-    /// Sends the spans still buffered, and stops the exporter.
+    /// Sends the spans still buffered, and stops the exporter: within 1 s
+    /// unless `OTEL_EXPORTER_OTLP_TIMEOUT` (or its traces variant) says how
+    /// long an export may take, so that a hung collector does not hold up
+    /// every exit of a script's `mongocoord` calls by the SDK's 5 s.
     pub(crate) fn shutdown(self) {
         #[cfg(feature = "otel")]
         if let Some(p) = self.provider {
-            if let Err(e) = p.shutdown() {
+            let told = ["OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"]
+                .iter()
+                .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+            let done = if told { p.shutdown() } else { p.shutdown_with_timeout(std::time::Duration::from_secs(1)) };
+            if let Err(e) = done {
                 eprintln!("mongocoord: sending the last traces failed: {e}");
             }
         }
     }
 }
 
-/// The W3C `traceparent` of the current span, if it is in a trace.
-pub(crate) fn traceparent() -> Option<String> {
+/// What a task's command gets to continue the run's trace: `TRACEPARENT`
+/// (and `TRACESTATE`) of the run's span if it is in a trace, else of the
+/// context the task carries (an agent that exports nothing still passes its
+/// producer's trace on).
+pub(crate) fn trace_env(task: &mongoagent::Task) -> Vec<(&'static str, String)> {
     #[cfg(feature = "otel")]
     {
         use opentelemetry::trace::TraceContextExt as _;
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
         let cx = tracing::Span::current().context();
         let sc = cx.span().span_context().clone();
-        sc.is_valid().then(|| format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8()))
+        let mut env = Vec::new();
+        if sc.is_valid() {
+            let flags = sc.trace_flags().to_u8();
+            env.push(("TRACEPARENT", format!("00-{}-{}-{flags:02x}", sc.trace_id(), sc.span_id())));
+            let state = sc.trace_state().header();
+            if !state.is_empty() {
+                env.push(("TRACESTATE", state));
+            }
+        } else if let Ok(stored) = task.data().get_document("trace_context") {
+            for (var, field) in [("TRACEPARENT", "traceparent"), ("TRACESTATE", "tracestate")] {
+                // As stored (ASCII, at most 8 KiB): the command parses it.
+                if let Some(v) = stored.get_str(field).ok().filter(|v| v.len() <= 8192 && v.is_ascii()) {
+                    env.push((var, v.to_owned()));
+                }
+            }
+        }
+        env
     }
     #[cfg(not(feature = "otel"))]
-    None
+    {
+        let _ = task;
+        Vec::new()
+    }
+}
+
+/// The span the whole command runs in when `TRACEPARENT` is set (a task's
+/// command that calls `mongocoord` again): with the trace export on, a
+/// child of the trace it names. Else none: a runner's task runs are each
+/// the root of their own trace, or continue their task's.
+pub(crate) fn command_span() -> tracing::Span {
+    let Ok(parent) = std::env::var("TRACEPARENT") else { return tracing::Span::none() };
+    let span = tracing::info_span!("mongocoord");
+    #[cfg(feature = "otel")]
+    {
+        use opentelemetry::propagation::TextMapPropagator as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let mut carrier = std::collections::HashMap::new();
+        carrier.insert("traceparent".to_owned(), parent);
+        if let Ok(state) = std::env::var("TRACESTATE") {
+            carrier.insert("tracestate".to_owned(), state);
+        }
+        let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+        // Fails only without the layer: nothing to continue then.
+        let _ = span.set_parent(cx);
+    }
+    #[cfg(not(feature = "otel"))]
+    drop(parent);
+    span
 }
 
 #[cfg(feature = "otel")]
@@ -88,6 +144,16 @@ mod otel {
     pub(super) fn provider() -> Result<Option<SdkTracerProvider>, CliError> {
         let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
         let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+        let exporter = std::env::var("OTEL_TRACES_EXPORTER").unwrap_or_default();
+        match exporter.trim() {
+            "" | "otlp" => {}
+            "none" => return Ok(None),
+            other => {
+                return Err(CliError::invalid(format!(
+                    "OTEL_TRACES_EXPORTER={other:?}: only otlp and none are supported"
+                )))
+            }
+        }
         if disabled || !(set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
             return Ok(None);
         }

@@ -48,7 +48,9 @@ impl<S: Store + Clone> Agent<S> {
         let (group, fence) = (super::groups::group_of(record.data()), guard.fence());
         // The run continues its producer's trace; its handler runs inside it.
         let span = crate::trace::run_span(&self.inner.name, &record, &trace);
-        let processed = self.run_claimed(guard, record, cancel, handler).instrument(span.clone()).await;
+        let stored = crate::trace::stored(&record);
+        let run = crate::trace::carry(stored, self.run_claimed(guard, record, cancel, handler));
+        let processed = run.instrument(span.clone()).await;
         if let Ok(p) = &processed {
             span.record("outcome", p.label());
         }
@@ -139,7 +141,7 @@ impl<S: Store + Clone> Agent<S> {
         // The handler runs on its own task: a panic is a failure, not a crash. If
         // this future is dropped (drain timeout), the handler is aborted with it.
         let started = tokio::time::Instant::now();
-        let mut handle = AbortOnDrop(tokio::spawn(handler.handle(task).in_current_span()));
+        let mut handle = AbortOnDrop(tokio::spawn(crate::trace::carried(handler.handle(task)).in_current_span()));
         let validity = guard.validity();
         let timeout_at = async {
             match timeout {

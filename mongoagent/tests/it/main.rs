@@ -22,6 +22,7 @@ mod review_group_runs;
 mod review_groups;
 mod review_groups3;
 mod review_idle;
+mod review_otel;
 mod review_refactor;
 mod review_timeouts;
 mod schedules;

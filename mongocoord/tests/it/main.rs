@@ -16,6 +16,8 @@ mod events;
 #[cfg(feature = "otel")]
 mod otel;
 mod reserved;
+#[cfg(feature = "otel")]
+mod review_otel;
 mod schedules;
 mod supervise;
 mod timeouts;
