@@ -133,9 +133,9 @@ pub(crate) fn run_span(agent: &str, record: &store_trait::Record, claim: &ClaimT
 
 /// The span of an outcome's write: `mongoagent.complete`, or
 /// `mongoagent.fail` (an error status, saying why).
-pub(crate) fn outcome_span(outcome: &crate::Outcome) -> Span {
+pub(crate) fn outcome_span(outcome: &crate::outcome::Outcome) -> Span {
     match outcome {
-        crate::Outcome::Fail { error, .. } => {
+        crate::outcome::Outcome::Fail { error, .. } => {
             tracing::info_span!("mongoagent.fail", otel.status_code = "ERROR", otel.status_description = %error)
         }
         _ => tracing::info_span!("mongoagent.complete"),
