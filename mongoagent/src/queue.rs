@@ -112,7 +112,7 @@ impl<S: Store + Clone> Queue<S> {
                     vec![(fields::JOIN.into(), Order::Asc), (fields::JOIN_ROUND.into(), Order::Asc)],
                 )
                 .sparse();
-                // A group's held tasks in order (`group.rs`); sparse: only grouped tasks.
+                // A group's held tasks in order (`group/`); sparse: only grouped tasks.
                 let group = IndexSpec::new(
                     "group",
                     vec![

@@ -11,22 +11,14 @@ use std::time::Duration;
 use bson::doc;
 use mongoagent::{Outcome, Processed, Queue, Task};
 use store_test::{Harness, Intercepted};
-use store_trait::{Collection, Condition, Key, Mutation, Query, Store, Write};
+use store_trait::{Condition, Key, Mutation, Query, Store, Write};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::groups::{agent, grouped, Log};
 use crate::hold_back::{HoldBack, Op};
-use crate::review_groups::Producer;
-
-fn tasks() -> Collection {
-    Collection::new("tasks").unwrap()
-}
-
-fn slots() -> Collection {
-    Collection::new("tasks_groups").unwrap()
-}
+use crate::review_groups::{ended, slots, started, tasks, until, Producer};
 
 /// Logs a run's end when dropped: a handler aborted ends too.
 struct Ends(Log, i64);
@@ -54,22 +46,6 @@ fn stubborn(
             }
             Outcome::done()
         })
-    }
-}
-
-fn started(log: &Log, i: i64) -> bool {
-    log.lock().unwrap().iter().any(|(_, j, s)| *j == i && *s)
-}
-
-fn ended(log: &Log, i: i64) -> bool {
-    log.lock().unwrap().iter().any(|(_, j, s)| *j == i && !*s)
-}
-
-async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 use crate::groups::{agent, grouped, Log};
 use crate::hold_back::{HoldBack, Op};
 
-fn tasks() -> Collection {
+pub(crate) fn tasks() -> Collection {
     Collection::new("tasks").unwrap()
 }
 
-fn slots() -> Collection {
+pub(crate) fn slots() -> Collection {
     Collection::new("tasks_groups").unwrap()
 }
 
@@ -42,15 +42,15 @@ fn most_at_once(log: &[(String, i64, bool)]) -> usize {
     most
 }
 
-fn started(log: &Log, i: i64) -> bool {
+pub(crate) fn started(log: &Log, i: i64) -> bool {
     log.lock().unwrap().iter().any(|(_, j, s)| *j == i && *s)
 }
 
-fn ended(log: &Log, i: i64) -> bool {
+pub(crate) fn ended(log: &Log, i: i64) -> bool {
     log.lock().unwrap().iter().any(|(_, j, s)| *j == i && !*s)
 }
 
-async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+pub(crate) async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

@@ -20,14 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::groups::{agent, grouped, Log};
 use crate::hold_back::{HoldBack, Op};
-
-fn tasks() -> Collection {
-    Collection::new("tasks").unwrap()
-}
-
-fn slots() -> Collection {
-    Collection::new("tasks_groups").unwrap()
-}
+use crate::review_groups::{slots, started, tasks, until};
 
 /// Logs a run's end when dropped: a handler aborted ends too.
 struct Ends(Log, String, i64);
@@ -59,21 +52,9 @@ fn stubborn(log: Log, release: Arc<Notify>) -> impl Fn(Task) -> Boxed + Send + S
     }
 }
 
-fn started(log: &Log, i: i64) -> bool {
-    log.lock().unwrap().iter().any(|(_, j, s)| *j == i && *s)
-}
-
 /// Where in the log run `run` of task `i` started (or ended).
 fn at(log: &[(String, i64, bool)], run: Option<&str>, i: i64, start: bool) -> Option<usize> {
     log.iter().position(|(r, j, s)| *j == i && *s == start && run.is_none_or(|x| x == r))
-}
-
-async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// An agent of `w` with a cap of 1 whose attempts time out after `limit`

@@ -16,7 +16,7 @@ use prost::Message;
 use super::{env, wait_until};
 
 /// An OTLP/HTTP receiver: the bodies of the requests to `/v1/traces`.
-fn collector() -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
+pub(super) fn collector() -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let got = Arc::new(Mutex::new(Vec::new()));
@@ -66,7 +66,7 @@ fn collector() -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
     (url, got)
 }
 
-fn spans(bodies: &Mutex<Vec<Vec<u8>>>) -> Vec<Span> {
+pub(super) fn spans(bodies: &Mutex<Vec<Vec<u8>>>) -> Vec<Span> {
     let bodies = bodies.lock().unwrap();
     let mut out = Vec::new();
     for b in bodies.iter() {
@@ -80,7 +80,7 @@ fn spans(bodies: &Mutex<Vec<Vec<u8>>>) -> Vec<Span> {
     out
 }
 
-fn hex(b: &[u8]) -> String {
+pub(super) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

@@ -7,71 +7,14 @@
 //! Each test says in its doc comment whether the attack HELD (the test
 //! passes) or is a FINDING (the test fails, as written against the promise).
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::process::Output;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message;
 
+use super::otel::{collector, hex, spans};
 use super::{env, wait_until, Env, BIN};
-
-/// An OTLP/HTTP receiver (as `otel.rs`'s): the bodies of the requests to
-/// `/v1/traces`.
-fn collector() -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let bodies = got.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            let bodies = bodies.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let traces = line.starts_with("POST /v1/traces ");
-                    let mut length = 0;
-                    loop {
-                        let mut h = String::new();
-                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if h == "\r\n" {
-                            break;
-                        }
-                        if let Some((k, v)) = h.split_once(':') {
-                            if k.eq_ignore_ascii_case("content-length") {
-                                length = v.trim().parse().unwrap();
-                            }
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    if traces {
-                        bodies.lock().unwrap().push(body);
-                    }
-                    let reply = "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
-                    if conn.write_all(reply.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (url, got)
-}
 
 /// A collector that accepts connections and never answers (nor reads).
 fn black_hole() -> String {
@@ -84,24 +27,6 @@ fn black_hole() -> String {
         }
     });
     url
-}
-
-fn spans(bodies: &Mutex<Vec<Vec<u8>>>) -> Vec<Span> {
-    let bodies = bodies.lock().unwrap();
-    let mut out = Vec::new();
-    for b in bodies.iter() {
-        let req = ExportTraceServiceRequest::decode(b.as_slice()).unwrap();
-        for rs in req.resource_spans {
-            for ss in rs.scope_spans {
-                out.extend(ss.spans);
-            }
-        }
-    }
-    out
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn stderr(o: &Output) -> String {

@@ -67,6 +67,9 @@ use store_trait::{
 use crate::error::AgentError;
 use crate::schema::{fields, not_complete};
 
+mod slot;
+use slot::{announcing, gone_busy, gone_entry, listed, listed_entry, slot_key, slot_prefix};
+
 /// The longest group key, in bytes.
 pub const MAX_GROUP_LEN: usize = 256;
 
@@ -141,18 +144,6 @@ pub(crate) fn check(agent: &str, group: &str) -> Result<(), AgentError> {
         )));
     }
     slot_key(agent, group).map(drop)
-}
-
-/// The slot's key: the agent name's length first, so that no two (agent,
-/// group) pairs share one.
-fn slot_key(agent: &str, group: &str) -> Result<Key, AgentError> {
-    Key::new(format!("{}:{agent}/{group}", agent.len()))
-        .map_err(|e| AgentError::InvalidTask(format!("agent name and group key too long together: {e}")))
-}
-
-/// The prefix of the slot keys of `agent`.
-fn slot_prefix(agent: &str) -> String {
-    format!("{}:{agent}/", agent.len())
 }
 
 /// A queue's groups: its tasks, and the slot documents beside them.
@@ -552,55 +543,6 @@ impl<S: Store + Clone> Groups<S> {
         }
         Ok(true)
     }
-}
-
-/// The entries of a slot's `running`: each task's id and the number it was
-/// let through with (an entry of an id alone matches any number).
-fn listed(running: &[Bson]) -> Vec<(Key, Option<i64>)> {
-    running
-        .iter()
-        .filter_map(|b| match b {
-            Bson::Document(d) => Some((Key::from_bson(d.get("id")?.clone()).ok()?, d.get_i64("seq").ok())),
-            other => Some((Key::from_bson(other.clone()).ok()?, None)),
-        })
-        .collect()
-}
-
-/// An entry of a slot's `running`.
-fn listed_entry(task: &Key, seq: Option<i64>) -> Bson {
-    let mut e = doc! { "id": task.as_bson().clone() };
-    if let Some(n) = seq {
-        e.insert("seq", n);
-    }
-    Bson::Document(e)
-}
-
-/// The slot's tasks deleted while they ran, with until when each may run
-/// and the fence of the claim that ran it.
-fn gone_busy(slot: &Record) -> Vec<(Key, StoreTime, Option<i64>)> {
-    let Some(Bson::Array(a)) = slot.get(slot_fields::GONE_BUSY) else { return Vec::new() };
-    a.iter()
-        .filter_map(|e| {
-            let d = e.as_document()?;
-            let k = Key::from_bson(d.get("id")?.clone()).ok()?;
-            let until = StoreTime::from_millis(d.get_datetime("until").ok()?.timestamp_millis());
-            Some((k, until, d.get_i64("fence").ok()))
-        })
-        .collect()
-}
-
-/// An entry of [`slot_fields::GONE_BUSY`].
-fn gone_entry(task: &Key, until: StoreTime, fence: Option<impl TryInto<i64>>) -> Bson {
-    let mut e = doc! { "id": task.as_bson().clone(), "until": until.to_bson_datetime() };
-    if let Some(f) = fence {
-        e.insert("fence", f.try_into().unwrap_or(i64::MAX));
-    }
-    Bson::Document(e)
-}
-
-/// `m`, announcing a write that may add held tasks ([`slot_fields::ANNOUNCED`]).
-fn announcing(m: Mutation) -> Mutation {
-    m.inc(slot_fields::ANNOUNCED, 1).set_time_after(slot_fields::LAND_BY, LAND_WITHIN)
 }
 
 fn transient(why: String) -> AgentError {
