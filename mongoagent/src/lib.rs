@@ -94,6 +94,8 @@ pub use rate::{RateLimit, MAX_RATE_STARTS};
 
 pub use schema::{fields, TimedOutAttempt, MAX_DATA_DEPTH};
 pub use task::{Child, DedupeScope, NewTask, Task, MAX_TIMEOUT};
+#[cfg(feature = "otel")]
+pub use trace::TraceContext;
 pub use wait::Ended;
 
 pub use mongolock;

@@ -34,7 +34,7 @@ pub(crate) struct ClaimTrace {
 tokio::task_local! {
     /// The trace context stored in the task whose run this is: passed on
     /// as it is where no layer makes the run's span part of a trace.
-    static STORED: Option<Document>;
+    static STORED: Option<TraceContext>;
 }
 
 /// Puts the trace context of `span` into `doc`, a task about to be inserted,
@@ -43,8 +43,8 @@ tokio::task_local! {
 /// its producer's trace on to the follow-ups and tasks it enqueues.
 pub(crate) fn inject(span: &Span, doc: &mut Document) {
     #[cfg(feature = "otel")]
-    if let Some(cx) = otel::context_of(span).or_else(|| STORED.try_with(Clone::clone).ok().flatten()) {
-        doc.insert(crate::schema::fields::TRACE_CONTEXT, cx);
+    if let Some(cx) = TraceContext::of_span(span).or_else(|| STORED.try_with(Clone::clone).ok().flatten()) {
+        doc.insert(crate::schema::fields::TRACE_CONTEXT, cx.to_document());
     }
     #[cfg(not(feature = "otel"))]
     let _ = (span, doc);
@@ -54,15 +54,14 @@ pub(crate) fn inject(span: &Span, doc: &mut Document) {
 #[derive(Debug, Default)]
 pub(crate) struct Stored {
     #[cfg(feature = "otel")]
-    context: Option<Document>,
+    context: Option<TraceContext>,
 }
 
 /// The trace context `record`'s task carries, if well formed.
 pub(crate) fn stored(record: &store_trait::Record) -> Stored {
     #[cfg(feature = "otel")]
     {
-        let context = record.data().get_document(crate::schema::fields::TRACE_CONTEXT).ok();
-        Stored { context: context.filter(|d| otel::parse(d).is_some()).cloned() }
+        Stored { context: TraceContext::of_data(record.data()) }
     }
     #[cfg(not(feature = "otel"))]
     {
@@ -125,7 +124,7 @@ pub(crate) fn run_span(agent: &str, record: &store_trait::Record, claim: &ClaimT
         outcome = tracing::field::Empty,
     );
     #[cfg(feature = "otel")]
-    otel::continue_trace(&span, record.data().get_document(crate::schema::fields::TRACE_CONTEXT).ok(), claim);
+    otel::continue_trace(&span, TraceContext::of_data(record.data()).as_ref(), claim);
     #[cfg(not(feature = "otel"))]
     let _ = claim;
     span
@@ -142,43 +141,39 @@ pub(crate) fn outcome_span(outcome: &crate::outcome::Outcome) -> Span {
     }
 }
 
+/// A W3C trace context (`traceparent`, and `tracestate` if any): what a task
+/// stores of its producer's trace in
+/// [`fields::TRACE_CONTEXT`](crate::fields::TRACE_CONTEXT), and what a
+/// program hands on to a process it starts (`TRACEPARENT`, `TRACESTATE`).
+///
+/// Only a well-formed context is one: version `00`, lowercase hex, ids not
+/// all zero, nothing after the flags. A stored value from anywhere else is
+/// refused whole, never half read; a malformed `tracestate` is dropped and
+/// the `traceparent` kept, as the W3C recommendation says.
+///
+/// ```
+/// use mongoagent::TraceContext;
+///
+/// let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+/// let cx = TraceContext::from_headers(parent, Some("vendor=abc")).unwrap();
+/// assert_eq!(cx.traceparent(), parent);
+/// assert_eq!(cx.tracestate().as_deref(), Some("vendor=abc"));
+/// assert!(cx.span_context().is_sampled());
+///
+/// assert!(TraceContext::from_headers("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None).is_none());
+/// assert!(TraceContext::from_headers("not a traceparent", None).is_none());
+/// ```
 #[cfg(feature = "otel")]
-mod otel {
-    use std::str::FromStr;
-    use std::time::SystemTime;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext(opentelemetry::trace::SpanContext);
 
-    use bson::{doc, Document};
-    use opentelemetry::trace::{
-        SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer, TracerProvider,
-    };
-    use opentelemetry::{Context, KeyValue};
-    use tracing::Span;
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-    use super::ClaimTrace;
-
-    /// The W3C trace context of `span` (`traceparent`, and `tracestate` if
-    /// any), if it is in a sampled or unsampled trace at all.
-    pub(super) fn context_of(span: &Span) -> Option<Document> {
-        let cx = span.context();
-        let sc = cx.span().span_context().clone();
-        if !sc.is_valid() {
-            return None;
-        }
-        let parent = format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8());
-        let mut d = doc! { "traceparent": parent };
-        let state = sc.trace_state().header();
-        if !state.is_empty() {
-            d.insert("tracestate", state);
-        }
-        Some(d)
-    }
-
-    /// The span context a W3C `traceparent` (and `tracestate`) names, if
-    /// well formed (version 00, ids not all zero).
-    pub(super) fn parse(d: &Document) -> Option<SpanContext> {
-        let parent = d.get_str("traceparent").ok()?;
-        let mut parts = parent.split('-');
+#[cfg(feature = "otel")]
+impl TraceContext {
+    /// The context W3C headers name, if `traceparent` is well formed.
+    pub fn from_headers(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+        use std::str::FromStr as _;
+        let mut parts = traceparent.split('-');
         let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         let hex =
             |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
@@ -188,15 +183,87 @@ mod otel {
         let trace = TraceId::from_hex(trace).ok()?;
         let span = SpanId::from_hex(span).ok()?;
         let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()? & TraceFlags::SAMPLED.to_u8());
-        let state = d.get_str("tracestate").ok().and_then(|s| TraceState::from_str(s).ok()).unwrap_or_default();
+        let state = tracestate.and_then(|s| TraceState::from_str(s).ok()).unwrap_or_default();
         let sc = SpanContext::new(trace, span, flags, true, state);
-        sc.is_valid().then_some(sc)
+        sc.is_valid().then_some(Self(sc))
     }
 
-    pub(super) fn continue_trace(span: &Span, stored: Option<&Document>, claim: &ClaimTrace) {
-        if let Some(parent) = stored.and_then(parse) {
+    /// The context of `span`, if the `tracing-opentelemetry` layer makes it
+    /// part of a trace (sampled or not); none without the layer.
+    pub fn of_span(span: &Span) -> Option<Self> {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then_some(Self(sc))
+    }
+
+    /// The context `task` carries (its producer's), if well formed.
+    pub fn of_task(task: &crate::Task) -> Option<Self> {
+        Self::of_data(task.data())
+    }
+
+    pub(crate) fn of_data(data: &Document) -> Option<Self> {
+        let d = data.get_document(crate::schema::fields::TRACE_CONTEXT).ok()?;
+        Self::from_headers(d.get_str("traceparent").ok()?, d.get_str("tracestate").ok())
+    }
+
+    fn to_document(&self) -> Document {
+        let mut d = bson::doc! { "traceparent": self.traceparent() };
+        if let Some(state) = self.tracestate() {
+            d.insert("tracestate", state);
+        }
+        d
+    }
+
+    /// The `traceparent` header.
+    pub fn traceparent(&self) -> String {
+        let sc = &self.0;
+        format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8())
+    }
+
+    /// The `tracestate` header, if not empty.
+    pub fn tracestate(&self) -> Option<String> {
+        Some(self.0.trace_state().header()).filter(|s| !s.is_empty())
+    }
+
+    /// The span context: a remote one when read from headers or a task.
+    pub fn span_context(&self) -> &opentelemetry::trace::SpanContext {
+        &self.0
+    }
+
+    /// An OpenTelemetry context whose (remote) parent this is, for
+    /// `tracing_opentelemetry::OpenTelemetrySpanExt::set_parent`.
+    pub fn to_parent(&self) -> opentelemetry::Context {
+        use opentelemetry::trace::TraceContextExt as _;
+        opentelemetry::Context::new().with_remote_span_context(self.0.clone())
+    }
+
+    /// `fut`, whose enqueues store this context where their span is in no
+    /// trace: a process without the `tracing-opentelemetry` layer (one that
+    /// exports nothing) still passes on the trace it was handed. Where the
+    /// layer puts the enqueue's span in a trace, that trace wins. A task
+    /// spawned from `fut` does not inherit the context.
+    pub fn scope<F: std::future::Future>(self, fut: F) -> impl std::future::Future<Output = F::Output> {
+        STORED.scope(Some(self), fut)
+    }
+}
+
+#[cfg(feature = "otel")]
+mod otel {
+    use std::time::SystemTime;
+
+    use opentelemetry::trace::{SpanContext, SpanKind, Tracer, TracerProvider};
+    use opentelemetry::KeyValue;
+    use tracing::Span;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    use super::{ClaimTrace, TraceContext};
+
+    pub(super) fn continue_trace(span: &Span, stored: Option<&TraceContext>, claim: &ClaimTrace) {
+        if let Some(parent) = stored {
             // Fails only without the layer (nothing to continue then).
-            let _ = span.set_parent(Context::new().with_remote_span_context(parent));
+            let _ = span.set_parent(parent.to_parent());
         }
         if let Some(c) = &claim.span {
             span.add_link(c.clone());
@@ -232,35 +299,40 @@ mod otel {
         opentelemetry::trace::Span::end(&mut span);
         sc.is_valid().then_some(sc)
     }
+}
 
-    #[cfg(test)]
-    mod tests {
-        use super::*;
+#[cfg(all(test, feature = "otel"))]
+mod tests {
+    use bson::doc;
 
-        #[test]
-        fn a_traceparent_is_read_back_and_foreign_ones_are_ignored() {
-            let d =
-                doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "k=v" };
-            let sc = parse(&d).unwrap();
-            assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
-            assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
-            assert!(sc.is_sampled() && sc.is_remote());
-            assert_eq!(sc.trace_state().header(), "k=v");
-            for bad in [
-                doc! {},
-                doc! { "traceparent": 7 },
-                doc! { "traceparent": "" },
-                doc! { "traceparent": "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
-                doc! { "traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01" },
-                doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01" },
-                doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01" },
-                doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x" },
-                doc! { "traceparent": "00-ä4bf92f3577b34da6a3ce929d0e0e47-00f067aa0ba902b7-01" },
-                doc! { "traceparent": "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
-                doc! { "traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01" },
-            ] {
-                assert!(parse(&bad).is_none(), "{bad:?}");
-            }
+    use super::TraceContext;
+
+    fn parse(d: &bson::Document) -> Option<opentelemetry::trace::SpanContext> {
+        TraceContext::of_data(&doc! { "trace_context": d.clone() }).map(|cx| cx.span_context().clone())
+    }
+
+    #[test]
+    fn a_traceparent_is_read_back_and_foreign_ones_are_ignored() {
+        let d = doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "k=v" };
+        let sc = parse(&d).unwrap();
+        assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(sc.is_sampled() && sc.is_remote());
+        assert_eq!(sc.trace_state().header(), "k=v");
+        for bad in [
+            doc! {},
+            doc! { "traceparent": 7 },
+            doc! { "traceparent": "" },
+            doc! { "traceparent": "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01" },
+            doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x" },
+            doc! { "traceparent": "00-ä4bf92f3577b34da6a3ce929d0e0e47-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01" },
+        ] {
+            assert!(parse(&bad).is_none(), "{bad:?}");
         }
     }
 }

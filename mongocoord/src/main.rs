@@ -427,7 +427,7 @@ fn main() -> ExitCode {
         Err(e) => return fail("mongocoord", &CliError::Runtime(e)),
     };
     let result = rt.block_on(async {
-        let result = tracing::Instrument::instrument(run(cli), telemetry::command_span()).await;
+        let result = telemetry::in_handed_trace(run(cli)).await;
         close_clients().await;
         result
     });

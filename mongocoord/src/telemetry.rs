@@ -75,31 +75,17 @@ impl Telemetry {
 /// What a task's command gets to continue the run's trace: `TRACEPARENT`
 /// (and `TRACESTATE`) of the run's span if it is in a trace, else of the
 /// context the task carries (an agent that exports nothing still passes its
-/// producer's trace on).
+/// producer's trace on). A malformed stored context is passed on as none.
 pub(crate) fn trace_env(task: &mongoagent::Task) -> Vec<(&'static str, String)> {
     #[cfg(feature = "otel")]
     {
-        use opentelemetry::trace::TraceContextExt as _;
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        let cx = tracing::Span::current().context();
-        let sc = cx.span().span_context().clone();
-        let mut env = Vec::new();
-        if sc.is_valid() {
-            let flags = sc.trace_flags().to_u8();
-            env.push(("TRACEPARENT", format!("00-{}-{}-{flags:02x}", sc.trace_id(), sc.span_id())));
-            let state = sc.trace_state().header();
-            if !state.is_empty() {
-                env.push(("TRACESTATE", state));
-            }
-        } else if let Ok(stored) = task.data().get_document("trace_context") {
-            for (var, field) in [("TRACEPARENT", "traceparent"), ("TRACESTATE", "tracestate")] {
-                // As stored (ASCII, at most 8 KiB): the command parses it.
-                if let Some(v) = stored.get_str(field).ok().filter(|v| v.len() <= 8192 && v.is_ascii()) {
-                    env.push((var, v.to_owned()));
-                }
-            }
-        }
-        env
+        use mongoagent::TraceContext;
+        let cx = TraceContext::of_span(&tracing::Span::current()).or_else(|| TraceContext::of_task(task));
+        cx.map(|cx| {
+            let parent = ("TRACEPARENT", cx.traceparent());
+            std::iter::once(parent).chain(cx.tracestate().map(|s| ("TRACESTATE", s))).collect()
+        })
+        .unwrap_or_default()
     }
     #[cfg(not(feature = "otel"))]
     {
@@ -108,29 +94,38 @@ pub(crate) fn trace_env(task: &mongoagent::Task) -> Vec<(&'static str, String)> 
     }
 }
 
-/// The span the whole command runs in when `TRACEPARENT` is set (a task's
-/// command that calls `mongocoord` again): with the trace export on, a
-/// child of the trace it names. Else none: a runner's task runs are each
-/// the root of their own trace, or continue their task's.
-pub(crate) fn command_span() -> tracing::Span {
-    let Ok(parent) = std::env::var("TRACEPARENT") else { return tracing::Span::none() };
-    let span = tracing::info_span!("mongocoord");
+/// The trace a command is handed in `TRACEPARENT` (and `TRACESTATE`): a
+/// task's command that calls `mongocoord` again. None if unset or malformed.
+#[cfg(feature = "otel")]
+fn handed() -> Option<mongoagent::TraceContext> {
+    let parent = std::env::var("TRACEPARENT").ok()?;
+    mongoagent::TraceContext::from_headers(&parent, std::env::var("TRACESTATE").ok().as_deref())
+}
+
+/// `command`, the whole command, in the trace it is handed ([`handed`]):
+/// with the trace export on, in a span that is a child of that trace; else
+/// what it enqueues still stores that trace. Handed none, it runs in no
+/// span: a runner's task runs are each the root of their own trace, or
+/// continue their task's.
+pub(crate) async fn in_handed_trace<F: std::future::Future>(command: F) -> F::Output {
+    let command = tracing::Instrument::instrument(command, command_span());
     #[cfg(feature = "otel")]
-    {
-        use opentelemetry::propagation::TextMapPropagator as _;
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        let mut carrier = std::collections::HashMap::new();
-        carrier.insert("traceparent".to_owned(), parent);
-        if let Ok(state) = std::env::var("TRACESTATE") {
-            carrier.insert("tracestate".to_owned(), state);
-        }
-        let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
-        // Fails only without the layer: nothing to continue then.
-        let _ = span.set_parent(cx);
+    if let Some(cx) = handed() {
+        return cx.scope(command).await;
     }
-    #[cfg(not(feature = "otel"))]
-    drop(parent);
-    span
+    command.await
+}
+
+fn command_span() -> tracing::Span {
+    #[cfg(feature = "otel")]
+    if let Some(cx) = handed() {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let span = tracing::info_span!("mongocoord");
+        // Fails only without the layer: nothing to continue then.
+        let _ = span.set_parent(cx.to_parent());
+        return span;
+    }
+    tracing::Span::none()
 }
 
 #[cfg(feature = "otel")]

@@ -33,7 +33,9 @@
 //!   (without change notifications, they poll);
 //! - in every agent's **sweep** of its name's active slots: all of them at
 //!   its start, then every [`SWEEP`] those not settled for as long, for what a
-//!   crash or a lost notification left.
+//!   crash or a lost notification left. A sweep that finds a slot as its
+//!   tasks say (a task running long) marks it settled, so the other agents'
+//!   sweeps pass it over until the next [`SWEEP`].
 //!
 //! A slot with nothing running and nothing held is marked inactive, out of
 //! the sweep, and collected after [`SLOT_RETAIN`] unless used again; but
@@ -54,7 +56,9 @@
 //! 1 or another agent's task is listed), one compare-and-set and one write
 //! per task let through. Nothing scans the groups per claim; the sweep reads
 //! the active slots of the agent's name not settled for [`SWEEP`]
-//! (a group whose tasks end more often than that is never swept).
+//! (a group whose tasks end more often than that is never swept), and
+//! settles each about once per [`SWEEP`] across the cluster, however many
+//! agents sweep: the first marks it settled.
 
 use std::time::Duration;
 
@@ -69,6 +73,17 @@ use crate::schema::{fields, not_complete};
 
 mod slot;
 use slot::{announcing, gone_busy, gone_entry, listed, listed_entry, slot_key, slot_prefix};
+
+/// What one settle of a slot did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// Another writer changed the slot first: read it again.
+    Raced,
+    /// It wrote the slot (and let tasks through, if any).
+    Wrote,
+    /// Nothing to change: the slot is as its tasks say.
+    Unchanged,
+}
 
 /// The longest group key, in bytes.
 pub const MAX_GROUP_LEN: usize = 256;
@@ -312,7 +327,7 @@ impl<S: Store + Clone> Groups<S> {
         let key = slot_key(agent, group)?;
         for _ in 0..ROUNDS {
             let Some(slot) = self.store.get(&self.slots, &key).await?.record else { return Ok(()) };
-            if self.settle(&slot, agent, group, cap, ended).await? {
+            if self.settle(&slot, agent, group, cap, ended).await? != Settled::Raced {
                 return Ok(());
             }
         }
@@ -334,11 +349,32 @@ impl<S: Store + Clone> Groups<S> {
             if slot.key().as_str().is_none_or(|k| k != slot_prefix(agent) + &group) {
                 continue;
             }
-            if !self.settle(&slot, agent, &group, cap, None).await? {
-                self.let_through(agent, &group, cap, None).await?;
+            match self.settle(&slot, agent, &group, cap, None).await? {
+                Settled::Raced => self.let_through(agent, &group, cap, None).await?,
+                Settled::Wrote => {}
+                Settled::Unchanged => self.defer_sweep(&slot).await?,
             }
         }
         Ok(n)
+    }
+
+    /// Passes the sweep of `slot`, which a sweep found as its tasks say
+    /// (a group whose task runs long), to whichever agent sweeps after
+    /// [`SWEEP`]: the other agents' sweeps until then pass it over, so a
+    /// long-running group costs one settle per [`SWEEP`] across the
+    /// cluster, not one per agent. Only if no settle wrote the slot since
+    /// it was read (its `version`), so what a settle found is what is
+    /// deferred; a producer's numbering or nudge since is not lost: its
+    /// agents settle the slot on the nudge, and the sweep after [`SWEEP`]
+    /// in any case.
+    async fn defer_sweep(&self, slot: &Record) -> Result<(), AgentError> {
+        let cond = match slot.get_i64(slot_fields::VERSION).unwrap_or(0) {
+            0 => Condition::AtMost(slot_fields::VERSION.into(), 0),
+            v => Condition::FieldEq(slot_fields::VERSION.into(), Bson::Int64(v)),
+        };
+        let w = Write::new(cond, Mutation::new().set_time_after(slot_fields::SWEEP_AFTER, SWEEP));
+        self.store.write(&self.slots, slot.key(), &w).await?;
+        Ok(())
     }
 
     /// The `free` oldest held tasks of the group (by number), with their
@@ -383,7 +419,7 @@ impl<S: Store + Clone> Groups<S> {
         key.as_str()?.strip_prefix(&slot_prefix(agent))
     }
 
-    /// One round on `slot`: false when another writer changed it first.
+    /// One round on `slot`.
     ///
     /// A listed task keeps its place unless it is gone, another group's or
     /// agent name's (its id reused), or ended; an ended task cancelled (or
@@ -399,7 +435,7 @@ impl<S: Store + Clone> Groups<S> {
         group: &str,
         cap: usize,
         ended: Option<(&Key, u64)>,
-    ) -> Result<bool, AgentError> {
+    ) -> Result<Settled, AgentError> {
         let running: Vec<Bson> = match slot.get(slot_fields::RUNNING) {
             Some(Bson::Array(a)) => a.clone(),
             _ => Vec::new(),
@@ -520,12 +556,14 @@ impl<S: Store + Clone> Groups<S> {
                     WriteOutcome::Applied(_) => applied = true,
                     // Still owed: it stays active (below).
                     WriteOutcome::Rejected(Some(now)) if now.rev() == slot.rev() => {}
-                    WriteOutcome::Rejected(_) => return Ok(false),
+                    WriteOutcome::Rejected(_) => return Ok(Settled::Raced),
                 }
             }
             if !applied && !self.store.write(&self.slots, slot.key(), &write(true, cas)).await?.is_applied() {
-                return Ok(false);
+                return Ok(Settled::Raced);
             }
+        } else {
+            return Ok(Settled::Unchanged);
         }
         for (key, seq) in held.iter().chain(&next) {
             // That task, not one that took its id since.
@@ -541,10 +579,44 @@ impl<S: Store + Clone> Groups<S> {
                 tracing::info!(queue = %self.tasks, agent, group, task = %key, "group task let through");
             }
         }
-        Ok(true)
+        Ok(Settled::Wrote)
     }
 }
 
 fn transient(why: String) -> AgentError {
     AgentError::Store(StoreError::backend(FaultKind::Transient, why))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bson::doc;
+    use store_trait::Collection;
+
+    use super::{Groups, SWEEP};
+    use crate::{NewTask, Queue};
+
+    /// A group whose task runs long is as its tasks say at every sweep:
+    /// the first sweep that finds it so passes it over for the other
+    /// agents' sweeps until the next [`SWEEP`], and sweeps it again then.
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_slot_is_swept_once_per_sweep_interval_across_agents() {
+        let store = store_memory::MemoryStore::new();
+        let queue = Queue::new(store.clone(), "tasks").unwrap();
+        queue.enqueue(NewTask::new("a", doc! {}).group("g")).await.unwrap();
+        let groups = Groups::new(store, Collection::new("tasks").unwrap(), Collection::new("tasks_groups").unwrap());
+        // An agent's first sweep lets the task through; it then runs long.
+        assert_eq!(groups.sweep("a", 1, true).await.unwrap(), 1);
+        let later = SWEEP + Duration::from_secs(1);
+        tokio::time::advance(later).await;
+        // Agent A's periodic sweep finds the slot as its task says...
+        assert_eq!(groups.sweep("a", 1, false).await.unwrap(), 1);
+        // ...so agent B's, a moment later, passes it over,
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(groups.sweep("a", 1, false).await.unwrap(), 0);
+        // until the next interval.
+        tokio::time::advance(later).await;
+        assert_eq!(groups.sweep("a", 1, false).await.unwrap(), 1);
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Outcome, Processed, Queue, Task};
+use mongoagent::{Processed, Queue, Task};
 use store_test::{Harness, Intercepted};
 use store_trait::{Condition, Key, Mutation, Query, Store, Write};
 use tokio::sync::Notify;
@@ -18,36 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::groups::{agent, grouped, Log};
 use crate::hold_back::{HoldBack, Op};
-use crate::review_groups::{ended, slots, started, tasks, until, Producer};
-
-/// Logs a run's end when dropped: a handler aborted ends too.
-struct Ends(Log, i64);
-
-impl Drop for Ends {
-    fn drop(&mut self) {
-        self.0.lock().unwrap().push(("g".into(), self.1, false));
-    }
-}
-
-/// A handler that logs its run's start and end; task 0 waits for `release`
-/// (or for ever), ignoring its cancellation.
-fn stubborn(
-    log: Log,
-    release: Arc<Notify>,
-) -> impl Fn(Task) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>> + Send + Sync + Clone {
-    move |t: Task| {
-        let (log, release) = (log.clone(), release.clone());
-        Box::pin(async move {
-            let i = t.data().get_i64("i").unwrap_or(-1);
-            log.lock().unwrap().push(("g".into(), i, true));
-            let _ends = Ends(log.clone(), i);
-            if i == 0 {
-                release.notified().await;
-            }
-            Outcome::done()
-        })
-    }
-}
+use crate::review_groups::{ended, slots, started, stubborn, tasks, until, Holds, Producer};
 
 /// Whether task `id` is ready, claimed or ended (let through).
 async fn let_through<S: Store>(s: &S, id: &str) -> bool {
@@ -74,7 +45,7 @@ pub(crate) mod cases {
         // Long leases: neither run is aborted at its lease's end here.
         let x = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
         let run_x = tokio::spawn({
-            let handler = stubborn(log_x.clone(), release_x.clone());
+            let handler = stubborn(log_x.clone(), release_x.clone(), Holds::EveryRun);
             async move { x.process(handler).await }
         });
         until("X to start task 0", 30, || started(&log_x, 0)).await;
@@ -83,7 +54,7 @@ pub(crate) mod cases {
         let (log_y, release_y) = (Log::default(), Arc::new(Notify::new()));
         let y = agent(&s, Duration::from_secs(10), Some(1), &CancellationToken::new());
         let run_y = tokio::spawn({
-            let handler = stubborn(log_y.clone(), release_y.clone());
+            let handler = stubborn(log_y.clone(), release_y.clone(), Holds::EveryRun);
             async move { y.process(handler).await }
         });
         until("Y to start task 0 again", 30, || started(&log_y, 0)).await;
@@ -113,7 +84,7 @@ pub(crate) mod cases {
         held_x.hold_next(|c, op| c.as_str() == "tasks" && matches!(op, Op::Claim(_)));
         let x = agent(&held_x, Duration::from_secs(30), Some(1), &CancellationToken::new());
         let run_x = tokio::spawn({
-            let handler = stubborn(log.clone(), release.clone());
+            let handler = stubborn(log.clone(), release.clone(), Holds::EveryRun);
             async move { x.process(handler).await }
         });
         held_x.reached().await;
@@ -129,12 +100,12 @@ pub(crate) mod cases {
         held_op.open();
         assert_eq!(delete.await.unwrap().unwrap().len(), 1, "the task was deleted");
         let y = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
-        let other = y.process(stubborn(log.clone(), release.clone())).await.unwrap();
+        let other = y.process(stubborn(log.clone(), release.clone(), Holds::EveryRun)).await.unwrap();
         assert_eq!(other, None, "task 1 ran while the deleted task 0 still ran: {:?}", log.lock().unwrap());
         assert!(!let_through(&s, "b").await);
         release.notify_one();
         run_x.await.unwrap().unwrap();
-        let next = y.process(stubborn(log.clone(), release.clone())).await.unwrap();
+        let next = y.process(stubborn(log.clone(), release.clone(), Holds::EveryRun)).await.unwrap();
         assert_eq!(next, Some(Processed::Completed(Key::new("b").unwrap())), "task 1 runs once task 0's run ended");
     }
 
@@ -149,18 +120,18 @@ pub(crate) mod cases {
         let (log, release) = (Log::default(), Arc::new(Notify::new()));
         let x = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
         let run_x = tokio::spawn({
-            let handler = stubborn(log.clone(), release.clone());
+            let handler = stubborn(log.clone(), release.clone(), Holds::EveryRun);
             async move { x.process(handler).await }
         });
         until("task 0 to start", 30, || started(&log, 0)).await;
         assert_eq!(q.cancel_ids(std::slice::from_ref(&a)).await.unwrap(), vec![a.clone()]);
         assert_eq!(q.delete(doc! { "_id": "a" }).await.unwrap(), vec![a.clone()], "an ended task is deleted");
         let y = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
-        let other = y.process(stubborn(log.clone(), release.clone())).await.unwrap();
+        let other = y.process(stubborn(log.clone(), release.clone(), Holds::EveryRun)).await.unwrap();
         assert_eq!(other, None, "task 1 ran while the cancelled, deleted task 0 still ran");
         release.notify_one();
         assert_eq!(run_x.await.unwrap().unwrap(), Some(Processed::Stale(a)));
-        let next = y.process(stubborn(log.clone(), release.clone())).await.unwrap();
+        let next = y.process(stubborn(log.clone(), release.clone(), Holds::EveryRun)).await.unwrap();
         assert_eq!(next, Some(Processed::Completed(Key::new("b").unwrap())));
     }
 
@@ -176,7 +147,7 @@ pub(crate) mod cases {
         let stop = CancellationToken::new();
         let w = agent(&s, h.ttl(), Some(1), &stop);
         let worker = tokio::spawn({
-            let handler = stubborn(log.clone(), never.clone());
+            let handler = stubborn(log.clone(), never.clone(), Holds::EveryRun);
             async move { w.work(handler).await.unwrap() }
         });
         until("task 0 to start", 30, || started(&log, 0)).await;

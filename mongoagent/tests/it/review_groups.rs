@@ -27,6 +27,49 @@ pub(crate) fn slots() -> Collection {
     Collection::new("tasks_groups").unwrap()
 }
 
+/// Logs a run's end when dropped: a handler aborted ends too.
+pub(crate) struct Ends(pub(crate) Log, pub(crate) String, pub(crate) i64);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().push((self.1.clone(), self.2, false));
+    }
+}
+
+pub(crate) type Boxed = std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>>;
+
+/// Which runs of task 0 a [`stubborn`] handler holds.
+#[derive(Clone, Copy)]
+pub(crate) enum Holds {
+    /// Every run of it: a second run, after a takeover, holds too.
+    EveryRun,
+    /// Its first attempt only: a retry runs through.
+    FirstAttempt,
+}
+
+/// A handler that logs its run's start and end as (`a<attempt>`, i); task 0
+/// waits for `release` (or for ever) in the runs `holds` names, ignoring its
+/// cancellation.
+pub(crate) fn stubborn(log: Log, release: Arc<Notify>, holds: Holds) -> impl Fn(Task) -> Boxed + Send + Sync + Clone {
+    move |t: Task| {
+        let (log, release) = (log.clone(), release.clone());
+        Box::pin(async move {
+            let i = t.data().get_i64("i").unwrap_or(-1);
+            let run = format!("a{}", t.attempt());
+            log.lock().unwrap().push((run.clone(), i, true));
+            let _ends = Ends(log.clone(), run, i);
+            let held = match holds {
+                Holds::EveryRun => true,
+                Holds::FirstAttempt => t.attempt() == 1,
+            };
+            if i == 0 && held {
+                release.notified().await;
+            }
+            Outcome::done()
+        })
+    }
+}
+
 /// The most runs of one group at once.
 fn most_at_once(log: &[(String, i64, bool)]) -> usize {
     let (mut per, mut most) = (HashMap::<&str, usize>::new(), 0);

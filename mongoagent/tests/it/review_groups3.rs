@@ -20,37 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::groups::{agent, grouped, Log};
 use crate::hold_back::{HoldBack, Op};
-use crate::review_groups::{slots, started, tasks, until};
-
-/// Logs a run's end when dropped: a handler aborted ends too.
-struct Ends(Log, String, i64);
-
-impl Drop for Ends {
-    fn drop(&mut self) {
-        self.0.lock().unwrap().push((self.1.clone(), self.2, false));
-    }
-}
-
-type Boxed = std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>>;
-
-/// A handler that logs its run's start and end as (`a<attempt>`, i); task 0
-/// on its first attempt waits for `release` (or for ever), ignoring its
-/// cancellation.
-fn stubborn(log: Log, release: Arc<Notify>) -> impl Fn(Task) -> Boxed + Send + Sync + Clone {
-    move |t: Task| {
-        let (log, release) = (log.clone(), release.clone());
-        Box::pin(async move {
-            let i = t.data().get_i64("i").unwrap_or(-1);
-            let run = format!("a{}", t.attempt());
-            log.lock().unwrap().push((run.clone(), i, true));
-            let _ends = Ends(log.clone(), run, i);
-            if i == 0 && t.attempt() == 1 {
-                release.notified().await;
-            }
-            Outcome::done()
-        })
-    }
-}
+use crate::review_groups::{slots, started, stubborn, tasks, until, Ends, Holds};
 
 /// Where in the log run `run` of task `i` started (or ended).
 fn at(log: &[(String, i64, bool)], run: Option<&str>, i: i64, start: bool) -> Option<usize> {
@@ -121,7 +91,7 @@ pub(crate) mod cases {
         // Long leases: the deleted run is not aborted during the test.
         let x = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
         let run_x = tokio::spawn({
-            let handler = stubborn(log.clone(), release.clone());
+            let handler = stubborn(log.clone(), release.clone(), Holds::FirstAttempt);
             async move { x.process(handler).await }
         });
         until("X to start task 0", 30, || started(&log, 0)).await;
@@ -129,7 +99,7 @@ pub(crate) mod cases {
         let (again, new) = q.enqueue(grouped("g", 2).id("a")).await.unwrap();
         assert!(new, "the id is free again");
         let y = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
-        let other = y.process(stubborn(log.clone(), release.clone())).await.unwrap();
+        let other = y.process(stubborn(log.clone(), release.clone(), Holds::FirstAttempt)).await.unwrap();
         let seen = log.lock().unwrap().clone();
         release.notify_one();
         let x_end = run_x.await.unwrap();
@@ -212,7 +182,7 @@ pub(crate) mod cases {
         let (log, never) = (Log::default(), Arc::new(Notify::new()));
         let x = timing_out(&s, h.ttl(), Duration::from_millis(500));
         let run_x = tokio::spawn({
-            let handler = stubborn(log.clone(), never.clone());
+            let handler = stubborn(log.clone(), never.clone(), Holds::FirstAttempt);
             async move { x.process(handler).await }
         });
         until("task 0 to start", 30, || started(&log, 0)).await;
@@ -223,7 +193,7 @@ pub(crate) mod cases {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut ran = None;
         while ran.is_none() && Instant::now() < deadline {
-            ran = y.process(stubborn(log.clone(), never.clone())).await.unwrap();
+            ran = y.process(stubborn(log.clone(), never.clone(), Holds::FirstAttempt)).await.unwrap();
             if ran.is_none() {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -251,7 +221,7 @@ pub(crate) mod cases {
         let (log, never) = (Log::default(), Arc::new(Notify::new()));
         let x = timing_out(&held, h.ttl(), Duration::from_millis(500));
         let run_x = tokio::spawn({
-            let handler = stubborn(log.clone(), never.clone());
+            let handler = stubborn(log.clone(), never.clone(), Holds::FirstAttempt);
             async move { x.process(handler).await }
         });
         until("task 0 to start", 30, || started(&log, 0)).await;
@@ -265,7 +235,7 @@ pub(crate) mod cases {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut ran = None;
         while ran.is_none() && Instant::now() < deadline {
-            ran = y.process(stubborn(log.clone(), never.clone())).await.unwrap();
+            ran = y.process(stubborn(log.clone(), never.clone(), Holds::FirstAttempt)).await.unwrap();
             if ran.is_none() {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }

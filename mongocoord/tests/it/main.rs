@@ -80,6 +80,33 @@ impl Env {
     fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+
+    /// Writes `docs` into `coll` directly, as another program would.
+    fn insert_raw(&self, coll: &str, docs: Vec<bson::Document>) {
+        self.on_db(async |db| {
+            db.collection::<bson::Document>(coll).insert_many(docs).await.unwrap();
+        });
+    }
+
+    /// Every document of `coll`, read directly.
+    fn raw(&self, coll: &str) -> Vec<bson::Document> {
+        self.on_db(async |db| {
+            let mut c = db.collection::<bson::Document>(coll).find(bson::doc! {}).await.unwrap();
+            let mut out = Vec::new();
+            while c.advance().await.unwrap() {
+                out.push(c.deserialize_current().unwrap());
+            }
+            out
+        })
+    }
+
+    fn on_db<T>(&self, f: impl AsyncFnOnce(store_mongo::mongodb::Database) -> T) -> T {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let db = store_mongo::mongodb::Client::with_uri_str(&self.uri).await.unwrap().database(&self.db);
+            f(db).await
+        })
+    }
 }
 
 fn lines(p: &Path) -> Vec<String> {
@@ -486,21 +513,15 @@ fn demo_checks_its_invariants_on_mongodb() {
 fn views_report_documents_they_cannot_read() {
     let Some(e) = env("views_skipped") else { return };
     let uuid = bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![2; 16] };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let db = store_mongo::mongodb::Client::with_uri_str(&e.uri).await.unwrap().database(&e.db);
-        let locks = db.collection::<bson::Document>("mongolocker");
-        locks.insert_one(bson::doc! {"_id": uuid.clone(), "lease_owner": "x"}).await.unwrap();
-        locks.insert_one(bson::doc! {"_id": "fine"}).await.unwrap();
-        let jobs = db.collection::<bson::Document>("jobs");
-        jobs.insert_many([
+    e.insert_raw("mongolocker", vec![bson::doc! {"_id": uuid.clone(), "lease_owner": "x"}, bson::doc! {"_id": "fine"}]);
+    e.insert_raw(
+        "jobs",
+        vec![
             bson::doc! {"_id": uuid.clone(), "agent_name": "convert", "ready": true},
             bson::doc! {"_id": "bad-fence", "agent_name": "convert", "ready": true, "fence": "1"},
             bson::doc! {"_id": "ok", "agent_name": "convert", "ready": true},
-        ])
-        .await
-        .unwrap();
-    });
+        ],
+    );
     let skipped = |v: &Value| -> Vec<String> {
         v.as_array()
             .unwrap()

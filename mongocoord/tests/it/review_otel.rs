@@ -33,40 +33,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The tasks of `coll` in the test's database, raw.
-fn raw_tasks(e: &Env, coll: &str) -> Vec<Document> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        use futures_like::collect;
-        let db = store_mongo::mongodb::Client::with_uri_str(&e.uri).await.unwrap().database(&e.db);
-        collect(db.collection::<Document>(coll).find(doc! {}).await.unwrap()).await
-    })
-}
-
-mod futures_like {
-    //! Draining a driver cursor without a `futures` dependency.
-    pub(super) async fn collect(mut c: store_mongo::mongodb::Cursor<bson::Document>) -> Vec<bson::Document> {
-        let mut out = Vec::new();
-        while c.advance().await.unwrap() {
-            out.push(c.deserialize_current().unwrap());
-        }
-        out
-    }
-}
-
-fn insert_raw(e: &Env, coll: &str, docs: Vec<Document>) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let db = store_mongo::mongodb::Client::with_uri_str(&e.uri).await.unwrap().database(&e.db);
-        db.collection::<Document>(coll).insert_many(docs).await.unwrap();
-    });
-}
-
 fn task(e: &Env, coll: &str, id: &str) -> Document {
-    raw_tasks(e, coll)
+    e.raw(coll)
         .into_iter()
         .find(|d| d.get_str("_id").ok() == Some(id))
-        .unwrap_or_else(|| panic!("no task {id} in {:?}", raw_tasks(e, coll)))
+        .unwrap_or_else(|| panic!("no task {id} in {:?}", e.raw(coll)))
 }
 
 /// The trace id of a stored `trace_context`.
@@ -206,7 +177,7 @@ fn the_cli_cannot_forge_a_trace_context() {
     let out =
         e.run(&["agent", "f", "--queue", "jobs", "--max-tasks", "2", "--max-attempts", "1", "--", "sh", "-c", &script]);
     assert!(out.status.success(), "{}", stderr(&out));
-    for d in raw_tasks(&e, "jobs") {
+    for d in e.raw("jobs") {
         assert_ne!(stored_trace(&d).as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"), "forged: {d:?}");
     }
 }
@@ -309,8 +280,7 @@ fn an_agent_that_does_not_export_still_passes_the_trace_on() {
 fn a_foreign_producers_trace_and_state_reach_the_command() {
     let Some(e) = env("review_otel_foreign") else { return };
     let trace = "0af7651916cd43dd8448eb211c80319c";
-    insert_raw(
-        &e,
+    e.insert_raw(
         "jobs",
         vec![doc! { "_id": "foreign", "agent_name": "a", "ready": true,
         "trace_context": { "traceparent": format!("00-{trace}-b7ad6b7169203331-01"), "tracestate": "vendor=opaque" } }],
@@ -335,4 +305,34 @@ fn a_foreign_producers_trace_and_state_reach_the_command() {
     let (tp, ts) = vars.trim().split_once('|').unwrap();
     assert_eq!(tp.split('-').nth(1), Some(trace), "{vars}");
     assert_eq!(ts, "vendor=opaque", "TRACESTATE: {vars:?}");
+}
+
+/// FOUND, fixed (it failed before). A script handed `TRACEPARENT` by an
+/// agent that exports nothing calls `mongocoord enqueue`, which exports
+/// nothing either: the task it enqueues stores the handed trace, so the
+/// next agent that exports continues it. A malformed `TRACEPARENT` is
+/// ignored, not stored.
+#[test]
+fn an_enqueue_that_exports_nothing_stores_the_trace_it_is_handed() {
+    let Some(e) = env("review_otel_handed") else { return };
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let parent = format!("00-{trace}-b7ad6b7169203331-01");
+    let enqueue = |id: &str, parent: &str| {
+        let out = e
+            .cmd(&["enqueue", "--queue", "jobs", "--agent", "a", "--id", id, "{}"])
+            .env("TRACEPARENT", parent)
+            .env("TRACESTATE", "vendor=opaque")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    enqueue("handed", &parent);
+    let stored = task(&e, "jobs", "handed");
+    assert_eq!(stored_trace(&stored).as_deref(), Some(trace), "{stored:?}");
+    let cx = stored.get_document("trace_context").unwrap();
+    assert_eq!(cx.get_str("traceparent").ok(), Some(parent.as_str()));
+    assert_eq!(cx.get_str("tracestate").ok(), Some("vendor=opaque"));
+    enqueue("malformed", &format!("00-{trace}-b7ad6b7169203331"));
+    let stored = task(&e, "jobs", "malformed");
+    assert!(stored.get("trace_context").is_none(), "{stored:?}");
 }
