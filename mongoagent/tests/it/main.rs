@@ -21,6 +21,7 @@ mod review_dedupe;
 mod review_group_runs;
 mod review_groups;
 mod review_groups3;
+mod review_groups4;
 mod review_idle;
 mod review_otel;
 mod review_refactor;
@@ -96,6 +97,12 @@ mod review_groups3_backends {
     //! handlers in a timeout's grace whose claim is lost, silent nudges,
     //! foreign slot data, on every backend.
     store_test::on_all_backends!(crate::review_groups3::review_groups3_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_groups4_backends {
+    //! Fourth review of groups (#33): the slot's version, the announce and
+    //! landed counters, ids used again, the sweep's deferral, on every backend.
+    store_test::on_all_backends!(crate::review_groups4::review_groups4_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

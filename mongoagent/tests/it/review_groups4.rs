@@ -1,0 +1,91 @@
+//! Fourth review of groups: the slot's `version` compare-and-set, the
+//! producers' announce/landed counters, the `running` and `gone_busy`
+//! entries of an id used again, and the sweep's deferral of a slot it found
+//! unchanged (`defer_sweep`); every backend. Each FOUND test fails on the
+//! code it was written against and says what the promise was; each HELD
+//! test is an attack that held.
+
+use std::time::Duration;
+
+use bson::{doc, Bson};
+use mongoagent::{Processed, Queue, Task};
+use store_test::Harness;
+use store_trait::{Condition, Key, Mutation, Query, Store, Write};
+use tokio_util::sync::CancellationToken;
+
+use crate::groups::{agent, grouped};
+use crate::review_groups::{slots, tasks};
+
+/// Runs `process` on an agent with a cap of 1 up to `rounds` times, a poll
+/// interval apart when it finds nothing; returns the ids it completed.
+async fn drain<S: Store + Clone>(s: &S, ttl: Duration, rounds: usize, want: usize) -> Vec<String> {
+    let a = agent(s, ttl, Some(1), &CancellationToken::new());
+    let mut done = Vec::new();
+    for _ in 0..rounds {
+        match a.process(|_t: Task| async { true }).await {
+            Ok(Some(Processed::Completed(k))) => done.push(k.to_string()),
+            Ok(None) if done.len() >= want => break,
+            Ok(None) => tokio::time::sleep(Duration::from_millis(250)).await,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => panic!("a typed error: {e}"),
+        }
+    }
+    done
+}
+
+/// The suite (`review_groups4_suite`): each `pub(crate) async fn` over a
+/// `Harness` here is one test on every backend.
+#[store_test::suite(review_groups4_suite, crate::review_groups4::cases)]
+pub(crate) mod cases {
+    use super::*;
+
+    /// HELD (wrong types in the slot). A slot whose `version` another
+    /// program wrote as a 32-bit integer or a whole double (what mongosh or
+    /// the Node driver stores for `{$set: {version: 3}}`): the settle
+    /// reads it as a number and its compare-and-set matches it.
+    pub(crate) async fn a_numeric_foreign_slot_version_is_read_as_a_number<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_int32_version").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        q.enqueue(grouped("h", 0).id("b")).await.unwrap();
+        for (g, v) in [("g", Bson::Int32(3)), ("h", Bson::Double(3.0))] {
+            let foreign = Mutation::new().set("version", v);
+            let key = Key::new(format!("1:w/{g}")).unwrap();
+            assert!(s.write(&slots(), &key, &Write::new(Condition::Always, foreign)).await.unwrap().is_applied());
+        }
+        let mut done = drain(&s, h.ttl(), 12, 2).await;
+        done.sort();
+        assert_eq!(done, ["a", "b"]);
+    }
+
+    /// FOUND (nothing lost; bad data gets a typed error, never a hang). A
+    /// slot whose `version` another program wrote as a string, or as a
+    /// fraction: `settle` takes it for 0 (`get_i64` is `None`), and makes
+    /// its compare-and-set `version <= 0`, which matches neither. Every
+    /// settle is `Raced`; `let_through` gives up after four rounds with a
+    /// debug line, and the sweep returns Ok: the group's held task is
+    /// never let through, without an error or a warning, by any agent.
+    /// (The slot's `version` is then never written again: only a requeue's
+    /// `$inc`, which fails on a string, would.)
+    pub(crate) async fn a_non_numeric_slot_version_holds_its_group_for_ever<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_str_version").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        q.enqueue(grouped("h", 0).id("b")).await.unwrap();
+        for (g, v) in [("g", Bson::String("3".into())), ("h", Bson::Double(2.5))] {
+            let foreign = Mutation::new().set("version", v);
+            let key = Key::new(format!("1:w/{g}")).unwrap();
+            assert!(s.write(&slots(), &key, &Write::new(Condition::Always, foreign)).await.unwrap().is_applied());
+        }
+        let mut done = drain(&s, h.ttl(), 12, 2).await;
+        done.sort();
+        let held: Vec<String> = s
+            .find(&tasks(), &Query::eq(doc! { "group_held": true }))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.key().to_string())
+            .collect();
+        assert_eq!(done, ["a", "b"], "held for ever, no error: {held:?}");
+    }
+}
