@@ -5,16 +5,18 @@
 //! code it was written against and says what the promise was; each HELD
 //! test is an attack that held.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson};
 use mongoagent::{Processed, Queue, Task};
 use store_test::Harness;
 use store_trait::{Condition, Key, Mutation, Query, Store, Write};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::groups::{agent, grouped};
-use crate::review_groups::{slots, tasks};
+use crate::groups::{agent, grouped, Log};
+use crate::review_groups::{slots, started, stubborn, tasks, until, Holds};
 
 /// Runs `process` on an agent with a cap of 1 up to `rounds` times, a poll
 /// interval apart when it finds nothing; returns the ids it completed.
@@ -88,4 +90,63 @@ pub(crate) mod cases {
             .collect();
         assert_eq!(done, ["a", "b"], "held for ever, no error: {held:?}");
     }
+
+    /// FOUND (order, cap above 1). With a cap of 2, task "a" of group g
+    /// runs (its handler slow) and an operator force-deletes it (its turn
+    /// stays taken in `gone_busy`); a producer then enqueues a new task
+    /// under the id "a" (number 2), and after that call returned, task "c"
+    /// (number 3). One turn is free, and the oldest held task is the new
+    /// "a": the README promises tasks are let through in enqueue order.
+    /// But `oldest_held` passes over every held document whose *id* is
+    /// kept (`kept` holds the deleted run's `a#1`), not the one with that
+    /// id and number: it lets "c" through ahead of the new "a", and "c"
+    /// runs first.
+    pub(crate) async fn a_reused_id_is_passed_over_while_its_deleted_run_keeps_a_turn<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_reuse_cap2").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        let (log, release) = (Log::default(), Arc::new(Notify::new()));
+        let x = agent(&s, Duration::from_secs(30), Some(2), &CancellationToken::new());
+        let run_x = tokio::spawn({
+            let handler = stubborn(log.clone(), release.clone(), Holds::FirstAttempt);
+            async move { x.process(handler).await }
+        });
+        until("X to start task 0", 30, || started(&log, 0)).await;
+        assert_eq!(q.delete(doc! { "_id": "a" }).force(true).await.unwrap().len(), 1);
+        let (_, new) = q.enqueue(grouped("g", 2).id("a")).await.unwrap();
+        assert!(new, "the id is free again");
+        q.enqueue(grouped("g", 3).id("c")).await.unwrap();
+        let y = agent(&s, Duration::from_secs(30), Some(2), &CancellationToken::new());
+        let mut first = None;
+        for _ in 0..20 {
+            let l = log.clone();
+            let p = y
+                .process(move |t: Task| {
+                    l.lock().unwrap().push(("y".into(), t.data().get_i64("i").unwrap(), true));
+                    async { true }
+                })
+                .await
+                .unwrap();
+            if p.is_some() {
+                first = log.lock().unwrap().iter().find(|(r, _, _)| r == "y").map(|(_, i, _)| *i);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let ready: Vec<String> = s
+            .find(&tasks(), &Query::eq(doc! { "group_key": "g", "ready": true }))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| format!("{}#{:?}", r.key(), r.get_i64("group_seq")))
+            .collect();
+        release.notify_one();
+        let _ = run_x.await.unwrap();
+        assert_eq!(
+            first,
+            Some(2),
+            "the next task to run is the new \"a\" (i 2, enqueued first), not \"c\" (i 3); ready then: {ready:?}"
+        );
+    }
+
 }
