@@ -149,4 +149,37 @@ pub(crate) mod cases {
         );
     }
 
+
+    /// FOUND (bad data gets a typed error, never a hang). A slot whose
+    /// `seq` another program wrote as a fraction (2.5): the producer's
+    /// numbering `$inc`s it to 3.5, reads it back with `get_i64` (`None`)
+    /// and fails with a *transient* store error ("its slot has no
+    /// number"), which `is_retryable()` says to try again: a producer that
+    /// retries transient errors, as it should, retries for ever, each try
+    /// announcing a write that never lands. The slot's number can never
+    /// become whole again by `$inc`: this is permanent, not transient (a
+    /// string `seq` gets a server error; an out-of-range one an
+    /// `InvalidTask`).
+    pub(crate) async fn a_fractional_slot_number_is_a_transient_error_for_ever<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_fraction_seq").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0)).await.unwrap();
+        let key = Key::new("1:w/g").unwrap();
+        let foreign = Mutation::new().set("seq", Bson::Double(2.5));
+        assert!(s.write(&slots(), &key, &Write::new(Condition::Always, foreign)).await.unwrap().is_applied());
+        let mut errors = Vec::new();
+        for i in 1..=3 {
+            match q.enqueue(grouped("g", i)).await {
+                Ok(k) => panic!("enqueued {k:?} under a fractional number"),
+                Err(e) => errors.push((e.is_retryable(), e.to_string())),
+            }
+        }
+        let slot = s.get(&slots(), &key).await.unwrap().record.unwrap();
+        assert!(
+            errors.iter().all(|(retry, _)| !retry),
+            "a permanent fault reported as retryable, three times: {errors:?}; slot {:?}",
+            slot.data()
+        );
+    }
+
 }
