@@ -5,18 +5,21 @@
 //! code it was written against and says what the promise was; each HELD
 //! test is an attack that held.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson};
 use mongoagent::{Processed, Queue, Task};
-use store_test::Harness;
+use store_test::{Harness, Intercepted};
 use store_trait::{Condition, Key, Mutation, Query, Store, Write};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::groups::{agent, grouped, Log};
-use crate::review_groups::{slots, started, stubborn, tasks, until, Holds};
+use crate::hold_back::{HoldBack, Op};
+use crate::review_groups::{slots, started, stubborn, tasks, until, Holds, Producer};
 
 /// Runs `process` on an agent with a cap of 1 up to `rounds` times, a poll
 /// interval apart when it finds nothing; returns the ids it completed.
@@ -178,6 +181,103 @@ pub(crate) mod cases {
         assert!(
             errors.iter().all(|(retry, _)| !retry),
             "a permanent fault reported as retryable, three times: {errors:?}; slot {:?}",
+            slot.data()
+        );
+    }
+
+
+    /// HELD (the sweep's deferral strands nothing). Task "a" of group g runs
+    /// on agent X. A capped agent Z works with change notifications of the
+    /// slots that stay silent (it hears no nudge; its periodic sweeps read
+    /// only slots due). Agent Y's sweep finds the slot as its tasks say
+    /// (a runs) and is held just before its deferral. Meanwhile a producer
+    /// enqueues "c" and its nudge is lost, and X completes "a" and dies
+    /// before its settle. Y's deferral then applies (no settle wrote the
+    /// `version` since its read) and moves `sweep_after` 30 s on: Z's
+    /// periodic sweep passes the slot over once, and lets "c" through at
+    /// the next, within two sweep intervals.
+    pub(crate) async fn a_deferral_over_a_lost_nudge_and_a_crash_strands_nothing<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_defer_lost").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        // X runs "a" and will die before its settle.
+        let hx = HoldBack::new(s.clone());
+        let release_a = Arc::new(Notify::new());
+        let started_a = Arc::new(Notify::new());
+        let x = agent(&hx, h.ttl(), Some(1), &CancellationToken::new());
+        let run_x = tokio::spawn({
+            let (hx, release_a, started_a) = (hx.clone(), release_a.clone(), started_a.clone());
+            async move {
+                x.process(move |_t: Task| {
+                    let (hx, release_a, started_a) = (hx.clone(), release_a.clone(), started_a.clone());
+                    async move {
+                        started_a.notify_one();
+                        release_a.notified().await;
+                        hx.hold_next(|c, op| c.as_str() == "tasks_groups" && matches!(op, Op::Get(_)));
+                        true
+                    }
+                })
+                .await
+            }
+        });
+        started_a.notified().await;
+        // Z: live notifications that never deliver.
+        let hz = HoldBack::new(s.clone());
+        hz.stall_watches("tasks_groups");
+        let stop = CancellationToken::new();
+        let z = agent(&hz, h.ttl(), Some(1), &stop);
+        let done = Log::default();
+        let worker = tokio::spawn({
+            let done = done.clone();
+            async move {
+                z.work(move |t: Task| {
+                    done.lock().unwrap().push(("z".into(), t.data().get_i64("i").unwrap(), true));
+                    async { true }
+                })
+                .await
+                .unwrap()
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Y's sweep is held at its deferral.
+        let hy = HoldBack::new(s.clone());
+        hy.hold_next(|c, op| {
+            c.as_str() == "tasks_groups"
+                && matches!(op, Op::Write(w) if w.mutation.set.is_empty()
+                    && w.mutation.inc.is_empty()
+                    && w.mutation.set_time.iter().any(|(f, _)| f == "sweep_after"))
+        });
+        let y = agent(&hy, h.ttl(), Some(1), &CancellationToken::new());
+        let run_y = tokio::spawn(async move { y.process(|_t: Task| async { true }).await });
+        hy.reached().await;
+        // The producer's nudge is lost.
+        let prod = Intercepted::with(s.clone(), Producer::default());
+        prod.fail_nudge.store(true, Ordering::SeqCst);
+        Queue::new(prod.clone(), "tasks").unwrap().enqueue(grouped("g", 2).id("c")).await.unwrap();
+        // X completes "a" and dies before its settle.
+        release_a.notify_one();
+        hx.reached().await;
+        run_x.abort();
+        let _ = run_x.await;
+        hy.open();
+        assert_eq!(run_y.await.unwrap().unwrap(), None, "Y lets nothing through: \"a\" was running when it read");
+        let slot = s.get(&slots(), &Key::new("1:w/g").unwrap()).await.unwrap().record.unwrap();
+        // The deferral applied, over a group whose turn is free and whose
+        // next task is held.
+        let ahead = s.now().await.unwrap().until(slot.get_time("sweep_after").unwrap());
+        assert!(ahead > Duration::from_secs(20), "deferred: {:?}", slot.data());
+        let c = s.get(&tasks(), &Key::new("c").unwrap()).await.unwrap().record.unwrap();
+        assert_eq!(c.get_bool("group_held"), Some(true), "\"c\" waits for a sweep");
+        let t0 = Instant::now();
+        while !started(&done, 2) && t0.elapsed() < Duration::from_secs(75) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        stop.cancel();
+        worker.await.unwrap();
+        assert!(
+            started(&done, 2),
+            "\"c\" never ran in {:?}; the slot after the deferral: {:?}",
+            t0.elapsed(),
             slot.data()
         );
     }
