@@ -5,14 +5,14 @@
 //! code it was written against and says what the promise was; each HELD
 //! test is an attack that held.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson};
 use mongoagent::{Processed, Queue, Task};
-use store_test::{Harness, Intercepted};
-use store_trait::{Condition, Key, Mutation, Query, Store, Write};
+use store_test::{Call, Harness, Intercept, Intercepted};
+use store_trait::{Collection, Condition, Key, Mutation, Query, Store, StoreResult, Write};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +36,33 @@ async fn drain<S: Store + Clone>(s: &S, ttl: Duration, rounds: usize, want: usiz
         }
     }
     done
+}
+
+/// Counts the calls on the slot collection, and the sweeps among them
+/// (a query of a name's active slots).
+#[derive(Default)]
+struct SlotCalls {
+    calls: AtomicUsize,
+    sweeps: AtomicUsize,
+}
+
+impl std::fmt::Debug for SlotCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotCalls").finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Intercept<S> for SlotCalls {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        if coll.is_some_and(|c| c.as_str() == "tasks_groups") {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if matches!(call, Call::FindEach(q) if format!("{q:?}").contains("active")) {
+                self.sweeps.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The suite (`review_groups4_suite`): each `pub(crate) async fn` over a
@@ -279,6 +306,54 @@ pub(crate) mod cases {
             "\"c\" never ran in {:?}; the slot after the deferral: {:?}",
             t0.elapsed(),
             slot.data()
+        );
+    }
+
+
+    /// FOUND (nothing scans the groups per claim). `Agent::process` sweeps
+    /// every active slot of its name before its claim, "busy or not", once
+    /// its last sweep is a poll interval old (`sweep_groups_if_due`, with
+    /// `all`): docs/performance.md says it does so "at most once per poll
+    /// interval when it finds nothing". A `process` loop whose handler
+    /// runs at least a poll interval (5 s by default) thus reads and
+    /// settles every active group for every task it claims: with 30 groups
+    /// each with a task let through, 10 claims make 9 or 10 sweeps of all
+    /// 30 slots (each slot: a read of its tasks and a deferral write; about
+    /// 30 slot commands and 30 task reads per claim), on a backend with
+    /// change notifications too. Each such sweep also re-defers every slot,
+    /// so N `process` loops cost N × groups × 2 commands per poll interval,
+    /// not "one settle per 30 s across the cluster".
+    pub(crate) async fn a_busy_process_loop_sweeps_every_group_per_claim<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_process_scan").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        let groups = 30;
+        for g in 0..groups {
+            for i in 0..2 {
+                q.enqueue(grouped(&format!("g{g}"), i)).await.unwrap();
+            }
+        }
+        let counted = Intercepted::with(s.clone(), SlotCalls::default());
+        let a = agent(&counted, h.ttl(), Some(1), &CancellationToken::new());
+        // The first call lets the groups' first tasks through (a sweep that
+        // is needed); then ten claims of a handler as long as the poll interval.
+        assert!(a.process(|_t: Task| async { true }).await.unwrap().is_some());
+        let (calls0, sweeps0) = (counted.calls.load(Ordering::SeqCst), counted.sweeps.load(Ordering::SeqCst));
+        for _ in 0..10 {
+            let p = a
+                .process(|_t: Task| async {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    true
+                })
+                .await
+                .unwrap();
+            assert!(matches!(p, Some(Processed::Completed(_))), "{p:?}");
+        }
+        let calls = counted.calls.load(Ordering::SeqCst) - calls0;
+        let sweeps = counted.sweeps.load(Ordering::SeqCst) - sweeps0;
+        assert!(
+            sweeps <= 1,
+            "10 claims (each finding work) swept the {groups} groups {sweeps} times: {calls} slot commands, {} per claim",
+            calls / 10
         );
     }
 
