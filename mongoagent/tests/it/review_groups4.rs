@@ -357,4 +357,53 @@ pub(crate) mod cases {
         );
     }
 
+
+    /// FOUND (foreign data: a typed error, never a lost task). The slot of
+    /// group g, which holds task "a", is replaced by another program with
+    /// the same fields and a string `fence` (a document the store cannot
+    /// read, as in review 3's held task). The sweep's `find_each` yields it
+    /// as an error and `flatten` drops it without a word; a nudge's
+    /// `let_through` fails on the `get` and is logged. `process` returns
+    /// `Ok(None)` every time: "a" is never let through, and no caller ever
+    /// sees an error. The next producer of g: on MongoDB a permanent error
+    /// (code 14, `$add` on the string fence) and the group stays stuck; on
+    /// the memory store its upsert succeeds and makes the slot readable
+    /// again, and "a" then runs (the backends differ on a write to a
+    /// document whose fence is no number).
+    pub(crate) async fn an_unreadable_slot_holds_its_group_without_an_error<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_unreadable_slot").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        let key = Key::new("1:w/g").unwrap();
+        let slot = s.get(&slots(), &key).await.unwrap().record.unwrap();
+        let mut theirs = slot.data().clone();
+        theirs.insert("_id", "1:w/g");
+        theirs.insert("fence", "not a number");
+        assert!(matches!(s.delete(&slots(), &key, &Condition::Always).await.unwrap(), store_trait::DeleteOutcome::Deleted(_)));
+        h.insert_raw(&s, &slots(), theirs).await;
+        let y = agent(&s, h.ttl(), Some(1), &CancellationToken::new());
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            match y.process(|_t: Task| async { true }).await {
+                Ok(Some(p)) => seen.push(format!("{p:?}")),
+                Ok(None) => tokio::time::sleep(Duration::from_millis(250)).await,
+                Err(e) => seen.push(format!("error: {e}")),
+            }
+        }
+        let producer = q.enqueue(grouped("g", 1)).await.map(drop).map_err(|e| e.to_string());
+        let mut after = Vec::new();
+        for _ in 0..4 {
+            match y.process(|_t: Task| async { true }).await {
+                Ok(Some(p)) => after.push(format!("{p:?}")),
+                Ok(None) => tokio::time::sleep(Duration::from_millis(250)).await,
+                Err(e) => after.push(format!("error: {e}")),
+            }
+        }
+        assert!(
+            !seen.is_empty(),
+            "8 process calls: \"a\" never ran and no error was returned; the next producer of g got \
+             {producer:?}, and process then {after:?}"
+        );
+    }
+
 }
