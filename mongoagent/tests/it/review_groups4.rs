@@ -406,4 +406,77 @@ pub(crate) mod cases {
         );
     }
 
+
+    /// FOUND (order; a requeued task "keeps its place"). Task "old" of group
+    /// g, numbered 4, failed for good; the group then sat idle, and its
+    /// inactive slot was collected (`SLOT_RETAIN`, 7 days: deleted here as
+    /// the TTL monitor does; ended tasks are kept for ever by default). An
+    /// operator requeues "old": its announcement creates a new slot, with
+    /// no number, and "old" is held with its old number 4. A producer then
+    /// enqueues two tasks, by calls that begin after the requeue returned:
+    /// the new slot numbers them 1 and 2, so both run before "old" (and in
+    /// a group kept busy, "old" waits until the numbering passes 4 again).
+    /// Without the collection they would be 5 and 6 and run after it.
+    pub(crate) async fn a_task_requeued_after_its_slot_was_collected_goes_behind_new_ones<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_requeue_after_gc").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        for i in 0..3 {
+            q.enqueue(grouped("g", i)).await.unwrap();
+        }
+        q.enqueue(grouped("g", 3).id("old")).await.unwrap();
+        let a = agent(&s, h.ttl(), Some(1), &CancellationToken::new());
+        let log = Log::default();
+        let handler = {
+            let log = log.clone();
+            move |t: Task| {
+                let i = t.data().get_i64("i").unwrap();
+                log.lock().unwrap().push(("g".into(), i, true));
+                async move {
+                    if i == 3 && t.attempt() == 1 {
+                        mongoagent::Outcome::failed_permanently("the first run of old fails for good")
+                    } else {
+                        mongoagent::Outcome::done()
+                    }
+                }
+            }
+        };
+        for _ in 0..20 {
+            if log.lock().unwrap().len() == 4 {
+                break;
+            }
+            if a.process(handler.clone()).await.unwrap().is_none() {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        let key = Key::new("1:w/g").unwrap();
+        let slot = s.get(&slots(), &key).await.unwrap().record.unwrap();
+        assert_eq!(slot.get_bool("active"), Some(false), "idle: {:?}", slot.data());
+        // Seven days on: the TTL monitor collects the inactive slot.
+        assert!(matches!(
+            s.delete(&slots(), &key, &Condition::Always).await.unwrap(),
+            store_trait::DeleteOutcome::Deleted(_)
+        ));
+        assert_eq!(q.requeue(doc! { "_id": "old" }).await.unwrap().len(), 1);
+        q.enqueue(grouped("g", 10)).await.unwrap();
+        q.enqueue(grouped("g", 11)).await.unwrap();
+        log.lock().unwrap().clear();
+        for _ in 0..20 {
+            if log.lock().unwrap().len() == 3 {
+                break;
+            }
+            if a.process(handler.clone()).await.unwrap().is_none() {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        let order: Vec<i64> = log.lock().unwrap().iter().map(|(_, i, _)| *i).collect();
+        let numbers: Vec<(String, Option<i64>)> = s
+            .find(&tasks(), &Query::eq(doc! { "group_key": "g" }))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.key().to_string(), r.get_i64("group_seq")))
+            .collect();
+        assert_eq!(order, [3, 10, 11], "the requeued task first, then the later enqueues; numbers: {numbers:?}");
+    }
+
 }
