@@ -12,7 +12,7 @@ use std::time::Duration;
 use bson::{doc, Bson};
 use mongoagent::{Processed, Queue, Task};
 use store_test::{Call, Harness, Intercept, Intercepted};
-use store_trait::{Collection, Condition, Key, Mutation, Query, Store, StoreResult, Write};
+use store_trait::{Collection, Condition, FaultKind, Key, Mutation, Query, Store, StoreError, StoreResult, Write};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -62,6 +62,30 @@ impl<S: Store> Intercept<S> for SlotCalls {
             }
         }
         Ok(())
+    }
+}
+
+/// Fails every write to one slot with a permanent error: what a slot
+/// document that can no longer grow gets from MongoDB (another program
+/// filled it near 16 MB: "Resulting document after update is larger than
+/// 16777216"), or one a validator refuses.
+struct BrokenSlot(&'static str);
+
+impl std::fmt::Debug for BrokenSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BrokenSlot").field(&self.0).finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Intercept<S> for BrokenSlot {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        match (coll, call) {
+            (Some(c), Call::Write(k, _)) if c.as_str() == "tasks_groups" && k.as_str() == Some(self.0) => {
+                Err(StoreError::backend(FaultKind::Permanent, "resulting document after update is larger than 16777216"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -477,6 +501,40 @@ pub(crate) mod cases {
             .map(|r| (r.key().to_string(), r.get_i64("group_seq")))
             .collect();
         assert_eq!(order, [3, 10, 11], "the requeued task first, then the later enqueues; numbers: {numbers:?}");
+    }
+
+
+    /// FOUND (nothing lost: one bad slot strands the other groups). The
+    /// sweep settles the due slots one after the other and returns at the
+    /// first error (`self.settle(..).await?`): a slot whose every write
+    /// fails (a document another program grew to the size limit) stops
+    /// every sweep there, and the slots after it are never swept. A
+    /// `process` loop, which lets tasks through by its sweep alone, never
+    /// runs group b's task, though b's slot and task are sound; the
+    /// failure is only logged, and `process` returns `Ok(None)`.
+    pub(crate) async fn one_failing_slot_stops_the_sweep_of_every_other_group<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_sweep_stops").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("a", 0)).await.unwrap();
+        q.enqueue(grouped("b", 1)).await.unwrap();
+        let broken = Intercepted::with(s.clone(), BrokenSlot("1:w/a"));
+        let y = agent(&broken, h.ttl(), Some(1), &CancellationToken::new());
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            match y.process(|t: Task| async move { t.data().get_i64("i").unwrap() >= 0 }).await {
+                Ok(Some(p)) => seen.push(format!("{p:?}")),
+                Ok(None) => tokio::time::sleep(Duration::from_millis(250)).await,
+                Err(e) => seen.push(format!("error: {e}")),
+            }
+        }
+        let b: Vec<Option<bool>> = s
+            .find(&tasks(), &Query::eq(doc! { "group_key": "b" }))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get_bool("complete"))
+            .collect();
+        assert_eq!(b, [Some(true)], "group b's task never ran (process: {seen:?})");
     }
 
 }
