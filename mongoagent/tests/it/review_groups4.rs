@@ -89,6 +89,30 @@ impl<S: Store> Intercept<S> for BrokenSlot {
     }
 }
 
+/// A producer that writes the slot (a nudge) between a forced delete's
+/// read of the slot and its write of `gone_busy`, every time: what a hot
+/// group's producers do by chance.
+struct GoneMeddler<S>(S);
+
+impl<S> std::fmt::Debug for GoneMeddler<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GoneMeddler").finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store, T: Store> Intercept<T> for GoneMeddler<S> {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        if let (Some(c), Call::Write(key, w)) = (coll, call) {
+            if c.as_str() == "tasks_groups" && w.mutation.set.contains_key("gone_busy") {
+                let nudge = Write::new(Condition::Always, Mutation::new().inc("enqueued", 1));
+                self.0.write(c, key, &nudge).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The suite (`review_groups4_suite`): each `pub(crate) async fn` over a
 /// `Harness` here is one test on every backend.
 #[store_test::suite(review_groups4_suite, crate::review_groups4::cases)]
@@ -535,6 +559,40 @@ pub(crate) mod cases {
             .map(|r| r.get_bool("complete"))
             .collect();
         assert_eq!(b, [Some(true)], "group b's task never ran (process: {seen:?})");
+    }
+
+
+    /// FOUND (deletes under load; the fix review 3 made for settles, not
+    /// made here). A forced delete of a running grouped task first records
+    /// its turn in the slot (`Groups::deleted_while_running`): a read of
+    /// the slot, then a write of `gone_busy` conditioned on the slot's whole
+    /// revision, four rounds. A producer's numbering or nudge between the
+    /// read and the write (a hot group's producers write its slot twice
+    /// per enqueue) fails the round; every round here, so the delete fails
+    /// with "its slot kept changing; try again", and so does every retry
+    /// while the producers go on. Settles, which met the same race, are on
+    /// the slot's `version`, which producers leave alone; this write could
+    /// be too.
+    pub(crate) async fn hot_producers_starve_a_forced_delete_of_a_running_task<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_delete_starved").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        let (log, release) = (Log::default(), Arc::new(Notify::new()));
+        let x = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
+        let run_x = tokio::spawn({
+            let handler = stubborn(log.clone(), release.clone(), Holds::FirstAttempt);
+            async move { x.process(handler).await }
+        });
+        until("X to start task 0", 30, || started(&log, 0)).await;
+        let meddled = Intercepted::with(s.clone(), GoneMeddler(s.clone()));
+        let operator = Queue::new(meddled, "tasks").unwrap();
+        let mut tries = Vec::new();
+        for _ in 0..3 {
+            tries.push(operator.delete(doc! { "_id": "a" }).force(true).await.map(|k| k.len()).map_err(|e| e.to_string()));
+        }
+        release.notify_one();
+        let _ = run_x.await.unwrap();
+        assert!(tries.iter().any(|t| t == &Ok(1)), "three forced deletes of the running task: {tries:?}");
     }
 
 }
