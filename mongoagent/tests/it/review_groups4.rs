@@ -5,7 +5,7 @@
 //! code it was written against and says what the promise was; each HELD
 //! test is an attack that held.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,6 +110,29 @@ impl<S: Store, T: Store> Intercept<T> for GoneMeddler<S> {
             }
         }
         Ok(())
+    }
+}
+
+/// Fails the next insert into the tasks with a transient error (which may
+/// or may not have been applied: here, not).
+#[derive(Default)]
+struct FailInsert(AtomicBool);
+
+impl std::fmt::Debug for FailInsert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FailInsert").finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Intercept<S> for FailInsert {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        match (coll, call) {
+            (Some(c), Call::InsertMany(_)) if c.as_str() == "tasks" && self.0.swap(false, Ordering::SeqCst) => {
+                Err(StoreError::backend(FaultKind::Transient, "the insert's connection dropped"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -593,6 +616,35 @@ pub(crate) mod cases {
         release.notify_one();
         let _ = run_x.await.unwrap();
         assert!(tries.iter().any(|t| t == &Ok(1)), "three forced deletes of the running task: {tries:?}");
+    }
+
+
+    /// HELD (the announce/landed counters). An `enqueue_all` spanning two
+    /// groups whose insert fails lands both announcements; one whose second
+    /// task is a duplicate id (in the other group) lands each group's once;
+    /// then every task runs and both slots leave the sweep, their counters
+    /// equal.
+    pub(crate) async fn counters_balance_over_failed_inserts_and_duplicates<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_counters").await;
+        let prod = Intercepted::with(s.clone(), FailInsert(AtomicBool::new(true)));
+        let q = Queue::new(prod.clone(), "tasks").unwrap();
+        let batch = [grouped("g", 0), grouped("h", 1), grouped("g", 2)];
+        assert!(q.enqueue_all(&batch).await.is_err(), "the insert failed");
+        q.enqueue_all(&batch).await.unwrap();
+        let dup = q.enqueue_all(&[grouped("g", 3).id("d"), grouped("h", 4).id("d")]).await.unwrap();
+        assert!(matches!(dup[1], store_trait::InsertOutcome::Duplicate(_)), "{dup:?}");
+        let counters = |r: &store_trait::Record| (r.get_i64("announced"), r.get_i64("landed"));
+        for g in ["g", "h"] {
+            let slot = s.get(&slots(), &Key::new(format!("1:w/{g}")).unwrap()).await.unwrap().record.unwrap();
+            let (announced, landed) = counters(&slot);
+            assert_eq!((announced, landed), (Some(3), Some(3)), "group {g}: {:?}", slot.data());
+        }
+        let done = drain(&s, h.ttl(), 20, 4).await;
+        assert_eq!(done.len(), 4, "{done:?}");
+        for g in ["g", "h"] {
+            let slot = s.get(&slots(), &Key::new(format!("1:w/{g}")).unwrap()).await.unwrap().record.unwrap();
+            assert_eq!(slot.get_bool("active"), Some(false), "group {g}: {:?}", slot.data());
+        }
     }
 
 }
