@@ -647,4 +647,73 @@ pub(crate) mod cases {
         }
     }
 
+
+    /// HELD (a requeue landing between a sweep's read and its deferral).
+    /// Task "f" of group g failed for good; task "b" runs. Agent Y's sweep
+    /// finds the slot as its tasks say and is held before its deferral; an
+    /// operator requeues "f" (its announcement bumps the slot's `version`).
+    /// The deferral is then refused (it is on the `version` read), so
+    /// `sweep_after` stays where the last settle put it; "f" runs once "b"
+    /// ends.
+    pub(crate) async fn a_requeue_between_a_sweeps_read_and_its_deferral_voids_it<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_requeue_defer").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("f")).await.unwrap();
+        let x = agent(&s, Duration::from_secs(30), Some(1), &CancellationToken::new());
+        let failed = x
+            .process(|t: Task| async move {
+                if t.attempt() == 1 {
+                    mongoagent::Outcome::failed_permanently("f fails for good")
+                } else {
+                    mongoagent::Outcome::done()
+                }
+            })
+            .await
+            .unwrap();
+        assert!(matches!(failed, Some(Processed::Failed(_))), "{failed:?}");
+        q.enqueue(grouped("g", 1).id("b")).await.unwrap();
+        let (log, release) = (Log::default(), Arc::new(Notify::new()));
+        let run_b = tokio::spawn({
+            let (log, release) = (log.clone(), release.clone());
+            let handler = move |t: Task| {
+                let (log, release) = (log.clone(), release.clone());
+                async move {
+                    log.lock().unwrap().push(("x".into(), t.data().get_i64("i").unwrap(), true));
+                    release.notified().await;
+                    true
+                }
+            };
+            async move {
+                loop {
+                    match x.process(handler.clone()).await {
+                        Ok(None) => tokio::time::sleep(Duration::from_millis(250)).await,
+                        other => return other,
+                    }
+                }
+            }
+        });
+        until("b to start", 30, || started(&log, 1)).await;
+        let key = Key::new("1:w/g").unwrap();
+        let hy = HoldBack::new(s.clone());
+        hy.hold_next(|c, op| {
+            c.as_str() == "tasks_groups"
+                && matches!(op, Op::Write(w) if w.mutation.set.is_empty()
+                    && w.mutation.inc.is_empty()
+                    && w.mutation.set_time.iter().any(|(f, _)| f == "sweep_after"))
+        });
+        let y = agent(&hy, h.ttl(), Some(1), &CancellationToken::new());
+        let run_y = tokio::spawn(async move { y.process(|_t: Task| async { true }).await });
+        hy.reached().await;
+        let before = s.get(&slots(), &key).await.unwrap().record.unwrap().get_time("sweep_after");
+        assert_eq!(q.requeue(doc! { "_id": "f" }).await.unwrap().len(), 1);
+        hy.open();
+        assert_eq!(run_y.await.unwrap().unwrap(), None);
+        let after = s.get(&slots(), &key).await.unwrap().record.unwrap();
+        assert_eq!(after.get_time("sweep_after"), before, "the deferral was refused: {:?}", after.data());
+        release.notify_one();
+        assert!(matches!(run_b.await.unwrap().unwrap(), Some(Processed::Completed(_))));
+        let done = drain(&s, h.ttl(), 12, 1).await;
+        assert_eq!(done, ["f"], "the requeued task ran after b");
+    }
+
 }
