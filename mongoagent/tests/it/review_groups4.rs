@@ -716,4 +716,75 @@ pub(crate) mod cases {
         assert_eq!(done, ["f"], "the requeued task ran after b");
     }
 
+
+    /// HELD (a crash of every agent, after deferrals). Groups g (three
+    /// tasks) and h (two) run their first tasks on agent X; agent Y's sweep
+    /// finds both slots as their tasks say and defers them 30 s; then X
+    /// and Y die (X mid-run: its claims left to lapse). A fresh agent runs
+    /// all five, each group's in enqueue order, well within the deferral:
+    /// its first sweep reads every active slot.
+    pub(crate) async fn after_every_agent_crashes_a_fresh_one_runs_everything<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_all_crash").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        for i in 0..3 {
+            q.enqueue(grouped("g", i)).await.unwrap();
+        }
+        for i in 10..12 {
+            q.enqueue(grouped("h", i)).await.unwrap();
+        }
+        let log = Log::default();
+        let stop_x = CancellationToken::new();
+        let x = agent(&s, h.ttl(), Some(1), &stop_x);
+        let worker_x = tokio::spawn({
+            let log = log.clone();
+            async move {
+                x.work(move |t: Task| {
+                    let log = log.clone();
+                    async move {
+                        log.lock().unwrap().push(("x".into(), t.data().get_i64("i").unwrap(), true));
+                        std::future::pending::<bool>().await
+                    }
+                })
+                .await
+            }
+        });
+        until("X to start both groups' first tasks", 30, || started(&log, 0) && started(&log, 10)).await;
+        let y = agent(&s, h.ttl(), Some(1), &CancellationToken::new());
+        assert_eq!(y.process(|_t: Task| async { true }).await.unwrap(), None);
+        for g in ["g", "h"] {
+            let slot = s.get(&slots(), &Key::new(format!("1:w/{g}")).unwrap()).await.unwrap().record.unwrap();
+            let ahead = s.now().await.unwrap().until(slot.get_time("sweep_after").unwrap());
+            assert!(ahead > Duration::from_secs(20), "deferred: {:?}", slot.data());
+        }
+        worker_x.abort();
+        let _ = worker_x.await;
+        drop(y);
+        let stop = CancellationToken::new();
+        let z = agent(&s, h.ttl(), Some(1), &stop);
+        let worker_z = tokio::spawn({
+            let log = log.clone();
+            async move {
+                z.work(move |t: Task| {
+                    let log = log.clone();
+                    async move {
+                        log.lock().unwrap().push(("z".into(), t.data().get_i64("i").unwrap(), true));
+                        true
+                    }
+                })
+                .await
+                .unwrap()
+            }
+        });
+        let t0 = Instant::now();
+        while q.stats("w").await.unwrap().completed < 5 && t0.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.cancel();
+        worker_z.await.unwrap();
+        let runs: Vec<i64> =
+            log.lock().unwrap().iter().filter(|(r, _, _)| r == "z").map(|(_, i, _)| *i).collect();
+        let (g, hh): (Vec<i64>, Vec<i64>) = runs.iter().partition(|i| **i < 10);
+        assert_eq!((g, hh), (vec![0, 1, 2], vec![10, 11]), "every task, each group in order: {runs:?} in {:?}", t0.elapsed());
+    }
+
 }
