@@ -81,9 +81,9 @@ impl std::fmt::Debug for BrokenSlot {
 impl<S: Store> Intercept<S> for BrokenSlot {
     async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
         match (coll, call) {
-            (Some(c), Call::Write(k, _)) if c.as_str() == "tasks_groups" && k.as_str() == Some(self.0) => {
-                Err(StoreError::backend(FaultKind::Permanent, "resulting document after update is larger than 16777216"))
-            }
+            (Some(c), Call::Write(k, _)) if c.as_str() == "tasks_groups" && k.as_str() == Some(self.0) => Err(
+                StoreError::backend(FaultKind::Permanent, "resulting document after update is larger than 16777216"),
+            ),
             _ => Ok(()),
         }
     }
@@ -250,7 +250,6 @@ pub(crate) mod cases {
         );
     }
 
-
     /// FOUND (bad data gets a typed error, never a hang). A slot whose
     /// `seq` another program wrote as a fraction (2.5): the producer's
     /// numbering `$inc`s it to 3.5, reads it back with `get_i64` (`None`)
@@ -282,7 +281,6 @@ pub(crate) mod cases {
             slot.data()
         );
     }
-
 
     /// HELD (the sweep's deferral strands nothing). Task "a" of group g runs
     /// on agent X. A capped agent Z works with change notifications of the
@@ -380,7 +378,6 @@ pub(crate) mod cases {
         );
     }
 
-
     /// FOUND (nothing scans the groups per claim). `Agent::process` sweeps
     /// every active slot of its name before its claim, "busy or not", once
     /// its last sweep is a poll interval old (`sweep_groups_if_due`, with
@@ -428,7 +425,6 @@ pub(crate) mod cases {
         );
     }
 
-
     /// FOUND (foreign data: a typed error, never a lost task). The slot of
     /// group g, which holds task "a", is replaced by another program with
     /// the same fields and a string `fence` (a document the store cannot
@@ -450,7 +446,10 @@ pub(crate) mod cases {
         let mut theirs = slot.data().clone();
         theirs.insert("_id", "1:w/g");
         theirs.insert("fence", "not a number");
-        assert!(matches!(s.delete(&slots(), &key, &Condition::Always).await.unwrap(), store_trait::DeleteOutcome::Deleted(_)));
+        assert!(matches!(
+            s.delete(&slots(), &key, &Condition::Always).await.unwrap(),
+            store_trait::DeleteOutcome::Deleted(_)
+        ));
         h.insert_raw(&s, &slots(), theirs).await;
         let y = agent(&s, h.ttl(), Some(1), &CancellationToken::new());
         let mut seen = Vec::new();
@@ -476,7 +475,6 @@ pub(crate) mod cases {
              {producer:?}, and process then {after:?}"
         );
     }
-
 
     /// FOUND (order; a requeued task "keeps its place"). Task "old" of group
     /// g, numbered 4, failed for good; the group then sat idle, and its
@@ -550,7 +548,6 @@ pub(crate) mod cases {
         assert_eq!(order, [3, 10, 11], "the requeued task first, then the later enqueues; numbers: {numbers:?}");
     }
 
-
     /// FOUND (nothing lost: one bad slot strands the other groups). The
     /// sweep settles the due slots one after the other and returns at the
     /// first error (`self.settle(..).await?`): a slot whose every write
@@ -584,7 +581,6 @@ pub(crate) mod cases {
         assert_eq!(b, [Some(true)], "group b's task never ran (process: {seen:?})");
     }
 
-
     /// FOUND (deletes under load; the fix review 3 made for settles, not
     /// made here). A forced delete of a running grouped task first records
     /// its turn in the slot (`Groups::deleted_while_running`): a read of
@@ -611,13 +607,14 @@ pub(crate) mod cases {
         let operator = Queue::new(meddled, "tasks").unwrap();
         let mut tries = Vec::new();
         for _ in 0..3 {
-            tries.push(operator.delete(doc! { "_id": "a" }).force(true).await.map(|k| k.len()).map_err(|e| e.to_string()));
+            tries.push(
+                operator.delete(doc! { "_id": "a" }).force(true).await.map(|k| k.len()).map_err(|e| e.to_string()),
+            );
         }
         release.notify_one();
         let _ = run_x.await.unwrap();
         assert!(tries.iter().any(|t| t == &Ok(1)), "three forced deletes of the running task: {tries:?}");
     }
-
 
     /// HELD (the announce/landed counters). An `enqueue_all` spanning two
     /// groups whose insert fails lands both announcements; one whose second
@@ -646,7 +643,6 @@ pub(crate) mod cases {
             assert_eq!(slot.get_bool("active"), Some(false), "group {g}: {:?}", slot.data());
         }
     }
-
 
     /// HELD (a requeue landing between a sweep's read and its deferral).
     /// Task "f" of group g failed for good; task "b" runs. Agent Y's sweep
@@ -716,7 +712,6 @@ pub(crate) mod cases {
         assert_eq!(done, ["f"], "the requeued task ran after b");
     }
 
-
     /// HELD (a crash of every agent, after deferrals). Groups g (three
     /// tasks) and h (two) run their first tasks on agent X; agent Y's sweep
     /// finds both slots as their tasks say and defers them 30 s; then X
@@ -781,10 +776,13 @@ pub(crate) mod cases {
         }
         stop.cancel();
         worker_z.await.unwrap();
-        let runs: Vec<i64> =
-            log.lock().unwrap().iter().filter(|(r, _, _)| r == "z").map(|(_, i, _)| *i).collect();
+        let runs: Vec<i64> = log.lock().unwrap().iter().filter(|(r, _, _)| r == "z").map(|(_, i, _)| *i).collect();
         let (g, hh): (Vec<i64>, Vec<i64>) = runs.iter().partition(|i| **i < 10);
-        assert_eq!((g, hh), (vec![0, 1, 2], vec![10, 11]), "every task, each group in order: {runs:?} in {:?}", t0.elapsed());
+        assert_eq!(
+            (g, hh),
+            (vec![0, 1, 2], vec![10, 11]),
+            "every task, each group in order: {runs:?} in {:?}",
+            t0.elapsed()
+        );
     }
-
 }
