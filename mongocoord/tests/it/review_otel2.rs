@@ -2,7 +2,8 @@
 //! `tracestate` the command's environment cannot carry, where a long-running
 //! agent handed a `TRACEPARENT` puts its claims, an agent SIGTERMed while
 //! its exporter is stuck, a command killed by a signal, and `TRACESTATE`
-//! of 33 members or with a 600-byte member.
+//! of 33 members or with a 600-byte member, and the command inheriting the
+//! `TRACEPARENT`/`TRACESTATE` its `mongocoord` was started with.
 //!
 //! Each test says in its doc comment whether the attack HELD (the test
 //! passes) or is FOUND (the test fails on the current code).
@@ -67,7 +68,8 @@ fn a_foreign_tracestate_with_a_nul_does_not_keep_the_command_from_running() {
     );
     let seen = e.file("ran");
     let script = format!("echo \"$TRACEPARENT\" > {}", seen.display());
-    let out = e.run(&["agent", "a", "--queue", "jobs", "--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", &script]);
+    let out =
+        e.run(&["agent", "a", "--queue", "jobs", "--max-tasks", "1", "--max-attempts", "1", "--", "sh", "-c", &script]);
     assert!(out.status.success(), "{}", stderr(&out));
     let d = task(&e, "jobs", "nul");
     assert!(
@@ -100,7 +102,20 @@ fn a_long_running_agent_handed_a_traceparent_keeps_its_claims_out_of_that_trace(
     let (url, bodies) = collector();
     let handed = format!("00-{TRACE}-b7ad6b7169203331-01");
     let out = e
-        .cmd(&["agent", "a", "--queue", "jobs", "--max-tasks", "3", "--prefetch", "0", "--", "sh", "-c", "cat >/dev/null"])
+        .cmd(&[
+            "agent",
+            "a",
+            "--queue",
+            "jobs",
+            "--max-tasks",
+            "3",
+            "--prefetch",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            "cat >/dev/null",
+        ])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
         .env("TRACEPARENT", &handed)
         .stdin(Stdio::null())
@@ -211,7 +226,10 @@ fn a_command_killed_by_a_signal_is_a_fail_span_and_a_retry() {
     assert_eq!(status.code, 2, "error: {status:?}");
     let d = task(&e, "jobs", "killed");
     assert_eq!(d.get_bool("ready").ok(), Some(true), "retried: {d:?}");
-    assert_eq!(d.get_document("trace_context").ok().and_then(|c| c.get_str("traceparent").ok()).map(|t| t.contains(TRACE)), Some(true));
+    assert_eq!(
+        d.get_document("trace_context").ok().and_then(|c| c.get_str("traceparent").ok()).map(|t| t.contains(TRACE)),
+        Some(true)
+    );
 }
 
 /// HELD if it passes. `TRACESTATE` of 33 members handed to `mongocoord
@@ -247,4 +265,83 @@ fn tracestate_of_33_members_or_600_bytes_is_bounded_or_dropped() {
     bytes[10] = 0xff;
     let d = enqueue("bytes", std::ffi::OsStr::from_bytes(&bytes), "k=v");
     assert!(d.get("trace_context").is_none(), "{d:?}");
+}
+
+/// FOUND. `mongocoord cron` started with `TRACEPARENT` set (a traced
+/// deploy script, a CI step, a task's command that starts it), exporting
+/// nothing. The tick tasks store no trace (HELD: the scheduler's enqueues
+/// are outside the handed scope), yet every tick's command, for the
+/// process's whole lifetime, gets the launcher's `TRACEPARENT`: `trace_env`
+/// adds the variables only when the run has a trace, and otherwise the
+/// command inherits `mongocoord`'s own environment, `TRACEPARENT` and
+/// `TRACESTATE` included. Days of unrelated ticks' commands (and whatever
+/// they enqueue with `mongocoord enqueue`) land in one stale trace. A
+/// command of a task with no trace should get no `TRACEPARENT`.
+#[test]
+fn a_cron_ticks_command_is_not_handed_the_cron_processs_own_traceparent() {
+    let Some(e) = env("review_otel2_cron") else { return };
+    let ledger = e.file("ledger");
+    let script = format!("cat >/dev/null; echo \"$TRACEPARENT\" >> {}", ledger.display());
+    let mut p = e
+        .cmd(&["cron", "tick", "--every", "1", "--", "sh", "-c", &script])
+        .env("TRACEPARENT", format!("00-{TRACE}-b7ad6b7169203331-01"))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("two ticks", Duration::from_secs(30), || super::lines(&ledger).len() >= 2);
+    let st = std::process::Command::new("kill").args(["-TERM", &p.id().to_string()]).status().unwrap();
+    assert!(st.success());
+    assert!(p.wait().unwrap().success());
+    let ticks: Vec<Document> = e.raw("cron").into_iter().filter(|d| d.get_str("agent_name").is_ok()).collect();
+    assert!(ticks.len() >= 2, "{ticks:?}");
+    let in_launcher: Vec<String> = ticks
+        .iter()
+        .filter(|d| {
+            d.get_document("trace_context")
+                .ok()
+                .and_then(|c| c.get_str("traceparent").ok())
+                .is_some_and(|t| t.contains(TRACE))
+        })
+        .map(|d| d.get("_id").map(ToString::to_string).unwrap_or_default())
+        .collect();
+    let handed: Vec<String> = super::lines(&ledger).into_iter().filter(|l| l.contains(TRACE)).collect();
+    assert!(
+        in_launcher.is_empty() && handed.is_empty(),
+        "ticks stored in the launcher's trace: {in_launcher:?}; tick commands handed it: {handed:?}"
+    );
+}
+
+/// FOUND. "A task's command gets `TRACEPARENT` and `TRACESTATE` (from the
+/// run, …)": an exporting `mongocoord agent` started with `TRACEPARENT`
+/// and `TRACESTATE=launcher=1` runs a task whose producer's trace carries
+/// no `tracestate`. The command gets the run's `TRACEPARENT`, but
+/// `TRACESTATE` is not set by `trace_env` when the run's is empty, so the
+/// launcher's `launcher=1` is inherited and paired with the run's
+/// `TRACEPARENT`: a trace state forged onto another trace (a vendor's
+/// sampling or tenant decision of one trace applied to another). The
+/// companion variable should be removed when there is no state to hand.
+#[test]
+fn a_commands_tracestate_is_the_runs_not_the_agents_launchers() {
+    let Some(e) = env("review_otel2_state_mix") else { return };
+    e.insert_raw(
+        "jobs",
+        vec![doc! { "_id": "plain", "agent_name": "a", "ready": true,
+        "trace_context": { "traceparent": format!("00-{TRACE}-b7ad6b7169203331-01") } }],
+    );
+    let (url, _bodies) = collector();
+    let seen = e.file("vars");
+    let script = format!("cat >/dev/null; echo \"$TRACEPARENT|${{TRACESTATE-unset}}\" > {}", seen.display());
+    let out = e
+        .cmd(&["agent", "a", "--queue", "jobs", "--max-tasks", "1", "--", "sh", "-c", &script])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &url)
+        .env("TRACEPARENT", "00-11111111111111111111111111111111-2222222222222222-01")
+        .env("TRACESTATE", "launcher=1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let vars = std::fs::read_to_string(&seen).unwrap();
+    let (tp, ts) = vars.trim().split_once('|').unwrap();
+    assert_eq!(tp.split('-').nth(1), Some(TRACE), "the run's trace: {vars}");
+    assert_eq!(ts, "unset", "TRACESTATE handed with the run's TRACEPARENT: {vars:?}");
 }
