@@ -308,3 +308,36 @@ async fn a_grouped_task_keeps_its_producers_trace() {
     let spans = t.spans();
     assert_eq!(runs_of(&spans, &k.to_string())[0].span_context.trace_id().to_string(), trace);
 }
+
+/// HELD if it passes. A producer that keeps the library's own spans out
+/// of its traces (`info,mongoagent=warn`, as a per-layer filter on the
+/// OpenTelemetry layer, or as a global filter) still has its own span in a
+/// trace, and its task stores that trace: the disabled `mongoagent.enqueue`
+/// span's context falls back to the caller's (activated) context.
+#[tokio::test]
+async fn a_producer_that_filters_out_the_librarys_spans_still_stores_its_trace() {
+    use tracing_subscriber::Layer as _;
+    let filter = || tracing_subscriber::EnvFilter::new("info,mongoagent=warn");
+    let t = Traced::new();
+    let layered = tracing_opentelemetry::layer().with_tracer(t.provider.tracer("review2")).with_filter(filter());
+    filtered_producer(&t, tracing_subscriber::registry().with(layered), "per-layer filter").await;
+    let t = Traced::new();
+    let global = tracing_opentelemetry::layer().with_tracer(t.provider.tracer("review2"));
+    filtered_producer(&t, tracing_subscriber::registry().with(filter()).with(global), "global filter").await;
+}
+
+async fn filtered_producer(t: &Traced, subscriber: impl tracing::Subscriber + Send + Sync + 'static, how: &str) {
+    let _default = tracing::subscriber::set_default(subscriber);
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "review_otel2_filtered").unwrap();
+    let (k, _) = q.enqueue(NewTask::new("w", doc! {})).instrument(tracing::info_span!("checkout")).await.unwrap();
+    let spans = t.spans();
+    let checkout = spans.iter().find(|s| s.name == "checkout").expect("the producer's span is traced");
+    assert!(!spans.iter().any(|s| s.name == "mongoagent.enqueue"), "{how}: the library's span is filtered out");
+    let d = stored(&store, &q, &k).await;
+    assert_eq!(
+        stored_trace(&d),
+        Some(checkout.span_context.trace_id().to_string()),
+        "{how}: the task stores its producer's trace: {d:?}"
+    );
+}
