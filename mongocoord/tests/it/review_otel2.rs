@@ -345,3 +345,65 @@ fn a_commands_tracestate_is_the_runs_not_the_agents_launchers() {
     assert_eq!(tp.split('-').nth(1), Some(TRACE), "the run's trace: {vars}");
     assert_eq!(ts, "unset", "TRACESTATE handed with the run's TRACEPARENT: {vars:?}");
 }
+
+/// A collector that answers every connection with `reply`, then (if
+/// `trickle`) a byte every 50 ms forever.
+fn answering(reply: &'static [u8], trickle: bool) -> String {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+                let _ = conn.read(&mut buf);
+                if conn.write_all(reply).is_err() {
+                    return;
+                }
+                while trickle {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if conn.write_all(b"1\r\nx\r\n").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// HELD if it passes. A collector that answers garbage (bytes that are not
+/// HTTP), a 200 whose protobuf body is garbage, a 500 with a body, or a
+/// chunked 200 that trickles forever: `mongocoord enqueue` succeeds, stores
+/// its task, and exits within 2 s of its time without a collector.
+#[test]
+fn a_collector_that_answers_garbage_neither_fails_nor_holds_up_a_command() {
+    let Some(e) = env("review_otel2_garbage") else { return };
+    let enqueue = |id: &str, url: Option<&str>| {
+        let mut c = e.cmd(&["enqueue", "--queue", "jobs", "--agent", "g", "--id", id, "{}"]);
+        if let Some(u) = url {
+            c.env("OTEL_EXPORTER_OTLP_ENDPOINT", u);
+        }
+        let at = Instant::now();
+        let out = c.stdin(Stdio::null()).output().unwrap();
+        (at.elapsed(), out)
+    };
+    let (base, out) = enqueue("base", None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cases: [(&str, &'static [u8], bool); 4] = [
+        ("not_http", b"\x00\xffgarbage\r\n\r\n not http at all", false),
+        ("bad_proto", b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 7\r\n\r\n\xff\xff\xff\xff\xff\xff\xff", false),
+        ("error", b"HTTP/1.1 500 Oops\r\nContent-Length: 5\r\n\r\noops!", false),
+        ("trickle", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", true),
+    ];
+    for (id, reply, trickle) in cases {
+        let url = answering(reply, trickle);
+        let (took, out) = enqueue(id, Some(&url));
+        eprintln!("review_otel2: collector {id}: {took:?} (base {base:?}): {}", stderr(&out));
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+        assert!(took < base + Duration::from_secs(2), "{id}: exit delayed by {:?}", took.saturating_sub(base));
+        task(&e, "jobs", id);
+    }
+}
