@@ -362,7 +362,10 @@ fn answering(reply: &'static [u8], trickle: bool) -> String {
                 if conn.write_all(reply).is_err() {
                     return;
                 }
-                while trickle {
+                if !trickle {
+                    return;
+                }
+                loop {
                     std::thread::sleep(Duration::from_millis(50));
                     if conn.write_all(b"1\r\nx\r\n").is_err() {
                         return;
