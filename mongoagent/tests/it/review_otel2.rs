@@ -5,7 +5,7 @@
 //! a layer), and grouped tasks.
 //!
 //! Each test says in its doc comment whether the attack HELD (the test
-//! passes) or is FOUND (the test fails on the current code).
+//! passes) or was FOUND (it failed before its fix, and passes now).
 //!
 //! None of these tests sets the global tracer provider (the `otel` suite's
 //! test reads its claim span from the one it sets).
@@ -69,7 +69,7 @@ fn stored_trace(d: &Document) -> Option<String> {
     Some(tp.split('-').nth(1)?.to_owned())
 }
 
-/// FOUND. "Spans for enqueue, claim, run, complete and fail": an attempt
+/// FOUND, fixed (it failed before). "Spans for enqueue, claim, run, complete and fail": an attempt
 /// that fails by its timeout (the handler stops at its cancellation, within
 /// the grace; the agent writes "timed out after …") is a failure written
 /// like any other, but no `mongoagent.fail` span is made for it: the outcome
@@ -80,7 +80,7 @@ fn stored_trace(d: &Document) -> Option<String> {
 #[tokio::test]
 async fn a_timed_out_attempt_is_written_in_a_fail_span() {
     let t = Traced::new();
-    let _default = tracing::subscriber::set_default(t.subscriber());
+    let _default = crate::otel::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_timeout").unwrap();
     let (k, _) = q.enqueue(NewTask::new("slow", doc! {})).instrument(tracing::info_span!("producer")).await.unwrap();
@@ -114,7 +114,7 @@ async fn a_timed_out_attempt_is_written_in_a_fail_span() {
     );
 }
 
-/// FOUND. `TraceContext` promises "a malformed `tracestate` is dropped and
+/// FOUND, fixed (it failed before). `TraceContext` promises "a malformed `tracestate` is dropped and
 /// the `traceparent` kept, as the W3C recommendation says". A W3C
 /// `tracestate` value is printable ASCII only (`%x20-2B / %x2D-3C /
 /// %x3E-7E`, no trailing space); a value with a NUL, a newline, a DEL or a
@@ -141,7 +141,7 @@ async fn a_tracestate_with_control_or_non_ascii_characters_is_dropped() {
     assert!(kept.is_empty(), "malformed tracestates kept and handed on: {kept:?}");
 }
 
-/// FOUND. W3C Trace Context, "Versioning of traceparent": a parser that
+/// FOUND, fixed (it failed before). W3C Trace Context, "Versioning of traceparent": a parser that
 /// meets a higher version than `00` (not `ff`) SHOULD parse it as a `00`
 /// header (trace id, parent id, flags, then a dash or the end) and continue
 /// the trace; the SDK's own `TraceContextPropagator` does. `TraceContext`
@@ -182,7 +182,7 @@ async fn a_future_version_traceparent_is_continued_as_w3c_says() {
 #[tokio::test]
 async fn a_retried_task_runs_again_in_its_producers_trace() {
     let t = Traced::new();
-    let _default = tracing::subscriber::set_default(t.subscriber());
+    let _default = crate::otel::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_retry").unwrap();
     let (k, _) = q.enqueue(NewTask::new("flaky", doc! {})).instrument(tracing::info_span!("producer")).await.unwrap();
@@ -245,7 +245,7 @@ async fn concurrent_runs_of_different_traces_do_not_mix() {
             want.insert(format!("p{i}"), trace);
         }
         store.insert_many(q.collection(), docs).await.unwrap();
-        let _default = layered.then(|| tracing::subscriber::set_default(t.subscriber()));
+        let _default = layered.then(|| crate::otel::scoped(t.subscriber()));
         let a = Agent::builder(store.clone(), "mix", coll)
             .concurrency(4)
             .process_while(|c| c.tasks_processed < 12)
@@ -288,7 +288,7 @@ async fn concurrent_runs_of_different_traces_do_not_mix() {
 #[tokio::test]
 async fn a_grouped_task_keeps_its_producers_trace() {
     let t = Traced::new();
-    let _default = tracing::subscriber::set_default(t.subscriber());
+    let _default = crate::otel::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_group").unwrap();
     let (k, _) =
@@ -309,7 +309,7 @@ async fn a_grouped_task_keeps_its_producers_trace() {
     assert_eq!(runs_of(&spans, &k.to_string())[0].span_context.trace_id().to_string(), trace);
 }
 
-/// FOUND. "With the `otel` feature and a `tracing-opentelemetry` layer, a
+/// FOUND, fixed (it failed before). "With the `otel` feature and a `tracing-opentelemetry` layer, a
 /// task stores its producer's W3C trace context". The usual setup of a
 /// service that logs everything but keeps a noisy dependency out of its
 /// traces: a log layer for all spans, and the OpenTelemetry layer behind a
@@ -335,7 +335,7 @@ async fn a_producer_whose_trace_layer_filters_out_the_librarys_spans_still_store
 }
 
 async fn filtered_producer(t: &Traced, subscriber: impl tracing::Subscriber + Send + Sync + 'static, how: &str) {
-    let _default = tracing::subscriber::set_default(subscriber);
+    let _default = crate::otel::scoped(subscriber);
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_filtered").unwrap();
     let (k, _) = q.enqueue(NewTask::new("w", doc! {})).instrument(tracing::info_span!("checkout")).await.unwrap();

@@ -1,12 +1,12 @@
 //! Second outside review of `mongocoord`'s traces (#33): a foreign
 //! `tracestate` the command's environment cannot carry, where a long-running
 //! agent handed a `TRACEPARENT` puts its claims, an agent SIGTERMed while
-//! its exporter is stuck, a command killed by a signal, and `TRACESTATE`
+//! its exporter hangs, a command killed by a signal, and `TRACESTATE`
 //! of 33 members or with a 600-byte member, and the command inheriting the
 //! `TRACEPARENT`/`TRACESTATE` its `mongocoord` was started with.
 //!
 //! Each test says in its doc comment whether the attack HELD (the test
-//! passes) or is FOUND (the test fails on the current code).
+//! passes) or was FOUND (it failed before its fix, and passes now).
 
 use std::net::TcpListener;
 use std::process::{Output, Stdio};
@@ -43,7 +43,7 @@ fn black_hole() -> String {
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
-/// FOUND. Bad trace fields in a task document are "ignored as documented,
+/// FOUND, fixed (it failed before). Bad trace fields in a task document are "ignored as documented,
 /// never … a lost task"; `TraceContext` says a malformed `tracestate` is
 /// dropped and the `traceparent` kept. A foreign producer's task whose
 /// `tracestate` value holds a NUL (not a W3C value: printable ASCII only)
@@ -81,7 +81,7 @@ fn a_foreign_tracestate_with_a_nul_does_not_keep_the_command_from_running() {
     assert_eq!(tp.trim().split('-').nth(1), Some(TRACE), "the traceparent is kept: {tp}");
 }
 
-/// FOUND. A long-running `mongocoord agent` started with `TRACEPARENT` set
+/// FOUND, fixed (it failed before). A long-running `mongocoord agent` started with `TRACEPARENT` set
 /// (by a traced script, a CI step, another task's command) and exporting:
 /// its runs of untraced tasks are roots of their own traces, on purpose
 /// ("a worker loop's span would otherwise hold every run it ever made",
@@ -144,11 +144,11 @@ fn a_long_running_agent_handed_a_traceparent_keeps_its_claims_out_of_that_trace(
 
 /// HELD if it passes. An agent exporting to a collector that never answers,
 /// SIGTERMed while its task's command runs: it stops the command, exits 0
-/// within a few seconds (the exporter's stuck request does not hold it
+/// within a few seconds (the exporter's hung request does not hold it
 /// up), and the task is not lost: a second agent (exporting nothing) runs
 /// it to completion in the producer's trace.
 #[test]
-fn an_agent_sigtermed_while_its_exporter_is_stuck_exits_and_loses_nothing() {
+fn an_agent_sigtermed_while_its_exporter_hangs_exits_and_loses_nothing() {
     let Some(e) = env("review_otel2_sigterm") else { return };
     e.insert_raw(
         "jobs",
@@ -166,7 +166,7 @@ fn an_agent_sigtermed_while_its_exporter_is_stuck_exits_and_loses_nothing() {
         .spawn()
         .unwrap();
     wait_until("the command started", Duration::from_secs(20), || started.exists());
-    // Let the batch processor start an export (stuck on the black hole).
+    // Let the batch processor start an export (hung on the black hole).
     std::thread::sleep(Duration::from_millis(300));
     let at = Instant::now();
     let st = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
@@ -184,7 +184,7 @@ fn an_agent_sigtermed_while_its_exporter_is_stuck_exits_and_loses_nothing() {
     let took = at.elapsed();
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    eprintln!("review_otel2: SIGTERM to exit with a stuck exporter: {took:?}: {err}");
+    eprintln!("review_otel2: SIGTERM to exit with a hung exporter: {took:?}: {err}");
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(took < Duration::from_secs(6), "exit took {took:?}");
     let seen = e.file("traceparent");
@@ -267,7 +267,7 @@ fn tracestate_of_33_members_or_600_bytes_is_bounded_or_dropped() {
     assert!(d.get("trace_context").is_none(), "{d:?}");
 }
 
-/// FOUND. `mongocoord cron` started with `TRACEPARENT` set (a traced
+/// FOUND, fixed (it failed before). `mongocoord cron` started with `TRACEPARENT` set (a traced
 /// deploy script, a CI step, a task's command that starts it), exporting
 /// nothing. The tick tasks store no trace (HELD: the scheduler's enqueues
 /// are outside the handed scope), yet every tick's command, for the
@@ -311,7 +311,7 @@ fn a_cron_ticks_command_is_not_handed_the_cron_processs_own_traceparent() {
     );
 }
 
-/// FOUND. "A task's command gets `TRACEPARENT` and `TRACESTATE` (from the
+/// FOUND, fixed (it failed before). "A task's command gets `TRACEPARENT` and `TRACESTATE` (from the
 /// run, …)": an exporting `mongocoord agent` started with `TRACEPARENT`
 /// and `TRACESTATE=launcher=1` runs a task whose producer's trace carries
 /// no `tracestate`. The command gets the run's `TRACEPARENT`, but
