@@ -43,8 +43,15 @@ tokio::task_local! {
 /// its producer's trace on to the follow-ups and tasks it enqueues.
 pub(crate) fn inject(span: &Span, doc: &mut Document) {
     #[cfg(feature = "otel")]
-    if let Some(cx) = TraceContext::of_span(span).or_else(|| STORED.try_with(Clone::clone).ok().flatten()) {
-        doc.insert(crate::schema::fields::TRACE_CONTEXT, cx.to_document());
+    {
+        let cx = TraceContext::of_span(span)
+            // A layer whose filter leaves the library's spans out still
+            // makes its caller's span the current context.
+            .or_else(TraceContext::current)
+            .or_else(|| STORED.try_with(Clone::clone).ok().flatten());
+        if let Some(cx) = cx {
+            doc.insert(crate::schema::fields::TRACE_CONTEXT, cx.to_document());
+        }
     }
     #[cfg(not(feature = "otel"))]
     let _ = (span, doc);
@@ -146,10 +153,14 @@ pub(crate) fn outcome_span(outcome: &crate::outcome::Outcome) -> Span {
 /// [`fields::TRACE_CONTEXT`](crate::fields::TRACE_CONTEXT), and what a
 /// program hands on to a process it starts (`TRACEPARENT`, `TRACESTATE`).
 ///
-/// Only a well-formed context is one: version `00`, lowercase hex, ids not
-/// all zero, nothing after the flags. A stored value from anywhere else is
-/// refused whole, never half read; a malformed `tracestate` is dropped and
-/// the `traceparent` kept, as the W3C recommendation says.
+/// Only a well-formed context is one: lowercase hex, ids not all zero;
+/// version `00` with nothing after the flags, or a later version (`01` to
+/// `fe`) read as the W3C recommendation says, by its first four fields
+/// (only the sampled flag kept). A stored value from anywhere else is
+/// refused whole, never half read. A malformed `tracestate` (a bad key, or
+/// a value with a control, non-ASCII, `,` or `=` character) is dropped and
+/// the `traceparent` kept, as the recommendation says. What it formats is
+/// always version `00`.
 ///
 /// ```
 /// use mongoagent::TraceContext;
@@ -162,6 +173,13 @@ pub(crate) fn outcome_span(outcome: &crate::outcome::Outcome) -> Span {
 ///
 /// assert!(TraceContext::from_headers("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None).is_none());
 /// assert!(TraceContext::from_headers("not a traceparent", None).is_none());
+///
+/// // A later version: its first four fields, as version 00.
+/// let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more";
+/// assert_eq!(TraceContext::from_headers(later, None).unwrap().traceparent(), parent);
+/// // A malformed tracestate is dropped.
+/// let cx = TraceContext::from_headers(parent, Some("vendor=a\r\nx: 1")).unwrap();
+/// assert_eq!(cx.tracestate(), None);
 /// ```
 #[cfg(feature = "otel")]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,13 +195,18 @@ impl TraceContext {
         let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         let hex =
             |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if version != "00" || parts.next().is_some() || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+        // Version 00 has four fields; a later one may have more, after a dash.
+        let rest_ok = if version == "00" { parts.next().is_none() } else { version != "ff" };
+        if !hex(version, 2) || !rest_ok || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
             return None;
         }
         let trace = TraceId::from_hex(trace).ok()?;
         let span = SpanId::from_hex(span).ok()?;
         let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()? & TraceFlags::SAMPLED.to_u8());
-        let state = tracestate.and_then(|s| TraceState::from_str(s).ok()).unwrap_or_default();
+        // The SDK checks keys, but of values only `,`, `=` and the length:
+        // a value is printable ASCII (a list's separators are spaces and tabs).
+        let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7e).contains(&b) || b == b'\t');
+        let state = tracestate.filter(|s| printable(s)).and_then(|s| TraceState::from_str(s).ok()).unwrap_or_default();
         let sc = SpanContext::new(trace, span, flags, true, state);
         sc.is_valid().then_some(Self(sc))
     }
@@ -191,15 +214,23 @@ impl TraceContext {
     /// The context of `span`, if the `tracing-opentelemetry` layer makes it
     /// part of a trace (sampled or not); none without the layer.
     pub fn of_span(span: &Span) -> Option<Self> {
-        use opentelemetry::trace::TraceContextExt as _;
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        let cx = span.context();
+        Self::of_context(&span.context())
+    }
+
+    /// The context of OpenTelemetry's current context, if it is in a trace.
+    pub fn current() -> Option<Self> {
+        Self::of_context(&opentelemetry::Context::current())
+    }
+
+    fn of_context(cx: &opentelemetry::Context) -> Option<Self> {
+        use opentelemetry::trace::TraceContextExt as _;
         let sc = cx.span().span_context().clone();
         sc.is_valid().then_some(Self(sc))
     }
 
     /// The context `task` carries (its producer's), if well formed.
-    pub fn of_task(task: &crate::Task) -> Option<Self> {
+    pub fn of_task(task: &crate::task::Task) -> Option<Self> {
         Self::of_data(task.data())
     }
 
@@ -254,7 +285,7 @@ mod otel {
     use std::time::SystemTime;
 
     use opentelemetry::trace::{SpanContext, SpanKind, Tracer, TracerProvider};
-    use opentelemetry::KeyValue;
+    use opentelemetry::{Context, KeyValue};
     use tracing::Span;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -294,7 +325,9 @@ mod otel {
                 KeyValue::new("messaging.batch.message_count", i64::try_from(tasks).unwrap_or(i64::MAX)),
                 KeyValue::new("agent", agent.to_owned()),
             ])
-            .start(&tracer);
+            // A root, whatever span the agent's loop runs in: a worker's
+            // claims are no part of the trace it was started in.
+            .start_with_context(&tracer, &Context::new());
         let sc = opentelemetry::trace::Span::span_context(&span).clone();
         opentelemetry::trace::Span::end(&mut span);
         sc.is_valid().then_some(sc)
@@ -323,7 +356,9 @@ mod tests {
             doc! {},
             doc! { "traceparent": 7 },
             doc! { "traceparent": "" },
-            doc! { "traceparent": "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" },
+            doc! { "traceparent": "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x" },
             doc! { "traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01" },
             doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01" },
             doc! { "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01" },

@@ -49,7 +49,7 @@ impl<'a> Run<'a> {
     }
 
     fn spec(&self, env: Vec<(&'static str, String)>, stdin: Option<Vec<u8>>, capture: bool) -> Spec<'a> {
-        Spec { argv: self.cmd, env, stdin, capture, grace: self.grace, pass_env: self.pass_env }
+        Spec { argv: self.cmd, env, stdin, capture, grace: self.grace, pass_env: self.pass_env, unset: &[] }
     }
 
     /// The command could not be run under its supervisor.
@@ -323,9 +323,12 @@ pub(crate) async fn work_tasks(
             let mut vars =
                 vec![("MONGOCOORD_TASK_ID", task.id().to_string()), ("MONGOCOORD_FENCE", task.fence().to_string())];
             vars.extend(env(&task));
-            // The command continues the run's trace (W3C `TRACEPARENT`).
+            // The command continues the run's trace (W3C `TRACEPARENT`), and
+            // never the one the runner was handed.
             vars.extend(crate::telemetry::trace_env(&task));
-            let spec = Spec { argv: &argv, env: vars, stdin: Some(task_json(&task)), capture: true, grace, pass_env };
+            let unset = &["TRACEPARENT", "TRACESTATE"];
+            let stdin = Some(task_json(&task));
+            let spec = Spec { argv: &argv, env: vars, stdin, capture: true, grace, pass_env, unset };
             let mut stops = Stops::new();
             stops.terminate_on(&signal, Why::Signal);
             // SIGTERM when the claim is at risk, SIGKILL when it counts as lost (or

@@ -205,6 +205,27 @@ mod tests {
         }
     }
 
+    /// A product source file holds one concern a reader can take in whole:
+    /// past 600 lines it has become two, and is split (a module becomes a
+    /// directory with child modules). Test modules (`tests.rs`, `tests/`)
+    /// are not product source.
+    #[test]
+    fn no_product_source_file_passes_600_lines() {
+        let mut long = Vec::new();
+        for m in members() {
+            let mut files = Vec::new();
+            rust_files(&root().join(&m).join("src"), &mut files);
+            for f in files {
+                let test = f.components().any(|c| c.as_os_str() == "tests") || f.ends_with("tests.rs");
+                let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+                if !test && lines > 600 {
+                    long.push(format!("{} ({lines} lines)", f.strip_prefix(root()).unwrap_or(&f).display()));
+                }
+            }
+        }
+        assert!(long.is_empty(), "product source files over 600 lines; split them: {long:?}");
+    }
+
     /// The Markdown documents: the root's and `docs/`'s.
     fn markdown_files() -> Vec<PathBuf> {
         let mut files = vec![root().join("README.md"), root().join("ARCHITECTURE.md")];

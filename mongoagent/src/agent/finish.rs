@@ -62,8 +62,22 @@ impl<S: Store + Clone> Finisher<S> {
     }
 
     /// Records `outcome`, and what `mark` says of a timeout, in one fenced
-    /// write (with the claim's release, unless a waiter must be told first).
+    /// write (with the claim's release, unless a waiter must be told first),
+    /// in its span (`mongoagent.complete` or `mongoagent.fail`): every
+    /// outcome an agent writes, its handler's or its own (a timeout, an
+    /// abandoned last attempt, a bad mark).
     pub(super) async fn finish_marked(
+        &self,
+        guard: LockGuard<S>,
+        record: &Record,
+        outcome: Outcome,
+        mark: TimeoutMark,
+    ) -> Result<Processed, AgentError> {
+        let span = crate::trace::outcome_span(&outcome);
+        tracing::Instrument::instrument(self.write_outcome(guard, record, outcome, mark), span).await
+    }
+
+    async fn write_outcome(
         &self,
         guard: LockGuard<S>,
         record: &Record,

@@ -179,8 +179,7 @@ impl<S: Store + Clone> Agent<S> {
         if matches!(outcome, Outcome::Fail { .. }) {
             self.bump(|l| l.failed_tasks += 1);
         }
-        let span = crate::trace::outcome_span(&outcome);
-        self.inner.finisher.finish(guard, &record, outcome).instrument(span).await
+        self.inner.finisher.finish(guard, &record, outcome).await
     }
 
     /// An attempt whose timeout passed: its cancellation fires; a handler that

@@ -24,6 +24,8 @@ mod review_groups3;
 mod review_groups4;
 mod review_idle;
 mod review_otel;
+#[cfg(feature = "otel")]
+mod review_otel2;
 mod review_refactor;
 mod review_timeouts;
 mod schedules;

@@ -61,6 +61,9 @@ pub(crate) struct Spec<'a> {
     pub(crate) grace: Duration,
     /// Keep the runner's `MONGO_*` / `MONGODB_*` variables in the command's environment.
     pub(crate) pass_env: bool,
+    /// Variables of the runner's environment the command does not inherit
+    /// (a task's command is handed its run's trace, never the runner's).
+    pub(crate) unset: &'static [&'static str],
 }
 
 /// Why a command was stopped.
@@ -275,6 +278,9 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     // Which runner the command runs under, for scripts (and the bench) that
     // must tell runners apart: its parent is the supervisor, not the runner.
     cmd.env("MONGOCOORD_RUNNER_PID", std::process::id().to_string());
+    for name in spec.unset {
+        cmd.env_remove(name);
+    }
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }

@@ -18,6 +18,8 @@ mod otel;
 mod reserved;
 #[cfg(feature = "otel")]
 mod review_otel;
+#[cfg(feature = "otel")]
+mod review_otel2;
 mod schedules;
 mod supervise;
 mod timeouts;
