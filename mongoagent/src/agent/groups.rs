@@ -25,11 +25,13 @@ pub(super) struct GroupCap<S> {
     pub(super) cap: Option<usize>,
     /// When `Agent::process` last swept (at most once per poll interval).
     swept: parking_lot::Mutex<Option<Instant>>,
+    /// Whether `Agent::process`'s last claim found a task.
+    busy: std::sync::atomic::AtomicBool,
 }
 
 impl<S> GroupCap<S> {
     pub(super) fn new(groups: Groups<S>, cap: Option<usize>) -> Self {
-        GroupCap { groups, cap, swept: parking_lot::Mutex::new(None) }
+        GroupCap { groups, cap, swept: parking_lot::Mutex::new(None), busy: std::sync::atomic::AtomicBool::new(false) }
     }
 }
 
@@ -114,7 +116,11 @@ impl<S: Store + Clone> Agent<S> {
 impl<S: Store + Clone> Agent<S> {
     /// For `Agent::process`, which has no loop beside it: sweeps the
     /// group slots when the last sweep is a poll interval old (or there
-    /// was none). Returns whether it swept.
+    /// was none), busy or not, or a loop that always finds work would
+    /// never let a held task through. Every active slot when its last
+    /// claim found nothing (no nudge reaches it); those not settled for
+    /// [`SWEEP`](crate::group::SWEEP) when it found a task, so that a busy
+    /// loop does not read every group per claim. Returns whether it swept.
     pub(super) async fn sweep_groups_if_due(&self) -> bool {
         let Some(g @ GroupCap { cap: Some(cap), .. }) = &self.inner.groups else { return false };
         {
@@ -124,13 +130,21 @@ impl<S: Store + Clone> Agent<S> {
             }
             *swept = Some(Instant::now());
         }
-        // No nudge reaches `process`: every active slot.
-        match g.groups.sweep(&self.inner.name, *cap, true).await {
+        let all = !g.busy.load(std::sync::atomic::Ordering::Relaxed);
+        match g.groups.sweep(&self.inner.name, *cap, all).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::warn!(agent = %self.inner.name, error = %e, "sweeping the group slots failed");
                 false
             }
+        }
+    }
+
+    /// For `Agent::process`: whether its last claim found a task (its next
+    /// sweep's extent).
+    pub(super) fn claimed_for_process(&self, found: bool) {
+        if let Some(g) = &self.inner.groups {
+            g.busy.store(found, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

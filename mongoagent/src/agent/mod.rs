@@ -226,7 +226,9 @@ impl<S: Store + Clone> Agent<S> {
         // or not) lets held tasks through: no loop beside `process` does, and
         // no nudge reaches it.
         self.sweep_groups_if_due().await;
-        match self.inner.claimer.claim(1, None).await?.tasks.pop() {
+        let claimed = self.inner.claimer.claim(1, None).await?.tasks.pop();
+        self.claimed_for_process(claimed.is_some());
+        match claimed {
             Some(c) => {
                 let processed = self.run(c, handler).await;
                 // No next claim follows here: a kept permit goes back now.

@@ -74,7 +74,7 @@ use crate::schema::fields;
 mod settle;
 mod slot;
 use settle::Settled;
-use slot::{announcing, gone_busy, gone_entry, slot_key, slot_prefix};
+use slot::{announcing, gone_busy, gone_entry, nudging, slot_key, slot_prefix, version};
 
 /// The longest group key, in bytes.
 pub const MAX_GROUP_LEN: usize = 256;
@@ -133,10 +133,12 @@ pub mod slot_fields {
     /// mark the slot inactive is on the whole revision: a producer's write
     /// in between keeps it active).
     pub const VERSION: &str = "version";
-    /// [`SWEEP`](super::SWEEP) after the slot's last settle: a periodic
-    /// sweep passes over a slot settled since (store clock). A producer's
-    /// touch does not move it: nudges that no agent hears would then keep
-    /// a busy group out of the sweep for ever.
+    /// [`SWEEP`](super::SWEEP) after the slot's last settle (or a periodic
+    /// sweep's deferral): a periodic sweep passes over a slot settled since
+    /// (store clock). A producer's nudge makes it due now, never later
+    /// (nudges that no agent hears would then keep a busy group out of the
+    /// sweep for ever), so a busy `Agent::process` loop, which hears none,
+    /// finds the group in its next sweep.
     pub const SWEEP_AFTER: &str = "sweep_after";
 }
 
@@ -193,17 +195,38 @@ impl<S: Store + Clone> Groups<S> {
                 }
             }
         }
-        for ((agent, group), n) in &mut pairs {
+        for i in 0..pairs.len() {
+            let ((agent, group), n) = &pairs[i];
             let m = announcing(Mutation::new().inc(slot_fields::SEQ, *n));
-            let last = match self.touch(agent, group, m).await? {
-                Some(r) => r.get_i64(slot_fields::SEQ),
-                None => None,
+            let slot = match self.touch(agent, group, m).await {
+                Ok(slot) => slot,
+                Err(e) => {
+                    self.never_to_land(&pairs[..i]).await;
+                    return Err(e);
+                }
             };
-            let last = last.ok_or_else(|| transient(format!("group {group:?}: its slot has no number")))?;
+            let last = slot.as_ref().and_then(|r| r.get_i64(slot_fields::SEQ));
             // The first of this call's numbers; each document takes the next.
-            *n = last.checked_sub(*n - 1).filter(|first| first.checked_add(*n).is_some()).ok_or_else(|| {
-                AgentError::InvalidTask(format!("group {group:?}: its slot's number {last} is out of range"))
-            })?;
+            let first = match last {
+                Some(last) => {
+                    last.checked_sub(*n - 1).filter(|first| first.checked_add(*n).is_some()).ok_or_else(|| {
+                        AgentError::InvalidTask(format!("group {group:?}: its slot's number {last} is out of range"))
+                    })
+                }
+                // Another program made it something other than a whole
+                // number: no retry mends that.
+                None if slot.is_some() => Err(AgentError::InvalidTask(format!(
+                    "group {group:?}: its slot's number is not a whole number (another program wrote it)"
+                ))),
+                None => Err(transient(format!("group {group:?}: its slot has no number"))),
+            };
+            match first {
+                Ok(first) => pairs[i].1 = first,
+                Err(e) => {
+                    self.never_to_land(&pairs[..=i]).await;
+                    return Err(e);
+                }
+            }
         }
         for d in docs.iter_mut() {
             let (Ok(agent), Ok(group)) = (d.get_str(fields::AGENT_NAME), d.get_str(fields::GROUP_KEY)) else {
@@ -218,11 +241,33 @@ impl<S: Store + Clone> Groups<S> {
         Ok(pairs.into_iter().map(|(p, _)| p).collect())
     }
 
+    /// The announcements of `pairs`, made for inserts that will not be
+    /// tried: landed now, so their slots wait for nothing.
+    async fn never_to_land(&self, pairs: &[((String, String), i64)]) {
+        for ((agent, group), _) in pairs {
+            let _ = self.landed(agent, group).await;
+        }
+    }
+
     /// Before a write that may make tasks of `group` held (a requeue): keeps
     /// the slot in the sweep until [`Groups::landed`] says it is made.
-    pub(crate) async fn announce(&self, agent: &str, group: &str) -> Result<(), AgentError> {
+    ///
+    /// `number`: the task's number in its group. The slot's numbering is
+    /// raised to it at least, so that a slot collected while the group sat
+    /// idle (and made anew, numbering from 1) does not number later tasks
+    /// ahead of it.
+    pub(crate) async fn announce(&self, agent: &str, group: &str, number: Option<i64>) -> Result<(), AgentError> {
         // A settle under way reads again: it may have read the task ended.
-        self.touch(agent, group, announcing(Mutation::new()).inc(slot_fields::VERSION, 1)).await.map(drop)
+        let slot = self.touch(agent, group, announcing(Mutation::new()).inc(slot_fields::VERSION, 1)).await?;
+        if let (Some(slot), Some(n)) = (slot, number) {
+            if slot.get_i64(slot_fields::SEQ).is_none_or(|seq| seq < n) {
+                let below = Condition::AtMost(slot_fields::SEQ.into(), n.saturating_sub(1));
+                self.store
+                    .write(&self.slots, slot.key(), &Write::new(below, Mutation::new().set(slot_fields::SEQ, n)))
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Tells the agents of `agent` that tasks of `group` may be let through
@@ -231,7 +276,7 @@ impl<S: Store + Clone> Groups<S> {
     pub(crate) async fn nudge(&self, agent: &str, group: &str) -> Result<(), AgentError> {
         let mut tries = 0;
         loop {
-            match self.touch(agent, group, Mutation::new().inc(slot_fields::ENQUEUED, 1)).await {
+            match self.touch(agent, group, nudging(Mutation::new())).await {
                 Err(e) if e.is_retryable() && tries < 2 => tries += 1,
                 other => return other.map(drop),
             }
@@ -244,7 +289,7 @@ impl<S: Store + Clone> Groups<S> {
     /// a nudge): a landing counted twice could hide a later producer's
     /// announcement, one missed only keeps the slot in the sweep longer.
     pub(crate) async fn landed(&self, agent: &str, group: &str) -> Result<(), AgentError> {
-        let m = Mutation::new().inc(slot_fields::ENQUEUED, 1).inc(slot_fields::LANDED, 1);
+        let m = nudging(Mutation::new()).inc(slot_fields::LANDED, 1);
         match self.touch(agent, group, m).await {
             Err(e) if e.is_retryable() => self.nudge(agent, group).await,
             other => other.map(drop),
@@ -287,8 +332,11 @@ impl<S: Store + Clone> Groups<S> {
                 .map(|(k, until, fence)| gone_entry(&k, until, fence))
                 .collect();
             gone.push(gone_entry(task, until, Some(fence)));
-            let m = Mutation::new().set(slot_fields::GONE_BUSY, gone).inc(slot_fields::VERSION, 1);
-            let w = Write::new(Condition::RevIs(slot.rev()), m);
+            // On `version`, as a settle's: producers' numbering and nudges
+            // leave it (and `gone_busy`) alone, so they never starve it.
+            let (v, unchanged) = version(&slot);
+            let m = Mutation::new().set(slot_fields::GONE_BUSY, gone).set(slot_fields::VERSION, v.saturating_add(1));
+            let w = Write::new(unchanged, m);
             if self.store.write(&self.slots, &key, &w).await?.is_applied() {
                 return Ok(());
             }
@@ -335,22 +383,43 @@ impl<S: Store + Clone> Groups<S> {
         let q = if all { q } else { q.when(Condition::DueBy(slot_fields::SWEEP_AFTER.into())) };
         let slots = self.store.find_each(&self.slots, &q).await?;
         let n = slots.len();
+        let unreadable = slots.iter().filter(|r| r.is_err()).count();
+        if unreadable > 0 {
+            tracing::warn!(queue = %self.tasks, agent, unreadable, "group slots that cannot be read (another program wrote them) hold their groups");
+        }
+        // One slot that fails stops no other's sweep: the first error is
+        // returned once every slot was tried.
+        let mut first_error = None;
         for slot in slots.into_iter().flatten() {
             let Some(group) = slot.get_str(slot_fields::GROUP).map(str::to_owned) else { continue };
             if slot.key().as_str().is_none_or(|k| k != slot_prefix(agent) + &group) {
                 continue;
             }
-            match self.settle(&slot, agent, &group, cap, None).await? {
-                Settled::Raced => self.let_through(agent, &group, cap, None).await?,
-                Settled::Wrote => {}
-                // Only a periodic sweep defers: a sweep of every slot (at an
-                // agent's start, or `Agent::process`'s each poll interval)
-                // would write each unchanged slot each time.
-                Settled::Unchanged if !all => self.defer_sweep(&slot).await?,
-                Settled::Unchanged => {}
+            if let Err(e) = self.sweep_one(&slot, agent, &group, cap, all).await {
+                tracing::warn!(queue = %self.tasks, agent, group, error = %e, "sweeping a group slot failed");
+                first_error.get_or_insert(e);
             }
         }
-        Ok(n)
+        first_error.map_or(Ok(n), Err)
+    }
+
+    async fn sweep_one(
+        &self,
+        slot: &Record,
+        agent: &str,
+        group: &str,
+        cap: usize,
+        all: bool,
+    ) -> Result<(), AgentError> {
+        match self.settle(slot, agent, group, cap, None).await? {
+            Settled::Raced => self.let_through(agent, group, cap, None).await,
+            Settled::Wrote => Ok(()),
+            // Only a periodic sweep defers: a sweep of every slot (at an
+            // agent's start, or an idle `Agent::process`'s each poll
+            // interval) would write each unchanged slot each time.
+            Settled::Unchanged if !all => self.defer_sweep(slot).await,
+            Settled::Unchanged => Ok(()),
+        }
     }
 
     /// Passes the sweep of `slot`, which a sweep found as its tasks say
@@ -363,11 +432,8 @@ impl<S: Store + Clone> Groups<S> {
     /// agents settle the slot on the nudge, and the sweep after [`SWEEP`]
     /// in any case.
     async fn defer_sweep(&self, slot: &Record) -> Result<(), AgentError> {
-        let cond = match slot.get_i64(slot_fields::VERSION).unwrap_or(0) {
-            0 => Condition::AtMost(slot_fields::VERSION.into(), 0),
-            v => Condition::FieldEq(slot_fields::VERSION.into(), Bson::Int64(v)),
-        };
-        let w = Write::new(cond, Mutation::new().set_time_after(slot_fields::SWEEP_AFTER, SWEEP));
+        let (_, unchanged) = version(slot);
+        let w = Write::new(unchanged, Mutation::new().set_time_after(slot_fields::SWEEP_AFTER, SWEEP));
         self.store.write(&self.slots, slot.key(), &w).await?;
         Ok(())
     }
@@ -387,7 +453,7 @@ mod tests {
     use std::time::Duration;
 
     use bson::doc;
-    use store_trait::Collection;
+    use store_trait::{Collection, Store};
 
     use super::{Groups, SWEEP};
     use crate::queue::Queue;
@@ -414,5 +480,64 @@ mod tests {
         // until the next interval.
         tokio::time::advance(later).await;
         assert_eq!(groups.sweep("a", 1, false).await.unwrap(), 1);
+    }
+
+    /// A deferral over a lost nudge and a crash strands nothing: a sweep
+    /// reads the slot while "a" runs; a producer numbers and inserts "c"
+    /// and its nudge is lost; "a" ends and its agent dies before its
+    /// settle; the deferral then applies (no settle wrote the slot), and
+    /// the periodic sweep after the next interval lets "c" through. (The
+    /// fourth review's test of this drove the deferral through
+    /// `Agent::process`, whose sweeps of every slot no longer defer.)
+    #[tokio::test(start_paused = true)]
+    async fn a_deferral_over_a_lost_nudge_and_a_crash_strands_nothing() {
+        let store = store_memory::MemoryStore::new();
+        let queue = Queue::new(store.clone(), "tasks").unwrap();
+        let (a, _) = queue.enqueue(NewTask::new("w", doc! {}).group("g")).await.unwrap();
+        let (tasks, slots) = (Collection::new("tasks").unwrap(), Collection::new("tasks_groups").unwrap());
+        let groups = Groups::new(store.clone(), tasks.clone(), slots.clone());
+        groups.sweep("w", 1, true).await.unwrap();
+        tokio::time::advance(SWEEP + Duration::from_secs(1)).await;
+        let key = super::slot_key("w", "g").unwrap();
+        let read = store.get(&slots, &key).await.unwrap().record.unwrap();
+        // "c": numbered and inserted; its nudge lost.
+        let mut docs = vec![NewTask::new("w", doc! {}).group("g").id("c").to_document().unwrap()];
+        groups.number(&mut docs).await.unwrap();
+        store.insert_many(&tasks, docs).await.unwrap();
+        // "a" ends; its agent dies before its settle.
+        let done = store_trait::Mutation::new()
+            .set(crate::schema::fields::COMPLETE, true)
+            .set(crate::schema::fields::READY, false);
+        let w = store_trait::Write::new(store_trait::Condition::Always, done);
+        assert!(store.write(&tasks, &a, &w).await.unwrap().is_applied());
+        groups.defer_sweep(&read).await.unwrap();
+        assert_eq!(groups.sweep("w", 1, false).await.unwrap(), 0, "deferred");
+        tokio::time::advance(SWEEP + Duration::from_secs(1)).await;
+        assert_eq!(groups.sweep("w", 1, false).await.unwrap(), 1);
+        let c = store.get(&tasks, &store_trait::Key::new("c").unwrap()).await.unwrap().record.unwrap();
+        assert_eq!(c.get_bool(crate::schema::fields::READY), Some(true), "\"c\" let through: {:?}", c.data());
+    }
+
+    /// A requeue's announcement between a sweep's read of a slot and its
+    /// deferral voids the deferral (it bumps `version`): the slot stays
+    /// due, and the requeued task is let through by the next sweep. (The
+    /// fourth review's test of this drove it through `Agent::process`,
+    /// whose sweeps of every slot no longer defer.)
+    #[tokio::test(start_paused = true)]
+    async fn a_requeue_between_a_sweeps_read_and_its_deferral_voids_it() {
+        let store = store_memory::MemoryStore::new();
+        let queue = Queue::new(store.clone(), "tasks").unwrap();
+        queue.enqueue(NewTask::new("a", doc! {}).group("g")).await.unwrap();
+        let slots = Collection::new("tasks_groups").unwrap();
+        let groups = Groups::new(store.clone(), Collection::new("tasks").unwrap(), slots.clone());
+        groups.sweep("a", 1, true).await.unwrap();
+        tokio::time::advance(SWEEP + Duration::from_secs(1)).await;
+        let key = super::slot_key("a", "g").unwrap();
+        let read = store.get(&slots, &key).await.unwrap().record.unwrap();
+        groups.announce("a", "g", None).await.unwrap();
+        groups.defer_sweep(&read).await.unwrap();
+        let after = store.get(&slots, &key).await.unwrap().record.unwrap();
+        assert_eq!(after.get_time(super::slot_fields::SWEEP_AFTER), read.get_time(super::slot_fields::SWEEP_AFTER));
+        assert_eq!(groups.sweep("a", 1, false).await.unwrap(), 1, "still due");
     }
 }

@@ -8,7 +8,7 @@ use store_trait::{
     fields as reserved, Condition, Key, Mutation, Order, Query, Record, Store, StoreTime, Ttl, Write, WriteOutcome,
 };
 
-use super::slot::{gone_busy, gone_entry, listed, listed_entry};
+use super::slot::{gone_busy, gone_entry, listed, listed_entry, version};
 use super::{slot_fields, Groups, MAX_HELD_READ, SLOT_RETAIN, SWEEP};
 use crate::error::AgentError;
 use crate::schema::{fields, not_complete};
@@ -48,7 +48,13 @@ impl<S: Store + Clone> Groups<S> {
             let next: Vec<(Key, Option<i64>)> = found
                 .into_iter()
                 .flatten()
-                .filter(|t| !kept.iter().any(|(k, _)| k == t.key()))
+                // A kept task is passed over by its number too: its id
+                // used again by a newer held task of the group is that task.
+                .filter(|t| {
+                    !kept
+                        .iter()
+                        .any(|(k, seq)| k == t.key() && seq.is_none_or(|n| t.get_i64(fields::GROUP_SEQ) == Some(n)))
+                })
                 .map(|t| (t.key().clone(), t.get_i64(fields::GROUP_SEQ)))
                 .take(free)
                 .collect();
@@ -161,7 +167,9 @@ impl<S: Store + Clone> Groups<S> {
             // they land, or until `LAND_BY` gives them up.
             let (announced, landed) = (slot.get_i64(slot_fields::ANNOUNCED), slot.get_i64(slot_fields::LANDED));
             let owed = announced.unwrap_or(0) > landed.unwrap_or(0);
-            let version = slot.get_i64(slot_fields::VERSION).unwrap_or(0);
+            // No other settle, delete or requeue wrote the slot since it was
+            // read (`cas`).
+            let (version, cas) = version(slot);
             let write = |active: bool, cond: Condition| {
                 let m = Mutation::new()
                     .set(slot_fields::VERSION, version.saturating_add(1))
@@ -180,12 +188,6 @@ impl<S: Store + Clone> Groups<S> {
                     _ => m,
                 };
                 Write::new(cond, m)
-            };
-            // No other settle, delete or requeue wrote the slot since it was
-            // read (a missing version reads as 0).
-            let cas = match version {
-                0 => Condition::AtMost(slot_fields::VERSION.into(), 0),
-                v => Condition::FieldEq(slot_fields::VERSION.into(), Bson::Int64(v)),
             };
             let mut applied = false;
             if !active {

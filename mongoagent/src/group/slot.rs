@@ -1,9 +1,9 @@
 //! The slot document's encoding: its key, the entries of its `running` and
-//! `gone_busy` lists, and the announcement a producer's write carries
-//! ([`super::slot_fields`]).
+//! `gone_busy` lists, its `version`, and the announcement a producer's
+//! write carries ([`super::slot_fields`]).
 
 use bson::{doc, Bson};
-use store_trait::{Key, Mutation, Record, StoreTime};
+use store_trait::{Condition, Key, Mutation, Record, StoreTime};
 
 use super::{slot_fields, LAND_WITHIN};
 use crate::error::AgentError;
@@ -67,4 +67,24 @@ pub(super) fn gone_entry(task: &Key, until: StoreTime, fence: Option<impl TryInt
 /// `m`, announcing a write that may add held tasks ([`slot_fields::ANNOUNCED`]).
 pub(super) fn announcing(m: Mutation) -> Mutation {
     m.inc(slot_fields::ANNOUNCED, 1).set_time_after(slot_fields::LAND_BY, LAND_WITHIN)
+}
+
+/// The slot's `version` and the condition that no settle, delete or
+/// requeue wrote the slot since it was read: a missing one reads as 0; one
+/// another program made something other than a whole number is compared by
+/// the slot's whole revision (the write makes it a number again), never
+/// taken as 0, which would match nothing and hold the group for ever.
+pub(super) fn version(slot: &Record) -> (i64, Condition) {
+    let field = || slot_fields::VERSION.to_owned();
+    match (slot.get(slot_fields::VERSION), slot.get_i64(slot_fields::VERSION)) {
+        (None, _) | (_, Some(0)) => (0, Condition::AtMost(field(), 0)),
+        (_, Some(v)) => (v, Condition::FieldEq(field(), Bson::Int64(v))),
+        (Some(_), None) => (0, Condition::RevIs(slot.rev())),
+    }
+}
+
+/// `m`, nudging the agents of the slot: the write they watch for
+/// ([`slot_fields::ENQUEUED`]), and the slot due in the sweep now.
+pub(super) fn nudging(m: Mutation) -> Mutation {
+    m.inc(slot_fields::ENQUEUED, 1).set_now(slot_fields::SWEEP_AFTER)
 }

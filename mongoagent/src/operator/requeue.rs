@@ -95,7 +95,7 @@ impl<S: Store + Clone> Queue<S> {
             // the landing below), so a requeue that dies before it loses
             // nothing.
             if let (Some(g), Some(agent)) = (&group, r.get_str(fields::AGENT_NAME)) {
-                self.groups()?.announce(agent, g).await?;
+                self.groups()?.announce(agent, g, r.get_i64(fields::GROUP_SEQ)).await?;
             }
             let w = Write::new(which.clone().and(Condition::FenceIs(r.fence())), revive);
             let applied: Result<bool, AgentError> = async {
