@@ -40,15 +40,19 @@ tokio::task_local! {
 /// Puts the trace context of `span` into `doc`, a task about to be inserted,
 /// if `span` is in a trace; else, inside a run ([`carry`]), the run's task's
 /// own stored context, so that a process that exports nothing still passes
-/// its producer's trace on to the follow-ups and tasks it enqueues.
+/// its producer's trace on to the follow-ups and tasks it enqueues; else,
+/// outside runs, OpenTelemetry's current context.
 pub(crate) fn inject(span: &Span, doc: &mut Document) {
     #[cfg(feature = "otel")]
     {
-        let cx = TraceContext::of_span(span)
+        let cx = TraceContext::of_span(span).or_else(|| match STORED.try_with(Clone::clone) {
+            // Inside a run (or a scope): its task's context, or none; never
+            // the span its worker loop runs in.
+            Ok(stored) => stored,
             // A layer whose filter leaves the library's spans out still
             // makes its caller's span the current context.
-            .or_else(TraceContext::current)
-            .or_else(|| STORED.try_with(Clone::clone).ok().flatten());
+            Err(_) => TraceContext::current(),
+        });
         if let Some(cx) = cx {
             doc.insert(crate::schema::fields::TRACE_CONTEXT, cx.to_document());
         }

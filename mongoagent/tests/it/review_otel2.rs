@@ -349,3 +349,35 @@ async fn filtered_producer(t: &Traced, subscriber: impl tracing::Subscriber + Se
         "{how}: the task stores its producer's trace: {d:?}"
     );
 }
+
+/// The same filtered layer on the worker's side, its `process` loop inside
+/// a span of the application's ("worker loop"): the follow-up a run
+/// enqueues stores the run's task's trace (its producer's), never the
+/// worker loop's, the one OpenTelemetry's current context holds there.
+#[tokio::test]
+async fn under_a_filtered_layer_a_runs_follow_up_keeps_its_tasks_trace_not_the_worker_loops() {
+    use tracing_subscriber::Layer as _;
+    let t = Traced::new();
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(t.provider.tracer("review2"))
+        .with_filter(tracing_subscriber::EnvFilter::new("info,mongoagent=warn"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
+    let _default = crate::otel::scoped(tracing_subscriber::registry().with(logs).with(traces));
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "review_otel2_filtered_run").unwrap();
+    let (k, _) = q.enqueue(NewTask::new("w", doc! {})).instrument(tracing::info_span!("checkout")).await.unwrap();
+    let producer = stored_trace(&stored(&store, &q, &k).await).expect("the task stores its producer's trace");
+    let a = Agent::builder(store.clone(), "w", "review_otel2_filtered_run").build().unwrap();
+    let ran = a
+        .process(|_t: Task| async { Outcome::done().follow_up(NewTask::new("next", doc! {})) })
+        .instrument(tracing::info_span!("worker loop"))
+        .await
+        .unwrap();
+    assert!(matches!(ran, Some(Processed::Completed(_))), "{ran:?}");
+    let spans = t.spans();
+    let worker = spans.iter().find(|s| s.name == "worker loop").expect("the worker loop's span is traced");
+    let child = Key::new(format!("{k}/0")).unwrap();
+    let d = stored(&store, &q, &child).await;
+    assert_ne!(stored_trace(&d), Some(worker.span_context.trace_id().to_string()), "the worker loop's trace: {d:?}");
+    assert_eq!(stored_trace(&d), Some(producer), "the follow-up keeps its task's trace: {d:?}");
+}
