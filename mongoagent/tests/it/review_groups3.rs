@@ -42,14 +42,15 @@ fn timing_out<S: Store + Clone>(s: &S, ttl: Duration, limit: Duration) -> Agent<
         .unwrap()
 }
 
-/// A producer that writes the slot (a nudge) between every settle's read
-/// of it and its compare-and-set: what a hot group's producers do by
+/// A producer that writes the slot (a nudge) between a read of it and
+/// every slot write that sets `.1` (`running`: a settle's compare-and-set;
+/// `gone_busy`: a forced delete's): what a hot group's producers do by
 /// chance, here every time.
-struct Meddler<S>(S);
+pub(crate) struct Meddler<S>(pub(crate) S, pub(crate) &'static str);
 
 impl<S> std::fmt::Debug for Meddler<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Meddler").finish_non_exhaustive()
+        f.debug_struct("Meddler").field("before", &self.1).finish_non_exhaustive()
     }
 }
 
@@ -57,7 +58,7 @@ impl<S> std::fmt::Debug for Meddler<S> {
 impl<S: Store, T: Store> Intercept<T> for Meddler<S> {
     async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
         if let (Some(c), Call::Write(key, w)) = (coll, call) {
-            if c.as_str() == "tasks_groups" && w.mutation.set.contains_key("running") {
+            if c.as_str() == "tasks_groups" && w.mutation.set.contains_key(self.1) {
                 let nudge = Write::new(Condition::Always, Mutation::new().inc("enqueued", 1));
                 self.0.write(c, key, &nudge).await?;
             }
@@ -516,7 +517,7 @@ pub(crate) mod cases {
     /// never let through.
     pub(crate) async fn a_producer_write_inside_every_settle_does_not_stop_it<H: Harness>(h: &H) {
         let s = h.store("rv3_groups_meddled").await;
-        let meddled = Intercepted::with(s.clone(), Meddler(s.clone()));
+        let meddled = Intercepted::with(s.clone(), Meddler(s.clone(), "running"));
         let q = Queue::new(s.clone(), "tasks").unwrap();
         q.enqueue(grouped("g", 0)).await.unwrap();
         let a = agent(&meddled, h.ttl(), Some(1), &CancellationToken::new());

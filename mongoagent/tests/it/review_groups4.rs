@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::groups::{agent, grouped, Log};
 use crate::review_groups::{slots, started, stubborn, tasks, until, Holds};
+use crate::review_groups3::Meddler;
 
 /// Runs `process` on an agent with a cap of 1 up to `rounds` times, a poll
 /// interval apart when it finds nothing; returns the ids it completed.
@@ -85,30 +86,6 @@ impl<S: Store> Intercept<S> for BrokenSlot {
             ),
             _ => Ok(()),
         }
-    }
-}
-
-/// A producer that writes the slot (a nudge) between a forced delete's
-/// read of the slot and its write of `gone_busy`, every time: what a hot
-/// group's producers do by chance.
-struct GoneMeddler<S>(S);
-
-impl<S> std::fmt::Debug for GoneMeddler<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GoneMeddler").finish_non_exhaustive()
-    }
-}
-
-#[async_trait::async_trait]
-impl<S: Store, T: Store> Intercept<T> for GoneMeddler<S> {
-    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
-        if let (Some(c), Call::Write(key, w)) = (coll, call) {
-            if c.as_str() == "tasks_groups" && w.mutation.set.contains_key("gone_busy") {
-                let nudge = Write::new(Condition::Always, Mutation::new().inc("enqueued", 1));
-                self.0.write(c, key, &nudge).await?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -510,7 +487,7 @@ pub(crate) mod cases {
             async move { x.process(handler).await }
         });
         until("X to start task 0", 30, || started(&log, 0)).await;
-        let meddled = Intercepted::with(s.clone(), GoneMeddler(s.clone()));
+        let meddled = Intercepted::with(s.clone(), Meddler(s.clone(), "gone_busy"));
         let operator = Queue::new(meddled, "tasks").unwrap();
         let mut tries = Vec::new();
         for _ in 0..3 {

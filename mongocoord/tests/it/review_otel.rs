@@ -17,7 +17,7 @@ use super::otel::{collector, hex, spans};
 use super::{env, wait_until, Env, BIN};
 
 /// A collector that accepts connections and never answers (nor reads).
-fn black_hole() -> String {
+pub(super) fn black_hole() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -29,11 +29,11 @@ fn black_hole() -> String {
     url
 }
 
-fn stderr(o: &Output) -> String {
+pub(super) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn task(e: &Env, coll: &str, id: &str) -> Document {
+pub(super) fn task(e: &Env, coll: &str, id: &str) -> Document {
     e.raw(coll)
         .into_iter()
         .find(|d| d.get_str("_id").ok() == Some(id))

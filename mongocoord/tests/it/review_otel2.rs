@@ -9,37 +9,14 @@
 //! passes) or was FOUND (it failed before its fix, and passes now).
 
 use std::net::TcpListener;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 
 use super::otel::{collector, hex, spans};
-use super::{env, wait_until, Env};
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn task(e: &Env, coll: &str, id: &str) -> Document {
-    e.raw(coll)
-        .into_iter()
-        .find(|d| d.get_str("_id").ok() == Some(id))
-        .unwrap_or_else(|| panic!("no task {id} in {:?}", e.raw(coll)))
-}
-
-/// A collector that accepts connections and never answers (nor reads).
-fn black_hole() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for conn in listener.incoming() {
-            held.push(conn);
-        }
-    });
-    url
-}
+use super::review_otel::{black_hole, stderr, task};
+use super::{env, wait_until};
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
