@@ -173,7 +173,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)) {
+    let result = rt.block_on(async {
+        let result = run(cli).await;
+        CLIENTS.close().await;
+        result
+    });
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("lab: {e}");
@@ -187,8 +192,15 @@ fn connection(uri: Option<&str>, db: Option<&str>) -> Result<ConnectionConfig, L
 }
 
 async fn connect(c: &ConnectionConfig) -> Result<MongoStore, LabError> {
-    c.connect().await.map_err(|source| LabError::Connect { target: c.to_string(), source })
+    let store = c.connect().await.map_err(|source| LabError::Connect { target: c.to_string(), source })?;
+    CLIENTS.keep_store(&store);
+    Ok(store)
 }
+
+/// Every client this process made, shut down before its runtime ends
+/// (see [`store_mongo::Clients`]): a `bench-agent` or chaos worker returns
+/// with tasks still holding its store.
+pub(crate) static CLIENTS: store_mongo::Clients = store_mongo::Clients::new();
 
 async fn run(cli: Cli) -> Result<u8, LabError> {
     let (uri, db) = (cli.uri.as_deref(), cli.db.as_deref());

@@ -21,21 +21,16 @@ pub(crate) async fn connect(uri: Option<&str>, db: Option<&str>) -> Result<Mongo
 /// [`connect`] to a connection already resolved.
 pub(crate) async fn connect_to(c: &ConnectionConfig) -> Result<MongoStore, CliError> {
     let store = c.connect().await.map_err(|source| CliError::Connect { target: c.to_string(), source })?;
-    CLIENTS.lock().push(store.database().client().clone());
+    CLIENTS.keep_store(&store);
     Ok(store)
 }
 
 /// The clients this run connected, shut down before the runtime is
-/// ([`close_clients`]). Dropped with the runtime instead, a client's pool
-/// may still be ending its sessions as the runtime's tasks go, which the
-/// driver reports as a panic on stderr.
-static CLIENTS: parking_lot::Mutex<Vec<store_mongo::mongodb::Client>> = parking_lot::const_mutex(Vec::new());
+/// ([`close_clients`], see [`store_mongo::Clients`]).
+static CLIENTS: store_mongo::Clients = store_mongo::Clients::new();
 
 /// Shuts down every client [`connect_to`] made, at once: nothing of this
 /// run's is left to wait for.
 pub(crate) async fn close_clients() {
-    let clients = std::mem::take(&mut *CLIENTS.lock());
-    for c in clients {
-        c.shutdown().immediate(true).await;
-    }
+    CLIENTS.close().await;
 }

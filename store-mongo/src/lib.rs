@@ -83,6 +83,7 @@ mod distinct;
 mod errors;
 mod server;
 mod session;
+mod shutdown;
 mod watch;
 mod write_many;
 
@@ -107,6 +108,7 @@ pub use connect::{redact_uri, ConnectionConfig, DEFAULT_DATABASE};
 pub(crate) use errors::{in_coll, is_change_streams_unsupported, map_err};
 pub use mongodb;
 pub use server::MIN_SERVER_VERSION;
+pub use shutdown::Clients;
 
 /// Read and write concerns for the operations that grant or check ownership.
 ///

@@ -195,5 +195,6 @@ pub(crate) async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Ar
         _ => {}
     }));
     let client = Client::with_options(opts)?;
+    crate::CLIENTS.keep(&client);
     Ok((MongoStore::new(client.database(db)), commands))
 }

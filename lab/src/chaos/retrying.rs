@@ -11,7 +11,10 @@ use store_trait::Store;
 pub(super) async fn connect_retrying(uri: &str, db: &str) -> MongoStore {
     loop {
         match MongoStore::connect(uri, db).await {
-            Ok(s) => return s,
+            Ok(s) => {
+                crate::CLIENTS.keep_store(&s);
+                return s;
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
         }
     }

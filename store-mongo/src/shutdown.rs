@@ -1,0 +1,60 @@
+//! A process's clients, shut down before its runtime ends.
+//!
+//! A `mongodb::Client` dropped with the runtime it runs on may still have
+//! its pool's worker answering a connection request as the runtime's tasks
+//! go; the driver then panics on stderr (an `unwrap` on a closed channel in
+//! its connection requester). Shutting every client down first, while the
+//! runtime still runs, ends its pools in order.
+
+use mongodb::Client;
+
+use crate::MongoStore;
+
+/// The clients a process made, to shut down together before its runtime
+/// ends; meant for a `static`.
+///
+/// ```
+/// use store_mongo::{Clients, MongoStore};
+///
+/// static CLIENTS: Clients = Clients::new();
+///
+/// async fn main_body(store: MongoStore) {
+///     CLIENTS.keep_store(&store);
+///     // ... the process's work, which may leave tasks holding the store ...
+///     CLIENTS.close().await;
+/// }
+/// ```
+#[derive(Debug, Default)]
+pub struct Clients(std::sync::Mutex<Vec<Client>>);
+
+impl Clients {
+    /// No client yet.
+    pub const fn new() -> Clients {
+        Clients(std::sync::Mutex::new(Vec::new()))
+    }
+
+    /// Keeps `client` (a handle on it: clients are shared) to close later.
+    pub fn keep(&self, client: &Client) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(client.clone());
+    }
+
+    /// Keeps the client behind `store`.
+    pub fn keep_store(&self, store: &MongoStore) {
+        self.keep(store.database().client());
+    }
+
+    /// Shuts down every client kept so far, at once (`immediate`: the
+    /// process is ending, nothing it still has in flight is waited for),
+    /// and forgets them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the clients are taken first, so those not yet shut
+    /// down when the future is dropped are left to be dropped as before.
+    pub async fn close(&self) {
+        let clients = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in clients {
+            c.shutdown().immediate(true).await;
+        }
+    }
+}
