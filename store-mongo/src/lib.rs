@@ -309,8 +309,18 @@ impl MongoStore {
     pub(crate) async fn write_op(&self, coll: &Collection, key: &Key, write: &Write) -> StoreResult<WriteOutcome> {
         write.validate()?;
         let nonce = write.stamp(&self.next_nonce());
-        for _ in 0..4 {
-            if let Some(outcome) = self.write_once(coll, key, write, &nonce).await.map_err(in_coll(coll))? {
+        // An upsert that came back empty may yet have been applied (some
+        // servers answer a creation race so): the attempts after it apply
+        // only where this call's stamp is not the last write, and one that
+        // finds it there reads as applied, never applies twice (an
+        // unconditional `$inc` would count two).
+        if let Some(outcome) = self.write_once(coll, key, write, &nonce).await.map_err(in_coll(coll))? {
+            return Ok(outcome);
+        }
+        let not_yet = Condition::FieldEq(fields::LAST_OP.into(), nonce.clone().into()).negate();
+        let again = Write { condition: write.condition.clone().and(not_yet), ..write.clone() };
+        for _ in 1..4 {
+            if let Some(outcome) = self.write_once(coll, key, &again, &nonce).await.map_err(in_coll(coll))? {
                 return Ok(outcome);
             }
         }
