@@ -113,7 +113,7 @@ impl<S: Store + Clone> Queue<S> {
                 }
             };
             match &judged {
-                Some(h) if debounce_pending(h, agent) => {
+                Some(h) if debounce_pending(h, doc) => {
                     match self.debounce_into(h, dedupe, doc, after).await? {
                         Replaced::Yes => return Ok(InsertOutcome::Duplicate(h.key().clone())),
                         // Claimed since the read, most often: its key is moved
@@ -181,7 +181,6 @@ impl<S: Store + Clone> Queue<S> {
         doc: &Document,
         after: Duration,
     ) -> Result<Replaced, AgentError> {
-        let agent = doc.get_str(fields::AGENT_NAME).unwrap_or_default();
         // On the revision read: the fields to remove are the holder's as read,
         // so the task's data is this enqueue's alone, never a mix of two.
         let write = Write::new(
@@ -198,7 +197,7 @@ impl<S: Store + Clone> Queue<S> {
             // Only a debounced enqueue writes a task and leaves it never
             // claimed, so another one replaced it after our read.
             WriteOutcome::Rejected(Some(now))
-                if debounce_pending(&now, agent) && now.get_str(fields::DEDUPE_KEY) == Some(dedupe) =>
+                if debounce_pending(&now, doc) && now.get_str(fields::DEDUPE_KEY) == Some(dedupe) =>
             {
                 tracing::debug!(queue = %self.coll, dedupe, task = %holder.key(), "debounced: superseded by a racing replace");
                 Ok(Replaced::Yes)
@@ -278,14 +277,18 @@ fn still_free(holder: &Record) -> Condition {
     }
 }
 
-/// Whether `holder` is a debounced task of `agent` that no agent ever
-/// claimed (fence 0) and that has not ended: one whose data a debounced
-/// enqueue replaces.
-fn debounce_pending(holder: &Record, agent: &str) -> bool {
+/// Whether `holder` is a debounced task of the agent name and group of
+/// `doc` (a debounced enqueue's document) that no agent ever claimed
+/// (fence 0) and that has not ended: one whose data that enqueue replaces.
+/// Waiting for its turn in its group (held) or not: its place stays.
+fn debounce_pending(holder: &Record, doc: &Document) -> bool {
     let d = holder.data();
+    let agent = doc.get_str(fields::AGENT_NAME).unwrap_or_default();
+    let waiting = d.get_bool(fields::READY).ok() == Some(true) || d.get_bool(fields::GROUP_HELD).ok() == Some(true);
     debounced_for(holder, agent)
+        && d.get_str(fields::GROUP_KEY).ok() == doc.get_str(fields::GROUP_KEY).ok()
         && holder.fence() == 0
-        && d.get_bool(fields::READY).ok() == Some(true)
+        && waiting
         && d.get_bool(fields::COMPLETE).ok() != Some(true)
         && !d.contains_key(pending::FENCE)
 }
@@ -304,6 +307,13 @@ fn replacement(holder: &Record, doc: &Document, after: Duration) -> Mutation {
     let mut set = doc.clone();
     set.remove(store_trait::fields::ID);
     set.remove(fields::RUN_AT);
+    // A grouped task keeps its place and state in its group (its number,
+    // held or let through): the group is the same (`debounce_pending`).
+    for f in [fields::READY, fields::GROUP_HELD, fields::GROUP_SEQ, fields::GROUP_KEY] {
+        if holder.data().contains_key(fields::GROUP_KEY) {
+            set.remove(f);
+        }
+    }
     // Reserved fields an enqueue may or may not write: one this enqueue did
     // not is removed (its trace context too: the task runs in the trace of
     // the enqueue whose data it has, or in none).

@@ -17,6 +17,9 @@ use crate::task::{DedupeScope, NewTask};
 pub struct PreparedTask {
     id: Key,
     document: Document,
+    /// A grouped task's agent name and group: its slot was told of the
+    /// insert to come ([`Queue::after_insert`] says it is over).
+    group: Option<(String, String)>,
 }
 
 impl PreparedTask {
@@ -59,6 +62,12 @@ impl<S: Store + Clone> Queue<S> {
     /// ([`AgentError::InvalidTask`]): a debounce rewrites the waiting task
     /// in place of inserting one.
     ///
+    /// A grouped task ([`NewTask::group`]) is numbered in its group here:
+    /// its place is this call's, though its agents see it only once the
+    /// transaction commits (tasks of its group let through before then run
+    /// before it). Call [`Queue::after_insert`] once the transaction has
+    /// committed or aborted, so that its agents look at once.
+    ///
     /// Call it **before** the transaction starts: it creates the queue's
     /// indexes and may free the dedupe key, and a transaction works on a
     /// snapshot taken at its start (on MongoDB, a collection or index created
@@ -89,14 +98,15 @@ impl<S: Store + Clone> Queue<S> {
                     .into(),
             ));
         }
-        if task.group.is_some() {
-            return Err(AgentError::InvalidTask(
-                "a grouped task cannot be prepared yet: its agents learn of it from the enqueue, after the insert"
-                    .into(),
-            ));
-        }
-        let Some(doc) = self.documents(std::slice::from_ref(&task)).await?.pop() else {
+        let Some(mut doc) = self.documents(std::slice::from_ref(&task)).await?.pop() else {
             return Err(AgentError::InvalidTask("prepare made no document".into()));
+        };
+        // Numbered in its group now, as an enqueue numbers before its insert;
+        // the slot stays in its agents' sweep until `after_insert` (or for
+        // `LAND_WITHIN`), so a committed insert nobody reports still runs.
+        let group = match &task.group {
+            Some(_) => self.groups()?.number(std::slice::from_mut(&mut doc)).await?.pop(),
+            None => None,
         };
         if let Some(k) = &task.dedupe_key {
             // As an enqueue's duplicate, by the holder's scope; a holder that
@@ -115,6 +125,38 @@ impl<S: Store + Clone> Queue<S> {
             }
         };
         tracing::debug!(queue = %self.coll, task = %id, "task prepared for the caller's insert");
-        Ok(PreparedTask { id, document })
+        Ok(PreparedTask { id, document, group })
+    }
+
+    /// Says that the caller's insert of `task` is over, committed or not:
+    /// for a grouped task, its group's agents look at once (they let it
+    /// through when its turn comes), and its slot no longer waits for the
+    /// insert. Nothing for an ungrouped task, which its agents' change
+    /// notifications find.
+    ///
+    /// Without this call a committed grouped task still runs: its agents'
+    /// sweep finds it within [`group::SWEEP`](crate::group::SWEEP).
+    ///
+    /// ```
+    /// use mongoagent::{NewTask, Queue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), mongoagent::AgentError> {
+    /// let queue = Queue::new(store_memory::MemoryStore::new(), "mail")?;
+    /// let task = queue.prepare(NewTask::new("welcome", bson::doc! { "user": 7 }).group("user-7")).await?;
+    /// // On MongoDB, inside the caller's transaction, then its commit:
+    /// // store.insert_in_session(&mut session, queue.collection(), task.document().clone()).await?;
+    /// // session.commit_transaction().await?;
+    /// queue.after_insert(&task).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped, it leaves the task to the sweep.
+    pub async fn after_insert(&self, task: &PreparedTask) -> Result<(), AgentError> {
+        match &task.group {
+            Some((agent, group)) => self.groups()?.landed(agent, group).await,
+            None => Ok(()),
+        }
     }
 }

@@ -229,16 +229,42 @@ impl<S: Store + Clone> Queue<S> {
     /// ([`pending::activation`]). A stale run's follow-ups thus never run, and
     /// never stand in for the current holder's: a pending duplicate left by an
     /// older claim of the parent (a smaller fence) is replaced.
+    ///
+    /// A grouped follow-up is numbered in its group here, in the order the
+    /// handler returned it: by the claim that made it, once, so that
+    /// whichever process activates it (this claim, or the next after a
+    /// crash) and however often, its place is the same.
     pub(crate) async fn enqueue_pending(&self, tasks: &[NewTask], fence: u64) -> Result<(), AgentError> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
-        let docs: Vec<Document> = self.documents(tasks).await?.into_iter().map(|d| pending::stash(d, fence)).collect();
-        let out = self.store.insert_many(&self.coll, docs.clone()).await?;
-        for (doc, outcome) in docs.into_iter().zip(out) {
-            if let InsertOutcome::Duplicate(key) = outcome {
-                self.place_pending(&key, doc, fence).await?;
+        let mut docs = self.documents(tasks).await?;
+        let grouped = if tasks.iter().any(|t| t.group.is_some()) {
+            let groups = self.groups()?;
+            let pairs = groups.number(&mut docs).await?;
+            Some((groups, pairs))
+        } else {
+            None
+        };
+        let docs: Vec<Document> = docs.into_iter().map(|d| pending::stash(d, fence)).collect();
+        let placed = async {
+            let out = self.store.insert_many(&self.coll, docs.clone()).await?;
+            for (doc, outcome) in docs.into_iter().zip(out) {
+                if let InsertOutcome::Duplicate(key) = outcome {
+                    self.place_pending(&key, doc, fence).await?;
+                }
+            }
+            Ok::<(), AgentError>(())
+        }
+        .await;
+        // Pending, the follow-ups are no group's held tasks yet: their slots
+        // wait for nothing (their activation announces itself).
+        if let Some((groups, pairs)) = grouped {
+            for (agent, group) in pairs {
+                if let Err(e) = groups.landed(&agent, &group).await {
+                    tracing::warn!(queue = %self.coll, agent, group, error = %e, "landing a follow-up's numbering failed; its slot stays in the sweep a while");
+                }
             }
         }
-        Ok(())
+        placed
     }
 
     /// Puts `doc`, a follow-up pending with `fence`, where its insert found a
@@ -295,15 +321,36 @@ impl<S: Store + Clone> Queue<S> {
                 )));
             }
             let holder = self.store.find(&self.coll, &Query::eq(doc! { fields::DEDUPE_KEY: dedupe }).limit(1)).await?;
+            let same_parent = |h: &Record| h.get(fields::PARENT) == doc.get(fields::PARENT);
             match holder.first() {
+                // A sibling this claim returned before it, with the key: it
+                // stands for this one, as the first of two enqueues of one
+                // key does for the second.
+                Some(h) if h.get_i64(pending::FENCE) == Some(fence) && same_parent(h) => {
+                    tracing::info!(queue = %self.coll, task = %key, dedupe, existing = %h.key(), "follow-up deduplicated against its sibling");
+                    return Ok(());
+                }
+                // An older claim's follow-up of the same parent: that claim
+                // can no longer write its outcome, so it never runs.
+                Some(h) if h.get_i64(pending::FENCE).is_some_and(|theirs| theirs < fence) && same_parent(h) => {
+                    let theirs = h.get_i64(pending::FENCE).unwrap_or_default();
+                    let cond = Condition::FieldEq(pending::FENCE.into(), Bson::Int64(theirs));
+                    self.store.delete(&self.coll, h.key(), &cond).await?;
+                    tracing::info!(queue = %self.coll, task = %h.key(), stale_fence = theirs, fence, "stale pending follow-up holding the key removed");
+                }
                 Some(h) if h.get_i64(pending::FENCE).is_some() => {
                     return Err(transient(format!(
                         "follow-up {key}: its dedupe key {dedupe:?} is held by a pending task; try again"
                     )))
                 }
-                Some(h) => {
-                    tracing::info!(queue = %self.coll, task = %key, dedupe, existing = %h.key(), "follow-up deduplicated against an existing task");
-                    return Ok(());
+                // A task that still blocks the key stands for this one; one
+                // whose scope no longer blocks (ended, its window passed)
+                // gives the key up, and this one goes in.
+                Some(_) => {
+                    if let Some(existing) = self.free_key(dedupe).await? {
+                        tracing::info!(queue = %self.coll, task = %key, dedupe, %existing, "follow-up deduplicated against an existing task");
+                        return Ok(());
+                    }
                 }
                 None => {}
             }

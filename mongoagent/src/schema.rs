@@ -216,10 +216,12 @@ pub(crate) mod pending {
     /// [`FIELDS`] on its follow-ups; all four are reserved).
     pub(crate) const PARENT: [&str; 2] = [PARENT_FENCE, PARENT_FINISH];
 
-    /// Turns a follow-up's document into its pending form.
+    /// Turns a follow-up's document into its pending form. A grouped one,
+    /// numbered already, is not held yet: its group's agents do not see it
+    /// until it is activated.
     pub(crate) fn stash(mut d: Document, fence: i64) -> Document {
         let mut stashed = Document::new();
-        for f in [fields::READY, fields::JOIN, fields::JOIN_ROUND, fields::WAITING] {
+        for f in [fields::READY, fields::JOIN, fields::JOIN_ROUND, fields::WAITING, fields::GROUP_HELD] {
             if let Some(v) = d.remove(f) {
                 stashed.insert(f, v);
             }
@@ -234,6 +236,11 @@ pub(crate) mod pending {
     /// is activated after them).
     pub(crate) fn is_fan_in(d: &Document) -> bool {
         d.get_document(FIELDS).is_ok_and(|s| s.contains_key(fields::WAITING))
+    }
+
+    /// Whether a pending follow-up is grouped: held from its activation on.
+    pub(crate) fn is_grouped(d: &Document) -> bool {
+        d.get_document(FIELDS).is_ok_and(|s| s.contains_key(fields::GROUP_HELD))
     }
 
     /// The write that activates a pending follow-up of the claim with `fence`;

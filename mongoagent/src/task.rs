@@ -197,9 +197,18 @@ impl NewTask {
     /// A grouped task waits (not ready) until an agent with a cap lets it
     /// through: enqueued for agents without one, it does not run.
     ///
+    /// A follow-up ([`Outcome::follow_up`](crate::Outcome::follow_up)) takes
+    /// its place in its group when its parent's outcome is written, behind
+    /// the tasks enqueued before. A task that waits for its follow-ups
+    /// keeps its group's turn while it waits, so none of them may be in its
+    /// own group (the outcome fails for good, saying so). A debounced task
+    /// ([`NewTask::debounce`]) keeps the place of its burst's first enqueue;
+    /// a debounced enqueue of its key in another group is
+    /// [`AgentError::KeyHeldByAnother`].
+    ///
     /// The key is 1 to [`MAX_GROUP_LEN`](crate::group::MAX_GROUP_LEN) bytes.
-    /// Not yet for follow-ups (their outcome fails for good), debounced
-    /// tasks, nor schedules' ticks ([`AgentError::InvalidTask`]).
+    /// Not yet for schedules' ticks nor fan-in (`then`) tasks
+    /// ([`AgentError::InvalidTask`]).
     ///
     /// ```
     /// use mongoagent::NewTask;
@@ -247,9 +256,9 @@ impl NewTask {
         let timeout = self.timeout.map(timeout_ms).transpose()?;
         if let Some(g) = &self.group {
             crate::group::check(&self.agent_name, g)?;
-            if self.dedupe_scope.debounce().is_some() || self.held || self.fan_in || self.join.is_some() {
+            if self.held || self.fan_in {
                 return Err(AgentError::InvalidTask(
-                    "a group is not yet supported on a debounced task, a schedule's tick or a fan-in task".into(),
+                    "a group is not yet supported on a schedule's tick or a fan-in (`then`) task".into(),
                 ));
             }
         }

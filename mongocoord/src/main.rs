@@ -105,7 +105,8 @@ enum Cmd {
     },
     /// A language-agnostic agent: for each claimed task runs CMD with the task as
     /// JSON on stdin. Exit 0 completes it (a JSON object on stdout is merged in;
-    /// its "follow_ups" array enqueues tasks); non-zero fails it.
+    /// its "follow_ups" array enqueues tasks, each with an "agent_name" and
+    /// optionally a "group_key"); non-zero fails it.
     Agent {
         /// The agent name (tasks' `agent_name`).
         name: String,
@@ -232,8 +233,9 @@ enum Cmd {
         #[arg(long, value_name = "SECS")]
         timeout: Option<f64>,
         /// Put the task in group KEY: agents started with --group-concurrency N
-        /// run at most N of the group's tasks at once, in enqueue order
-        #[arg(long, value_name = "KEY", conflicts_with = "debounce")]
+        /// run at most N of the group's tasks at once, in enqueue order (a
+        /// debounced task: in its burst's first enqueue's place)
+        #[arg(long, value_name = "KEY")]
         group: Option<String>,
         /// Wait until the task has ended, then print it as JSON (`completed`,
         /// `error`, `result`: the task's document): exit status 0 if it

@@ -194,8 +194,9 @@ pub(crate) fn task_json(task: &Task) -> Vec<u8> {
 }
 
 /// Reads the command's stdout: empty, or a JSON object whose `follow_ups` array
-/// holds tasks to enqueue (each with an `agent_name`) and whose other fields are
-/// merged into the task.
+/// holds tasks to enqueue (each with an `agent_name`, and a `group_key` to
+/// put it in a group, as `enqueue --group` does; both reserved names, never
+/// task data) and whose other fields are merged into the task.
 pub(crate) fn parse_output(stdout: &[u8]) -> Result<Outcome, CliError> {
     let text = String::from_utf8_lossy(stdout);
     if text.trim().is_empty() {
@@ -219,9 +220,18 @@ pub(crate) fn parse_output(stdout: &[u8]) -> Result<Outcome, CliError> {
             let Some(serde_json::Value::String(agent)) = m.remove("agent_name") else {
                 return Err(CliError::invalid("each follow-up needs an agent_name string"));
             };
+            let group = match m.remove("group_key") {
+                None => None,
+                Some(serde_json::Value::String(g)) => Some(g),
+                Some(_) => return Err(CliError::invalid("a follow-up's group_key must be a string")),
+            };
             let data =
                 Document::try_from(m).map_err(|source| CliError::Bson { what: "bad follow-up".into(), source })?;
-            outcome = outcome.follow_up(NewTask::new(agent, data));
+            let task = NewTask::new(agent, data);
+            outcome = outcome.follow_up(match group {
+                Some(g) => task.group(g),
+                None => task,
+            });
         }
     }
     Ok(outcome)
@@ -400,6 +410,12 @@ mod tests {
         assert!(parse_output(b"[1]").is_err());
         assert!(parse_output(b"not json").is_err());
         assert!(parse_output(br#"{"follow_ups": [{"file": "x"}]}"#).is_err());
+        let o = parse_output(br#"{"follow_ups": [{"agent_name": "load", "group_key": "c-1", "file": "x"}]}"#).unwrap();
+        let Outcome::Complete { follow_ups, .. } = o else { panic!("complete") };
+        let t = format!("{:?}", follow_ups[0]);
+        assert!(t.contains(r#"group: Some("c-1")"#), "{t}");
+        assert!(t.contains(r#"data: Document({"file": String("x")})"#), "the rest is the task's data: {t}");
+        assert!(parse_output(br#"{"follow_ups": [{"agent_name": "load", "group_key": 7}]}"#).is_err());
     }
 
     #[test]

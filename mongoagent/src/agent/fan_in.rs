@@ -137,13 +137,65 @@ impl<S: Store + Clone> Finisher<S> {
         let (mut ours, theirs): (Vec<_>, Vec<_>) =
             found.into_iter().partition(|r| r.get_i64(pending::FENCE) == Some(fence));
         ours.sort_by_key(|r| pending::is_fan_in(r.data()));
-        for r in &ours {
-            self.store.write(&self.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
+        // A grouped follow-up, numbered when it was enqueued pending, is
+        // announced in its slot before it becomes held, so that the slot
+        // stays in the sweep until the landing after (as a requeue's).
+        let pairs = self.announce_grouped(&ours).await?;
+        let written = async {
+            for r in &ours {
+                self.store.write(&self.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
+            }
+            Ok::<(), StoreError>(())
         }
+        .await;
+        if !pairs.is_empty() {
+            // Made or not, the writes are over: the slots wait for nothing,
+            // and their agents look.
+            let groups = self.queue.groups()?;
+            for (agent, group) in pairs {
+                if let Err(e) = groups.landed(&agent, &group).await {
+                    tracing::warn!(agent = %self.name, task = %parent, group, error = %e, "nudging a follow-up's group failed; its agents' sweep lets it through");
+                }
+            }
+        }
+        written?;
         if !ours.is_empty() {
             tracing::debug!(agent = %self.name, task = %parent, count = ours.len(), "follow-ups activated");
         }
         self.discard_older(theirs, fence).await
+    }
+
+    /// Announces the grouped follow-ups among `ours` in their slots, once
+    /// per (agent, group), with the highest of their numbers (a slot made
+    /// anew since numbers on from there); returns the pairs, to land after
+    /// the activation.
+    async fn announce_grouped(&self, ours: &[Record]) -> Result<Vec<(String, String)>, AgentError> {
+        let mut pairs: Vec<((String, String), Option<i64>)> = Vec::new();
+        for r in ours.iter().filter(|r| pending::is_grouped(r.data())) {
+            let (Some(agent), Some(group)) = (r.get_str(fields::AGENT_NAME), r.get_str(fields::GROUP_KEY)) else {
+                continue;
+            };
+            let n = r.get_i64(fields::GROUP_SEQ);
+            match pairs.iter_mut().find(|(p, _)| p.0 == agent && p.1 == group) {
+                Some((_, m)) => *m = (*m).max(n),
+                None => pairs.push(((agent.to_owned(), group.to_owned()), n)),
+            }
+        }
+        if pairs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let groups = self.queue.groups()?;
+        let mut announced: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+        for ((agent, group), n) in pairs {
+            if let Err(e) = groups.announce(&agent, &group, n).await {
+                for (a, g) in &announced {
+                    let _ = groups.landed(a, g).await;
+                }
+                return Err(e);
+            }
+            announced.push((agent, group));
+        }
+        Ok(announced)
     }
 
     /// Removes the follow-ups an older claim of `parent` left pending (a run
@@ -284,10 +336,9 @@ impl<S: Store + Clone> Finisher<S> {
         let found = self.store.find(&self.queue.coll, &joined_to(key.as_bson(), round)).await?;
         let mut children: Vec<Child> =
             found.into_iter().map(|r| Child { key: r.key().clone(), data: r.into_data() }).collect();
-        let position = |c: &Child| c.key.to_string().rsplit('/').next().and_then(|i| i.parse::<u64>().ok());
         // Follow-ups in the order they were returned, then a fan-in task the wait
         // extended to.
-        children.sort_by_key(|c| (position(c).is_none(), position(c), c.key.to_string()));
+        children.sort_by_key(|c| (position(&c.key).is_none(), position(&c.key), c.key.to_string()));
         Ok(children)
     }
 
@@ -347,6 +398,12 @@ impl<S: Store + Clone> Finisher<S> {
             .collect();
         self.queue.enqueue_pending(&tasks, fence).await
     }
+}
+
+/// A follow-up's place among its siblings, from its id (`…/i`); none for
+/// a fan-in task (`…/then`).
+fn position(key: &Key) -> Option<u64> {
+    key.to_string().rsplit('/').next().and_then(|i| i.parse::<u64>().ok())
 }
 
 /// Follow-up ids: `parent/i` on a first run, `parent@round/i` after `round` joins.

@@ -98,7 +98,7 @@ impl<S: Store + Clone> Finisher<S> {
                         let finish = if then.is_some() { Finish::CompleteThen } else { Finish::Complete };
                         match self.enqueue_follow_ups(record, round, fence, follow_ups, then.map(|t| *t)).await {
                             Ok(()) => return self.hand_over(guard, record, merge, finish).await,
-                            Err(e) => follow_ups_not_enqueued(&e),
+                            Err(e) => self.follow_ups_not_enqueued(&key, fence, &e).await,
                         }
                     }
                 }
@@ -107,13 +107,16 @@ impl<S: Store + Clone> Finisher<S> {
                 Outcome::failed_permanently("the handler waits for follow-ups but returned none")
             }
             Outcome::Wait { merge, follow_ups } => {
-                match check_merge(&merge).and_then(|()| check_follow_ups(&follow_ups)) {
+                let checked = check_merge(&merge)
+                    .and_then(|()| check_follow_ups(&follow_ups))
+                    .and_then(|()| check_not_behind_waiter(record, &follow_ups));
+                match checked {
                     Err(e) => Outcome::failed_permanently(e),
                     Ok(()) => {
                         let join = (key.as_bson().clone(), round);
                         match self.enqueue_children(&key, round, fence, follow_ups, Some(join)).await {
                             Ok(()) => return self.hand_over(guard, record, merge, Finish::Wait).await,
-                            Err(e) => follow_ups_not_enqueued(&e),
+                            Err(e) => self.follow_ups_not_enqueued(&key, fence, &e).await,
                         }
                     }
                 }
@@ -250,14 +253,39 @@ pub(super) fn check_merge(merge: &Document) -> Result<(), String> {
     crate::schema::check_user_fields(merge).map_err(|e| format!("the handler's result cannot be merged: {e}"))
 }
 
-/// What a failure to enqueue follow-ups makes of the outcome: tried again
-/// later, unless the follow-ups themselves cannot be (bad data, an id or a
-/// dedupe key that is another task's), which fails it for good, saying why.
-fn follow_ups_not_enqueued(e: &AgentError) -> Outcome {
-    let why = format!("could not enqueue follow-up tasks: {e}");
-    match e {
-        AgentError::InvalidTask(_) | AgentError::ReservedField { .. } => Outcome::failed_permanently(why),
-        _ => Outcome::failed(why),
+impl<S: Store + Clone> Finisher<S> {
+    /// What a failure to enqueue follow-ups makes of the outcome: tried
+    /// again later, unless the follow-ups themselves cannot be (bad data, an
+    /// id or a dedupe key that is another task's), which fails it for good,
+    /// saying why. Those this claim (`fence`) enqueued pending before the
+    /// failure are removed first: never to be activated, they would hold
+    /// their ids and dedupe keys for ever after a last attempt.
+    async fn follow_ups_not_enqueued(&self, parent: &Key, fence: u64, e: &AgentError) -> Outcome {
+        if let Err(e) = self.discard_stale_follow_ups(parent, fence).await {
+            tracing::warn!(agent = %self.name, task = %parent, error = %e, "could not remove the follow-ups left pending; the next claim does");
+        }
+        let why = format!("could not enqueue follow-up tasks: {e}");
+        match e {
+            AgentError::InvalidTask(_) | AgentError::ReservedField { .. } => Outcome::failed_permanently(why),
+            _ => Outcome::failed(why),
+        }
+    }
+}
+
+/// A task that waits for its follow-ups keeps its group's turn while it
+/// waits (it has not ended): a follow-up in its own group (same agent name
+/// and group key) would wait behind it for ever under a cap of 1, and use
+/// up a larger one. Refused, saying which; deeper chains (a follow-up's
+/// follow-up back in the group) are the handler's to avoid.
+pub(super) fn check_not_behind_waiter(record: &Record, follow_ups: &[crate::task::NewTask]) -> Result<(), String> {
+    let (Some(agent), Some(group)) = (record.get_str(fields::AGENT_NAME), record.get_str(fields::GROUP_KEY)) else {
+        return Ok(());
+    };
+    match follow_ups.iter().position(|t| t.agent_name == agent && t.group.as_deref() == Some(group)) {
+        Some(i) => Err(format!(
+            "follow-up {i} is in its waiting parent's group {group:?}: it would wait behind its parent, which keeps the group's turn while it waits"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -268,12 +296,6 @@ pub(super) fn check_follow_ups<'a>(
     follow_ups: impl IntoIterator<Item = &'a crate::task::NewTask>,
 ) -> Result<(), String> {
     for (i, t) in follow_ups.into_iter().enumerate() {
-        if t.group.is_some() {
-            return Err(format!(
-                "follow-up {i} (for {:?}) cannot be enqueued: a group is not yet supported on follow-ups",
-                t.agent_name
-            ));
-        }
         t.to_document().map_err(|e| format!("follow-up {i} (for {:?}) cannot be enqueued: {e}", t.agent_name))?;
     }
     Ok(())

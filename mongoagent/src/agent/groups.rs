@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Agent, Processed};
-use crate::group::{slot_fields, Groups, SWEEP};
+use crate::group::{slot_fields, Groups, RunEnded, SWEEP};
 use crate::schema::fields;
 
 /// An agent's groups: the queue's slots and, with a cap, the cap.
@@ -40,9 +40,10 @@ impl<S: Store + Clone> Agent<S> {
     /// too, its turn frees, and the group's next task is let through at
     /// once (by an agent without a cap: the capped agents are nudged). A
     /// failure is logged: the sweep lets the task through later.
-    /// `fence`: the fence of the run's claim.
-    pub(super) async fn after_grouped(&self, group: Option<String>, fence: u64, processed: &Processed) {
-        let (Some(g), Some(group)) = (&self.inner.groups, group) else { return };
+    /// `group`: the task's group and number in it; `fence`: the fence of
+    /// the run's claim.
+    pub(super) async fn after_grouped(&self, group: Option<(String, Option<i64>)>, fence: u64, processed: &Processed) {
+        let (Some(g), Some((group, seq))) = (&self.inner.groups, group) else { return };
         // The run ended (the task may have, or wait for follow-ups, or have
         // been cancelled under it: the settle reads it).
         let ran = match processed {
@@ -50,7 +51,10 @@ impl<S: Store + Clone> Agent<S> {
             _ => return,
         };
         let done = match g.cap {
-            Some(cap) => g.groups.let_through(&self.inner.name, &group, cap, Some((ran, fence))).await,
+            Some(cap) => {
+                let ended = RunEnded { task: ran, fence, seq };
+                g.groups.let_through(&self.inner.name, &group, cap, Some(ended)).await
+            }
             None => g.groups.nudge(&self.inner.name, &group).await,
         };
         if let Err(e) = done {
@@ -149,10 +153,11 @@ impl<S: Store + Clone> Agent<S> {
     }
 }
 
-/// The group of a claimed task's document, if it has one.
-pub(super) fn group_of(data: &bson::Document) -> Option<String> {
+/// The group of a claimed task's document, if it has one, and its number
+/// in it.
+pub(super) fn group_of(data: &bson::Document) -> Option<(String, Option<i64>)> {
     match data.get(fields::GROUP_KEY) {
-        Some(Bson::String(g)) => Some(g.clone()),
+        Some(Bson::String(g)) => Some((g.clone(), data.get_i64(fields::GROUP_SEQ).ok())),
         _ => None,
     }
 }

@@ -37,6 +37,21 @@
 //!   as its tasks say (a task running long) marks it settled, so the other agents'
 //!   sweeps pass it over until the next [`SWEEP`].
 //!
+//! A **prepared** task (`Queue::prepare`, the outbox) is numbered and
+//! announced at `prepare`; the caller inserts it in its transaction, and
+//! its `Queue::after_insert` is the landing.
+//!
+//! A **follow-up** is numbered as it is enqueued pending its parent's
+//! fenced outcome write (`schema::pending`), by the claim that made it, in
+//! the order returned, so whichever process activates it has the same
+//! number to give. Pending, its `group_held` is stashed: no agent of its
+//! group sees it, so a stale run's follow-up never takes a turn nor holds
+//! one up. Its activation is announced in its slot first and landed after
+//! (as a requeue's), so it is made held while the slot is in the sweep.
+//! Tasks of its group let through before its activation run before it.
+//! A parent that waits for its follow-ups has not ended, so it keeps its
+//! turn: a follow-up in its own group is refused.
+//!
 //! A slot with nothing running and nothing held is marked inactive, out of
 //! the sweep, and collected after [`SLOT_RETAIN`] unless used again; but
 //! not while a write that may add held tasks is **announced** and has not
@@ -74,7 +89,7 @@ use crate::schema::fields;
 mod settle;
 mod slot;
 use settle::Settled;
-use slot::{announcing, gone_busy, gone_entry, nudging, slot_key, slot_prefix, version};
+use slot::{announcing, gone_busy, nudging, slot_key, slot_prefix, version, Gone};
 
 /// The longest group key, in bytes.
 pub const MAX_GROUP_LEN: usize = 256;
@@ -96,6 +111,28 @@ pub const SLOT_RETAIN: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The most held documents one settle reads to pass over unreadable ones.
 const MAX_HELD_READ: usize = 10_000;
 
+/// A run of a task of a group that the caller saw end: the task's id, the
+/// fence of the run's claim, and the task's number in its group. The
+/// number tells the task from one that took its id in the group since (its
+/// first claims have the same fences), so that its end frees no turn but
+/// its own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunEnded<'a> {
+    pub(crate) task: &'a Key,
+    pub(crate) fence: u64,
+    pub(crate) seq: Option<i64>,
+}
+
+impl RunEnded<'_> {
+    /// Whether this is the run of `task`'s claim `fence`, of the task with
+    /// number `seq` (an unknown number on either side matches any).
+    fn is(&self, task: &Key, fence: Option<i64>, seq: Option<i64>) -> bool {
+        self.task == task
+            && fence.and_then(|f| u64::try_from(f).ok()) == Some(self.fence)
+            && (self.seq.is_none() || seq.is_none() || self.seq == seq)
+    }
+}
+
 /// Compare-and-set rounds of one [`Groups::let_through`] before it leaves
 /// the rest to the next trigger (another agent is settling the same slot).
 const ROUNDS: usize = 4;
@@ -110,8 +147,10 @@ pub mod slot_fields {
     pub const SEQ: &str = "seq";
     /// The ids of the tasks let through and not yet seen ended.
     pub const RUNNING: &str = "running";
-    /// Tasks deleted while they ran (`{id, until}`): their turn stays
-    /// taken until their lease's end, or until their agent's run ended.
+    /// Tasks deleted while they ran (`{id, until, fence, seq}`): their turn
+    /// stays taken until their lease's end, or until their agent's run of
+    /// that claim (`fence`) of that task (`seq`: not one that took its id
+    /// since) ended.
     pub const GONE_BUSY: &str = "gone_busy";
     /// Bumped by producers after inserting held tasks: what wakes agents.
     pub const ENQUEUED: &str = "enqueued";
@@ -310,28 +349,28 @@ impl<S: Store + Clone> Groups<S> {
         }
     }
 
-    /// Before `task` is deleted while its claim of fence `fence` may still
-    /// run (under a lease that ends at `until`; or it was cancelled while it
-    /// ran, and its `group_busy_until` is `until`): its turn stays taken
-    /// until then, or until the run of that claim ended, as a cancelled
-    /// running task's does.
+    /// Before `task` (number `seq` in its group) is deleted while its claim
+    /// of fence `fence` may still run (under a lease that ends at `until`;
+    /// or it was cancelled while it ran, and its `group_busy_until` is
+    /// `until`): its turn stays taken until then, or until the run of that
+    /// claim ended, as a cancelled running task's does.
     pub(crate) async fn deleted_while_running(
         &self,
         agent: &str,
         group: &str,
         task: &Key,
+        seq: Option<i64>,
         (until, fence): (StoreTime, u64),
     ) -> Result<(), AgentError> {
         let key = slot_key(agent, group)?;
+        let this = Gone { key: task.clone(), until, fence: Some(i64::try_from(fence).unwrap_or(i64::MAX)), seq };
         for _ in 0..ROUNDS {
             let Some(slot) = self.store.get(&self.slots, &key).await?.record else { return Ok(()) };
-            // One entry per task: a delete tried again replaces its own.
-            let mut gone: Vec<Bson> = gone_busy(&slot)
-                .into_iter()
-                .filter(|(k, _, _)| k != task)
-                .map(|(k, until, fence)| gone_entry(&k, until, fence))
-                .collect();
-            gone.push(gone_entry(task, until, Some(fence)));
+            // One entry per task: a delete tried again replaces its own
+            // (a task that took its id since is another).
+            let mut gone: Vec<Bson> =
+                gone_busy(&slot).iter().filter(|g| g.key != this.key || g.seq != this.seq).map(Gone::entry).collect();
+            gone.push(this.entry());
             // On `version`, as a settle's: producers' numbering and nudges
             // leave it (and `gone_busy`) alone, so they never starve it.
             let (v, unchanged) = version(&slot);
@@ -354,14 +393,14 @@ impl<S: Store + Clone> Groups<S> {
     /// Cancel-safe in effect: dropped between its writes, it leaves a task
     /// listed and held, which the next run makes ready.
     ///
-    /// `ended`: a task of the group whose run the caller saw end (its own),
-    /// with the fence of that run's claim.
+    /// `ended`: a run of a task of the group that the caller saw end (its
+    /// own).
     pub(crate) async fn let_through(
         &self,
         agent: &str,
         group: &str,
         cap: usize,
-        ended: Option<(&Key, u64)>,
+        ended: Option<RunEnded<'_>>,
     ) -> Result<(), AgentError> {
         let key = slot_key(agent, group)?;
         for _ in 0..ROUNDS {

@@ -4,12 +4,10 @@
 //! design: [`super`]).
 
 use bson::{doc, Bson};
-use store_trait::{
-    fields as reserved, Condition, Key, Mutation, Order, Query, Record, Store, StoreTime, Ttl, Write, WriteOutcome,
-};
+use store_trait::{Condition, Key, Mutation, Order, Query, Record, Store, Ttl, Write, WriteOutcome};
 
-use super::slot::{gone_busy, gone_entry, listed, listed_entry, version};
-use super::{slot_fields, Groups, MAX_HELD_READ, SLOT_RETAIN, SWEEP};
+use super::slot::{gone_busy, listed, listed_entry, version, Gone};
+use super::{slot_fields, Groups, RunEnded, MAX_HELD_READ, SLOT_RETAIN, SWEEP};
 use crate::error::AgentError;
 use crate::schema::{fields, not_complete};
 
@@ -38,10 +36,16 @@ impl<S: Store + Clone> Groups<S> {
     ) -> Result<Vec<(Key, Option<i64>)>, AgentError> {
         let mut limit = free + kept.len();
         loop {
+            // Sorted by number alone, which the `group` index (`group_key`,
+            // `group_held`, `group_seq`) gives in order, so the server stops
+            // at the limit. A tie on `_id` too would make MongoDB sort the
+            // whole group's held tasks in memory on every settle; an index
+            // with `_id` (or `agent_name`) in it would index every task,
+            // sparse or not. Tasks share a number only when a requeue
+            // met a slot numbered anew; either may go first.
             let q = Query::eq(doc! { fields::AGENT_NAME: agent, fields::GROUP_KEY: group, fields::GROUP_HELD: true })
                 .when(not_complete())
                 .sort(fields::GROUP_SEQ, Order::Asc)
-                .sort(reserved::ID, Order::Asc)
                 .limit(u32::try_from(limit).unwrap_or(u32::MAX));
             let found = self.store.find_each(&self.tasks, &q).await?;
             let (all, unreadable) = (found.len(), found.iter().filter(|r| r.is_err()).count());
@@ -74,7 +78,7 @@ impl<S: Store + Clone> Groups<S> {
     /// agent name's (its id reused), or ended; an ended task cancelled (or
     /// deleted) while it ran keeps it until its `group_busy_until`, unless
     /// the run cancelled is `ended`, the run the caller saw end (same task,
-    /// same claim fence). Every release follows a compare-and-set of the
+    /// same number, same claim fence). Every release follows a compare-and-set of the
     /// slot made after the read of the released task, so a settle that read
     /// an older state cannot apply after it.
     pub(super) async fn settle(
@@ -83,7 +87,7 @@ impl<S: Store + Clone> Groups<S> {
         agent: &str,
         group: &str,
         cap: usize,
-        ended: Option<(&Key, u64)>,
+        ended: Option<RunEnded<'_>>,
     ) -> Result<Settled, AgentError> {
         let running: Vec<Bson> = match slot.get(slot_fields::RUNNING) {
             Some(Bson::Array(a)) => a.clone(),
@@ -108,28 +112,32 @@ impl<S: Store + Clone> Groups<S> {
                 .into_iter()
                 .flatten()
                 .collect();
-            let run_ended = |k: &Key, fence: Option<i64>| {
-                ended.is_some_and(|(e, f)| e == k && fence.and_then(|x| u64::try_from(x).ok()) == Some(f))
-            };
+            let run_ended = |k: &Key, fence: Option<i64>, seq: Option<i64>| ended.is_some_and(|e| e.is(k, fence, seq));
             let busy = |t: &Record| {
                 t.get_time(fields::GROUP_BUSY_UNTIL)
-                    .filter(|_| !run_ended(t.key(), t.get_i64(fields::GROUP_BUSY_FENCE)))
+                    .filter(|_| !run_ended(t.key(), t.get_i64(fields::GROUP_BUSY_FENCE), t.get_i64(fields::GROUP_SEQ)))
             };
             // Listed, deleted while running (`Groups::deleted_while_running`),
-            // and maybe still running: until when, unless its run ended.
-            let gone: Vec<(Key, StoreTime, Option<i64>)> = gone_busy(slot)
+            // and maybe still running: until when, unless its run ended, or
+            // it is there after all (its delete failed; a task that took
+            // its id since has another number).
+            let here = |g: &Gone, t: &Record| {
+                t.key() == &g.key && same(t) && g.seq.is_none_or(|n| t.get_i64(fields::GROUP_SEQ) == Some(n))
+            };
+            let gone: Vec<Gone> = gone_busy(slot)
                 .into_iter()
-                .filter(|(k, _, f)| !run_ended(k, *f) && !found.iter().any(|t| t.key() == k && same(t)))
+                .filter(|g| !run_ended(&g.key, g.fence, g.seq) && !found.iter().any(|t| here(g, t)))
                 .collect();
             let now = if found.iter().any(|t| busy(t).is_some()) || !gone.is_empty() {
                 Some(self.store.now().await?)
             } else {
                 None
             };
-            for (k, until, _) in &gone {
-                let entry = entries.iter().find(|(x, _)| x == k);
-                if let (true, Some((k, seq))) = (now.is_some_and(|n| n < *until), entry) {
-                    if !kept.iter().any(|(x, _)| x == k) {
+            for g in &gone {
+                // Its own entry: not one of a task that took its id since.
+                let entry = entries.iter().find(|e| is(e, &g.key, g.seq));
+                if let (true, Some((k, seq))) = (now.is_some_and(|n| n < g.until), entry) {
+                    if !kept.iter().any(|e| is(e, k, *seq)) {
                         kept.push((k.clone(), *seq));
                     }
                 }
@@ -140,7 +148,9 @@ impl<S: Store + Clone> Groups<S> {
                     && same(&task);
                 let done = task.get_bool(fields::COMPLETE) == Some(true)
                     && busy(&task).is_none_or(|until| now.is_some_and(|n| n >= until));
-                if !ours || done || kept.iter().any(|(x, _)| x == task.key()) {
+                // Kept already as a deleted run (by number: the task that
+                // took its id since runs too, and takes a turn of its own).
+                if !ours || done || kept.iter().any(|e| is(e, task.key(), task.get_i64(fields::GROUP_SEQ))) {
                     continue;
                 }
                 let entry = (task.key().clone(), task.get_i64(fields::GROUP_SEQ));
@@ -158,11 +168,8 @@ impl<S: Store + Clone> Groups<S> {
         let active = !listed.is_empty();
         let releases = !held.is_empty() || !next.is_empty();
         if releases || listed != running || slot.get_bool(slot_fields::ACTIVE) != Some(active) {
-            let still_gone: Vec<Bson> = gone_busy(slot)
-                .into_iter()
-                .filter(|(k, _, _)| kept.iter().any(|(x, _)| x == k))
-                .map(|(k, until, fence)| gone_entry(&k, until, fence))
-                .collect();
+            let still_gone: Vec<Bson> =
+                gone_busy(slot).iter().filter(|g| kept.iter().any(|e| is(e, &g.key, g.seq))).map(Gone::entry).collect();
             // Announced writes not landed: the slot stays in the sweep until
             // they land, or until `LAND_BY` gives them up.
             let (announced, landed) = (slot.get_i64(slot_fields::ANNOUNCED), slot.get_i64(slot_fields::LANDED));
@@ -226,4 +233,11 @@ impl<S: Store + Clone> Groups<S> {
         }
         Ok(Settled::Wrote)
     }
+}
+
+/// Whether `entry` (an id and the number it was listed with) is the task
+/// `key` numbered `seq`: an id used again in the group is another task,
+/// told by its number (an unknown number on either side matches any).
+fn is(entry: &(Key, Option<i64>), key: &Key, seq: Option<i64>) -> bool {
+    &entry.0 == key && (entry.1.is_none() || seq.is_none() || entry.1 == seq)
 }

@@ -41,27 +41,46 @@ pub(super) fn listed_entry(task: &Key, seq: Option<i64>) -> Bson {
     Bson::Document(e)
 }
 
-/// The slot's tasks deleted while they ran, with until when each may run
-/// and the fence of the claim that ran it.
-pub(super) fn gone_busy(slot: &Record) -> Vec<(Key, StoreTime, Option<i64>)> {
+/// A task deleted while it ran ([`slot_fields::GONE_BUSY`]): its turn
+/// stays taken until `until`, unless the run of the claim with `fence` is
+/// seen to end. `seq`, its number in the group, tells it from a task that
+/// took its id since, whose first claims have the same fences.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Gone {
+    pub(super) key: Key,
+    pub(super) until: StoreTime,
+    pub(super) fence: Option<i64>,
+    pub(super) seq: Option<i64>,
+}
+
+impl Gone {
+    /// Its entry in the slot.
+    pub(super) fn entry(&self) -> Bson {
+        let mut e = doc! { "id": self.key.as_bson().clone(), "until": self.until.to_bson_datetime() };
+        if let Some(f) = self.fence {
+            e.insert("fence", f);
+        }
+        if let Some(n) = self.seq {
+            e.insert("seq", n);
+        }
+        Bson::Document(e)
+    }
+}
+
+/// The slot's tasks deleted while they ran.
+pub(super) fn gone_busy(slot: &Record) -> Vec<Gone> {
     let Some(Bson::Array(a)) = slot.get(slot_fields::GONE_BUSY) else { return Vec::new() };
     a.iter()
         .filter_map(|e| {
             let d = e.as_document()?;
-            let k = Key::from_bson(d.get("id")?.clone()).ok()?;
-            let until = StoreTime::from_millis(d.get_datetime("until").ok()?.timestamp_millis());
-            Some((k, until, d.get_i64("fence").ok()))
+            Some(Gone {
+                key: Key::from_bson(d.get("id")?.clone()).ok()?,
+                until: StoreTime::from_millis(d.get_datetime("until").ok()?.timestamp_millis()),
+                fence: d.get_i64("fence").ok(),
+                seq: d.get_i64("seq").ok(),
+            })
         })
         .collect()
-}
-
-/// An entry of [`slot_fields::GONE_BUSY`].
-pub(super) fn gone_entry(task: &Key, until: StoreTime, fence: Option<impl TryInto<i64>>) -> Bson {
-    let mut e = doc! { "id": task.as_bson().clone(), "until": until.to_bson_datetime() };
-    if let Some(f) = fence {
-        e.insert("fence", f.try_into().unwrap_or(i64::MAX));
-    }
-    Bson::Document(e)
 }
 
 /// `m`, announcing a write that may add held tasks ([`slot_fields::ANNOUNCED`]).

@@ -173,7 +173,8 @@ impl<S: Store + Clone> Queue<S> {
             };
             let cond = match (group, busy) {
                 (Some((g, agent)), Some(busy)) => {
-                    self.groups()?.deleted_while_running(agent, g, r.key(), busy).await?;
+                    let seq = r.get_i64(fields::GROUP_SEQ);
+                    self.groups()?.deleted_while_running(agent, g, r.key(), seq, busy).await?;
                     which.clone().and(Condition::RevIs(r.rev()))
                 }
                 (Some(_), None) => which.clone().and(Condition::RevIs(r.rev())),

@@ -22,6 +22,7 @@ mod review_group_runs;
 mod review_groups;
 mod review_groups3;
 mod review_groups4;
+mod review_groups5;
 mod review_idle;
 mod review_otel;
 #[cfg(feature = "otel")]
@@ -30,6 +31,7 @@ mod review_refactor;
 mod review_timeouts;
 mod schedules;
 mod simulation;
+mod subscriber;
 mod suite;
 mod timeouts;
 mod wait;
@@ -105,6 +107,12 @@ mod review_groups4_backends {
     //! Fourth review of groups (#33): the slot's version, the announce and
     //! landed counters, ids used again, the sweep's deferral, on every backend.
     store_test::on_all_backends!(crate::review_groups4::review_groups4_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_groups5_backends {
+    //! Fifth review of groups: grouped follow-ups under stale runs and
+    //! failed activations, a reused id beside its deleted run, on every backend.
+    store_test::on_all_backends!(crate::review_groups5::review_groups5_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {

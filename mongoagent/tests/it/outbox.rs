@@ -215,3 +215,48 @@ async fn prepare_checks_the_task_as_enqueue_does() {
     assert!(d.get_datetime("run_at").is_ok(), "its delay, on the store clock: {d}");
     assert!(q.tasks(doc! {}, None).await.unwrap().is_empty(), "nothing enqueued");
 }
+
+/// Grouped: a task prepared in its group and committed runs in its turn,
+/// after the task enqueued before it; one whose transaction aborted leaves
+/// no task and holds nothing up (its `after_insert` lands its slot's
+/// announcement).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongo_a_committed_grouped_task_runs_in_its_turn_and_an_aborted_one_holds_nothing() {
+    let Some(store) = store_test::mongo::test_store("ag_outbox_group").await else { return };
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    let grouped = |n: i64| NewTask::new("mail", doc! { "n": n }).group("customer-1");
+    q.enqueue(grouped(0)).await.unwrap();
+    let aborted = q.prepare(grouped(1)).await.unwrap();
+    let mut session = transaction(&store).await;
+    store.insert_in_session(&mut session, q.collection(), aborted.document().clone()).await.unwrap();
+    session.abort_transaction().await.unwrap();
+    q.after_insert(&aborted).await.unwrap();
+    let committed = q.prepare(grouped(2)).await.unwrap();
+    let mut session = transaction(&store).await;
+    place_order(&store, &mut session, 9).await;
+    store.insert_in_session(&mut session, q.collection(), committed.document().clone()).await.unwrap();
+    session.commit_transaction().await.unwrap();
+    q.after_insert(&committed).await.unwrap();
+
+    let ran: Arc<parking_lot::Mutex<Vec<i64>>> = Arc::default();
+    let stop = CancellationToken::new();
+    let agent = Agent::builder(store.clone(), "mail", "tasks").group_concurrency(1).shutdown_on(&stop).build().unwrap();
+    let seen = ran.clone();
+    let working = tokio::spawn(async move {
+        agent
+            .work(move |t: Task| {
+                seen.lock().push(t.data().get_i64("n").unwrap());
+                async { true }
+            })
+            .await
+    });
+    let t0 = Instant::now();
+    while ran.lock().len() < 2 && t0.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    working.await.unwrap().unwrap();
+    assert_eq!(*ran.lock(), vec![0, 2], "the committed task in its turn; the aborted one never");
+    assert!(!task_exists(&store, aborted.id()).await);
+    assert!(order_exists(&store, 9).await);
+}

@@ -226,6 +226,52 @@ pub(crate) mod cases {
         );
     }
 
+    /// FOUND (the rest of the finding above, left as a limit then), fixed:
+    /// with a cap of 2, a task deleted while it runs keeps its turn, and
+    /// the task that took its id runs in the other. That task's first
+    /// claim has the fence the deleted run's claim had (fences count one
+    /// document's claims), so its end read as the deleted run's end and
+    /// freed both turns: two more of the group were let through while the
+    /// deleted run still ran, three at once. A run's end now names its
+    /// task's number too.
+    pub(crate) async fn a_reused_ids_end_frees_no_turn_of_its_deleted_run<H: Harness>(h: &H) {
+        let s = h.store("rv4_groups_reuse_fence").await;
+        let q = Queue::new(s.clone(), "tasks").unwrap();
+        q.enqueue(grouped("g", 0).id("a")).await.unwrap();
+        let (log, release) = (Log::default(), Arc::new(Notify::new()));
+        let x = agent(&s, Duration::from_secs(30), Some(2), &CancellationToken::new());
+        let run_x = tokio::spawn({
+            let handler = stubborn(log.clone(), release.clone(), Holds::FirstAttempt);
+            async move { x.process(handler).await }
+        });
+        until("X to start task 0", 30, || started(&log, 0)).await;
+        assert_eq!(q.delete(doc! { "_id": "a" }).force(true).await.unwrap().len(), 1);
+        assert!(q.enqueue(grouped("g", 2).id("a")).await.unwrap().1, "the id is free again");
+        q.enqueue_all(&[grouped("g", 3).id("c"), grouped("g", 4).id("d")]).await.unwrap();
+        let y = agent(&s, Duration::from_secs(30), Some(2), &CancellationToken::new());
+        let mut ran = None;
+        for _ in 0..20 {
+            match y.process(|_t: Task| async { true }).await.unwrap() {
+                Some(p) => {
+                    ran = Some(p);
+                    break;
+                }
+                None => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        let ready: Vec<String> = s
+            .find(&tasks(), &Query::eq(doc! { "group_key": "g", "ready": true }))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.key().to_string())
+            .collect();
+        release.notify_one();
+        let _ = run_x.await.unwrap();
+        assert_eq!(ran, Some(Processed::Completed(Key::new("a").unwrap())), "the new \"a\" ran in the free turn");
+        assert_eq!(ready, ["c"], "one turn free beside the deleted run, not two");
+    }
+
     /// FOUND, fixed (it failed before; bad data gets a typed error, never a hang). A slot whose
     /// `seq` another program wrote as a fraction (2.5): the producer's
     /// numbering `$inc`s it to 3.5, reads it back with `get_i64` (`None`)

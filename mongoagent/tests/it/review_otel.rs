@@ -98,7 +98,7 @@ const VALID_PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7
 #[tokio::test]
 async fn foreign_trace_contexts_of_every_bad_shape_are_ignored_without_a_panic() {
     let t = traced::Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel_foreign").unwrap();
     q.ensure_indexes().await.unwrap();
@@ -190,7 +190,7 @@ async fn a_follow_up_made_by_an_untraced_agent_keeps_the_producers_trace() {
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel_gap").unwrap();
     let (first, trace) = {
-        let _default = crate::otel::scoped(t.subscriber());
+        let _default = crate::subscriber::scoped(t.subscriber());
         let span = tracing::info_span!("producer");
         let (k, _) = tracing::Instrument::instrument(q.enqueue(NewTask::new("mid", doc! {})), span).await.unwrap();
         drop(_default);
@@ -204,7 +204,7 @@ async fn a_follow_up_made_by_an_untraced_agent_keeps_the_producers_trace() {
     let child_id = Key::new(format!("{first}/0")).unwrap();
     let child = stored(&store, &q, &child_id).await;
     // Traced again: the last agent.
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let last = Agent::builder(store.clone(), "last", q.collection().as_str()).build().unwrap();
     assert!(last.process(|_t: Task| async { Outcome::done() }).await.unwrap().is_some());
     let spans = t.spans();
@@ -231,7 +231,7 @@ async fn a_debounced_task_runs_in_the_trace_of_the_enqueue_whose_data_it_has() {
     let q = Queue::new(store.clone(), "review_otel_debounce").unwrap();
     let task = |n: i32| NewTask::new("deb", doc! { "n": n }).dedupe_key("k").debounce(Duration::from_secs(3600));
     let (k, _) = {
-        let _default = crate::otel::scoped(t.subscriber());
+        let _default = crate::subscriber::scoped(t.subscriber());
         tracing::Instrument::instrument(q.enqueue(task(1)), tracing::info_span!("first producer")).await.unwrap()
     };
     let first = stored_trace_id(&stored(&store, &q, &k).await).expect("traced");
@@ -249,7 +249,7 @@ async fn a_debounced_task_runs_in_the_trace_of_the_enqueue_whose_data_it_has() {
 #[tokio::test]
 async fn a_debounced_task_takes_the_latest_traced_producers_context() {
     let t = traced::Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel_debounce2").unwrap();
     let task = |n: i32| NewTask::new("deb", doc! { "n": n }).dedupe_key("k").debounce(Duration::from_secs(3600));
@@ -270,7 +270,7 @@ async fn a_debounced_task_takes_the_latest_traced_producers_context() {
 #[tokio::test]
 async fn a_prepared_outbox_task_carries_and_continues_the_callers_trace() {
     let t = traced::Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel_outbox").unwrap();
     let prepared = tracing::Instrument::instrument(
@@ -298,7 +298,7 @@ async fn a_prepared_outbox_task_carries_and_continues_the_callers_trace() {
 #[tokio::test]
 async fn a_fan_in_step_continues_its_parents_trace() {
     let t = traced::Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel_fanin").unwrap();
     let (k, _) =
@@ -376,7 +376,7 @@ async fn user_data_cannot_forge_a_trace_context_on_any_path() {
 #[cfg(not(feature = "otel"))]
 #[tokio::test]
 async fn without_the_feature_nothing_is_stored_even_inside_spans() {
-    let _default = crate::otel::scoped(tracing_subscriber::registry());
+    let _default = crate::subscriber::scoped(tracing_subscriber::registry());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel_nofeature").unwrap();
     let (k, _) =

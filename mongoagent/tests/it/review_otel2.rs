@@ -80,7 +80,7 @@ fn stored_trace(d: &Document) -> Option<String> {
 #[tokio::test]
 async fn a_timed_out_attempt_is_written_in_a_fail_span() {
     let t = Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_timeout").unwrap();
     let (k, _) = q.enqueue(NewTask::new("slow", doc! {})).instrument(tracing::info_span!("producer")).await.unwrap();
@@ -182,7 +182,7 @@ async fn a_future_version_traceparent_is_continued_as_w3c_says() {
 #[tokio::test]
 async fn a_retried_task_runs_again_in_its_producers_trace() {
     let t = Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_retry").unwrap();
     let (k, _) = q.enqueue(NewTask::new("flaky", doc! {})).instrument(tracing::info_span!("producer")).await.unwrap();
@@ -245,7 +245,7 @@ async fn concurrent_runs_of_different_traces_do_not_mix() {
             want.insert(format!("p{i}"), trace);
         }
         store.insert_many(q.collection(), docs).await.unwrap();
-        let _default = layered.then(|| crate::otel::scoped(t.subscriber()));
+        let _default = layered.then(|| crate::subscriber::scoped(t.subscriber()));
         let a = Agent::builder(store.clone(), "mix", coll)
             .concurrency(4)
             .process_while(|c| c.tasks_processed < 12)
@@ -288,7 +288,7 @@ async fn concurrent_runs_of_different_traces_do_not_mix() {
 #[tokio::test]
 async fn a_grouped_task_keeps_its_producers_trace() {
     let t = Traced::new();
-    let _default = crate::otel::scoped(t.subscriber());
+    let _default = crate::subscriber::scoped(t.subscriber());
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_group").unwrap();
     let (k, _) =
@@ -335,7 +335,7 @@ async fn a_producer_whose_trace_layer_filters_out_the_librarys_spans_still_store
 }
 
 async fn filtered_producer(t: &Traced, subscriber: impl tracing::Subscriber + Send + Sync + 'static, how: &str) {
-    let _default = crate::otel::scoped(subscriber);
+    let _default = crate::subscriber::scoped(subscriber);
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_filtered").unwrap();
     let (k, _) = q.enqueue(NewTask::new("w", doc! {})).instrument(tracing::info_span!("checkout")).await.unwrap();
@@ -362,7 +362,7 @@ async fn under_a_filtered_layer_a_runs_follow_up_keeps_its_tasks_trace_not_the_w
         .with_tracer(t.provider.tracer("review2"))
         .with_filter(tracing_subscriber::EnvFilter::new("info,mongoagent=warn"));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::sink);
-    let _default = crate::otel::scoped(tracing_subscriber::registry().with(logs).with(traces));
+    let _default = crate::subscriber::scoped(tracing_subscriber::registry().with(logs).with(traces));
     let store = MemoryStore::new();
     let q = Queue::new(store.clone(), "review_otel2_filtered_run").unwrap();
     let (k, _) = q.enqueue(NewTask::new("w", doc! {})).instrument(tracing::info_span!("checkout")).await.unwrap();

@@ -346,6 +346,42 @@ fn agent_runs_a_group_one_at_a_time_in_order() {
     }
 }
 
+/// A command's follow-up with a "group_key" joins that group when its
+/// parent's outcome is written: behind the group's task enqueued before,
+/// ahead of the one enqueued after. `enqueue --group` with `--debounce`
+/// is accepted.
+#[test]
+fn a_commands_follow_up_joins_its_group() {
+    let Some(e) = env("agent_group_follow_ups") else { return };
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "ord", "--group", "c", r#"{"i": 0}"#]);
+    e.json(&["enqueue", "--queue", "jobs", "--agent", "parent", "{}"]);
+    let follow_up = r#"{"follow_ups": [{"agent_name": "ord", "group_key": "c", "i": 1}]}"#;
+    let out = e.run(&["agent", "parent", "--queue", "jobs", "--max-tasks", "1", "--", "echo", follow_up]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    e.json(&[
+        "enqueue",
+        "--queue",
+        "jobs",
+        "--agent",
+        "ord",
+        "--group",
+        "c",
+        "--dedupe-key",
+        "k",
+        "--debounce",
+        "0.05",
+        r#"{"i": 2}"#,
+    ]);
+    let log = e.file("runs.log");
+    let script = format!("read -r t; echo \"$t\" >> {}", log.display());
+    let args = ["agent", "ord", "--queue", "jobs", "--group-concurrency", "1", "--max-tasks", "3"];
+    let out = e.run(&[&args[..], &["--", "sh", "-c", &script]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let order: Vec<i64> =
+        lines(&log).iter().map(|l| serde_json::from_str::<Value>(l).unwrap()["i"].as_i64().unwrap()).collect();
+    assert_eq!(order, [0, 1, 2], "in the group's order");
+}
+
 #[test]
 fn cancel_and_delete_by_id_and_filter() {
     let Some(e) = env("cancel_delete") else { return };
