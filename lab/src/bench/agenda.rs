@@ -38,10 +38,6 @@ impl<'a> PeerServer<'a> {
     }
 }
 
-/// Agenda's concurrency: the slots our side has (4 agents of concurrency 4,
-/// or 4 processes of one such agent each).
-const CONCURRENCY: u32 = 16;
-
 /// How much to ask of Agenda.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AgendaSize {
@@ -61,8 +57,9 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
     for (i, setting) in AGENDA_SWEEP.iter().enumerate() {
         let picks = if i == 0 { size.picks } else { 0 };
         eprintln!(
-            "Agenda: {} jobs saved one by one, concurrency {CONCURRENCY}, lockLimit {}, processEvery {} ms{}…",
+            "Agenda: {} jobs saved one by one, concurrency {}, lockLimit {}, processEvery {} ms{}…",
             size.jobs,
+            setting.concurrency,
             setting.lock_limit,
             setting.process_every_ms,
             if picks > 0 { format!("; {picks} pickups with its defaults") } else { String::new() },
@@ -70,8 +67,10 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
         let a = match run(dir, peer, db, *setting, size, picks).await {
             Ok(a) => a,
             Err(e) => {
-                let reason =
-                    format!("lockLimit {}, processEvery {} ms: {e}", setting.lock_limit, setting.process_every_ms);
+                let reason = format!(
+                    "concurrency {}, lockLimit {}, processEvery {} ms: {e}",
+                    setting.concurrency, setting.lock_limit, setting.process_every_ms
+                );
                 for suffix in ["tasks_per_s", "commands_per_task"] {
                     f.skip_figure(&format!("agenda_{}_{suffix}", setting.name), reason.clone());
                 }
@@ -106,6 +105,7 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
             f.put("agenda_best_tasks_per_s", rate);
             f.put("agenda_best_lock_limit", f64::from(setting.lock_limit));
             f.put("agenda_best_process_every_ms", f64::from(setting.process_every_ms));
+            f.put("agenda_best_concurrency", f64::from(setting.concurrency));
         }
         None => f.skip(Section::Agenda, "no setting of the sweep ran"),
     }
@@ -194,7 +194,7 @@ async fn run(
         .env("AGENDA_TIME_LIMIT_S", size.limit_s.to_string())
         .env("AGENDA_LOCK_LIMIT", setting.lock_limit.to_string())
         .env("AGENDA_PROCESS_EVERY_MS", setting.process_every_ms.to_string())
-        .env("AGENDA_CONCURRENCY", CONCURRENCY.to_string())
+        .env("AGENDA_CONCURRENCY", setting.concurrency.to_string())
         .args([uri, &agenda_db, &size.jobs.to_string(), &picks.to_string()])
         .stdin(Stdio::null())
         // Its progress (saving, the throughput run, the pickups) shows as it goes.

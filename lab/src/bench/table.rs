@@ -126,11 +126,12 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
     ),
     ("a global concurrency of 1,000 that never binds, ÷ none", &[("queue_global_1000_vs_shared", Unit::Times)]),
     (
-        "Agenda at its best setting of the sweep: jobs/s (`lockLimit`, `processEvery` ms)",
+        "Agenda at its best setting of the sweep: jobs/s (`lockLimit`, `processEvery` ms, concurrency)",
         &[
             ("agenda_best_tasks_per_s", Unit::PerS),
             ("agenda_best_lock_limit", Unit::Plain),
             ("agenda_best_process_every_ms", Unit::Plain),
+            ("agenda_best_concurrency", Unit::Plain),
         ],
     ),
     (
