@@ -146,7 +146,8 @@ impl<S: Store + Clone> Queue<S> {
             if let Some(winner) = self.holder_of(dedupe).await? {
                 let newer = judged.as_ref().map(Record::key) != Some(winner.key());
                 let inserted = !winner.data().contains_key(fields::ROUND_FENCE);
-                if newer && inserted && debounced_for(&winner, agent) {
+                let same_group = winner.get_str(fields::GROUP_KEY) == doc.get_str(fields::GROUP_KEY).ok();
+                if newer && inserted && debounced_for(&winner, agent) && same_group {
                     tracing::debug!(queue = %self.coll, dedupe, task = %winner.key(), "debounced: superseded by a racing enqueue's new task");
                     return Ok(InsertOutcome::Duplicate(winner.key().clone()));
                 }
@@ -194,10 +195,13 @@ impl<S: Store + Clone> Queue<S> {
                 tracing::debug!(queue = %self.coll, dedupe, task = %holder.key(), after_ms, "debounced: the pending task takes the latest data");
                 Ok(Replaced::Yes)
             }
-            // Only a debounced enqueue writes a task and leaves it never
-            // claimed, so another one replaced it after our read.
+            // Another debounced enqueue replaced it after our read (its
+            // `debounced_at` moved). A write that left it pending otherwise
+            // (its group letting it through) took no data: read again.
             WriteOutcome::Rejected(Some(now))
-                if debounce_pending(&now, doc) && now.get_str(fields::DEDUPE_KEY) == Some(dedupe) =>
+                if debounce_pending(&now, doc)
+                    && now.get_str(fields::DEDUPE_KEY) == Some(dedupe)
+                    && now.get(fields::DEBOUNCED_AT) != holder.get(fields::DEBOUNCED_AT) =>
             {
                 tracing::debug!(queue = %self.coll, dedupe, task = %holder.key(), "debounced: superseded by a racing replace");
                 Ok(Replaced::Yes)

@@ -3,6 +3,9 @@
 //! queue does not make itself (the outbox pattern: inserted inside the
 //! caller's MongoDB transaction with `store_mongo::MongoStore::insert_in_session`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use bson::Document;
 use store_trait::{Key, Store};
 
@@ -12,7 +15,7 @@ use crate::task::{DedupeScope, NewTask};
 
 /// A task's document, ready to be inserted into its queue's collection by
 /// the caller ([`Queue::prepare`]).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 #[must_use = "a prepared task is enqueued only once its document is inserted"]
 pub struct PreparedTask {
     id: Key,
@@ -20,6 +23,16 @@ pub struct PreparedTask {
     /// A grouped task's agent name and group: its slot was told of the
     /// insert to come ([`Queue::after_insert`] says it is over).
     group: Option<(String, String)>,
+    /// Whether [`Queue::after_insert`] landed it already (shared by its
+    /// clones): a landing counted twice would hide a later producer's
+    /// announcement, and strand its task.
+    landed: Arc<AtomicBool>,
+}
+
+impl PartialEq for PreparedTask {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.id, &self.document, &self.group) == (&other.id, &other.document, &other.group)
+    }
 }
 
 impl PreparedTask {
@@ -125,7 +138,7 @@ impl<S: Store + Clone> Queue<S> {
             }
         };
         tracing::debug!(queue = %self.coll, task = %id, "task prepared for the caller's insert");
-        Ok(PreparedTask { id, document, group })
+        Ok(PreparedTask { id, document, group, landed: Arc::default() })
     }
 
     /// Says that the caller's insert of `task` is over, committed or not:
@@ -135,7 +148,8 @@ impl<S: Store + Clone> Queue<S> {
     /// notifications find.
     ///
     /// Without this call a committed grouped task still runs: its agents'
-    /// sweep finds it within [`group::SWEEP`](crate::group::SWEEP).
+    /// sweep finds it within [`group::SWEEP`](crate::group::SWEEP). Called
+    /// again (on `task` or a clone of it), it only wakes the agents.
     ///
     /// ```
     /// use mongoagent::{NewTask, Queue};
@@ -154,9 +168,13 @@ impl<S: Store + Clone> Queue<S> {
     ///
     /// Cancel-safe: dropped, it leaves the task to the sweep.
     pub async fn after_insert(&self, task: &PreparedTask) -> Result<(), AgentError> {
-        match &task.group {
-            Some((agent, group)) => self.groups()?.landed(agent, group).await,
-            None => Ok(()),
+        let Some((agent, group)) = &task.group else { return Ok(()) };
+        let groups = self.groups()?;
+        // Landed once (or tried: its error may hide a landing made): a call
+        // again only nudges.
+        if task.landed.swap(true, Ordering::SeqCst) {
+            return groups.nudge(agent, group).await;
         }
+        groups.landed(agent, group).await
     }
 }

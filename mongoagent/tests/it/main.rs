@@ -23,6 +23,7 @@ mod review_groups;
 mod review_groups3;
 mod review_groups4;
 mod review_groups5;
+mod review_groups6;
 mod review_idle;
 mod review_otel;
 #[cfg(feature = "otel")]
@@ -113,6 +114,12 @@ mod review_groups5_backends {
     //! Fifth review of groups: grouped follow-ups under stale runs and
     //! failed activations, a reused id beside its deleted run, on every backend.
     store_test::on_all_backends!(crate::review_groups5::review_groups5_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_groups6_backends {
+    //! Sixth review of groups: debounced, prepared and follow-up tasks in
+    //! groups, on every backend.
+    store_test::on_all_backends!(crate::review_groups6::review_groups6_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
