@@ -103,10 +103,9 @@ enum Cmd {
         #[command(flatten)]
         command: args::Command,
     },
-    /// A language-agnostic agent: for each claimed task runs CMD with the task as
-    /// JSON on stdin. Exit 0 completes it (a JSON object on stdout is merged in;
-    /// its "follow_ups" array enqueues tasks, each with an "agent_name" and
-    /// optionally a "group_key"); non-zero fails it.
+    /// A language-agnostic agent: for each claimed task runs CMD with the task as JSON on stdin.
+    /// Exit 0 completes it (a JSON object on stdout is merged in; its "follow_ups" array enqueues
+    /// tasks, each with an "agent_name", and a "group_key" to put it in a group); non-zero fails it.
     Agent {
         /// The agent name (tasks' `agent_name`).
         name: String,
@@ -232,9 +231,8 @@ enum Cmd {
         /// Seconds one run of it may take, whatever its agent's --timeout
         #[arg(long, value_name = "SECS")]
         timeout: Option<f64>,
-        /// Put the task in group KEY: agents started with --group-concurrency N
-        /// run at most N of the group's tasks at once, in enqueue order (a
-        /// debounced task: in its burst's first enqueue's place)
+        /// Put the task in group KEY: agents started with --group-concurrency N run at most N
+        /// of the group's tasks at once, in enqueue order (debounced: its burst's first's place)
         #[arg(long, value_name = "KEY")]
         group: Option<String>,
         /// Wait until the task has ended, then print it as JSON (`completed`,

@@ -25,17 +25,17 @@ use crate::MongoStore;
 /// }
 /// ```
 #[derive(Debug, Default)]
-pub struct Clients(std::sync::Mutex<Vec<Client>>);
+pub struct Clients(parking_lot::Mutex<Vec<Client>>);
 
 impl Clients {
     /// No client yet.
     pub const fn new() -> Clients {
-        Clients(std::sync::Mutex::new(Vec::new()))
+        Clients(parking_lot::const_mutex(Vec::new()))
     }
 
     /// Keeps `client` (a handle on it: clients are shared) to close later.
     pub fn keep(&self, client: &Client) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(client.clone());
+        self.0.lock().push(client.clone());
     }
 
     /// Keeps the client behind `store`.
@@ -52,7 +52,7 @@ impl Clients {
     /// Not cancel safe: the clients are taken first, so those not yet shut
     /// down when the future is dropped are left to be dropped as before.
     pub async fn close(&self) {
-        let clients = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let clients = std::mem::take(&mut *self.0.lock());
         for c in clients {
             c.shutdown().immediate(true).await;
         }
