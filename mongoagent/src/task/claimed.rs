@@ -81,7 +81,7 @@ impl Task {
         self.timed_out.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// How long this attempt may run ([`NewTask::timeout`], else the agent's
+    /// How long this attempt may run ([`NewTask::timeout`](crate::NewTask::timeout), else the agent's
     /// [`AgentBuilder::timeout`](crate::AgentBuilder::timeout)), if limited.
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
