@@ -162,13 +162,7 @@ impl<S: Store + Clone> Queue<S> {
         let mut docs = self.documents(tasks).await?;
         // Grouped tasks are numbered in their group before the insert, and
         // their agents nudged after it.
-        let grouped = if tasks.iter().any(|t| t.group.is_some()) {
-            let groups = self.groups()?;
-            let pairs = groups.number(&mut docs).await?;
-            Some((groups, pairs))
-        } else {
-            None
-        };
+        let grouped = self.number_grouped(tasks, &mut docs).await?;
         // A grouped task with a dedupe key may go in only after its
         // duplicate is settled (its key moved off an ended task): inserted
         // in one batch, a later task of its group could be let through
@@ -186,10 +180,8 @@ impl<S: Store + Clone> Queue<S> {
                         // Made or not, the numbered inserts are over: said so, a
                         // slot waits for nothing (an ambiguous insert that did land
                         // is let through by this very nudge).
-                        if let Some((groups, pairs)) = &grouped {
-                            for (agent, group) in pairs {
-                                let _ = groups.landed(agent, group).await;
-                            }
+                        if let Some(n) = grouped {
+                            n.land().await;
                         }
                         return Err(e.into());
                     }
@@ -206,15 +198,10 @@ impl<S: Store + Clone> Queue<S> {
                 out.push(outcome);
             }
         }
-        if let Some((groups, pairs)) = grouped {
-            for (agent, group) in pairs {
-                // The tasks are in, and their slot stays in the sweep until
-                // this lands: a failed nudge delays them, and is no reason to
-                // enqueue again.
-                if let Err(e) = groups.landed(&agent, &group).await {
-                    tracing::warn!(queue = %self.coll, agent, group, error = %e, "nudging the group's agents failed; their sweep lets the tasks through");
-                }
-            }
+        // The tasks are in, and their slot stays in the sweep until this
+        // lands: a failed nudge delays them, and is no reason to enqueue again.
+        if let Some(n) = grouped {
+            n.land().await;
         }
         if let Some(e) = first_error {
             return Err(e);
@@ -237,13 +224,7 @@ impl<S: Store + Clone> Queue<S> {
     pub(crate) async fn enqueue_pending(&self, tasks: &[NewTask], fence: u64) -> Result<(), AgentError> {
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let mut docs = self.documents(tasks).await?;
-        let grouped = if tasks.iter().any(|t| t.group.is_some()) {
-            let groups = self.groups()?;
-            let pairs = groups.number(&mut docs).await?;
-            Some((groups, pairs))
-        } else {
-            None
-        };
+        let grouped = self.number_grouped(tasks, &mut docs).await?;
         let docs: Vec<Document> = docs.into_iter().map(|d| pending::stash(d, fence)).collect();
         let placed = async {
             let out = self.store.insert_many(&self.coll, docs.clone()).await?;
@@ -257,14 +238,23 @@ impl<S: Store + Clone> Queue<S> {
         .await;
         // Pending, the follow-ups are no group's held tasks yet: their slots
         // wait for nothing (their activation announces itself).
-        if let Some((groups, pairs)) = grouped {
-            for (agent, group) in pairs {
-                if let Err(e) = groups.landed(&agent, &group).await {
-                    tracing::warn!(queue = %self.coll, agent, group, error = %e, "landing a follow-up's numbering failed; its slot stays in the sweep a while");
-                }
-            }
+        if let Some(n) = grouped {
+            n.land().await;
         }
         placed
+    }
+
+    /// Numbers the grouped documents among `docs` (those of `tasks`) in
+    /// their groups before their insert: what to land after it, if any.
+    async fn number_grouped(
+        &self,
+        tasks: &[NewTask],
+        docs: &mut [Document],
+    ) -> Result<Option<crate::group::Numbered<S>>, AgentError> {
+        if !tasks.iter().any(|t| t.group.is_some()) {
+            return Ok(None);
+        }
+        Ok(Some(self.groups()?.numbered(docs).await?))
     }
 
     /// Puts `doc`, a follow-up pending with `fence`, where its insert found a
