@@ -81,6 +81,9 @@ impl Outcome {
     /// [`Task::children`](crate::Task::children). If this task is itself a follow-up something waits
     /// for, that wait extends to `task`. Its id is derived from this task's,
     /// which keeps it once: its dedupe key and scope, if any, are dropped.
+    /// In a group ([`NewTask::group`](crate::NewTask::group)), it takes no
+    /// turn while it waits: once every follow-up has ended it waits for its
+    /// group's turn, in the place of its enqueue.
     ///
     /// ```
     /// use mongoagent::{NewTask, Outcome};

@@ -250,7 +250,7 @@ impl<S: Store + Clone> Queue<S> {
         &self,
         tasks: &[NewTask],
         docs: &mut [Document],
-    ) -> Result<Option<crate::group::Numbered<S>>, AgentError> {
+    ) -> Result<Option<crate::group::Announced<S>>, AgentError> {
         if !tasks.iter().any(|t| t.group.is_some()) {
             return Ok(None);
         }

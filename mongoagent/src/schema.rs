@@ -98,6 +98,11 @@ pub mod fields {
     pub const GROUP_SEQ: &str = "group_seq";
     /// Set while a task of a group waits for its turn (not ready until then).
     pub const GROUP_HELD: &str = "group_held";
+    /// On a grouped fan-in task ([`Outcome::then`](crate::Outcome::then))
+    /// while it waits for its follow-ups: not yet its group's, so it takes no
+    /// turn while they run; the follow-up that ends last makes it held in
+    /// its group ([`GROUP_HELD`]), in its place ([`GROUP_SEQ`]).
+    pub const GROUP_AFTER_WAIT: &str = "group_after_wait";
     /// On a grouped task cancelled while it ran: until when (store clock)
     /// its handler may still run, the end of the lease its claim had; its
     /// group's turn stays taken until then, or until its agent says the
@@ -134,7 +139,7 @@ pub mod fields {
     /// follow-up's, and a handler's merge may set none of them
     /// ([`AgentError::ReservedField`](crate::AgentError::ReservedField)); the
     /// [`NewTask`](crate::NewTask) methods set those a producer may choose.
-    pub const RESERVED: [&str; 50] = [
+    pub const RESERVED: [&str; 51] = [
         store_trait::fields::ID,
         store_trait::fields::LEASE_OWNER,
         store_trait::fields::LEASE_SINCE,
@@ -180,6 +185,7 @@ pub mod fields {
         GROUP_KEY,
         GROUP_SEQ,
         GROUP_HELD,
+        GROUP_AFTER_WAIT,
         GROUP_BUSY_UNTIL,
         GROUP_BUSY_FENCE,
         TRACE_CONTEXT,

@@ -81,6 +81,7 @@ pub(crate) async fn rows<S: Store + Clone>(
             "agent": info.schedule.agent_name(),
             "spec": spec,
             "zone": zone,
+            "group": info.schedule.group(),
             "overlap": match info.schedule.overlap_policy() { Overlap::Skip => "skip", Overlap::Queue => "queue", _ => "allow" },
             "missed": match info.schedule.missed_policy() {
                 Missed::Skip => "skip".to_owned(),

@@ -70,14 +70,16 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 /// Starts an in-memory SecantusDB for this process, and returns its port on
 /// 127.0.0.1. A small shell watchdog stops the server when this process
-/// exits, however it exits.
+/// exits, however it exits, and removes the server's log if it is empty
+/// (one is made per server, and test runs start hundreds).
 pub(crate) fn start() -> Result<u16, String> {
     let bin = install()?;
     let port = free_port()?;
     let log = target_dir().join("secantus").join(format!("server-{port}.log"));
     let script = format!(
         "'{bin}' --port {port} --storage-path :memory: --enable-test-commands --log-level WARNING >'{log}' 2>&1 & s=$!; \
-         while kill -0 {parent} 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; kill $s 2>/dev/null",
+         while kill -0 {parent} 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; kill $s 2>/dev/null; \
+         wait $s 2>/dev/null; [ -s '{log}' ] || rm -f '{log}'",
         bin = bin.display(),
         log = log.display(),
         parent = std::process::id()

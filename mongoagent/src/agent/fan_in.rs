@@ -140,7 +140,11 @@ impl<S: Store + Clone> Finisher<S> {
         // A grouped follow-up, numbered when it was enqueued pending, is
         // announced in its slot before it becomes held, so that the slot
         // stays in the sweep until the landing after (as a requeue's).
-        let pairs = self.announce_grouped(&ours).await?;
+        let grouped = ours.iter().filter(|r| pending::is_grouped(r.data())).filter_map(|r| {
+            let (agent, group) = (r.get_str(fields::AGENT_NAME)?, r.get_str(fields::GROUP_KEY)?);
+            Some((agent.to_owned(), group.to_owned(), r.get_i64(fields::GROUP_SEQ)))
+        });
+        let announced = self.queue.groups()?.announce_all(grouped).await?;
         let written = async {
             for r in &ours {
                 self.store.write(&self.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
@@ -148,54 +152,14 @@ impl<S: Store + Clone> Finisher<S> {
             Ok::<(), StoreError>(())
         }
         .await;
-        if !pairs.is_empty() {
-            // Made or not, the writes are over: the slots wait for nothing,
-            // and their agents look.
-            let groups = self.queue.groups()?;
-            for (agent, group) in pairs {
-                if let Err(e) = groups.landed(&agent, &group).await {
-                    tracing::warn!(agent = %self.name, task = %parent, group, error = %e, "nudging a follow-up's group failed; its agents' sweep lets it through");
-                }
-            }
-        }
+        // Made or not, the writes are over: the slots wait for nothing,
+        // and their agents look.
+        announced.land().await;
         written?;
         if !ours.is_empty() {
             tracing::debug!(agent = %self.name, task = %parent, count = ours.len(), "follow-ups activated");
         }
         self.discard_older(theirs, fence).await
-    }
-
-    /// Announces the grouped follow-ups among `ours` in their slots, once
-    /// per (agent, group), with the highest of their numbers (a slot made
-    /// anew since numbers on from there); returns the pairs, to land after
-    /// the activation.
-    async fn announce_grouped(&self, ours: &[Record]) -> Result<Vec<(String, String)>, AgentError> {
-        let mut pairs: Vec<((String, String), Option<i64>)> = Vec::new();
-        for r in ours.iter().filter(|r| pending::is_grouped(r.data())) {
-            let (Some(agent), Some(group)) = (r.get_str(fields::AGENT_NAME), r.get_str(fields::GROUP_KEY)) else {
-                continue;
-            };
-            let n = r.get_i64(fields::GROUP_SEQ);
-            match pairs.iter_mut().find(|(p, _)| p.0 == agent && p.1 == group) {
-                Some((_, m)) => *m = (*m).max(n),
-                None => pairs.push(((agent.to_owned(), group.to_owned()), n)),
-            }
-        }
-        if pairs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let groups = self.queue.groups()?;
-        let mut announced: Vec<(String, String)> = Vec::with_capacity(pairs.len());
-        for ((agent, group), n) in pairs {
-            if let Err(e) = groups.announce(&agent, &group, n).await {
-                for (a, g) in &announced {
-                    let _ = groups.landed(a, g).await;
-                }
-                return Err(e);
-            }
-            announced.push((agent, group));
-        }
-        Ok(announced)
     }
 
     /// Removes the follow-ups an older claim of `parent` left pending (a run
@@ -297,12 +261,48 @@ impl<S: Store + Clone> Finisher<S> {
             return Ok(());
         }
         let key = Key::from_bson(waiter.clone())?;
-        let w = store_trait::Write::new(
-            Condition::FieldEq(fields::WAITING.into(), Bson::Int64(round)),
-            wake(Mutation::new(), round),
-        );
+        let waits = Condition::FieldEq(fields::WAITING.into(), Bson::Int64(round));
+        let ungrouped = waits.and(Condition::Exists(fields::GROUP_AFTER_WAIT.into()).negate());
+        let w = store_trait::Write::new(ungrouped, wake(Mutation::new(), round));
         if self.store.write(&self.queue.coll, &key, &w).await?.is_applied() {
             tracing::info!(agent = %self.name, task = %key, round, "follow-ups all ended: task ready");
+            return Ok(());
+        }
+        // Woken already (another last follow-up), or a grouped fan-in task.
+        self.wake_into_group(&key, round).await
+    }
+
+    /// Makes a grouped fan-in task whose follow-ups of `round` have all
+    /// ended held in its group, in the place it was numbered in when its
+    /// parent returned it; its group's agents let it through in turn. The
+    /// write is announced in its slot first and landed after (as an
+    /// activation's), so that an agent dying in between strands nothing.
+    async fn wake_into_group(&self, key: &Key, round: i64) -> Result<(), AgentError> {
+        let Some(r) = self.store.get(&self.queue.coll, key).await?.record else { return Ok(()) };
+        if r.get_i64(fields::WAITING) != Some(round) || r.get(fields::GROUP_AFTER_WAIT).is_none() {
+            return Ok(());
+        }
+        let waits = Condition::FieldEq(fields::WAITING.into(), Bson::Int64(round))
+            .and(Condition::Exists(fields::GROUP_AFTER_WAIT.into()));
+        let (Some(agent), Some(group)) = (r.get_str(fields::AGENT_NAME), r.get_str(fields::GROUP_KEY)) else {
+            // Another program took its group away: it runs as an ungrouped task.
+            let m = wake(Mutation::new(), round).unset(fields::GROUP_AFTER_WAIT);
+            self.store.write(&self.queue.coll, key, &store_trait::Write::new(waits, m)).await?;
+            return Ok(());
+        };
+        let slot = [(agent.to_owned(), group.to_owned(), r.get_i64(fields::GROUP_SEQ))];
+        let announced = self.queue.groups()?.announce_all(slot).await?;
+        let held = Mutation::new()
+            .unset(fields::WAITING)
+            .unset(fields::GROUP_AFTER_WAIT)
+            .set(fields::GROUP_HELD, true)
+            .set(fields::ROUND, round.saturating_add(1))
+            .clear_gc();
+        let written = self.store.write(&self.queue.coll, key, &store_trait::Write::new(waits, held)).await;
+        // Made or not, the write is over: the slot waits for nothing.
+        announced.land().await;
+        if written?.is_applied() {
+            tracing::info!(agent = %self.name, task = %key, round, group, "follow-ups all ended: fan-in task waits for its group's turn");
         }
         Ok(())
     }

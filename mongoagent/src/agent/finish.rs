@@ -14,6 +14,7 @@ use crate::error::AgentError;
 use crate::outcome::{Outcome, Retry};
 use crate::schema::pending::Finish;
 use crate::schema::{fields, task_round, timed_out};
+use crate::task::NewTask;
 
 /// What an outcome write records of a timed-out attempt
 /// ([`TimedOutAttempt`](crate::TimedOutAttempt)).
@@ -89,7 +90,15 @@ impl<S: Store + Clone> Finisher<S> {
         let round = task_round(record);
         let outcome = match outcome {
             Outcome::Complete { merge, follow_ups, then } => {
-                match check_merge(&merge).and_then(|()| check_follow_ups(follow_ups.iter().chain(then.as_deref()))) {
+                let mut checked =
+                    check_merge(&merge).and_then(|()| check_follow_ups(follow_ups.iter().chain(then.as_deref())));
+                if checked.is_ok() && then.is_some() {
+                    // The fan-in task extends the wait of whatever waits for
+                    // this task to itself and to the follow-ups before it.
+                    let awaited: Vec<&NewTask> = follow_ups.iter().chain(then.as_deref()).collect();
+                    checked = self.check_not_behind_waiters(record, false, &awaited).await;
+                }
+                match checked {
                     Err(e) => Outcome::failed_permanently(e),
                     Ok(()) if follow_ups.is_empty() && then.is_none() => Outcome::done_with(merge),
                     // Follow-ups are enqueued pending and activated only after this
@@ -107,9 +116,11 @@ impl<S: Store + Clone> Finisher<S> {
                 Outcome::failed_permanently("the handler waits for follow-ups but returned none")
             }
             Outcome::Wait { merge, follow_ups } => {
-                let checked = check_merge(&merge)
-                    .and_then(|()| check_follow_ups(&follow_ups))
-                    .and_then(|()| check_not_behind_waiter(record, &follow_ups));
+                let mut checked = check_merge(&merge).and_then(|()| check_follow_ups(&follow_ups));
+                if checked.is_ok() {
+                    let awaited: Vec<&NewTask> = follow_ups.iter().collect();
+                    checked = self.check_not_behind_waiters(record, true, &awaited).await;
+                }
                 match checked {
                     Err(e) => Outcome::failed_permanently(e),
                     Ok(()) => {
@@ -272,29 +283,10 @@ impl<S: Store + Clone> Finisher<S> {
     }
 }
 
-/// A task that waits for its follow-ups keeps its group's turn while it
-/// waits (it has not ended): a follow-up in its own group (same agent name
-/// and group key) would wait behind it for ever under a cap of 1, and use
-/// up a larger one. Refused, saying which; deeper chains (a follow-up's
-/// follow-up back in the group) are the handler's to avoid.
-pub(super) fn check_not_behind_waiter(record: &Record, follow_ups: &[crate::task::NewTask]) -> Result<(), String> {
-    let (Some(agent), Some(group)) = (record.get_str(fields::AGENT_NAME), record.get_str(fields::GROUP_KEY)) else {
-        return Ok(());
-    };
-    match follow_ups.iter().position(|t| t.agent_name == agent && t.group.as_deref() == Some(group)) {
-        Some(i) => Err(format!(
-            "follow-up {i} is in its waiting parent's group {group:?}: it would wait behind its parent, which keeps the group's turn while it waits"
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Every follow-up is checked before the first is enqueued, so a bad one
 /// fails the outcome for good (saying which and why) and leaves no pending
 /// sibling behind: a follow-up is never dropped while its parent completes.
-pub(super) fn check_follow_ups<'a>(
-    follow_ups: impl IntoIterator<Item = &'a crate::task::NewTask>,
-) -> Result<(), String> {
+pub(super) fn check_follow_ups<'a>(follow_ups: impl IntoIterator<Item = &'a NewTask>) -> Result<(), String> {
     for (i, t) in follow_ups.into_iter().enumerate() {
         t.to_document().map_err(|e| format!("follow-up {i} (for {:?}) cannot be enqueued: {e}", t.agent_name))?;
     }

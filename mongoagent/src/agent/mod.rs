@@ -6,7 +6,8 @@
 //! the claim gate), `candidates` (the keys claims name), `ahead` (claims
 //! ahead of free slots), `run` (the
 //! handler), `finish` (outcomes, retry policy, fencing), `fan_in`
-//! (waiting for follow-ups) and `groups` (letting grouped tasks through).
+//! (waiting for follow-ups), `turns` (follow-ups that would wait behind a
+//! waiting chain's group turn) and `groups` (letting grouped tasks through).
 //! This file holds the handle and its counters.
 
 mod ahead;
@@ -19,6 +20,7 @@ mod finish;
 mod groups;
 mod limits;
 mod run;
+mod turns;
 mod work;
 
 use std::sync::Arc;

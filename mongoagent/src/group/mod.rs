@@ -50,7 +50,18 @@
 //! (as a requeue's), so it is made held while the slot is in the sweep.
 //! Tasks of its group let through before its activation run before it.
 //! A parent that waits for its follow-ups has not ended, so it keeps its
-//! turn: a follow-up in its own group is refused.
+//! turn, and so does every task that waits for it, up the chain of waits:
+//! a follow-up that such a chain waits for, in one of those groups, is
+//! refused (`agent/turns.rs`).
+//!
+//! A **fan-in** task (`Outcome::then`) is numbered with its parent's other
+//! follow-ups, but is no group's while it waits for them
+//! (`group_after_wait`): it takes no turn, and they may be in its group.
+//! The follow-up that ends last makes it held, in its place, announced and
+//! landed as an activation is.
+//!
+//! A schedule's **ticks** are enqueued as any task, in tick order; a
+//! grouped schedule takes no `Overlap::Queue` (its group already orders it).
 //!
 //! A slot with nothing running and nothing held is marked inactive, out of
 //! the sweep, and collected after [`SLOT_RETAIN`] unless used again; but
@@ -193,22 +204,23 @@ pub(crate) fn check(agent: &str, group: &str) -> Result<(), AgentError> {
     slot_key(agent, group).map(drop)
 }
 
-/// Documents numbered in their groups ([`Groups::numbered`]), whose
-/// insert is to be landed in their slots once it is over, made or not.
+/// Announcements in group slots ([`Groups::numbered`],
+/// [`Groups::announce_all`]), owed a landing once the write they announce
+/// (an insert, an activation, a wake) is over, made or not.
 #[derive(Debug)]
-pub(crate) struct Numbered<S> {
+pub(crate) struct Announced<S> {
     groups: Groups<S>,
     pairs: Vec<(String, String)>,
 }
 
-impl<S: Store + Clone> Numbered<S> {
+impl<S: Store + Clone> Announced<S> {
     /// Lands each slot's announcement, which nudges its agents. A failure
     /// is logged: the slot stays in the sweep a while longer, and its
-    /// agents' sweep lets the tasks through; it is no reason to insert again.
+    /// agents' sweep lets the tasks through; it is no reason to write again.
     pub(crate) async fn land(self) {
         for (agent, group) in &self.pairs {
             if let Err(e) = self.groups.landed(agent, group).await {
-                tracing::warn!(queue = %self.groups.tasks, agent, group, error = %e, "landing a group's insert failed; its agents' sweep lets the tasks through");
+                tracing::warn!(queue = %self.groups.tasks, agent, group, error = %e, "landing a group's write failed; its agents' sweep lets the tasks through");
             }
         }
     }
@@ -244,9 +256,36 @@ impl<S: Store + Clone> Groups<S> {
     }
 
     /// [`Groups::number`], kept with what to land after the insert.
-    pub(crate) async fn numbered(self, docs: &mut [bson::Document]) -> Result<Numbered<S>, AgentError> {
+    pub(crate) async fn numbered(self, docs: &mut [bson::Document]) -> Result<Announced<S>, AgentError> {
         let pairs = self.number(docs).await?;
-        Ok(Numbered { groups: self, pairs })
+        Ok(Announced { groups: self, pairs })
+    }
+
+    /// [`Groups::announce`] in the slot of each (agent, group) of `tasks`,
+    /// once per pair, with the highest of its numbers, before a write that
+    /// makes already numbered tasks held (an activation, a fan-in task's
+    /// wake); kept with what to land after it. A failure lands those
+    /// announced before it, and the write is not to be made.
+    pub(crate) async fn announce_all(
+        self,
+        tasks: impl IntoIterator<Item = (String, String, Option<i64>)>,
+    ) -> Result<Announced<S>, AgentError> {
+        let mut pairs: Vec<((String, String), Option<i64>)> = Vec::new();
+        for (agent, group, n) in tasks {
+            match pairs.iter_mut().find(|(p, _)| p.0 == agent && p.1 == group) {
+                Some((_, m)) => *m = (*m).max(n),
+                None => pairs.push(((agent, group), n)),
+            }
+        }
+        let mut announced = Announced { groups: self, pairs: Vec::with_capacity(pairs.len()) };
+        for ((agent, group), n) in pairs {
+            if let Err(e) = announced.groups.announce(&agent, &group, n).await {
+                announced.land().await;
+                return Err(e);
+            }
+            announced.pairs.push((agent, group));
+        }
+        Ok(announced)
     }
 
     /// Numbers the grouped documents among `docs` in their order, one write

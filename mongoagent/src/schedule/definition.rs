@@ -109,6 +109,8 @@ pub struct Schedule {
     pub(crate) max_attempts: Option<u32>,
     /// Each tick's task's own execution timeout ([`NewTask::timeout`]).
     pub(crate) timeout: Option<Duration>,
+    /// The group every tick's task runs in ([`NewTask::group`]).
+    pub(crate) group: Option<String>,
     pub(crate) overlap: Overlap,
     pub(crate) missed: Missed,
     pub(crate) starting_deadline: Duration,
@@ -127,7 +129,29 @@ pub(crate) fn ms_of(what: &str, d: Duration) -> Result<i64, AgentError> {
 
 impl Schedule {
     /// A schedule named `name` (its id) that enqueues `task` at each tick. Of
-    /// `task`, the agent name, data, priority, attempt limit and timeout are used.
+    /// `task`, the agent name, data, priority, attempt limit, timeout and
+    /// group are used.
+    ///
+    /// A tick's task in a group ([`NewTask::group`]) waits for its group's
+    /// turn like any task of the group, behind the tasks enqueued before it:
+    /// a schedule's ticks share one customer's or one entity's group with
+    /// the tasks producers enqueue for it. Its ticks are enqueued in tick
+    /// order, so under a cap of 1 they also run one at a time, in order,
+    /// which is what [`Overlap::Queue`] would add: a grouped schedule takes
+    /// [`Overlap::Skip`] or [`Overlap::Allow`] ([`Schedules::upsert`](super::Schedules::upsert)
+    /// refuses [`Overlap::Queue`] with a group, as [`AgentError::Config`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mongoagent::schedule::{Overlap, Schedule};
+    /// use mongoagent::NewTask;
+    ///
+    /// // Every hour, customer 42's statement, in turn with its orders.
+    /// let task = NewTask::new("billing", bson::doc! { "statement": true }).group("customer-42");
+    /// let s = Schedule::every("statement-42", Duration::from_secs(3600), task)?.overlap(Overlap::Allow);
+    /// # let _ = s;
+    /// # Ok::<(), mongoagent::AgentError>(())
+    /// ```
     pub fn new(name: impl Into<String>, when: When, task: NewTask) -> Result<Self, AgentError> {
         let s = Schedule {
             name: name.into(),
@@ -137,6 +161,7 @@ impl Schedule {
             priority: task.priority,
             max_attempts: task.max_attempts,
             timeout: task.timeout,
+            group: task.group,
             overlap: Overlap::default(),
             missed: Missed::default(),
             starting_deadline: Duration::from_secs(60),
@@ -241,6 +266,11 @@ impl Schedule {
         &self.data
     }
 
+    /// The group every tick's task runs in, if any.
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+
     pub(crate) fn ticks(&self) -> Result<Ticks, AgentError> {
         Ok(match &self.when {
             When::Cron { expr, zone } => Ticks::Cron(Box::new(ticks::parse_cron(expr)?), ticks::parse_zone(zone)?),
@@ -266,6 +296,7 @@ impl Schedule {
             .run_at(StoreTime::from_millis(tick.as_millis().saturating_add(self.jitter_for(tick))));
         t.max_attempts = self.max_attempts;
         t.timeout = self.timeout;
+        t.group.clone_from(&self.group);
         t.schedule = Some((self.name.clone(), tick));
         t.held = self.overlap == Overlap::Queue;
         t
@@ -291,6 +322,10 @@ impl Schedule {
         }
         if let Some(t) = self.timeout {
             d.insert("timeout_ms", crate::task::timeout_ms(t)?);
+        }
+        self.check_overlap()?;
+        if let Some(g) = &self.group {
+            d.insert("group_key", g.as_str());
         }
         match &self.when {
             When::Cron { expr, zone } => {
@@ -361,6 +396,9 @@ impl Schedule {
         if d.contains_key("timeout_ms") {
             task = task.timeout(dur("timeout_ms")?);
         }
+        if d.contains_key("group_key") {
+            task = task.group(d.get_str("group_key").map_err(|_| bad("group_key"))?);
+        }
         let overlap = match d.get_str("overlap").map_err(|_| bad("overlap"))? {
             "skip" => Overlap::Skip,
             "allow" => Overlap::Allow,
@@ -373,11 +411,26 @@ impl Schedule {
             "all" => Missed::All(u32::try_from(int("missed_max")?).map_err(|_| bad("missed_max"))?),
             _ => return Err(bad("missed")),
         };
-        Ok(Schedule::new(name, when, task)?
+        let s = Schedule::new(name, when, task)?
             .overlap(overlap)
             .missed(missed)
             .starting_deadline(dur("starting_deadline_ms")?)
-            .jitter(dur("jitter_ms")?))
+            .jitter(dur("jitter_ms")?);
+        s.check_overlap()?;
+        Ok(s)
+    }
+
+    /// A grouped schedule's ticks already wait for their group's turn, in
+    /// tick order: [`Overlap::Queue`] would hold each back a second time, and
+    /// a tick let through by one of the two could wait for ever on the other.
+    fn check_overlap(&self) -> Result<(), AgentError> {
+        match (&self.group, self.overlap) {
+            (Some(g), Overlap::Queue) => Err(AgentError::Config(format!(
+                "schedule {:?}: its ticks are in group {g:?}, whose turn they already wait for in tick order (one at a time under a cap of 1): give it Overlap::Skip or Overlap::Allow, not Overlap::Queue",
+                self.name
+            ).into())),
+            _ => Ok(()),
+        }
     }
 
     /// Which ticks to run and which to record as handled, at store time `now`,

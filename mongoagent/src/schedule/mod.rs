@@ -470,6 +470,15 @@ mod tests {
         assert_eq!(Schedule::from_def("c", &s.to_def().unwrap()).unwrap(), s);
         let at = Schedule::at("a", StoreTime::from_millis(42), NewTask::new("w", doc! {})).unwrap();
         assert_eq!(Schedule::from_def("a", &at.to_def().unwrap()).unwrap(), at);
+        let grouped = Schedule::every("g", Duration::from_secs(60), NewTask::new("w", doc! {}).group("c-1")).unwrap();
+        let def = grouped.to_def().unwrap();
+        assert_eq!(Schedule::from_def("g", &def).unwrap(), grouped);
+        assert_eq!(grouped.template(StoreTime::from_millis(0)).group.as_deref(), Some("c-1"));
+        // A grouped schedule's ticks already wait for their group's turn in order.
+        assert!(matches!(grouped.clone().overlap(Overlap::Queue).to_def(), Err(AgentError::Config(_))));
+        let mut queued = def;
+        queued.insert("overlap", "queue");
+        assert!(Schedule::from_def("g", &queued).is_err(), "nor is one read back");
         assert!(Schedule::from_def("x", &doc! {"kind": "cron"}).is_err());
         let offset = When::Every { every: Duration::from_secs(1), offset: Duration::from_secs(1) };
         assert!(Schedule::new("o", offset, NewTask::new("w", doc! {})).is_err(), "the offset must be shorter");

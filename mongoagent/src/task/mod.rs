@@ -207,9 +207,13 @@ impl NewTask {
     /// a debounced enqueue of its key in another group is
     /// [`AgentError::KeyHeldByAnother`].
     ///
+    /// A fan-in task ([`Outcome::then`](crate::Outcome::then)) is numbered
+    /// in its group when its parent returns it, takes no turn while its
+    /// follow-ups run, and waits for its group's turn, in that place, once
+    /// they have all ended. A schedule's ticks may be grouped too
+    /// ([`Schedule::new`](crate::schedule::Schedule::new)).
+    ///
     /// The key is 1 to [`MAX_GROUP_LEN`](crate::group::MAX_GROUP_LEN) bytes.
-    /// Not yet for schedules' ticks nor fan-in (`then`) tasks
-    /// ([`AgentError::InvalidTask`]).
     ///
     /// ```
     /// use mongoagent::NewTask;
@@ -257,9 +261,11 @@ impl NewTask {
         let timeout = self.timeout.map(timeout_ms).transpose()?;
         if let Some(g) = &self.group {
             crate::group::check(&self.agent_name, g)?;
-            if self.held || self.fan_in {
+            // Unreachable through a schedule, which refuses the pair: its
+            // ticks already wait for their group's turn, in order.
+            if self.held {
                 return Err(AgentError::InvalidTask(
-                    "a group is not yet supported on a schedule's tick or a fan-in (`then`) task".into(),
+                    "a grouped tick cannot also be held by its schedule's Overlap::Queue".into(),
                 ));
             }
         }
@@ -270,9 +276,10 @@ impl NewTask {
         d.insert(fields::AGENT_NAME, self.agent_name.as_str());
         d.insert(fields::READY, !self.fan_in && !self.held && self.group.is_none());
         if let Some(g) = &self.group {
-            // Numbered (`group_seq`) by the queue as it enqueues.
+            // Numbered (`group_seq`) by the queue as it enqueues. A fan-in
+            // task is held in its group once its follow-ups have ended.
             d.insert(fields::GROUP_KEY, g.as_str());
-            d.insert(fields::GROUP_HELD, true);
+            d.insert(if self.fan_in { fields::GROUP_AFTER_WAIT } else { fields::GROUP_HELD }, true);
         }
         if self.held {
             d.insert(fields::OVERLAP_HELD, true);

@@ -6,6 +6,7 @@
 mod dedupe;
 mod events;
 mod fencing;
+mod group_sources;
 mod groups;
 mod hold_back;
 mod input;
@@ -67,6 +68,11 @@ mod wait_backends {
 mod group_backends {
     //! Groups: a cap per group, enqueue order, repair, on every backend.
     store_test::on_all_backends!(crate::groups::groups_suite, std::time::Duration::from_secs(2));
+}
+
+mod group_sources_backends {
+    //! Groups for fan-in tasks and schedules' ticks, and chains of waits, on every backend.
+    store_test::on_all_backends!(crate::group_sources::group_sources_suite, std::time::Duration::from_secs(2));
 }
 
 mod dedupe_backends {
