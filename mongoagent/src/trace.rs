@@ -13,7 +13,8 @@
 //! | `mongoagent.complete`, `mongoagent.fail` | the outcome's write | the run |
 //!
 //! With the `otel` feature, a run span links to a `mongoagent.claim` span
-//! (made only for claims that got tasks, from the global tracer provider),
+//! (made only for claims that got tasks, from the global tracer provider or
+//! the one given to [`AgentBuilder::tracer_provider`](crate::AgentBuilder::tracer_provider)),
 //! and the context is read from, and written to, the `tracing-opentelemetry`
 //! layer (a process without the layer passes a run's stored context on, as
 //! it is, to what the run enqueues); without the feature, no
@@ -107,14 +108,31 @@ pub(crate) fn carried<F: std::future::Future>(fut: F) -> impl std::future::Futur
     fut
 }
 
-/// A claim that got `tasks` tasks, sent at `sent`.
-pub(crate) fn claimed(queue: &str, agent: &str, tasks: usize, sent: tokio::time::Instant) -> ClaimTrace {
+/// Where an agent's claim spans come from: the global tracer provider,
+/// unless its builder was given one
+/// ([`AgentBuilder::tracer_provider`](crate::AgentBuilder::tracer_provider)).
+#[derive(Clone, Default)]
+pub(crate) struct ClaimTracer {
     #[cfg(feature = "otel")]
-    return ClaimTrace { span: otel::claim_span(queue, agent, tasks, sent) };
-    #[cfg(not(feature = "otel"))]
-    {
-        let _ = (queue, agent, tasks, sent);
-        ClaimTrace::default()
+    pub(crate) provider: Option<std::sync::Arc<dyn opentelemetry::global::ObjectSafeTracerProvider + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ClaimTracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClaimTracer")
+    }
+}
+
+impl ClaimTracer {
+    /// A claim that got `tasks` tasks, sent at `sent`.
+    pub(crate) fn claimed(&self, queue: &str, agent: &str, tasks: usize, sent: tokio::time::Instant) -> ClaimTrace {
+        #[cfg(feature = "otel")]
+        return ClaimTrace { span: otel::claim_span(self.provider.as_deref(), queue, agent, tasks, sent) };
+        #[cfg(not(feature = "otel"))]
+        {
+            let _ = (queue, agent, tasks, sent);
+            ClaimTrace::default()
+        }
     }
 }
 
@@ -288,8 +306,9 @@ impl TraceContext {
 mod otel {
     use std::time::SystemTime;
 
+    use opentelemetry::global::BoxedTracer;
     use opentelemetry::trace::{SpanContext, SpanKind, Tracer, TracerProvider};
-    use opentelemetry::{Context, KeyValue};
+    use opentelemetry::{Context, InstrumentationScope, KeyValue};
     use tracing::Span;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -305,9 +324,10 @@ mod otel {
         }
     }
 
-    /// A `mongoagent.claim` span from the global tracer provider, from
-    /// `sent` to now, for a claim that got tasks.
+    /// A `mongoagent.claim` span from `provider` (else the global tracer
+    /// provider), from `sent` to now, for a claim that got tasks.
     pub(super) fn claim_span(
+        provider: Option<&(dyn opentelemetry::global::ObjectSafeTracerProvider + Send + Sync)>,
         queue: &str,
         agent: &str,
         tasks: usize,
@@ -316,7 +336,10 @@ mod otel {
         if tasks == 0 {
             return None;
         }
-        let tracer = opentelemetry::global::tracer_provider().tracer("mongoagent");
+        let tracer = match provider {
+            Some(p) => BoxedTracer::new(p.boxed_tracer(InstrumentationScope::builder("mongoagent").build())),
+            None => opentelemetry::global::tracer_provider().tracer("mongoagent"),
+        };
         let start = SystemTime::now().checked_sub(sent.elapsed()).unwrap_or_else(SystemTime::now);
         let mut span = tracer
             .span_builder("mongoagent.claim")

@@ -45,6 +45,7 @@ pub struct AgentBuilder<S> {
     global_concurrency: Option<u32>,
     rate_limit: Option<(u32, Duration)>,
     group_concurrency: Option<usize>,
+    tracer: crate::trace::ClaimTracer,
 }
 
 impl<S> std::fmt::Debug for AgentBuilder<S> {
@@ -77,6 +78,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
             global_concurrency: None,
             rate_limit: None,
             group_concurrency: None,
+            tracer: crate::trace::ClaimTracer::default(),
         }
     }
 
@@ -259,6 +261,33 @@ impl<S: Store + Clone> AgentBuilder<S> {
         self
     }
 
+    /// The tracer provider the agent's `mongoagent.claim` spans come from
+    /// (the `otel` feature; default: the global one,
+    /// [`opentelemetry::global::tracer_provider`]): for an application that
+    /// keeps a provider of its own, or several. The run spans are
+    /// `tracing` spans, exported through the `tracing-opentelemetry` layer
+    /// whatever this says.
+    ///
+    /// ```
+    /// use mongoagent::Agent;
+    /// use opentelemetry::trace::noop::NoopTracerProvider;
+    ///
+    /// # fn build(store: store_memory::MemoryStore) -> Result<(), mongoagent::AgentError> {
+    /// let agent = Agent::builder(store, "orders", "tasks").tracer_provider(NoopTracerProvider::new()).build()?;
+    /// # let _ = agent; Ok(()) }
+    /// ```
+    #[cfg(feature = "otel")]
+    #[must_use]
+    pub fn tracer_provider<P, T, Sp>(mut self, provider: P) -> Self
+    where
+        Sp: opentelemetry::trace::Span + Send + Sync + 'static,
+        T: opentelemetry::trace::Tracer<Span = Sp> + Send + Sync + 'static,
+        P: opentelemetry::trace::TracerProvider<Tracer = T> + Send + Sync + 'static,
+    {
+        self.tracer.provider = Some(std::sync::Arc::new(provider));
+        self
+    }
+
     /// How long a stopping agent lets in-flight tasks finish before it gives
     /// their claims back (default 30 s).
     #[must_use]
@@ -397,6 +426,7 @@ impl<S: Store + Clone> AgentBuilder<S> {
                     leases,
                     limits,
                     shutdown.clone(),
+                    self.tracer.clone(),
                 ),
                 finisher: super::finish::Finisher {
                     store: self.store.clone(),

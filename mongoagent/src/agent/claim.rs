@@ -56,6 +56,8 @@ pub(super) struct Claimer<S: Store + Clone> {
     shutdown: CancellationToken,
     /// The cluster-wide limits of the agent name (permits, starts per interval).
     pub(super) limits: Limits<S>,
+    /// Where claim spans come from (the `otel` feature).
+    tracer: crate::trace::ClaimTracer,
 }
 
 /// The changes that may make a task claimable, which wake an idle agent
@@ -231,6 +233,7 @@ impl<S: Store + Clone> Claimer<S> {
         leases: Leases<S>,
         limits: Limits<S>,
         shutdown: CancellationToken,
+        tracer: crate::trace::ClaimTracer,
     ) -> Self {
         Claimer {
             store: queue.store.clone(),
@@ -245,6 +248,7 @@ impl<S: Store + Clone> Claimer<S> {
             paused: Mutex::new(None),
             limits,
             shutdown,
+            tracer,
         }
     }
 
@@ -488,7 +492,7 @@ impl<S: Store + Clone> Claimer<S> {
             Take::One => self.store.claim(&self.queue.coll, &claim).await?.into_iter().collect(),
         };
         crate::metrics::claimed(&self.queue.coll, &self.name, sent.elapsed());
-        let trace = crate::trace::claimed(self.queue.coll.as_str(), &self.name, records.len(), sent);
+        let trace = self.tracer.claimed(self.queue.coll.as_str(), &self.name, records.len(), sent);
         let mut claimed = Vec::with_capacity(records.len());
         for record in records {
             // Kept like a lock's acquisition, by the agent's one `Leases`.

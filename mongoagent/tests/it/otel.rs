@@ -89,6 +89,23 @@ async fn a_follow_up_chain_continues_the_producers_trace() {
     assert_ne!(run_b.span_context.span_id(), SpanId::INVALID);
 }
 
+/// An application that keeps a tracer provider of its own (not the global
+/// one) gives it to the builder, and the agent's claim spans go to it.
+#[tokio::test]
+async fn claim_spans_come_from_the_builders_provider() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
+    let store = MemoryStore::new();
+    let q = Queue::new(store.clone(), "tasks").unwrap();
+    q.enqueue(NewTask::new("otel_own", doc! {})).await.unwrap();
+    let a = Agent::builder(store.clone(), "otel_own", "tasks").tracer_provider(provider.clone()).build().unwrap();
+    assert!(a.process(|_t: Task| async { Outcome::done() }).await.unwrap().is_some());
+    provider.force_flush().unwrap();
+    let spans = exporter.get_finished_spans().unwrap();
+    let claim = one(&spans, "mongoagent.claim", Some(("agent", "otel_own")));
+    assert_eq!(attr(claim, "messaging.batch.message_count"), Some(&Value::I64(1)));
+}
+
 #[tokio::test]
 async fn without_a_trace_nothing_is_written_and_a_foreign_context_is_ignored() {
     let store = MemoryStore::new();
