@@ -426,8 +426,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
                     leases,
                     limits,
                     shutdown.clone(),
-                    self.tracer.clone(),
-                ),
+                )
+                .with_tracer(self.tracer.clone()),
                 finisher: super::finish::Finisher {
                     store: self.store.clone(),
                     queue: queue.clone(),

@@ -233,7 +233,6 @@ impl<S: Store + Clone> Claimer<S> {
         leases: Leases<S>,
         limits: Limits<S>,
         shutdown: CancellationToken,
-        tracer: crate::trace::ClaimTracer,
     ) -> Self {
         Claimer {
             store: queue.store.clone(),
@@ -248,8 +247,14 @@ impl<S: Store + Clone> Claimer<S> {
             paused: Mutex::new(None),
             limits,
             shutdown,
-            tracer,
+            tracer: crate::trace::ClaimTracer::default(),
         }
+    }
+
+    /// Its claim spans from `tracer` (the `otel` feature).
+    pub(super) fn with_tracer(mut self, tracer: crate::trace::ClaimTracer) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// Gives a task's permit back once the task has ended

@@ -25,6 +25,7 @@ mod review_groups3;
 mod review_groups4;
 mod review_groups5;
 mod review_groups6;
+mod review_groups7;
 mod review_idle;
 mod review_otel;
 #[cfg(feature = "otel")]
@@ -126,6 +127,11 @@ mod review_groups6_backends {
     //! Sixth review of groups: debounced, prepared and follow-up tasks in
     //! groups, on every backend.
     store_test::on_all_backends!(crate::review_groups6::review_groups6_suite, std::time::Duration::from_secs(2));
+}
+
+mod review_groups7_backends {
+    //! Seventh review of groups: grouped fan-in tasks, chains, grouped ticks.
+    store_test::on_all_backends!(crate::review_groups7::review_groups7_suite, std::time::Duration::from_secs(2));
 }
 
 mod event_backends {
