@@ -790,7 +790,7 @@ pub(crate) mod cases {
                 inner(t)
             }
         };
-        work_w(h, &s, 2, 1, handler, 60, |st| st.completed >= n + 1).await;
+        work_w(h, &s, 2, 1, handler, 60, |st| st.completed > n).await;
         let order = order.lock().unwrap().clone();
         assert_eq!(order.len() as u64, n + 1, "each once: {order:?}");
         let ticks: Vec<i64> =
