@@ -174,7 +174,14 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async {
-        let result = run(cli).await;
+        // A signal, or the end of the process that started this one (an
+        // xtask killed by a signal sent to it alone), drops the run: the
+        // servers and processes it started stop with it (each is killed on
+        // drop), and no run goes on unseen to write its summary.
+        let result = tokio::select! {
+            result = run(cli) => result,
+            why = stopped() => Err(LabError::Stopped(why)),
+        };
         CLIENTS.close().await;
         result
     });
@@ -184,6 +191,30 @@ fn main() -> ExitCode {
             eprintln!("lab: {e}");
             ExitCode::from(EXIT_FAILED)
         }
+    }
+}
+
+/// Resolves on SIGINT, SIGTERM or SIGHUP, or once the process that started
+/// this one has gone (this one is given to another parent): what stopped it.
+async fn stopped() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let parent = std::os::unix::process::parent_id();
+    let orphaned = async move {
+        while std::os::unix::process::parent_id() == parent {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    };
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) =
+        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+    else {
+        orphaned.await;
+        return "the process that started it ended";
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+        _ = hup.recv() => "SIGHUP",
+        () = orphaned => "the process that started it ended",
     }
 }
 

@@ -75,7 +75,10 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
     let stem = if mode == Mode::Smoke { "smoke" } else { "summary" };
     let out = root().join("target").join("bench").join(format!("{stem}-{}.json", target.name()));
     let mut cmd = Command::new(bin.join("lab"));
-    cmd.args(["--uri", &uri, "--db", "mongocoord_bench", "bench", "--out"])
+    // The URI goes in the environment, not the command line, where `ps`
+    // would show a password in it to every user of the machine.
+    cmd.env("MONGODB_URI", &uri)
+        .args(["--db", "mongocoord_bench", "bench", "--out"])
         .arg(&out)
         .arg("--mongocoord")
         .arg(bin.join("mongocoord"))

@@ -56,12 +56,47 @@ pub(crate) fn venv() -> Result<PathBuf, String> {
 
 /// Runs a command to completion; an error unless it succeeds.
 pub(crate) fn run_cmd(cmd: &mut Command) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let status = cmd.status().map_err(|e| format!("{}: {e}", describe(cmd)))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("{cmd:?} failed ({status})"))
+        Err(format!("{} failed ({status})", describe(cmd)))
     }
+}
+
+/// A command as an error message shows it: its program and arguments, a
+/// URI among them masked (it may hold a password), and not its
+/// environment (which `{:?}` of a `Command` would print, values and all).
+fn describe(cmd: &Command) -> String {
+    use std::fmt::Write;
+    let mut out = format!("{:?}", cmd.get_program());
+    for a in cmd.get_args() {
+        let a = a.to_string_lossy();
+        if a.contains("://") {
+            out.push_str(" \"***\"");
+        } else {
+            let _ = write!(out, " {a:?}");
+        }
+    }
+    out
+}
+
+/// Stops `server` (a process this one started) once this process has
+/// gone, however it went (a signal, a panic): a small shell watchdog,
+/// which ends by itself when the server does. SIGTERM first, SIGKILL 5 s
+/// later (a server that does not stop on SIGTERM).
+fn stop_with_this_process(server: u32) {
+    let script = format!(
+        "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
+         kill {server} 2>/dev/null && sleep 5 && kill -9 {server} 2>/dev/null",
+        parent = std::process::id()
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
 }
 
 /// A server that is stopped when dropped (and its data directory removed).
@@ -213,6 +248,7 @@ pub(crate) fn start_rs() -> Result<(Server, String), String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start secantusd-rs: {e}"))?;
+    stop_with_this_process(child.id());
     let server = Server { child, data: Some(data) };
     wait_for(port, "secantusd-rs")?;
     Ok((server, uri(port)))
@@ -248,6 +284,7 @@ pub(crate) fn start(venv: &Path) -> Result<(Server, String), String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start SecantusDB: {e}"))?;
+    stop_with_this_process(child.id());
     let server = Server { child, data: None };
     wait_for(port, "SecantusDB")?;
     Ok((server, uri(port)))
