@@ -31,7 +31,7 @@ pub(crate) enum LabError {
     Invalid(String),
     /// Stopped before it ended, by a signal or by the end of the process
     /// that started it (which of them, as said); what it started is stopped.
-    #[error("stopped by {0}; the servers and processes it started are stopped too")]
+    #[error("stopped ({0}); the servers and processes it started are stopped too")]
     Stopped(&'static str),
     /// The server could not be used. `target` is the connection as it may be
     /// shown: the URI with its secrets hidden, and the database.

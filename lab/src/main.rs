@@ -208,13 +208,13 @@ async fn stopped() -> &'static str {
         (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
     else {
         orphaned.await;
-        return "the process that started it ended";
+        return "its parent process ended";
     };
     tokio::select! {
         _ = int.recv() => "SIGINT",
         _ = term.recv() => "SIGTERM",
         _ = hup.recv() => "SIGHUP",
-        () = orphaned => "the process that started it ended",
+        () = orphaned => "its parent process ended",
     }
 }
 
