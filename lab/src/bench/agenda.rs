@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::figures::{AgendaSetting, Figures, Section, AGENDA_SWEEP};
+use super::figures::{AgendaSetting, Figures, Section, AGENDA_SWEEP, SHAPES};
 use crate::error::LabError;
 use crate::server::{Server, ServerSpec};
 
@@ -53,7 +53,8 @@ pub(super) struct AgendaSize {
 /// best rate and its setting (`agenda_best_*`) and `agenda_pickup_ms_p50`.
 /// A setting that cannot run is reported as skipped; the others still count.
 pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, db: &str, size: AgendaSize) {
-    let mut best: Option<(f64, AgendaSetting)> = None;
+    let mut best: Option<(f64, AgendaSetting, bool)> = None;
+    let mut ran = false;
     for (i, setting) in AGENDA_SWEEP.iter().enumerate() {
         let picks = if i == 0 { size.picks } else { 0 };
         eprintln!(
@@ -96,16 +97,32 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
                 None => f.skip_figure("agenda_pickup_ms_p50", "no pickup seen within 30 s"),
             }
         }
-        if best.is_none_or(|(rate, _)| a.tasks_per_s > rate) {
-            best = Some((a.tasks_per_s, *setting));
+        ran = true;
+        if a.can_be_best() && best.is_none_or(|(rate, _, _)| a.tasks_per_s > rate) {
+            best = Some((a.tasks_per_s, *setting, a.timed_out));
         }
     }
     match best {
-        Some((rate, setting)) => {
+        Some((rate, setting, timed_out)) => {
             f.put("agenda_best_tasks_per_s", rate);
             f.put("agenda_best_lock_limit", f64::from(setting.lock_limit));
             f.put("agenda_best_process_every_ms", f64::from(setting.process_every_ms));
             f.put("agenda_best_concurrency", f64::from(setting.concurrency));
+            if timed_out {
+                // Its rate is of the jobs it did by the time limit.
+                f.put("agenda_best_timed_out", 1.0);
+            }
+        }
+        // A ratio to a peer that did nothing is no comparison (it would be
+        // infinite): the best and the ratios are skipped, saying why.
+        None if ran => {
+            let why = "no setting of Agenda's sweep completed a job within its time limit";
+            for name in ["tasks_per_s", "lock_limit", "process_every_ms", "concurrency"] {
+                f.skip_figure(&format!("agenda_best_{name}"), why);
+            }
+            for shape in SHAPES {
+                f.skip_figure(&format!("queue_{shape}_vs_agenda"), why);
+            }
         }
         None => f.skip(Section::Agenda, "no setting of the sweep ran"),
     }
@@ -175,6 +192,14 @@ struct AgendaRun {
     timed_out: bool,
 }
 
+impl AgendaRun {
+    /// Whether the run may stand for Agenda at its best: it completed jobs
+    /// (a timed-out run's rate is of those it did by the limit).
+    fn can_be_best(&self) -> bool {
+        self.tasks_per_s.is_finite() && self.tasks_per_s > 0.0 && self.completed.is_none_or(|c| c > 0.0)
+    }
+}
+
 /// Runs the Agenda harness at `setting` on `peer`'s server, in a database of
 /// its own (the script drops it first), and parses its one JSON line.
 async fn run(
@@ -228,4 +253,22 @@ async fn run(
         completed: num("completed").ok(),
         timed_out: v.get("timed_out").and_then(Value::as_bool).unwrap_or(false),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgendaRun;
+
+    fn run(tasks_per_s: f64, completed: Option<f64>, timed_out: bool) -> AgendaRun {
+        AgendaRun { tasks_per_s, commands_per_task: 3.0, pickup_ms_p50: None, completed, timed_out }
+    }
+
+    #[test]
+    fn a_setting_that_completed_no_job_is_never_the_best() {
+        assert!(run(42.0, Some(400.0), false).can_be_best());
+        assert!(run(0.8, Some(144.0), true).can_be_best(), "a timed-out run's rate is of what it did");
+        assert!(!run(0.0, Some(0.0), true).can_be_best());
+        assert!(!run(f64::NAN, None, false).can_be_best());
+        assert!(!run(f64::INFINITY, None, false).can_be_best());
+    }
 }
