@@ -32,23 +32,43 @@ pub(crate) enum Mode {
     Full,
 }
 
+/// `cargo xtask bench`'s arguments: the mode and the server, or why they
+/// are refused.
+pub(crate) fn parse_args(args: &[String]) -> Result<(Mode, Target), String> {
+    check_args(args)?;
+    let target = Target::from_args(args)?;
+    let mode = match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
+        (true, true) => return Err("--smoke and --quick exclude each other".into()),
+        (true, false) => Mode::Smoke,
+        (false, true) => Mode::Quick,
+        (false, false) => Mode::Full,
+    };
+    Ok((mode, target))
+}
+
 /// Refuses what `cargo xtask bench` does not know: a typo such as `--qiuck`
-/// would otherwise start a full run, which takes the better part of an hour.
-pub(crate) fn check_args(args: &[String]) -> Result<(), String> {
+/// would otherwise start a full run, which takes the better part of an hour;
+/// and a second `--server`, which would otherwise be ignored.
+fn check_args(args: &[String]) -> Result<(), String> {
     let mut rest = args.iter();
+    let mut servers = 0;
     while let Some(a) = rest.next() {
         match a.as_str() {
             "--quick" | "--smoke" => {}
             "--server" => {
+                servers += 1;
                 rest.next();
             }
-            s if s.starts_with("--server=") => {}
+            s if s.starts_with("--server=") => servers += 1,
             other => {
                 return Err(format!(
                     "bench: unknown argument {other:?} (give --quick, --smoke, --server py|rs|URI; none for a full run)"
                 ))
             }
         }
+    }
+    if servers > 1 {
+        return Err("bench: give --server once".into());
     }
     Ok(())
 }
@@ -219,6 +239,32 @@ fn agenda(install: bool) -> Option<PathBuf> {
         Err(e) => {
             eprintln!("no Agenda harness ({e}): the Agenda figures are skipped");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_args, Mode, Target};
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn bench_arguments_are_checked_before_anything_runs() {
+        assert!(matches!(parse_args(&args(&["--smoke", "--server", "rs"])), Ok((Mode::Smoke, Target::Rs))));
+        assert!(matches!(parse_args(&args(&["--quick", "--server=py"])), Ok((Mode::Quick, Target::Py))));
+        let refused: [&[&str]; 6] = [
+            &["--qiuck"],
+            &["--smoke", "--quick"],
+            &["--server", "py", "--server", "bogus"],
+            &["--server=py", "--server", "rs"],
+            &["--server", "bogus"],
+            &["--server"],
+        ];
+        for bad in refused {
+            assert!(parse_args(&args(bad)).is_err(), "{bad:?}");
         }
     }
 }

@@ -67,14 +67,17 @@ fn main() -> ExitCode {
             eprintln!("{USAGE}");
             return ExitCode::SUCCESS;
         }
-        Some("bench") => bench::check_args(&args[1..]).and_then(|()| server::Target::from_args(&args[1..])).and_then(
-            |target| match (args.iter().any(|a| a == "--smoke"), args.iter().any(|a| a == "--quick")) {
-                (true, true) => Err("--smoke and --quick exclude each other".into()),
-                (true, false) => bench::run(bench::Mode::Smoke, &target, std::env::var_os("CI").is_some()),
-                (false, true) => bench::run(bench::Mode::Quick, &target, false),
-                (false, false) => bench::run(bench::Mode::Full, &target, false),
-            },
-        ),
+        Some("bench") => match bench::parse_args(&args[1..]) {
+            // Arguments refused are a usage error (2), as clap's are, told
+            // apart from a run that failed (1).
+            Err(e) => return usage_error(&e),
+            Ok((mode, target)) => {
+                bench::run(mode, &target, mode == bench::Mode::Smoke && std::env::var_os("CI").is_some())
+            }
+        },
+        Some("bench-table") if args.len() > 1 => {
+            return usage_error("bench-table takes no arguments: it reads target/bench/summary-{py,rs}.json")
+        }
         Some("bench-table") => bench::table(),
         Some("bench-report") => bench::report(&args[1..]),
         Some("chaos") => chaos::run(&args[1..]),
@@ -94,6 +97,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Says what was refused, and the usage; exit status 2.
+fn usage_error(what: &str) -> ExitCode {
+    eprintln!("xtask: {what}\n{USAGE}");
+    ExitCode::from(2)
 }
 
 fn str_refs(v: &[String]) -> Vec<&str> {
