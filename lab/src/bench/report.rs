@@ -96,7 +96,14 @@ fn shown(v: Option<f64>) -> String {
 fn change(figure: &str, before: Option<f64>, after: Option<f64>) -> String {
     let (Some(b), Some(a)) = (before, after) else { return "–".into() };
     if b == 0.0 {
-        return if a == 0.0 { "same".into() } else { "–".into() };
+        // No ratio to 0, but the change still has a direction.
+        return match better(figure) {
+            _ if a == 0.0 => "same".into(),
+            Better::Neither => "from 0".into(),
+            Better::Higher if a > 0.0 => "from 0, better".into(),
+            Better::Lower if a < 0.0 => "from 0, better".into(),
+            _ => "from 0, **worse**".into(),
+        };
     }
     let ratio = a / b;
     let verdict = match better(figure) {
@@ -136,6 +143,8 @@ fn render(summaries: &[(String, Value)]) -> String {
             .iter()
             .map(|(_, s)| match (target.server, number(s, target.figure)) {
                 (Some(server), _) if text(s, "server_name") != server => "n/a".into(),
+                // A smoke run's figures are of a tiny size, on a debug build.
+                (_, Some(v)) if text(s, "mode") == "smoke" => format!("{} (smoke: not judged)", shown(Some(v))),
                 (_, None) => "–".into(),
                 (_, Some(v)) => {
                     let met = if target.at_most { v <= target.bound } else { v >= target.bound };
@@ -171,6 +180,13 @@ pub(crate) fn write(out: &Path, summaries: &[&Path]) -> Result<(), LabError> {
             std::fs::read_to_string(path).map_err(|e| LabError::io(format!("cannot read {}", path.display()), e))?;
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| LabError::Unreadable(format!("{} is not a bench summary: {e}", path.display())))?;
+        // JSON that is no summary would make a report of dashes.
+        if ["server", "mode"].iter().any(|k| value.get(k).and_then(Value::as_str).is_none()) {
+            return Err(LabError::Unreadable(format!(
+                "{} is not a bench summary: it has no \"server\" and \"mode\"",
+                path.display()
+            )));
+        }
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         read.push((name, value));
     }
@@ -182,6 +198,21 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn json_that_is_no_summary_is_refused() {
+        let dir = std::env::temp_dir().join(format!("lab-bench-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (empty, out) = (dir.join("empty.json"), dir.join("report.md"));
+        std::fs::write(&empty, "{}").unwrap();
+        let refused = write(&out, &[empty.as_path()]);
+        assert!(
+            matches!(&refused, Err(LabError::Unreadable(m)) if m.contains("is not a bench summary")),
+            "{refused:?}"
+        );
+        assert!(!out.exists(), "no report of dashes");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn directions_follow_the_figures_meaning() {
@@ -202,6 +233,9 @@ mod tests {
         assert_eq!(change("queue_per_agent_tasks_per_s", Some(100.0), Some(103.0)), "1.03× same");
         assert_eq!(change("queue_tasks", Some(400.0), Some(2000.0)), "5.00×");
         assert_eq!(change("pickup_ms_p50", None, Some(8.0)), "–");
+        assert_eq!(change("idle_agent_cpu_s_per_min", Some(0.0), Some(0.3)), "from 0, **worse**");
+        assert_eq!(change("queue_per_agent_tasks_per_s", Some(0.0), Some(3.0)), "from 0, better");
+        assert_eq!(change("queue_tasks", Some(0.0), Some(0.0)), "same");
     }
 
     #[test]
@@ -213,5 +247,8 @@ mod tests {
         assert!(report.contains("| `pickup_ms_p50` ≤ 10 (on rs) | 12.0 ✗ | 9.000 ✓ |"), "{report}");
         assert!(report.contains("| `lock_vs_minimal_pipeline` | 1.040 | 0.980 | 0.94× better |"), "{report}");
         assert!(report.contains("| commit | aaa | bbb |"), "{report}");
+        let smoke = json!({"server": "secantusd-rs", "server_name": "rs", "mode": "smoke", "pickup_ms_p50": 9.0});
+        let report = render(&[("smoke.json".into(), smoke)]);
+        assert!(report.contains("| `pickup_ms_p50` ≤ 10 (on rs) | 9.000 (smoke: not judged) |"), "{report}");
     }
 }
