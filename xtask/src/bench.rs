@@ -78,7 +78,7 @@ fn check_args(args: &[String]) -> Result<(), String> {
 /// there yet (`.ci/run` provides `node` and `npm`).
 pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), String> {
     let profile = if mode == Mode::Smoke {
-        crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
+        debug_lab()?;
         "debug"
     } else {
         crate::cargo(&["build", "--release", "-p", "mongocoord", "-p", "lab"], &[])?;
@@ -146,7 +146,7 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
 /// `cargo xtask bench-table`: the README's Performance table from the
 /// summaries of full runs on each server there is one of (`lab bench-table`).
 pub(crate) fn table() -> Result<(), String> {
-    crate::cargo(&["build", "-p", "lab"], &[("RUSTFLAGS", "-Dwarnings")])?;
+    debug_lab()?;
     let summaries = full_run_summaries()?;
     run_cmd(
         Command::new(root().join("target").join("debug").join("lab"))
@@ -162,7 +162,7 @@ pub(crate) fn table() -> Result<(), String> {
 /// the targets checked (`lab bench-report`). Without summaries: those of
 /// full runs on each server there is one of.
 pub(crate) fn report(summaries: &[String]) -> Result<(), String> {
-    crate::cargo(&["build", "-p", "lab"], &[("RUSTFLAGS", "-Dwarnings")])?;
+    debug_lab()?;
     let summaries =
         if summaries.is_empty() { full_run_summaries()? } else { summaries.iter().map(PathBuf::from).collect() };
     let out = root().join("target").join("bench").join("report.md");
@@ -173,6 +173,13 @@ pub(crate) fn report(summaries: &[String]) -> Result<(), String> {
             .arg(&out)
             .args(&summaries),
     )
+}
+
+/// The debug `lab`, built as the smoke run (and the tests) build it: with
+/// `mongocoord` beside it, so that the features of their dependencies, and
+/// so the build, are the same, and a table after a smoke run builds nothing.
+fn debug_lab() -> Result<(), String> {
+    crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])
 }
 
 /// The summaries of the last full run on each server there is one of.
