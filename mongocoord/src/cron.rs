@@ -101,9 +101,17 @@ pub(crate) struct CronArgs {
     /// out after …" (tried again up to --max-attempts)
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
+    /// Seconds an ended tick's task is kept (its outcome, for `schedules`
+    /// and `tasks`) before the server deletes it; 0 keeps them for ever.
+    /// Without a limit a schedule keeps one document per tick for ever.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_RETAIN_S)]
+    retain: f64,
     #[command(flatten)]
     command: crate::args::Command,
 }
+
+/// How long `cron` keeps an ended tick's task by default: a week.
+pub(crate) const DEFAULT_RETAIN_S: f64 = 7.0 * 24.0 * 3600.0;
 
 impl CronArgs {
     /// The options shared with the other runners.
@@ -114,7 +122,16 @@ impl CronArgs {
     /// The runner's lease, grace and command, checked.
     pub(crate) fn run(&self) -> Result<Run<'_>, CliError> {
         self.timeout()?;
+        self.retain()?;
         self.command.run(self.lease)
+    }
+
+    /// `--retain`, checked: `None` (0) keeps ended ticks for ever.
+    fn retain(&self) -> Result<Option<std::time::Duration>, CliError> {
+        if self.retain == 0.0 {
+            return Ok(None);
+        }
+        crate::args::seconds("retain", self.retain, false).map(Some)
     }
 
     /// `--timeout`, checked.
@@ -223,6 +240,7 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
         max_tasks: None,
         timeout: a.timeout()?,
         limits: None,
+        retain: a.retain()?,
     };
     let agent = runners::agent_builder(store, &name, &a.queue, opts, run).build().map_err(CliError::CronLine)?;
     let signal = supervise::on_signal();
@@ -293,6 +311,15 @@ mod tests {
             schedule(&["t", "* * * * *", "--", "x"]).unwrap().when(),
             &When::Cron { expr: "* * * * *".into(), zone: "UTC".into() }
         );
+    }
+
+    #[test]
+    fn ended_ticks_are_kept_a_week_unless_told() {
+        let retain = |line: &[&str]| parse(&[&["t", "--every", "1"], line, &["--", "x"]].concat()).unwrap().retain();
+        assert_eq!(retain(&[]).unwrap(), Some(Duration::from_secs(7 * 24 * 3600)));
+        assert_eq!(retain(&["--retain", "60"]).unwrap(), Some(Duration::from_secs(60)));
+        assert_eq!(retain(&["--retain", "0"]).unwrap(), None, "0 keeps them for ever");
+        assert!(retain(&["--retain=-5"]).is_err());
     }
 
     #[test]

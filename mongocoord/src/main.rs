@@ -294,8 +294,8 @@ enum Cmd {
     /// A queue's schedules: spec, zone, next tick, last tick and how its task
     /// went, paused.
     Schedules {
-        /// The queue collection.
-        #[arg(long)]
+        /// The queue collection (default: `cron`'s).
+        #[arg(long, default_value = crate::cron::DEFAULT_QUEUE)]
         queue: String,
         /// The schedules collection (default: `<queue>_schedules`).
         #[arg(long)]
@@ -308,8 +308,8 @@ enum Cmd {
         action: schedules::Action,
         /// The schedule's name.
         name: String,
-        /// The queue collection.
-        #[arg(long)]
+        /// The queue collection (default: `cron`'s).
+        #[arg(long, default_value = crate::cron::DEFAULT_QUEUE)]
         queue: String,
         /// The schedules collection (default: `<queue>_schedules`).
         #[arg(long)]
@@ -506,8 +506,8 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             let run = command.run(lease)?;
             let prefetch = prefetch.map(usize::from);
             let timeout = timeout.map(|t| args::seconds("timeout", t, false)).transpose()?;
-            let limits = Some(limits);
-            let opts = runners::AgentOpts { concurrency, prefetch, max_attempts, max_tasks, timeout, limits };
+            let (limits, retain) = (Some(limits), None);
+            let opts = runners::AgentOpts { concurrency, prefetch, max_attempts, max_tasks, timeout, limits, retain };
             runners::agent(connect(uri, db).await?, &name, &queue, opts, &run).await
         }
         Cmd::Cron(args) => {

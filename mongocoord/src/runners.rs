@@ -183,6 +183,9 @@ pub(crate) struct AgentOpts {
     pub(crate) timeout: Option<Duration>,
     /// The agent name's cluster-wide limits, if any.
     pub(crate) limits: Option<crate::args::Limits>,
+    /// How long ended tasks are kept before the server deletes them
+    /// (`None`: for ever).
+    pub(crate) retain: Option<Duration>,
 }
 
 /// The task as JSON for the command's stdin (relaxed extended JSON).
@@ -291,6 +294,9 @@ pub(crate) fn agent_builder(
     }
     if let Some(n) = o.prefetch {
         b = b.prefetch(n);
+    }
+    if let Some(d) = o.retain {
+        b = b.retain_finished(d);
     }
     if let Some(n) = o.limits.and_then(|l| l.global_concurrency) {
         b = b.global_concurrency(n);

@@ -3,7 +3,7 @@
 
 use mongoagent::schedule::{Missed, Overlap, ScheduleInfo, Schedules, When};
 use serde_json::{json, Value};
-use store_trait::{Collection, Key, Store, StoreTime};
+use store_trait::{Collection, Key, Query, Store, StoreTime};
 
 use crate::error::CliError;
 
@@ -76,6 +76,11 @@ pub(crate) async fn rows<S: Store + Clone>(
             Some(t) => Some(outcome(store, s.queue().collection(), t).await?),
             None => None,
         };
+        // How much of its history is kept: its ended ticks' tasks (`cron
+        // --retain` deletes them a while after they end).
+        let ended =
+            bson::doc! { mongoagent::fields::SCHEDULE: info.schedule.name(), mongoagent::fields::COMPLETE: true };
+        let kept = store.count(s.queue().collection(), &Query::eq(ended)).await?;
         out.push(json!({
             "name": info.schedule.name(),
             "agent": info.schedule.agent_name(),
@@ -95,6 +100,7 @@ pub(crate) async fn rows<S: Store + Clone>(
             "last_tick": time(info.last_tick),
             "last_task": info.last_task,
             "last_outcome": last_outcome,
+            "ended_kept": kept,
         }));
     }
     Ok(out)
@@ -120,8 +126,8 @@ pub(crate) async fn list<S: Store + Clone>(
         println!("{}", Value::Array(rows));
         return Ok(0);
     }
-    let header = ["NAME", "SPEC", "ZONE", "NEXT TICK", "LAST TICK", "OUTCOME", "PAUSED"];
-    let keys = ["name", "spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"];
+    let header = ["NAME", "SPEC", "ZONE", "NEXT TICK", "LAST TICK", "OUTCOME", "ENDED KEPT", "PAUSED"];
+    let keys = ["name", "spec", "zone", "next_tick", "last_tick", "last_outcome", "ended_kept", "paused"];
     let table: Vec<Vec<String>> = rows.iter().map(|r| keys.iter().map(|k| cell(&r[*k])).collect()).collect();
     crate::terminal::print_table(&header, &table);
     Ok(0)

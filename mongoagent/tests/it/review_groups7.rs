@@ -648,9 +648,13 @@ pub(crate) mod cases {
     /// is refused, naming it; one in another group is not.
     pub(crate) async fn a_follow_up_behind_a_twice_extended_wait_is_refused<H: Harness>(h: &H) {
         let s = h.store("ag_rg7_extended").await;
+        // Each step is one `process` call, in order: a claim that lapsed
+        // under a loaded server (the real server's harness leases for
+        // 600 ms) would be run again and shift the steps.
+        let ttl = h.ttl().max(Duration::from_secs(10));
         let q = Queue::new(s.clone(), "tasks").unwrap();
         let (top, _) = q.enqueue(grouped("g", 0)).await.unwrap();
-        let w = agent(&s, h.ttl(), Some(1), &CancellationToken::new());
+        let w = agent(&s, ttl, Some(1), &CancellationToken::new());
         let top_handler = |t: Task| async move {
             if t.round() > 0 {
                 return Outcome::done();
@@ -659,7 +663,7 @@ pub(crate) mod cases {
         };
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert_eq!(process_one(&w, top_handler).await, Processed::Waiting(top.clone()));
-        let x = plain(&s, "x", h.ttl());
+        let x = plain(&s, "x", ttl);
         let step = |t: Task| async move {
             match t.data().get_str("step").unwrap() {
                 "a" => Outcome::done()

@@ -102,6 +102,7 @@ fn bad_schedules_are_usage_errors() {
         (&[][..], "a cron expression or --every"),
         (&["* * * * *", "--overlap", "sometimes"][..], "invalid value 'sometimes'"),
         (&["* * * * *", "--missed", "most"][..], "invalid value 'most'"),
+        (&["* * * * *", "--retain=-1"][..], "--retain"),
     ] {
         let out = std::process::Command::new(BIN)
             .args(["--uri", &uri, "cron", "job"])
@@ -147,4 +148,35 @@ fn lines_sharing_a_name_with_different_commands_are_told() {
         signal(&p, "-TERM");
         assert!(p.wait().unwrap().success());
     }
+}
+
+/// A cron line keeps an ended tick's task for `--retain` (a week by
+/// default): the server deletes it after that (`gc_at`), where it kept one
+/// per tick for ever; `schedules`, on `cron`'s queue without `--queue`,
+/// says how many are kept.
+#[test]
+fn ended_ticks_are_kept_for_their_retention_and_counted() {
+    let Some(e) = env("cron_retain") else { return };
+    let mut cron = e.spawn(&["cron", "keep", "--every", "1", "--retain", "3600", "--", "true"]);
+    wait_until("two ticks ran", Duration::from_secs(30), || {
+        e.json(&["tasks", "--queue", "cron", "--agent", "keep"])["keep"]["completed"].as_u64().unwrap_or(0) >= 2
+    });
+    signal(&cron, "-TERM");
+    assert!(cron.wait().unwrap().success());
+    // Read with the driver: `gc_at` is the store's field, not the task's.
+    let ended: Vec<bson::Document> = e.on_db(async |db| {
+        use futures::TryStreamExt;
+        let tasks = db.collection::<bson::Document>("cron");
+        tasks.find(bson::doc! { "schedule": "keep", "complete": true }).await.unwrap().try_collect().await.unwrap()
+    });
+    assert!(ended.len() >= 2, "{ended:?}");
+    for t in &ended {
+        let (ended_at, gc) = (t.get_datetime("completed_at").unwrap(), t.get_datetime("gc_at"));
+        let gc = gc.unwrap_or_else(|_| panic!("an ended tick is marked for deletion: {t:?}"));
+        let kept = gc.timestamp_millis() - ended_at.timestamp_millis();
+        assert!((3_500_000..=3_700_000).contains(&kept), "kept {kept} ms: {t:?}");
+    }
+    let rows = e.json(&["schedules"]);
+    let row = rows.as_array().unwrap().iter().find(|r| r["name"] == "keep").unwrap().clone();
+    assert!(row["ended_kept"].as_u64().unwrap() >= 2, "{row}");
 }
