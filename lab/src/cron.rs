@@ -126,7 +126,8 @@ impl Crons {
     fn spawn(&self) -> Result<Child, LabError> {
         let script = format!("echo \"$MONGOCOORD_TICK $MONGOCOORD_FENCE\" >> '{}'", self.ledger.display());
         tokio::process::Command::new(&self.bin)
-            .args(["--uri", &self.uri, "--db", &self.db, "cron", NAME, SPEC, "--queue", QUEUE])
+            .env("MONGODB_URI", &self.uri)
+            .args(["--db", &self.db, "cron", NAME, SPEC, "--queue", QUEUE])
             .args(["--overlap", "allow", "--ttl", "3", "--max-attempts", "20", "--", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -56,7 +56,8 @@ pub(crate) async fn measure(
     let mut procs = Vec::new();
     for _ in 0..3 {
         let p = tokio::process::Command::new(mongocoord)
-            .args(["--uri", uri, "--db", db, "cron", NAME, "* * * * * *", "--queue", QUEUE, "--overlap", "allow"])
+            .env("MONGODB_URI", uri)
+            .args(["--db", db, "cron", NAME, "* * * * * *", "--queue", QUEUE, "--overlap", "allow"])
             .args(["--", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -102,9 +102,10 @@ pub(crate) struct CronArgs {
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
     /// Seconds an ended tick's task is kept (its outcome, for `schedules`
-    /// and `tasks`) before the server deletes it; 0 keeps them for ever.
-    /// Without a limit a schedule keeps one document per tick for ever.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_RETAIN_S)]
+    /// and `tasks`) before the server deletes it: at least 3600, or 0 to keep
+    /// them for ever. Without a limit a schedule keeps one document per tick
+    /// for ever. Give every line of a schedule the same value.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_RETAIN_S, allow_negative_numbers = true)]
     retain: f64,
     #[command(flatten)]
     command: crate::args::Command,
@@ -112,6 +113,13 @@ pub(crate) struct CronArgs {
 
 /// How long `cron` keeps an ended tick's task by default: a week.
 pub(crate) const DEFAULT_RETAIN_S: f64 = 7.0 * 24.0 * 3600.0;
+
+/// The shortest `--retain`: an hour. A tick is one task because its id is
+/// taken while its task exists; once deleted, a scheduler that read the
+/// schedule before the tick was recorded, and stalled (paused, swapped out)
+/// until after the deletion, would enqueue it again. The floor puts that
+/// stall at over an hour (docs/invariants.md).
+pub(crate) const MIN_RETAIN_S: f64 = 3600.0;
 
 impl CronArgs {
     /// The options shared with the other runners.
@@ -131,7 +139,19 @@ impl CronArgs {
         if self.retain == 0.0 {
             return Ok(None);
         }
-        crate::args::seconds("retain", self.retain, false).map(Some)
+        let d = crate::args::seconds("retain", self.retain, false)?;
+        if self.retain < MIN_RETAIN_S {
+            return Err(CliError::invalid(format!(
+                "--retain must be 0 (for ever) or at least {MIN_RETAIN_S} seconds (an hour), not {}: a scheduler stalled for longer than the retention could enqueue a deleted tick again",
+                self.retain
+            )));
+        }
+        Ok(Some(d))
+    }
+
+    /// `--retain` in seconds as the definition records it (0: for ever).
+    fn retain_s(&self) -> Result<f64, CliError> {
+        Ok(self.retain()?.map_or(0.0, |d| d.as_secs_f64()))
     }
 
     /// `--timeout`, checked.
@@ -155,8 +175,10 @@ impl CronArgs {
             _ => return Err(CliError::invalid("give a cron expression or --every SECONDS")),
         };
         // The command is part of the definition: a line with another command
-        // changes it, and is told so (`warn_of_another_command`).
-        let task = NewTask::new(self.name.clone(), doc! { COMMAND: self.command.cmd.clone() });
+        // changes it, and is told so (`warn_of_another_command`); so is the
+        // retention, which each line applies to the ticks it runs.
+        let task =
+            NewTask::new(self.name.clone(), doc! { COMMAND: self.command.cmd.clone(), RETAIN: self.retain_s()? });
         let mut s = Schedule::new(self.name.clone(), when, task).map_err(CliError::CronLine)?;
         s = s
             .overlap(match self.overlap {
@@ -181,6 +203,10 @@ impl CronArgs {
 /// the command line that defined it.
 const COMMAND: &str = "command";
 
+/// The field of a schedule's definition (and of its ticks' tasks) that holds
+/// the `--retain` of the line that defined it, in seconds (0: for ever).
+const RETAIN: &str = "retain_s";
+
 /// The command a schedule's definition or a tick's task names, if any.
 fn command_of(data: &bson::Document) -> Option<Vec<String>> {
     let items = data.get_array(COMMAND).ok()?;
@@ -198,6 +224,19 @@ fn warn_of_another_command(name: &str, theirs: &[String], ours: &[String], when:
     eprintln!(
         "mongocoord: schedule {} {when} {theirs:?}, but this line runs {ours:?}: lines that share a schedule's name should run the same command",
         crate::terminal::safe(name)
+    );
+}
+
+/// Lines of one schedule with different `--retain`s keep its ended ticks
+/// for as long as the line that ran each says: its history would have gaps.
+fn warn_of_another_retention(name: &str, theirs: f64, ours: f64) {
+    tracing::warn!(schedule = name, theirs, ours, "a schedule shared by lines with different retention");
+    let says = |s: f64| if s == 0.0 { "for ever".to_owned() } else { format!("{s} s") };
+    eprintln!(
+        "mongocoord: schedule {} was defined by another line to keep ended ticks {}, but this line keeps those it runs {}: lines that share a schedule's name should give the same --retain",
+        crate::terminal::safe(name),
+        says(theirs),
+        says(ours)
     );
 }
 
@@ -227,8 +266,13 @@ pub(crate) async fn cron(store: MongoStore, a: &CronArgs, schedule: Schedule, ru
     let schedules = Schedules::new(store.clone(), &a.queue).map_err(CliError::CronLine)?;
     let ours = a.command.cmd.clone();
     let before = schedules.get(&name).await?;
-    if let Some(theirs) = before.and_then(|b| command_of(b.schedule.data())).filter(|t| *t != ours) {
+    let before = before.map(|b| b.schedule.data().clone());
+    if let Some(theirs) = before.as_ref().and_then(command_of).filter(|t| *t != ours) {
         warn_of_another_command(&name, &theirs, &ours, "was defined by another line to run");
+    }
+    let retain_s = a.retain_s()?;
+    if let Some(theirs) = before.as_ref().and_then(|d| d.get_f64(RETAIN).ok()).filter(|t| *t != retain_s) {
+        warn_of_another_retention(&name, theirs, retain_s);
     }
     if let Upserted::Changed(v) = schedules.upsert(&schedule).await? {
         eprintln!("mongocoord: schedule {name} changed to this line's definition (version {v})");
@@ -317,9 +361,15 @@ mod tests {
     fn ended_ticks_are_kept_a_week_unless_told() {
         let retain = |line: &[&str]| parse(&[&["t", "--every", "1"], line, &["--", "x"]].concat()).unwrap().retain();
         assert_eq!(retain(&[]).unwrap(), Some(Duration::from_secs(7 * 24 * 3600)));
-        assert_eq!(retain(&["--retain", "60"]).unwrap(), Some(Duration::from_secs(60)));
+        assert_eq!(retain(&["--retain", "3600"]).unwrap(), Some(Duration::from_secs(3600)));
         assert_eq!(retain(&["--retain", "0"]).unwrap(), None, "0 keeps them for ever");
+        for short in ["60", "3599.9", "0.0005"] {
+            let e = retain(&["--retain", short]).unwrap_err().to_string();
+            assert!(e.contains("--retain") && e.contains("at least 3600"), "{short}: {e}");
+        }
         assert!(retain(&["--retain=-5"]).is_err());
+        let negative = retain(&["--retain", "-5"]).unwrap_err().to_string();
+        assert!(negative.contains("--retain must be"), "{negative}");
     }
 
     #[test]

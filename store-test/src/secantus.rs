@@ -6,6 +6,7 @@
 //! which `xtask` (std only, no dependency on this crate) reads with
 //! `include_str!` too, for the lab's venv.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,7 +71,8 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 /// Starts an in-memory SecantusDB for this process, and returns its port on
 /// 127.0.0.1. A small shell watchdog stops the server when this process
-/// exits, however it exits, and removes the server's log if it is empty
+/// exits, however it exits (SIGTERM, then SIGKILL after 5 s: a server busy
+/// in a long request may not heed the first), and removes the server's log if it is empty
 /// (one is made per server, and test runs start hundreds).
 pub(crate) fn start() -> Result<u16, String> {
     let bin = install()?;
@@ -79,12 +81,17 @@ pub(crate) fn start() -> Result<u16, String> {
     let script = format!(
         "'{bin}' --port {port} --storage-path :memory: --enable-test-commands --log-level WARNING >'{log}' 2>&1 & s=$!; \
          while kill -0 {parent} 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; kill $s 2>/dev/null; \
+         n=0; while kill -0 $s 2>/dev/null && [ $n -lt 5 ]; do sleep 1; n=$((n+1)); done; kill -9 $s 2>/dev/null; \
          wait $s 2>/dev/null; [ -s '{log}' ] || rm -f '{log}'",
         bin = bin.display(),
         log = log.display(),
         parent = std::process::id()
     );
+    // In a process group of its own, so that a signal to the tests' group
+    // (a CI runner stopping them) does not take the watchdog with them and
+    // leave the server running: the watchdog sees them gone and stops it.
     Command::new("sh")
+        .process_group(0)
         .args(["-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -43,7 +43,9 @@
 //! into `target/` and stops when the tests exit).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 mod bench;
@@ -116,7 +118,7 @@ pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
     for (k, v) in env {
-        cmd.env(k, v);
+        add_flags(&mut cmd, k, v, |name| std::env::var(name).ok());
     }
     let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
     eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
@@ -124,5 +126,101 @@ pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
+}
+
+/// Sets `key` to `value` for `cmd`, except that flags are added to the
+/// user's own (`RUSTFLAGS=-Ctarget-cpu=native cargo xtask ci` keeps them),
+/// and go into `CARGO_ENCODED_RUSTFLAGS` where the user set that, since
+/// cargo then ignores `RUSTFLAGS`.
+fn add_flags(cmd: &mut Command, key: &str, value: &str, var: impl Fn(&str) -> Option<String>) {
+    let (key, value) = flags_for(key, value, var);
+    cmd.env(key, value);
+}
+
+/// The variable and value [`add_flags`] sets.
+fn flags_for(key: &str, value: &str, var: impl Fn(&str) -> Option<String>) -> (String, String) {
+    let has = |k: &str| var(k).filter(|v| !v.trim().is_empty());
+    match key {
+        "RUSTFLAGS" => match (has("CARGO_ENCODED_RUSTFLAGS"), has("RUSTFLAGS")) {
+            (Some(enc), _) => {
+                let ours: Vec<&str> = value.split_whitespace().collect();
+                ("CARGO_ENCODED_RUSTFLAGS".into(), format!("{enc}\x1f{}", ours.join("\x1f")))
+            }
+            (None, Some(user)) => (key.into(), format!("{user} {value}")),
+            (None, None) => (key.into(), value.into()),
+        },
+        "RUSTDOCFLAGS" => match has(key) {
+            Some(user) => (key.into(), format!("{user} {value}")),
+            None => (key.into(), value.into()),
+        },
+        _ => (key.into(), value.into()),
+    }
+}
+
+/// Where cargo puts what it builds, as `cargo metadata` says (so
+/// `CARGO_TARGET_DIR` and `build.target-dir` are followed), else `target/`.
+/// What xtask writes itself (summaries, servers, logs) stays in `target/`.
+pub(crate) fn build_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["metadata", "--format-version", "1", "--no-deps"])
+            .current_dir(server::root())
+            .output();
+        out.ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| target_directory(&String::from_utf8_lossy(&o.stdout)))
+            .unwrap_or_else(|| server::root().join("target"))
+    })
+    .clone()
+}
+
+/// The `target_directory` of `cargo metadata`'s JSON (std only: no parser).
+fn target_directory(json: &str) -> Option<PathBuf> {
+    let rest = &json[json.find("\"target_directory\":\"")? + "\"target_directory\":\"".len()..];
+    let (mut out, mut chars) = (String::new(), rest.chars());
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(PathBuf::from(out)),
+            '\\' => out.push(chars.next()?),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(set: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| set.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn our_flags_are_added_to_the_users() {
+        let f = |set: &[(&str, &str)], k: &str| flags_for(k, "-Dwarnings", vars(set));
+        assert_eq!(f(&[], "RUSTFLAGS"), ("RUSTFLAGS".into(), "-Dwarnings".into()));
+        assert_eq!(
+            f(&[("RUSTFLAGS", "-Ctarget-cpu=native")], "RUSTFLAGS"),
+            ("RUSTFLAGS".into(), "-Ctarget-cpu=native -Dwarnings".into())
+        );
+        assert_eq!(
+            f(&[("CARGO_ENCODED_RUSTFLAGS", "-C\x1fopt-level=1")], "RUSTFLAGS"),
+            ("CARGO_ENCODED_RUSTFLAGS".into(), "-C\x1fopt-level=1\x1f-Dwarnings".into())
+        );
+        assert_eq!(
+            f(&[("RUSTDOCFLAGS", "--cfg x")], "RUSTDOCFLAGS"),
+            ("RUSTDOCFLAGS".into(), "--cfg x -Dwarnings".into())
+        );
+        assert_eq!(f(&[("CI", "1")], "CI"), ("CI".into(), "-Dwarnings".into()));
+    }
+
+    #[test]
+    fn the_target_directory_is_read_from_cargo_metadata() {
+        let json = r#"{"packages":[],"target_directory":"/tmp/a \"b\"\\c","version":1}"#;
+        assert_eq!(target_directory(json), Some(PathBuf::from("/tmp/a \"b\"\\c")));
+        assert_eq!(target_directory("{}"), None);
     }
 }

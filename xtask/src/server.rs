@@ -5,6 +5,7 @@
 //! of either on a free port.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -91,7 +92,10 @@ fn stop_with_this_process(server: u32) {
          kill {server} 2>/dev/null && sleep 5 && kill -9 {server} 2>/dev/null",
         parent = std::process::id()
     );
+    // Its own process group: a signal to xtask's group reaches the server
+    // but not the watchdog, which still sends the SIGKILL.
     let _ = Command::new("sh")
+        .process_group(0)
         .args(["-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -42,7 +42,7 @@ pub(crate) fn run() -> Result<(), String> {
 
     let wheels = work.join("wheels");
     let _ = std::fs::remove_dir_all(&wheels);
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let target_dir = crate::build_dir();
     run_cmd(
         Command::new(venv.join("bin").join("maturin"))
             .args(["build", "--manifest-path"])

@@ -37,7 +37,7 @@ pub(super) async fn put_figures(
         // is the runner's supervisor, not the runner.
         let script = format!("echo $(date +%s%N) $MONGOCOORD_RUNNER_PID >> {}; exec sleep 100000", file.display());
         let mut c = tokio::process::Command::new(mongocoord);
-        c.args(["--uri", uri, "--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
+        c.env("MONGODB_URI", uri).args(["--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
         c
     };
     let lease = LeaseDoc::new(store, mongoelector::DEFAULT_COLLECTION).await?;

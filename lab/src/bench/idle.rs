@@ -96,7 +96,8 @@ pub(super) async fn put_figures(
     };
     let base = |role: &str, log: Option<&Path>| -> Result<tokio::process::Command, LabError> {
         let mut c = tokio::process::Command::new(mongocoord);
-        c.args(["--uri", uri_of(role), "--db", &db_of(role)])
+        c.env("MONGODB_URI", uri_of(role))
+            .args(["--db", &db_of(role)])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true);
@@ -153,6 +154,16 @@ pub(super) async fn put_figures(
     }
     tokio::time::sleep(warm_up).await;
     let first: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;
+    // Every role sends commands as it starts (its indexes, its first look):
+    // none counted means the count is broken (the driver's log changed, say),
+    // not that the role is idle, and its zeros would pass for a figure.
+    if let Some((m, _)) = measured.iter().zip(&first).find(|(_, r)| r.commands == 0) {
+        return Err(LabError::Broken(format!(
+            "idle: no command counted in mongocoord {}'s start (see {}): the count reads the driver's \"Command started\" lines",
+            m.role,
+            m.log.display()
+        )));
+    }
     let t0 = Instant::now();
     tokio::time::sleep(window).await;
     let last: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;

@@ -38,7 +38,8 @@ pub(super) async fn queue_processes_run(
     let mut procs = Vec::new();
     for _ in 0..n {
         let mut child = tokio::process::Command::new(&exe)
-            .args(["--uri", uri, "--db", db, "bench-agent", "--coll", coll])
+            .env("MONGODB_URI", uri)
+            .args(["--db", db, "bench-agent", "--coll", coll])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)

@@ -267,9 +267,22 @@ impl Column {
     fn cell(&self, label: &str, figures: &[(&str, Unit)]) -> String {
         match self {
             Column::Summary(s) => figures.iter().map(|(f, u)| cell(s, f, *u)).collect::<Vec<_>>().join(" / "),
-            Column::Kept { cells, .. } => cells.get(label).cloned().unwrap_or_else(|| "–".into()),
+            // A row whose settings in parentheses grew since the column was
+            // written keeps its cell, the figures that run had.
+            Column::Kept { cells, .. } => cells
+                .get(label)
+                .or_else(|| {
+                    cells.iter().find(|(old, _)| before_settings(old) == before_settings(label)).map(|(_, c)| c)
+                })
+                .cloned()
+                .unwrap_or_else(|| "–".into()),
         }
     }
+}
+
+/// A row's label without the settings it names in parentheses.
+fn before_settings(label: &str) -> &str {
+    label.split_once(" (").map_or(label, |(head, _)| head)
 }
 
 /// The columns of `old` (the text between the markers) whose server is not
@@ -391,6 +404,19 @@ mod tests {
         assert!(doc.contains("| 1000/s / 1.00 ms | 3500/s / 0.30 ms |"), "{doc}");
         assert!(doc.contains("commit `ccc`") && doc.contains("commit `bbb`") && !doc.contains("commit `aaa`"), "{doc}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_kept_cell_follows_its_row_when_the_row_names_more_settings() {
+        let (label, _) = ROWS.iter().find(|(l, _)| l.starts_with("Agenda at its best")).unwrap();
+        let (head, _) = label.split_once(" (").unwrap();
+        let old = format!(
+            "- **py**: an old run.\n\n| figure | py |\n|---|---|\n| {head} (`lockLimit`) | 10.2/s / 0.00 |\n| other | 1 |\n"
+        );
+        let kept = kept_columns(&old, &["rs"]);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].cell(label, &[]), "10.2/s / 0.00");
+        assert_eq!(kept[0].cell("a row it never had (x)", &[]), "–");
     }
 
     #[test]

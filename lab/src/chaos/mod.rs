@@ -155,7 +155,8 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     let exe = std::env::current_exe().map_err(|e| LabError::io("cannot find the lab's own binary", e))?;
     let spawn = |n: usize| -> Result<tokio::process::Child, LabError> {
         let mut c = tokio::process::Command::new(&exe);
-        c.args(["--uri", &uri, "--db", db, "chaos-worker", "--log"])
+        c.env("MONGODB_URI", &uri)
+            .args(["--db", db, "chaos-worker", "--log"])
             .arg(o.dir.join("logs").join(format!("worker-{n}.log")));
         spawn_traced(c, &o.dir.join("logs").join(format!("worker-{n}.trace")))
     };
@@ -179,12 +180,25 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
         let Some(bin) = &o.mongocoord else { return Err(LabError::invalid("forking runners need --mongocoord")) };
         let log = o.dir.join("logs").join(format!("fork-{n}.log"));
         let script = format!(
-            "'{}' --uri '{uri}' --db '{db}' ledger-writer --log '{}' --fence \"$MONGOCOORD_FENCE\" & wait",
+            "'{}' --db '{db}' ledger-writer --log '{}' --fence \"$MONGOCOORD_FENCE\" & wait",
             exe.display(),
             log.display()
         );
         let mut c = tokio::process::Command::new(bin);
-        c.args(["--uri", &uri, "--db", db, "lock", FORK_LOCK, "--ttl", "2", "--", "sh", "-c", &script]);
+        // The writer finds the server in MONGODB_URI, passed on to it.
+        c.env("MONGODB_URI", &uri).args([
+            "--db",
+            db,
+            "lock",
+            FORK_LOCK,
+            "--ttl",
+            "2",
+            "--pass-env",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
         spawn_quiet(c)
     };
     let mut forks: Vec<tokio::process::Child> = Vec::new();

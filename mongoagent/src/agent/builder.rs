@@ -301,6 +301,11 @@ impl<S: Store + Clone> AgentBuilder<S> {
     /// whenever a task is made ready again (requeue, retry, wake, claim). A
     /// follow-up something waits for is marked only once its waiter has ended
     /// for good, so the waiter always reads every one of them.
+    ///
+    /// A schedule's tick is one task while its task exists: for an agent that
+    /// runs ticks, keep them longer than any scheduler may stall between
+    /// reading its schedules and enqueuing (`mongocoord cron` refuses under an
+    /// hour), or a stalled scheduler may enqueue a deleted tick again.
     #[must_use]
     pub fn retain_finished(mut self, d: Duration) -> Self {
         self.retain_finished = Some(d);

@@ -144,7 +144,11 @@ impl<S: Store + Clone> Finisher<S> {
             let (agent, group) = (r.get_str(fields::AGENT_NAME)?, r.get_str(fields::GROUP_KEY)?);
             Some((agent.to_owned(), group.to_owned(), r.get_i64(fields::GROUP_SEQ)))
         });
-        let announced = self.queue.groups()?.announce_all(grouped).await?;
+        let grouped: Vec<_> = grouped.collect();
+        let announced = match grouped.is_empty() {
+            true => None,
+            false => Some(self.queue.groups()?.announce_all(grouped).await?),
+        };
         let written = async {
             for r in &ours {
                 self.store.write(&self.queue.coll, r.key(), &pending::activation(r.data(), fence)).await?;
@@ -154,7 +158,9 @@ impl<S: Store + Clone> Finisher<S> {
         .await;
         // Made or not, the writes are over: the slots wait for nothing,
         // and their agents look.
-        announced.land().await;
+        if let Some(announced) = announced {
+            announced.land().await;
+        }
         written?;
         if !ours.is_empty() {
             tracing::debug!(agent = %self.name, task = %parent, count = ours.len(), "follow-ups activated");

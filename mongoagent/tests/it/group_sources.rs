@@ -14,21 +14,11 @@ use store_trait::{Collection, Store};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::groups::{agent, grouped, Log};
+use crate::groups::{agent, grouped, logging_for, Log};
 
-/// A handler that logs each run's start and end, as the groups suite's does.
+/// A handler that logs each run's start and end.
 fn logging(log: Log) -> impl Fn(Task) -> crate::review_groups::Boxed + Send + Sync + Clone {
-    move |t: Task| {
-        let log = log.clone();
-        Box::pin(async move {
-            let g = t.data().get_str("g").unwrap().to_owned();
-            let i = t.data().get_i64("i").unwrap();
-            log.lock().unwrap().push((g.clone(), i, true));
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            log.lock().unwrap().push((g, i, false));
-            Outcome::done()
-        }) as crate::review_groups::Boxed
-    }
+    logging_for(log, Duration::from_millis(100))
 }
 
 /// Runs one agent of `w` with a cap of 1 until `n` tasks of `w` completed

@@ -35,18 +35,25 @@ pub(crate) fn agent<S: Store + Clone>(s: &S, ttl: Duration, cap: Option<usize>, 
 }
 
 /// A handler that logs its run's start and end around a short sleep.
-fn logging(
+fn logging(log: Log) -> impl Fn(Task) -> crate::review_groups::Boxed + Send + Sync + Clone {
+    // Long enough that, on a loaded server too, a second task let through
+    // with it is claimed before it ends (else nothing overlaps).
+    logging_for(log, Duration::from_millis(250))
+}
+
+/// A handler that logs each run's start and end, `pause` apart; a task
+/// without `g` or `i` logs as group "-", number -1.
+pub(crate) fn logging_for(
     log: Log,
-) -> impl Fn(Task) -> std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>> + Send + Sync {
+    pause: Duration,
+) -> impl Fn(Task) -> crate::review_groups::Boxed + Send + Sync + Clone {
     move |t: Task| {
         let log = log.clone();
         Box::pin(async move {
-            let g = t.data().get_str("g").unwrap().to_owned();
-            let i = t.data().get_i64("i").unwrap();
+            let g = t.data().get_str("g").unwrap_or("-").to_owned();
+            let i = t.data().get_i64("i").unwrap_or(-1);
             log.lock().unwrap().push((g.clone(), i, true));
-            // Long enough that, on a loaded server too, a second task let
-            // through with it is claimed before it ends (else nothing overlaps).
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(pause).await;
             log.lock().unwrap().push((g, i, false));
             Outcome::done()
         })
@@ -72,6 +79,19 @@ async fn work_until<S: Store + Clone, F: mongoagent::Handler>(
     handler: impl Fn() -> F,
     done: impl Fn(&mongoagent::QueueStats) -> bool,
 ) {
+    work_within(h, s, agents, cap, handler, Duration::from_secs(60), done).await;
+}
+
+/// As [`work_until`], giving up after `limit`.
+pub(crate) async fn work_within<S: Store + Clone, F: mongoagent::Handler>(
+    h: &impl Harness,
+    s: &S,
+    agents: usize,
+    cap: usize,
+    handler: impl Fn() -> F,
+    limit: Duration,
+    done: impl Fn(&mongoagent::QueueStats) -> bool,
+) {
     let q = Queue::new(s.clone(), "tasks").unwrap();
     let stop = CancellationToken::new();
     let mut workers = Vec::new();
@@ -80,7 +100,7 @@ async fn work_until<S: Store + Clone, F: mongoagent::Handler>(
         let handler = handler();
         workers.push(tokio::spawn(async move { a.work(handler).await.unwrap() }));
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + limit;
     while !done(&q.stats("w").await.unwrap()) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -31,6 +31,7 @@ mod review_otel;
 #[cfg(feature = "otel")]
 mod review_otel2;
 mod review_refactor;
+mod review_retain;
 mod review_timeouts;
 mod schedules;
 mod simulation;

@@ -67,17 +67,7 @@ fn debounced(g: &str, k: &str, v: i64, after: Duration) -> NewTask {
 
 /// A handler that logs every run (g, i) start and end and completes.
 fn logging(log: Log) -> impl Fn(Task) -> crate::review_groups::Boxed + Send + Sync + Clone {
-    move |t: Task| {
-        let log = log.clone();
-        Box::pin(async move {
-            let g = t.data().get_str("g").unwrap_or("-").to_owned();
-            let i = t.data().get_i64("i").unwrap_or(-1);
-            log.lock().unwrap().push((g.clone(), i, true));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            log.lock().unwrap().push((g, i, false));
-            Outcome::done()
-        })
-    }
+    crate::groups::logging_for(log, Duration::from_millis(20))
 }
 
 /// Runs `process` (cap 1) until `want` runs are logged or `rounds` run out.

@@ -92,8 +92,8 @@ fn firsts(order: &[i64]) -> Vec<i64> {
     seen
 }
 
-/// Runs `agents` agents of `w` with `cap` and `handler` until `done` of
-/// the stats of `w` (or `secs` passed), then stops them.
+/// Runs `agents` agents with `cap` running `handler` until the stats of
+/// `w` are `done` (or `secs` passed).
 async fn work_w<S: Store + Clone, F: mongoagent::Handler + Clone>(
     h: &impl Harness,
     s: &S,
@@ -103,22 +103,7 @@ async fn work_w<S: Store + Clone, F: mongoagent::Handler + Clone>(
     secs: u64,
     done: impl Fn(&mongoagent::QueueStats) -> bool,
 ) {
-    let q = Queue::new(s.clone(), "tasks").unwrap();
-    let stop = CancellationToken::new();
-    let mut workers = Vec::new();
-    for _ in 0..agents {
-        let a = agent(s, h.ttl(), Some(cap), &stop);
-        let handler = handler.clone();
-        workers.push(tokio::spawn(async move { a.work(handler).await.unwrap() }));
-    }
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !done(&q.stats("w").await.unwrap()) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    stop.cancel();
-    for w in workers {
-        w.await.unwrap();
-    }
+    crate::groups::work_within(h, s, agents, cap, || handler.clone(), Duration::from_secs(secs), done).await;
 }
 
 /// The record of `key` in `tasks`, if any.

@@ -20,6 +20,7 @@ mod reserved;
 mod review_otel;
 #[cfg(feature = "otel")]
 mod review_otel2;
+mod review_retain;
 mod schedules;
 mod supervise;
 mod timeouts;
