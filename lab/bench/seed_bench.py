@@ -1,9 +1,12 @@
 """Drives the Python `mongoelector` from PyPI (the seed's own implementation) for
 `cargo xtask bench`, so both are measured on the same server in the same run.
 
-    seed_bench.py URI DB lock-cycles N      -> prints cycles per second
-    seed_bench.py URI DB elect KEY TTL FILE -> on leadership appends "<ns> <pid>" to FILE;
-                                               SIGTERM stops the elector cleanly
+    seed_bench.py DB lock-cycles N      -> prints cycles per second
+    seed_bench.py DB elect KEY TTL FILE -> on leadership appends "<ns> <pid>" to FILE;
+                                           SIGTERM stops the elector cleanly
+
+The server's URI is read from MONGODB_URI, not the command line, where `ps`
+would show a password in it.
 """
 import os
 import signal
@@ -16,10 +19,11 @@ from mongoelector import MongoLeaderElector, MongoLocker
 
 
 def main():
-    uri, dbname, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    uri = os.environ["MONGODB_URI"]
+    dbname, mode = sys.argv[1], sys.argv[2]
     db = MongoClient(uri)[dbname]
     if mode == "lock-cycles":
-        n = int(sys.argv[4])
+        n = int(sys.argv[3])
         lock = MongoLocker("seed-bench-lock", db, ttl=30)
         start = time.perf_counter()
         for _ in range(n):
@@ -28,7 +32,7 @@ def main():
         print(n / (time.perf_counter() - start))
         return
     if mode == "elect":
-        key, ttl, path = sys.argv[4], float(sys.argv[5]), sys.argv[6]
+        key, ttl, path = sys.argv[3], float(sys.argv[4]), sys.argv[5]
 
         def on_leader():
             with open(path, "a") as f:

@@ -60,7 +60,7 @@ enum Cmd {
         #[arg(long)]
         seed_script: Option<PathBuf>,
         /// The installed Agenda harness: a directory with `bench.mjs` and its
-        /// `node_modules` (run as `node DIR/bench.mjs URI DB N PICKS`).
+        /// `node_modules` (run as `node DIR/bench.mjs DB N PICKS`, the URI in `MONGODB_URI`).
         #[arg(long)]
         agenda: Option<PathBuf>,
         /// A server binary (`secantusd-py` or `secantusd-rs`) to start fresh

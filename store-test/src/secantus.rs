@@ -81,7 +81,7 @@ pub(crate) fn start() -> Result<u16, String> {
     let script = format!(
         "'{bin}' --port {port} --storage-path :memory: --enable-test-commands --log-level WARNING >'{log}' 2>&1 & s=$!; \
          while kill -0 {parent} 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; kill $s 2>/dev/null; \
-         n=0; while kill -0 $s 2>/dev/null && [ $n -lt 5 ]; do sleep 1; n=$((n+1)); done; kill -9 $s 2>/dev/null; \
+         n=0; while kill -0 $s 2>/dev/null && [ $n -lt 5 ]; do sleep 1; n=$((n+1)); done; kill -0 $s 2>/dev/null && kill -9 $s 2>/dev/null; \
          wait $s 2>/dev/null; [ -s '{log}' ] || rm -f '{log}'",
         bin = bin.display(),
         log = log.display(),

@@ -131,9 +131,10 @@ pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
 
 /// Sets `key` to `value` for `cmd`, except that flags are added to the
 /// user's own (`RUSTFLAGS=-Ctarget-cpu=native cargo xtask ci` keeps them),
-/// and go into `CARGO_ENCODED_RUSTFLAGS` where the user set that, since
-/// cargo then ignores `RUSTFLAGS`.
-fn add_flags(cmd: &mut Command, key: &str, value: &str, var: impl Fn(&str) -> Option<String>) {
+/// and go into `CARGO_ENCODED_RUSTFLAGS` where the user set that (even to
+/// nothing), since cargo then ignores `RUSTFLAGS`. Flags from cargo's config
+/// files (`build.rustflags`) give way to `RUSTFLAGS`, as cargo has them do.
+pub(crate) fn add_flags(cmd: &mut Command, key: &str, value: &str, var: impl Fn(&str) -> Option<String>) {
     let (key, value) = flags_for(key, value, var);
     cmd.env(key, value);
 }
@@ -142,10 +143,11 @@ fn add_flags(cmd: &mut Command, key: &str, value: &str, var: impl Fn(&str) -> Op
 fn flags_for(key: &str, value: &str, var: impl Fn(&str) -> Option<String>) -> (String, String) {
     let has = |k: &str| var(k).filter(|v| !v.trim().is_empty());
     match key {
-        "RUSTFLAGS" => match (has("CARGO_ENCODED_RUSTFLAGS"), has("RUSTFLAGS")) {
+        "RUSTFLAGS" => match (var("CARGO_ENCODED_RUSTFLAGS"), has("RUSTFLAGS")) {
             (Some(enc), _) => {
-                let ours: Vec<&str> = value.split_whitespace().collect();
-                ("CARGO_ENCODED_RUSTFLAGS".into(), format!("{enc}\x1f{}", ours.join("\x1f")))
+                let ours = value.split_whitespace().collect::<Vec<_>>().join("\x1f");
+                let all = if enc.is_empty() { ours } else { format!("{enc}\x1f{ours}") };
+                ("CARGO_ENCODED_RUSTFLAGS".into(), all)
             }
             (None, Some(user)) => (key.into(), format!("{user} {value}")),
             (None, None) => (key.into(), value.into()),
@@ -209,6 +211,11 @@ mod tests {
         assert_eq!(
             f(&[("CARGO_ENCODED_RUSTFLAGS", "-C\x1fopt-level=1")], "RUSTFLAGS"),
             ("CARGO_ENCODED_RUSTFLAGS".into(), "-C\x1fopt-level=1\x1f-Dwarnings".into())
+        );
+        assert_eq!(
+            f(&[("CARGO_ENCODED_RUSTFLAGS", "")], "RUSTFLAGS"),
+            ("CARGO_ENCODED_RUSTFLAGS".into(), "-Dwarnings".into()),
+            "set to nothing, it still wins over RUSTFLAGS"
         );
         assert_eq!(
             f(&[("RUSTDOCFLAGS", "--cfg x")], "RUSTDOCFLAGS"),

@@ -89,7 +89,7 @@ fn describe(cmd: &Command) -> String {
 fn stop_with_this_process(server: u32) {
     let script = format!(
         "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
-         kill {server} 2>/dev/null && sleep 5 && kill -9 {server} 2>/dev/null",
+         kill {server} 2>/dev/null && sleep 5 && kill -0 {server} 2>/dev/null && kill -9 {server} 2>/dev/null",
         parent = std::process::id()
     );
     // Its own process group: a signal to xtask's group reaches the server

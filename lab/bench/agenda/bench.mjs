@@ -1,4 +1,5 @@
-// Agenda on the same server, for `cargo xtask bench`: `node bench.mjs URI DB N [PICKS]`.
+// Agenda on the same server, for `cargo xtask bench`: `node bench.mjs DB N [PICKS]`,
+// the server's URI in MONGODB_URI (not on the command line, where `ps` would show a password).
 // Prints one JSON line: {"tasks_per_s", "commands_per_task", "completed",
 // "timed_out", "lock_limit", "process_every_ms", "pickup_ms_p50"}. DB is dropped first: give it a
 // database of its own.
@@ -36,7 +37,8 @@ import { Agenda } from 'agenda';
 import { MongoBackend } from '@agendajs/mongo-backend';
 import { MongoClient } from 'mongodb';
 
-const [uri, dbName, nArg, picksArg] = process.argv.slice(2);
+const uri = process.env.MONGODB_URI;
+const [dbName, nArg, picksArg] = process.argv.slice(2);
 const n = Number(nArg ?? 400);
 const picks = Number(picksArg ?? 10);
 // The slots our side has (4 agents × concurrency 4): lab passes 16.

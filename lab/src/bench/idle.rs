@@ -152,18 +152,9 @@ pub(super) async fn put_figures(
         let proc = Proc(c.spawn().map_err(|e| LabError::io(format!("cannot start mongocoord {role}"), e))?);
         measured.push(Measured { role, proc, log });
     }
+    started(&mut measured).await?;
     tokio::time::sleep(warm_up).await;
     let first: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;
-    // Every role sends commands as it starts (its indexes, its first look):
-    // none counted means the count is broken (the driver's log changed, say),
-    // not that the role is idle, and its zeros would pass for a figure.
-    if let Some((m, _)) = measured.iter().zip(&first).find(|(_, r)| r.commands == 0) {
-        return Err(LabError::Broken(format!(
-            "idle: no command counted in mongocoord {}'s start (see {}): the count reads the driver's \"Command started\" lines",
-            m.role,
-            m.log.display()
-        )));
-    }
     let t0 = Instant::now();
     tokio::time::sleep(window).await;
     let last: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;
@@ -178,6 +169,26 @@ pub(super) async fn put_figures(
     drop(helpers);
     drop(servers);
     Ok(())
+}
+
+/// Waits, up to a minute, until every role has sent a command: each sends
+/// some as it starts (its indexes, its first look), so one that sends none
+/// means the count is broken (the driver's log changed, say), and its zeros
+/// would pass for a figure; a slow start on a loaded machine is waited for.
+async fn started(measured: &mut [Measured]) -> Result<(), LabError> {
+    let (t, limit) = (Instant::now(), Duration::from_secs(60));
+    loop {
+        let counts: Vec<Reading> = measured.iter_mut().map(read).collect::<Result<_, _>>()?;
+        let Some((m, _)) = measured.iter().zip(&counts).find(|(_, r)| r.commands == 0) else { return Ok(()) };
+        if t.elapsed() > limit {
+            return Err(LabError::Broken(format!(
+                "idle: no command counted in mongocoord {}'s first {limit:?} (see {}): the count reads the driver's \"Command started\" lines",
+                m.role,
+                m.log.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The pid of a process still running.

@@ -24,7 +24,8 @@ pub(super) async fn put_figures(
     eprintln!("the seed's Python mongoelector, same server…");
     let cycles = tokio::process::Command::new(py)
         .arg(script)
-        .args([uri, db, "lock-cycles", &size.seed_cycles.to_string()])
+        .env("MONGODB_URI", uri)
+        .args([db, "lock-cycles", &size.seed_cycles.to_string()])
         .output()
         .await
         .map_err(|e| LabError::io(format!("cannot run {} {}", py.display(), script.display()), e))?;
@@ -38,7 +39,7 @@ pub(super) async fn put_figures(
     }
     let seed = |key: &str, file: &Path| {
         let mut c = tokio::process::Command::new(py);
-        c.arg(script).args([uri, db, "elect", key, "3", &file.display().to_string()]);
+        c.arg(script).env("MONGODB_URI", uri).args([db, "elect", key, "3", &file.display().to_string()]);
         c
     };
     // The seed replaces a killed leader only after MongoDB's TTL monitor
