@@ -218,7 +218,8 @@ fn schedule_table(h: &mut String, q: &str, rows: &[Value], actions: bool) {
         return;
     }
     let _ = write!(h, r#"<section class="schedules"><h2>Schedules of {}</h2><table><tr>"#, esc(q));
-    let cols = ["name", "agent", "spec", "zone", "next_tick", "last_tick", "last_outcome", "paused"];
+    let cols =
+        ["name", "agent", "spec", "zone", "group", "next_tick", "last_tick", "last_outcome", "ended_kept", "paused"];
     for c in cols {
         let _ = write!(h, "<th>{}</th>", c.replace('_', " "));
     }

@@ -118,6 +118,8 @@ async fn pages_json_and_metrics<S: Store + Clone + 'static>(store: S) {
     assert_eq!(o.status, StatusCode::OK);
     assert!(o.body.contains("nightly-report") && o.body.contains("resize"), "{}", o.body);
     assert!(o.body.contains(r#"action="/enqueue""#), "actions are offered");
+    // Schedules say how many ended ticks they keep, and their group.
+    assert!(o.body.contains("<th>ended kept</th>") && o.body.contains("<th>group</th>"), "{}", o.body);
     let csp = o.headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap();
     assert!(csp.contains("script-src 'self'"), "{csp}");
     let fragment =
