@@ -169,6 +169,38 @@ async fn a_tick_failed_with_attempts_left_or_requeued_is_not_deleted() {
     assert_eq!(ids(&q, doc! { "schedule": "f" }).await.len(), 1, "a requeued tick was deleted");
 }
 
+/// A schedule `name` ticking every minute with `cron`'s defaults (Skip,
+/// Skip), its line's agent keeping ended ticks for [`RETAIN`], and the
+/// store's clock at its first tick.
+async fn minutely(store: &MemoryStore, name: &str) -> (Schedules<MemoryStore>, Agent<MemoryStore>) {
+    let s = Schedules::new(store.clone(), "cron").unwrap();
+    let sched = Schedule::every(name, Duration::from_secs(60), NewTask::new(name, doc! {}))
+        .unwrap()
+        .overlap(Overlap::Skip)
+        .missed(Missed::Skip);
+    s.upsert(&sched).await.unwrap();
+    let agent = cron_agent(store, name, Some(RETAIN));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    (s, agent)
+}
+
+/// One `process` of `agent` whose handler counts its runs in `runs`.
+async fn counting(
+    agent: &Agent<MemoryStore>,
+    runs: &Arc<AtomicUsize>,
+) -> Result<Option<Processed>, mongoagent::AgentError> {
+    let runs = runs.clone();
+    agent
+        .process(move |_: Task| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+        })
+        .await
+}
+
 /// Holds the first insert into the `cron` queue collection until opened.
 #[derive(Debug)]
 struct HoldInsert {
@@ -210,25 +242,9 @@ impl<S: Store> Intercept<S> for HoldInsert {
 #[tokio::test(start_paused = true)]
 async fn a_scheduler_held_for_less_than_the_retention_enqueues_no_tick_twice() {
     let store = memory_at(START);
-    let a = Schedules::new(store.clone(), "cron").unwrap();
-    let sched = Schedule::every("t", Duration::from_secs(60), NewTask::new("t", doc! {}))
-        .unwrap()
-        .overlap(Overlap::Skip)
-        .missed(Missed::Skip);
-    a.upsert(&sched).await.unwrap();
-    let agent = cron_agent(&store, "t", Some(RETAIN));
+    let (a, agent) = minutely(&store, "t").await;
     let runs = Arc::new(AtomicUsize::new(0));
-    let run = || {
-        let runs = runs.clone();
-        agent.process(move |_: Task| {
-            let runs = runs.clone();
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                true
-            }
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    let run = || counting(&agent, &runs);
 
     // Process B: its pass reads the schedule, then waits at its insert.
     let held: Intercepted<MemoryStore, HoldInsert> = Intercepted::new(store.clone());
@@ -264,25 +280,9 @@ async fn a_scheduler_held_for_less_than_the_retention_enqueues_no_tick_twice() {
 #[tokio::test(start_paused = true)]
 async fn a_pass_that_failed_to_record_its_tick_does_not_run_it_again() {
     let store = memory_at(START);
-    let s = Schedules::new(store.clone(), "cron").unwrap();
-    let sched = Schedule::every("u", Duration::from_secs(60), NewTask::new("u", doc! {}))
-        .unwrap()
-        .overlap(Overlap::Skip)
-        .missed(Missed::Skip);
-    s.upsert(&sched).await.unwrap();
-    let agent = cron_agent(&store, "u", Some(RETAIN));
+    let (s, agent) = minutely(&store, "u").await;
     let runs = Arc::new(AtomicUsize::new(0));
-    let run = || {
-        let runs = runs.clone();
-        agent.process(move |_: Task| {
-            let runs = runs.clone();
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                true
-            }
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    let run = || counting(&agent, &runs);
     // The pass: find, now, count (has_unfinished), insert, then the record
     // of last_tick, which fails here without being applied.
     let failing: Intercepted<MemoryStore, FailScheduleWrite> = Intercepted::new(store.clone());
