@@ -118,7 +118,7 @@ pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
     for (k, v) in env {
-        add_flags(&mut cmd, k, v, |name| std::env::var(name).ok());
+        add_flags(&mut cmd, k, v);
     }
     let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
     eprintln!("  ({:.1} s)", started.elapsed().as_secs_f64());
@@ -134,8 +134,8 @@ pub(crate) fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
 /// and go into `CARGO_ENCODED_RUSTFLAGS` where the user set that (even to
 /// nothing), since cargo then ignores `RUSTFLAGS`. Flags from cargo's config
 /// files (`build.rustflags`) give way to `RUSTFLAGS`, as cargo has them do.
-pub(crate) fn add_flags(cmd: &mut Command, key: &str, value: &str, var: impl Fn(&str) -> Option<String>) {
-    let (key, value) = flags_for(key, value, var);
+pub(crate) fn add_flags(cmd: &mut Command, key: &str, value: &str) {
+    let (key, value) = flags_for(key, value, |name| std::env::var(name).ok());
     cmd.env(key, value);
 }
 

@@ -28,6 +28,11 @@ pub mod fields {
     pub const LAST_TICK: &str = "last_tick";
     /// The id of the last task enqueued.
     pub const LAST_TASK: &str = "last_task";
+    /// With [`super::Overlap::Skip`]: every tick of the schedule but
+    /// `last_task` had ended when `last_task` was enqueued, so a pass needs
+    /// to read only that tick and the ticks not yet recorded. Removed by a
+    /// pass that enqueues under another policy.
+    pub const ENDED_BEFORE_LAST: &str = "ended_before_last";
     /// With [`super::Overlap::Queue`]: the task let through last; the next
     /// held task is let through only once it has ended.
     pub const RUNNING: &str = "running";
@@ -61,8 +66,11 @@ pub enum When {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Overlap {
-    /// The tick is skipped (recorded as handled, no task). When one pass finds
-    /// several ticks to run (missed ticks caught up), only the newest runs.
+    /// The tick is skipped (recorded as handled, no task) while an earlier
+    /// tick's task has not ended. When one pass finds several ticks to run
+    /// (missed ticks caught up), only the newest runs. A tick revived by
+    /// [`Queue::requeue`](crate::Queue::requeue) after a later tick was
+    /// enqueued is not waited for.
     #[default]
     Skip,
     /// The tick's task is enqueued anyway.

@@ -273,17 +273,23 @@ impl<S: Store + Clone> Schedules<S> {
             .collect())
     }
 
-    /// Creates the index the scheduler's queries on the queue need (the
-    /// schedule's tasks by tick), if missing.
+    /// Creates the index the scheduler's queries on the queue need (a
+    /// schedule's ticks, its held ticks first, each by tick), if missing.
+    ///
+    /// `overlap_held` is in it so that finding the oldest held tick
+    /// ([`Overlap::Queue`]) reads the held ticks alone, not every kept tick.
+    /// (It replaces an index `schedule` without that field, which a queue
+    /// scheduled by an earlier version keeps until it is dropped by hand.)
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: index creation is idempotent.
     pub async fn ensure_indexes(&self) -> Result<(), AgentError> {
         let by_schedule = store_trait::IndexSpec::new(
-            "schedule",
+            "schedule_held",
             vec![
                 (task_fields::SCHEDULE.into(), store_trait::Order::Asc),
+                (task_fields::OVERLAP_HELD.into(), store_trait::Order::Asc),
                 (task_fields::SCHEDULED_FOR.into(), store_trait::Order::Asc),
             ],
         )
@@ -292,10 +298,34 @@ impl<S: Store + Clone> Schedules<S> {
         Ok(self.store.ensure_indexes(&self.queue.coll, &[by_schedule]).await?)
     }
 
-    /// Whether a task of the schedule has not ended.
-    pub(crate) async fn has_unfinished(&self, name: &str) -> Result<bool, AgentError> {
-        let q = Query::eq(doc! { task_fields::SCHEDULE: name }).when(not_complete()).limit(1);
-        Ok(self.store.count(&self.queue.coll, &q).await? > 0)
+    /// Whether a task of the schedule has not ended, `r` being its
+    /// definition as the pass read it and `unrecorded` the ticks from its
+    /// `last_tick` up to now.
+    ///
+    /// Where the last enqueue found every earlier tick ended
+    /// ([`fields::ENDED_BEFORE_LAST`]), only that tick and the unrecorded ones
+    /// (inserted by a pass whose record of them failed) can be unfinished:
+    /// only they are read, by `_id`, and checked here, not by a condition (on
+    /// SecantusDB's Rust server any `$expr` reads the whole collection, even
+    /// beside an `_id`). Else, and when the unrecorded ticks are too many,
+    /// every kept tick of the schedule is read (the index does not hold
+    /// `complete`, which pending tasks lack).
+    pub(crate) async fn has_unfinished(&self, name: &str, r: &Record, unrecorded: &[i64]) -> Result<bool, AgentError> {
+        let by_schedule = Query::eq(doc! { task_fields::SCHEDULE: name });
+        let settled = r.data().get_bool(fields::ENDED_BEFORE_LAST).ok() == Some(true);
+        match r.data().get_str(fields::LAST_TASK).ok() {
+            Some(last) if settled && unrecorded.len() < ticks::MAX_KEYS_TO_CHECK => {
+                let ids = std::iter::once(last.to_owned())
+                    .chain(unrecorded.iter().map(|&t| task_id(name, StoreTime::from_millis(t))));
+                let keys = ids
+                    .map(Key::new)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
+                let found = self.store.find(&self.queue.coll, &by_schedule.keys(keys)).await?;
+                Ok(found.iter().any(|t| t.data().get_bool(task_fields::COMPLETE).ok() != Some(true)))
+            }
+            _ => Ok(self.store.count(&self.queue.coll, &by_schedule.when(not_complete()).limit(1)).await? > 0),
+        }
     }
 }
 

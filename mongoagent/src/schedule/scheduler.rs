@@ -245,13 +245,16 @@ impl<S: Store + Clone> Scheduler<S> {
             let plan = sched.plan(&ticks, from, now);
             if let Some(newest) = plan.newest {
                 let mut run = plan.run;
+                let mut clean = false;
                 if sched.overlap == Overlap::Skip && !run.is_empty() {
-                    if s.has_unfinished(&sched.name).await? {
+                    let unrecorded = ticks.between(from, now, super::ticks::MAX_KEYS_TO_CHECK);
+                    if s.has_unfinished(&sched.name, &r, &unrecorded).await? {
                         tracing::info!(schedule = %sched.name, skipped = run.len(), "tick skipped: the previous task has not ended");
                         run.clear();
                     } else {
                         // The ticks of one pass would overlap each other: the newest runs.
                         run.drain(..run.len() - 1);
+                        clean = true;
                     }
                 }
                 let tasks: Vec<_> = run.iter().map(|&t| sched.template(StoreTime::from_millis(t))).collect();
@@ -265,6 +268,9 @@ impl<S: Store + Clone> Scheduler<S> {
                 let mut m = Mutation::new().set(fields::LAST_TICK, newest);
                 if let Some(&last) = run.last() {
                     m = m.set(fields::LAST_TASK, super::task_id(&sched.name, StoreTime::from_millis(last)));
+                    // Only a Skip pass that found every tick ended vouches for
+                    // the ones before its own; any other enqueue withdraws it.
+                    m = if clean { m.set(fields::ENDED_BEFORE_LAST, true) } else { m.unset(fields::ENDED_BEFORE_LAST) };
                 }
                 let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
                 let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))

@@ -14,6 +14,11 @@ use crate::error::AgentError;
 /// a per-second expression with a long starting deadline).
 pub(crate) const MAX_TICKS_PER_PASS: usize = 10_000;
 
+/// The most tick ids a [`Overlap::Skip`](super::Overlap::Skip) check reads by
+/// `_id`; past it (a schedule whose passes stopped for long), it reads the
+/// schedule's kept ticks instead.
+pub(crate) const MAX_KEYS_TO_CHECK: usize = 1_000;
+
 /// A parsed tick rule.
 #[derive(Debug, Clone)]
 pub(crate) enum Ticks {

@@ -35,6 +35,7 @@ mod review_retain;
 mod review_timeouts;
 mod schedules;
 mod simulation;
+mod skip_check;
 mod subscriber;
 mod suite;
 mod timeouts;

@@ -1,0 +1,197 @@
+//! The `Overlap::Skip` check on the memory store under paused time: once a
+//! pass has found every tick ended, later passes read only the last tick and
+//! the unrecorded ones, by `_id`, however many ended ticks are kept; and that
+//! shortcut never lets a tick start beside an unfinished one it could miss (a
+//! tick whose record failed, ticks enqueued under `Overlap::Allow` before a
+//! change to `Skip`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use bson::doc;
+use mongoagent::{
+    schedule::{Overlap, Schedule, Schedules},
+    Agent, NewTask, Processed, Task,
+};
+use store_memory::MemoryStore;
+use store_test::{Call, Intercept, Intercepted, TestClock};
+use store_trait::{Collection, StoreResult, StoreTime};
+
+/// 2026-05-04T10:00:00.500Z: half a second past a whole minute.
+const START: i64 = 1_777_888_800_500;
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn memory() -> MemoryStore {
+    MemoryStore::builder().clock(TestClock::starting_at(StoreTime::from_millis(START))).build()
+}
+
+/// Every minute, on queue "cron", under `overlap`.
+fn minutely(name: &str, overlap: Overlap) -> Schedule {
+    Schedule::every(name, MINUTE, NewTask::new(name, doc! {})).unwrap().overlap(overlap)
+}
+
+/// The schedule's ticks (task ids), in order.
+async fn ticks<S: store_trait::Store + Clone>(s: &Schedules<S>, name: &str) -> Vec<String> {
+    let mut v: Vec<String> =
+        s.queue().tasks(doc! { "schedule": name }, None).await.unwrap().iter().map(|t| t.key().to_string()).collect();
+    v.sort();
+    v
+}
+
+/// Records the schedule's checks on the queue: a count reads the whole
+/// schedule (`None`), a find by `_id` reads that many ticks.
+#[derive(Debug, Default)]
+struct Checks(Mutex<Vec<Option<usize>>>);
+
+#[async_trait::async_trait]
+impl<S: store_trait::Store> Intercept<S> for Checks {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        if coll.map(Collection::as_str) == Some("cron") {
+            match call {
+                Call::Count(q) if q.filter.contains_key("schedule") => self.0.lock().unwrap().push(None),
+                Call::Find(q) if q.filter.contains_key("schedule") => {
+                    self.0.lock().unwrap().push(Some(q.keys.as_ref().map_or(usize::MAX, Vec::len)));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fails every write to `cron_schedules` that sets `last_tick`, unapplied,
+/// while `on` is set.
+#[derive(Debug, Default)]
+struct FailRecord(Mutex<bool>);
+
+#[async_trait::async_trait]
+impl<S: store_trait::Store> Intercept<S> for FailRecord {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        if let (Some(c), Call::Write(_, w)) = (coll, call) {
+            if *self.0.lock().unwrap() && c.as_str() == "cron_schedules" && w.mutation.set.contains_key("last_tick") {
+                return Err(store_trait::StoreError::backend(store_trait::FaultKind::Unreachable, "connection reset"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts the next task and holds it until the returned `Notify` is
+/// notified; the join handle gives what `process` returned.
+async fn start_held(
+    agent: &Agent<MemoryStore>,
+) -> (Arc<Notify>, tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>) {
+    let (started, hold) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let running = {
+        let (agent, started, hold) = (agent.clone(), started.clone(), hold.clone());
+        tokio::spawn(async move {
+            agent
+                .process(move |_: Task| {
+                    let (started, hold) = (started.clone(), hold.clone());
+                    async move {
+                        started.notify_one();
+                        hold.notified().await;
+                        true
+                    }
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    (hold, running)
+}
+
+async fn complete_one(agent: &Agent<MemoryStore>) {
+    assert!(matches!(agent.process(|_: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
+}
+
+/// A minute-by-minute Skip schedule whose ticks all end: its first check
+/// counts the schedule's unfinished ticks, every later one reads a few ids, while the
+/// ended ticks kept grow to a hundred; and each tick is still enqueued.
+#[tokio::test(start_paused = true)]
+async fn a_settled_schedule_reads_a_few_ticks_by_id() {
+    let store = memory();
+    let counting: Intercepted<MemoryStore, Checks> = Intercepted::new(store.clone());
+    let s = Schedules::new(counting.clone(), "cron").unwrap();
+    s.upsert(&minutely("m", Overlap::Skip)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "m", "cron").build().unwrap();
+    for _ in 0..100 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+        complete_one(&agent).await;
+    }
+    let checks = counting.0.lock().unwrap().clone();
+    assert_eq!(ticks(&s, "m").await.len(), 100, "every tick ran");
+    assert_eq!(checks.len(), 100, "one check a pass: {checks:?}");
+    assert_eq!(checks[0], None, "the first check reads the schedule's ticks");
+    assert!(checks[1..].iter().all(|k| matches!(k, Some(n) if *n <= 3)), "later ones a few ids: {checks:?}");
+}
+
+/// A tick enqueued by a pass whose record of it failed, and still running,
+/// is waited for: the next tick, a minute later, is skipped.
+#[tokio::test(start_paused = true)]
+async fn an_unrecorded_running_tick_is_waited_for() {
+    let store = memory();
+    let failing: Intercepted<MemoryStore, FailRecord> = Intercepted::new(store.clone());
+    let s = Schedules::new(failing.clone(), "cron").unwrap();
+    s.upsert(&minutely("u", Overlap::Skip)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "u", "cron").ttl(Duration::from_secs(600)).build().unwrap();
+    // Tick 1 runs and ends: the schedule is settled.
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    complete_one(&agent).await;
+    // Tick 2 is enqueued, its record fails, and it starts (and keeps running).
+    tokio::time::sleep(MINUTE).await;
+    *failing.0.lock().unwrap() = true;
+    assert!(s.scheduler().pass().await.is_err(), "the record failed");
+    *failing.0.lock().unwrap() = false;
+    let (hold, running) = start_held(&agent).await;
+    assert_eq!(ticks(&s, "u").await.len(), 2);
+    // A minute later: tick 3 is due, and tick 2 has not ended.
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    assert_eq!(ticks(&s, "u").await.len(), 2, "tick 3 was skipped while tick 2 runs");
+    hold.notify_one();
+    assert!(matches!(running.await.unwrap().unwrap(), Some(Processed::Completed(_))));
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    assert_eq!(ticks(&s, "u").await.len(), 3, "tick 4 runs once tick 2 ended");
+}
+
+/// A tick enqueued under `Overlap::Allow` and still running when the
+/// schedule changes to `Skip` is waited for, though the schedule had been
+/// settled under `Skip` before and the last tick enqueued has ended.
+#[tokio::test(start_paused = true)]
+async fn a_change_to_skip_waits_for_the_ticks_allow_enqueued() {
+    let store = memory();
+    let s = Schedules::new(store.clone(), "cron").unwrap();
+    s.upsert(&minutely("a", Overlap::Skip)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "a", "cron").build().unwrap();
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    complete_one(&agent).await;
+    // Under Allow, two ticks are enqueued and not run.
+    s.upsert(&minutely("a", Overlap::Allow)).await.unwrap();
+    for _ in 0..2 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+    }
+    assert_eq!(ticks(&s, "a").await.len(), 3);
+    // The first of them runs on; the second (the last enqueued) ends.
+    let (hold, running) = start_held(&agent).await;
+    complete_one(&agent).await;
+    // Back to Skip: nothing starts while the first runs.
+    s.upsert(&minutely("a", Overlap::Skip)).await.unwrap();
+    for _ in 0..3 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+    }
+    assert_eq!(ticks(&s, "a").await.len(), 3, "no tick while an Allow tick runs");
+    hold.notify_one();
+    assert!(matches!(running.await.unwrap().unwrap(), Some(Processed::Completed(_))));
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    assert_eq!(ticks(&s, "a").await.len(), 4, "the next tick once it ended");
+}
