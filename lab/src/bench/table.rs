@@ -268,11 +268,16 @@ impl Column {
         match self {
             Column::Summary(s) => figures.iter().map(|(f, u)| cell(s, f, *u)).collect::<Vec<_>>().join(" / "),
             // A row whose settings in parentheses grew since the column was
-            // written keeps its cell, the figures that run had.
+            // written keeps its cell, the figures that run had; only where one
+            // old row alone has its head, so that no other row's cell is taken.
             Column::Kept { cells, .. } => cells
                 .get(label)
                 .or_else(|| {
-                    cells.iter().find(|(old, _)| before_settings(old) == before_settings(label)).map(|(_, c)| c)
+                    let mut same = cells.iter().filter(|(old, _)| before_settings(old) == before_settings(label));
+                    match (same.next(), same.next()) {
+                        (Some((_, c)), None) => Some(c),
+                        _ => None,
+                    }
                 })
                 .cloned()
                 .unwrap_or_else(|| "–".into()),
@@ -417,6 +422,10 @@ mod tests {
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].cell(label, &[]), "10.2/s / 0.00");
         assert_eq!(kept[0].cell("a row it never had (x)", &[]), "–");
+        // Two old rows with that head: neither is taken for the other.
+        let two =
+            format!("- **py**: an old run.\n\n| figure | py |\n|---|---|\n| {head} (a) | 1 |\n| {head} (b) | 2 |\n");
+        assert_eq!(kept_columns(&two, &["rs"])[0].cell(label, &[]), "–");
     }
 
     #[test]

@@ -28,11 +28,13 @@ pub mod fields {
     pub const LAST_TICK: &str = "last_tick";
     /// The id of the last task enqueued.
     pub const LAST_TASK: &str = "last_task";
-    /// With [`super::Overlap::Skip`]: every tick of the schedule but
-    /// `last_task` had ended when `last_task` was enqueued, so a pass needs
-    /// to read only that tick and the ticks not yet recorded. Removed by a
-    /// pass that enqueues under another policy.
-    pub const ENDED_BEFORE_LAST: &str = "ended_before_last";
+    /// With [`super::Overlap::Skip`]: the id of the one tick at or before
+    /// `last_tick` that may not have ended; every other had, when a pass
+    /// checked them and wrote this. A pass then reads only that tick and
+    /// those from `last_tick` on. Removed by a pass that records ticks
+    /// without that check (another policy, ticks missed), by a change of the
+    /// definition and by a resume.
+    pub const ONLY_OPEN: &str = "only_open";
     /// With [`super::Overlap::Queue`]: the task let through last; the next
     /// held task is let through only once it has ended.
     pub const RUNNING: &str = "running";
@@ -68,7 +70,10 @@ pub enum When {
 pub enum Overlap {
     /// The tick is skipped (recorded as handled, no task) while an earlier
     /// tick's task has not ended. When one pass finds several ticks to run
-    /// (missed ticks caught up), only the newest runs. A tick revived by
+    /// (missed ticks caught up), only the newest runs. A tick
+    /// [cancelled](crate::Queue::cancel) while its handler runs counts as
+    /// ended at once, though the handler stops only when its agent sees the
+    /// cancel (at the latest when its lease ends); a tick revived by
     /// [`Queue::requeue`](crate::Queue::requeue) after a later tick was
     /// enqueued is not waited for.
     #[default]
@@ -77,9 +82,13 @@ pub enum Overlap {
     Allow,
     /// The tick's task is enqueued held back (not ready), and made ready once
     /// the previous tick's task has ended: ticks run one at a time, in order.
-    /// Held tasks wait while the schedule is paused, are still let through one
-    /// at a time if the policy is changed, and stay held if the schedule is
-    /// deleted.
+    /// Ticks enqueued under another policy before a change to this one are
+    /// waited for first. Held tasks wait while the schedule is paused, are
+    /// still let through one at a time if the policy is changed, and stay
+    /// held if the schedule is deleted. As with [`Overlap::Skip`], a
+    /// cancelled tick counts as ended at once; a tick revived by
+    /// [`Queue::requeue`](crate::Queue::requeue) is ready again at once,
+    /// beside the tick let through.
     Queue,
 }
 

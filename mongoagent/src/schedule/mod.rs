@@ -166,7 +166,11 @@ impl<S: Store + Clone> Schedules<S> {
                     }
                     let w = Write::new(
                         Condition::RevIs(r.rev()),
-                        Mutation::new().set(fields::DEF, def.clone()).set(fields::SINCE, now).inc(fields::VERSION, 1),
+                        Mutation::new()
+                            .set(fields::DEF, def.clone())
+                            .set(fields::SINCE, now)
+                            .inc(fields::VERSION, 1)
+                            .unset(fields::ONLY_OPEN),
                     );
                     if self.store.write(&self.coll, &key, &w).await?.is_applied() {
                         tracing::info!(schedule = %s.name, version = version + 1, "schedule changed");
@@ -181,8 +185,9 @@ impl<S: Store + Clone> Schedules<S> {
         let key = Self::key(name)?;
         let mut m = Mutation::new().set(fields::PAUSED, paused);
         if !paused {
-            // Ticks that fell while paused are not run.
-            m = m.set(fields::SINCE, self.store.now().await?.as_millis());
+            // Ticks that fell while paused are not run (and a tick enqueued
+            // before, whose record was lost, is looked for again).
+            m = m.set(fields::SINCE, self.store.now().await?.as_millis()).unset(fields::ONLY_OPEN);
         }
         let cond = Condition::FieldEq(fields::PAUSED.into(), Bson::Boolean(!paused));
         let applied = self.store.write(&self.coll, &key, &Write::new(cond, m)).await?.is_applied();
@@ -298,35 +303,62 @@ impl<S: Store + Clone> Schedules<S> {
         Ok(self.store.ensure_indexes(&self.queue.coll, &[by_schedule]).await?)
     }
 
-    /// Whether a task of the schedule has not ended, `r` being its
-    /// definition as the pass read it and `unrecorded` the ticks from its
-    /// `last_tick` up to now.
+    /// Which ticks of the schedule have not ended, `r` being its definition
+    /// as the pass read it and `since_last` its ticks from `last_tick` up to
+    /// now.
     ///
-    /// Where the last enqueue found every earlier tick ended
-    /// ([`fields::ENDED_BEFORE_LAST`]), only that tick and the unrecorded ones
-    /// (inserted by a pass whose record of them failed) can be unfinished:
-    /// only they are read, by `_id`, and checked here, not by a condition (on
-    /// SecantusDB's Rust server any `$expr` reads the whole collection, even
-    /// beside an `_id`). Else, and when the unrecorded ticks are too many,
-    /// every kept tick of the schedule is read (the index does not hold
-    /// `complete`, which pending tasks lack).
-    pub(crate) async fn has_unfinished(&self, name: &str, r: &Record, unrecorded: &[i64]) -> Result<bool, AgentError> {
+    /// Where a pass recorded the only tick that may not have ended
+    /// ([`fields::ONLY_OPEN`]), the unfinished ones can only be that tick
+    /// and those from `last_tick` on (inserted by a pass whose record was
+    /// lost or refused): only they are read, by `_id`, and checked here, not
+    /// by a condition (on SecantusDB's Rust server any `$expr` reads the
+    /// whole collection, even beside an `_id`). Else, and when those ticks
+    /// are too many, every kept tick of the schedule is read (the index does
+    /// not hold `complete`, which pending tasks lack).
+    pub(crate) async fn unfinished(
+        &self,
+        name: &str,
+        r: &Record,
+        since_last: &[i64],
+    ) -> Result<Unfinished, AgentError> {
         let by_schedule = Query::eq(doc! { task_fields::SCHEDULE: name });
-        let settled = r.data().get_bool(fields::ENDED_BEFORE_LAST).ok() == Some(true);
-        match r.data().get_str(fields::LAST_TASK).ok() {
-            Some(last) if settled && unrecorded.len() < ticks::MAX_KEYS_TO_CHECK => {
-                let ids = std::iter::once(last.to_owned())
-                    .chain(unrecorded.iter().map(|&t| task_id(name, StoreTime::from_millis(t))));
-                let keys = ids
-                    .map(Key::new)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| AgentError::Config(ConfigError::caused_by(e)))?;
+        let open = r.data().get(fields::ONLY_OPEN).and_then(|id| Key::from_bson(id.clone()).ok());
+        let found = match open {
+            Some(open) if since_last.len() < ticks::MAX_KEYS_TO_CHECK => {
+                let ids = since_last.iter().filter_map(|&t| Key::new(task_id(name, StoreTime::from_millis(t))).ok());
+                let mut keys: Vec<Key> = ids.filter(|k| *k != open).collect();
+                keys.push(open);
                 let found = self.store.find(&self.queue.coll, &by_schedule.keys(keys)).await?;
-                Ok(found.iter().any(|t| t.data().get_bool(task_fields::COMPLETE).ok() != Some(true)))
+                found.into_iter().filter(|t| t.data().get_bool(task_fields::COMPLETE).ok() != Some(true)).collect()
             }
-            _ => Ok(self.store.count(&self.queue.coll, &by_schedule.when(not_complete()).limit(1)).await? > 0),
-        }
+            _ => self.store.find(&self.queue.coll, &by_schedule.when(not_complete()).limit(2)).await?,
+        };
+        let mut ids = found.iter().map(|t| t.key().clone());
+        Ok(match (ids.next(), ids.next()) {
+            (None, _) => Unfinished::None,
+            (Some(k), None) => Unfinished::One(k),
+            (Some(_), Some(_)) => Unfinished::Several,
+        })
     }
+
+    /// Whether a tick of the schedule that is not held has not ended: one
+    /// enqueued under another policy, before a change to [`Overlap::Queue`].
+    async fn has_unheld_unfinished(&self, name: &str) -> Result<bool, AgentError> {
+        let held = Condition::FieldEq(task_fields::OVERLAP_HELD.into(), Bson::Boolean(true));
+        let q = Query::eq(doc! { task_fields::SCHEDULE: name }).when(not_complete().and(held.negate())).limit(1);
+        Ok(self.store.count(&self.queue.coll, &q).await? > 0)
+    }
+}
+
+/// What [`Schedules::unfinished`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Unfinished {
+    /// Every tick has ended.
+    None,
+    /// This tick alone has not.
+    One(Key),
+    /// More than one have not.
+    Several,
 }
 
 impl<S: Store + Clone> Schedules<S> {
@@ -369,6 +401,11 @@ impl<S: Store + Clone> Schedules<S> {
         let Some(next) = self.store.find(&self.queue.coll, &oldest).await?.into_iter().next() else {
             return Ok(false);
         };
+        // None let through by this policy: a tick enqueued under another
+        // (before a change to Queue) may still run, and is waited for.
+        if running.is_none() && self.has_unheld_unfinished(name).await? {
+            return Ok(true);
+        }
         let next_id = next.key().as_bson().clone();
         let cond = match running {
             Some(id) => Condition::FieldEq(fields::RUNNING.into(), id),
@@ -404,6 +441,11 @@ fn version_of(r: &Record) -> u64 {
 /// The first tick considered: after the last one handled, not before `since`
 /// (a one-off time ignores `since`: one set in the past runs once, per the
 /// missed-tick policy).
+/// The last tick a pass recorded (run or skipped), if any.
+pub(crate) fn last_tick(r: &Record) -> Option<i64> {
+    int_field(r, fields::LAST_TICK)
+}
+
 pub(crate) fn from_of(s: &Schedule, r: &Record) -> i64 {
     let last = int_field(r, fields::LAST_TICK).map(|t| t.saturating_add(1));
     let since = int_field(r, fields::SINCE).unwrap_or(0);

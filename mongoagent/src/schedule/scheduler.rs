@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use bson::Bson;
 use store_trait::helpers::Watcher;
-use store_trait::{Condition, InsertOutcome, Mutation, Query, Store, StoreTime, Write};
+use store_trait::{Condition, InsertOutcome, Mutation, Query, Record, Store, StoreError, StoreTime, Write};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{fields, from_of, parse_record, Overlap, Schedules};
+use super::ticks::MAX_KEYS_TO_CHECK;
+use super::{fields, from_of, last_tick, parse_record, Overlap, Schedule, Schedules, Unfinished};
 use mongolock::unstable::Backoff;
 
 use crate::error::AgentError;
@@ -130,7 +131,8 @@ impl<S: Store + Clone> Scheduler<S> {
     ///
     /// Cancel-safe: a pass cut short leaves at most ticks enqueued but not
     /// recorded, which the next pass (of any process) enqueues again as
-    /// duplicates and records.
+    /// duplicates and records; under [`Overlap::Skip`] it finds such a tick
+    /// among those from `last_tick` on, and skips while it runs.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), AgentError> {
         let s = &self.schedules;
         let mut backoff = Backoff::new(Duration::from_millis(50), self.retry_max);
@@ -240,53 +242,88 @@ impl<S: Store + Clone> Scheduler<S> {
                     continue;
                 }
             };
-            let ticks = sched.ticks()?;
-            let from = from_of(&sched, &r);
-            let plan = sched.plan(&ticks, from, now);
-            if let Some(newest) = plan.newest {
-                let mut run = plan.run;
-                let mut clean = false;
-                if sched.overlap == Overlap::Skip && !run.is_empty() {
-                    let unrecorded = ticks.between(from, now, super::ticks::MAX_KEYS_TO_CHECK);
-                    if s.has_unfinished(&sched.name, &r, &unrecorded).await? {
-                        tracing::info!(schedule = %sched.name, skipped = run.len(), "tick skipped: the previous task has not ended");
-                        run.clear();
-                    } else {
-                        // The ticks of one pass would overlap each other: the newest runs.
-                        run.drain(..run.len() - 1);
-                        clean = true;
-                    }
+            match self.pass_one(&sched, &r, now, &mut out).await {
+                Ok(()) => {}
+                // One schedule's bad data (a field another program wrote) is
+                // that schedule's problem, not every schedule's.
+                Err(
+                    e @ (AgentError::Config(_)
+                    | AgentError::InvalidTask(_)
+                    | AgentError::ReservedField { .. }
+                    | AgentError::Store(StoreError::InvalidInput { .. } | StoreError::Malformed { .. })),
+                ) => {
+                    tracing::warn!(schedule = %r.key(), error = %e, "schedule cannot be handled; skipped");
                 }
-                let tasks: Vec<_> = run.iter().map(|&t| sched.template(StoreTime::from_millis(t))).collect();
-                if !tasks.is_empty() {
-                    let outcomes = s.queue.enqueue_all(&tasks).await?;
-                    let inserted = outcomes.iter().filter(|o| matches!(o, InsertOutcome::Inserted(_))).count();
-                    out.enqueued += u64::try_from(inserted).unwrap_or(u64::MAX);
-                    tracing::info!(schedule = %sched.name, ticks = tasks.len(), inserted, "ticks enqueued");
-                }
-                // Only forward, and only for the definition this pass read.
-                let mut m = Mutation::new().set(fields::LAST_TICK, newest);
-                if let Some(&last) = run.last() {
-                    m = m.set(fields::LAST_TASK, super::task_id(&sched.name, StoreTime::from_millis(last)));
-                    // Only a Skip pass that found every tick ended vouches for
-                    // the ones before its own; any other enqueue withdraws it.
-                    m = if clean { m.set(fields::ENDED_BEFORE_LAST, true) } else { m.unset(fields::ENDED_BEFORE_LAST) };
-                }
-                let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
-                let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
-                    .and(Condition::FieldEq(fields::VERSION.into(), version));
-                s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?;
-            }
-            // Also after a change away from Queue, until the held tasks are through.
-            if sched.overlap == Overlap::Queue || r.data().contains_key(fields::RUNNING) {
-                out.held |= s.let_through(&sched.name).await?;
-            }
-            let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
-            if let Some(next) = ticks.next_at_or_after(after) {
-                let next = StoreTime::from_millis(next);
-                out.next_tick = Some(out.next_tick.map_or(next, |t: StoreTime| t.min(next)));
+                Err(e) => return Err(e),
             }
         }
         Ok(out)
+    }
+
+    /// The pass's work on one schedule: its due ticks enqueued (per its
+    /// policies) and recorded, held ticks let through, its next tick noted.
+    async fn pass_one(&self, sched: &Schedule, r: &Record, now: i64, out: &mut Pass) -> Result<(), AgentError> {
+        let s = &self.schedules;
+        let ticks = sched.ticks()?;
+        let from = from_of(sched, r);
+        let plan = sched.plan(&ticks, from, now);
+        if let Some(newest) = plan.newest {
+            let mut run = plan.run;
+            // What the record says may still run: set only by a pass that
+            // checked (Skip), withdrawn by every other.
+            let mut only_open = None;
+            if sched.overlap == Overlap::Skip && !run.is_empty() {
+                let since_last = ticks.between(last_tick(r).unwrap_or(from), now, MAX_KEYS_TO_CHECK);
+                match s.unfinished(&sched.name, r, &since_last).await? {
+                    Unfinished::None => {
+                        // The ticks of one pass would overlap each other: the newest runs.
+                        run.drain(..run.len() - 1);
+                        only_open =
+                            run.last().map(|&t| Bson::String(super::task_id(&sched.name, StoreTime::from_millis(t))));
+                    }
+                    open => {
+                        tracing::info!(schedule = %sched.name, skipped = run.len(), "tick skipped: the previous task has not ended");
+                        run.clear();
+                        if let Unfinished::One(k) = open {
+                            only_open = Some(k.as_bson().clone());
+                        }
+                    }
+                }
+            }
+            let tasks: Vec<_> = run.iter().map(|&t| sched.template(StoreTime::from_millis(t))).collect();
+            if !tasks.is_empty() {
+                let outcomes = s.queue.enqueue_all(&tasks).await?;
+                let inserted = outcomes.iter().filter(|o| matches!(o, InsertOutcome::Inserted(_))).count();
+                out.enqueued += u64::try_from(inserted).unwrap_or(u64::MAX);
+                tracing::info!(schedule = %sched.name, ticks = tasks.len(), inserted, "ticks enqueued");
+            }
+            // Only forward, and only for the definition this pass read.
+            let mut m = Mutation::new().set(fields::LAST_TICK, newest);
+            if let Some(&last) = run.last() {
+                m = m.set(fields::LAST_TASK, super::task_id(&sched.name, StoreTime::from_millis(last)));
+                // Ticks not let through by Queue: held ones wait for them too.
+                if sched.overlap != Overlap::Queue && r.data().get(fields::RUNNING).is_some_and(|b| *b != Bson::Null) {
+                    m = m.set(fields::RUNNING, Bson::Null);
+                }
+            }
+            m = match only_open {
+                Some(id) => m.set(fields::ONLY_OPEN, id),
+                None => m.unset(fields::ONLY_OPEN),
+            };
+            let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
+            let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
+                .and(Condition::FieldEq(fields::VERSION.into(), version));
+            s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?;
+        }
+        // Also after a change away from Queue, until the held tasks are through.
+        if sched.overlap == Overlap::Queue || r.data().contains_key(fields::RUNNING) {
+            out.held |= s.let_through(&sched.name).await?;
+        }
+        let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
+        if let Some(next) = ticks.next_at_or_after(after) {
+            let next = StoreTime::from_millis(next);
+            out.next_tick = Some(out.next_tick.map_or(next, |t: StoreTime| t.min(next)));
+        }
+        Ok(())
     }
 }

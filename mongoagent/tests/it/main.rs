@@ -32,6 +32,7 @@ mod review_otel;
 mod review_otel2;
 mod review_refactor;
 mod review_retain;
+mod review_skip;
 mod review_timeouts;
 mod schedules;
 mod simulation;

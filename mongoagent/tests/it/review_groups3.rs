@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use mongoagent::{Agent, Outcome, Queue, Task};
+use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
 use store_test::{Call, Harness, Intercept, Intercepted};
 use store_trait::{Collection, Condition, Key, Mutation, Query, Store, StoreResult, Write};
 use tokio::sync::Notify;
@@ -401,13 +401,17 @@ pub(crate) mod cases {
     /// of twelve tasks whose handlers honour their cancellation (a little
     /// late) and whose even tasks fail for good on their first run, while
     /// an operator, every 150 ms in turn, cancels whatever of the group
-    /// runs, requeues what failed, and force-deletes what is ready: no two
-    /// handlers of the group ever run at once.
+    /// runs, requeues what failed, and force-deletes what is ready (of half
+    /// the tasks): no two handlers of the group ever run at once.
     pub(crate) async fn an_operator_storm_keeps_a_cap_of_one<H: Harness>(h: &H) {
         let s = h.store("rv3_groups_storm").await;
         let q = Queue::new(s.clone(), "tasks").unwrap();
-        for i in 0..12 {
-            q.enqueue(grouped("g", i).max_attempts(1)).await.unwrap();
+        // The operator deletes only half of them (`deletable`), so the storm
+        // cannot empty the group before its handlers run: on a slow server a
+        // task let through is often deleted before an agent claims it.
+        for i in 0..12_i64 {
+            let data = doc! { "g": "g", "i": i, "deletable": i >= 6 };
+            q.enqueue(NewTask::new("w", data).group("g").max_attempts(1)).await.unwrap();
         }
         let log = Log::default();
         let stop = CancellationToken::new();
@@ -450,7 +454,7 @@ pub(crate) mod cases {
             let _ = match k % 3 {
                 0 => q.cancel(doc! { "group_key": "g", "claimed": true }).await,
                 1 => q.requeue(doc! { "group_key": "g" }).await,
-                _ => q.delete(doc! { "group_key": "g", "ready": true }).force(true).await,
+                _ => q.delete(doc! { "group_key": "g", "ready": true, "deletable": true }).force(true).await,
             };
         }
         // Let the last runs end.

@@ -283,7 +283,7 @@ async fn a_pass_that_failed_to_record_its_tick_does_not_run_it_again() {
     let (s, agent) = minutely(&store, "u").await;
     let runs = Arc::new(AtomicUsize::new(0));
     let run = || counting(&agent, &runs);
-    // The pass: find, now, count (has_unfinished), insert, then the record
+    // The pass: find, now, the Skip check, insert, then the record
     // of last_tick, which fails here without being applied.
     let failing: Intercepted<MemoryStore, FailScheduleWrite> = Intercepted::new(store.clone());
     let first = Schedules::new(failing.clone(), "cron").unwrap().scheduler().pass().await;
