@@ -341,6 +341,25 @@ impl<S: Store + Clone> Schedules<S> {
         })
     }
 
+    /// Removes the schedule's `only_open` unless it names `ours` (the tick a
+    /// pass inserted): conditional on the revision read, so that it removes
+    /// only the mark it looked at.
+    pub(crate) async fn withdraw_only_open(&self, key: &Key, ours: Option<&Bson>) -> Result<(), AgentError> {
+        for _ in 0..3 {
+            let Some(r) = self.store.get(&self.coll, key).await?.record else { return Ok(()) };
+            let named = r.data().get(fields::ONLY_OPEN);
+            if named.is_none() || named == ours {
+                return Ok(());
+            }
+            let w = Write::new(Condition::RevIs(r.rev()), Mutation::new().unset(fields::ONLY_OPEN));
+            if self.store.write(&self.coll, key, &w).await?.is_applied() {
+                tracing::info!(schedule = %key, "a late tick inserted: the next pass reads every unfinished tick");
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// Whether a tick of the schedule that is not held has not ended: one
     /// enqueued under another policy, before a change to [`Overlap::Queue`].
     async fn has_unheld_unfinished(&self, name: &str) -> Result<bool, AgentError> {

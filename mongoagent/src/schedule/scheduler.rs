@@ -264,6 +264,25 @@ impl<S: Store + Clone> Scheduler<S> {
     /// policies) and recorded, held ticks let through, its next tick noted.
     async fn pass_one(&self, sched: &Schedule, r: &Record, now: i64, out: &mut Pass) -> Result<(), AgentError> {
         let s = &self.schedules;
+        // Skip checks the ticks from the recorded `last_tick` up to `now`. A
+        // pass reads every schedule, and the time, once, and may reach this
+        // one late; another pass, later, may have recorded a newer tick in
+        // the meantime, which this one would not check. So it reads the
+        // schedule again, with the store's time, before a check.
+        if sched.overlap == Overlap::Skip && !sched.plan(&sched.ticks()?, from_of(sched, r), now).run.is_empty() {
+            let snap = s.store.get(&s.coll, r.key()).await?;
+            let Some(fresh) = snap.record else { return Ok(()) };
+            if fresh.data().get_bool(fields::PAUSED).unwrap_or(false) {
+                return Ok(());
+            }
+            return self.handle(&parse_record(&fresh)?, &fresh, snap.now.as_millis(), out).await;
+        }
+        self.handle(sched, r, now, out).await
+    }
+
+    /// [`Scheduler::pass_one`] on the schedule as read at `now`.
+    async fn handle(&self, sched: &Schedule, r: &Record, now: i64, out: &mut Pass) -> Result<(), AgentError> {
+        let s = &self.schedules;
         let ticks = sched.ticks()?;
         let from = from_of(sched, r);
         let plan = sched.plan(&ticks, from, now);
@@ -291,9 +310,10 @@ impl<S: Store + Clone> Scheduler<S> {
                 }
             }
             let tasks: Vec<_> = run.iter().map(|&t| sched.template(StoreTime::from_millis(t))).collect();
+            let mut inserted = 0;
             if !tasks.is_empty() {
                 let outcomes = s.queue.enqueue_all(&tasks).await?;
-                let inserted = outcomes.iter().filter(|o| matches!(o, InsertOutcome::Inserted(_))).count();
+                inserted = outcomes.iter().filter(|o| matches!(o, InsertOutcome::Inserted(_))).count();
                 out.enqueued += u64::try_from(inserted).unwrap_or(u64::MAX);
                 tracing::info!(schedule = %sched.name, ticks = tasks.len(), inserted, "ticks enqueued");
             }
@@ -301,19 +321,26 @@ impl<S: Store + Clone> Scheduler<S> {
             let mut m = Mutation::new().set(fields::LAST_TICK, newest);
             if let Some(&last) = run.last() {
                 m = m.set(fields::LAST_TASK, super::task_id(&sched.name, StoreTime::from_millis(last)));
-                // Ticks not let through by Queue: held ones wait for them too.
-                if sched.overlap != Overlap::Queue && r.data().get(fields::RUNNING).is_some_and(|b| *b != Bson::Null) {
-                    m = m.set(fields::RUNNING, Bson::Null);
-                }
             }
-            m = match only_open {
-                Some(id) => m.set(fields::ONLY_OPEN, id),
+            // Ticks of another policy are not let through by Queue: held ones
+            // left from it wait for them too (`Schedules::let_through`).
+            if sched.overlap != Overlap::Queue && r.data().get(fields::RUNNING).is_some_and(|b| *b != Bson::Null) {
+                m = m.set(fields::RUNNING, Bson::Null);
+            }
+            m = match &only_open {
+                Some(id) => m.set(fields::ONLY_OPEN, id.clone()),
                 None => m.unset(fields::ONLY_OPEN),
             };
             let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
             let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
                 .and(Condition::FieldEq(fields::VERSION.into(), version));
-            s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?;
+            let recorded = s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?.is_applied();
+            // A tick this pass inserted after another pass recorded a newer
+            // one (this pass was held up) is at or before `last_tick` and not
+            // named: the next pass must look at every unfinished tick.
+            if !recorded && inserted > 0 && sched.overlap == Overlap::Skip {
+                s.withdraw_only_open(r.key(), only_open.as_ref()).await?;
+            }
         }
         // Also after a change away from Queue, until the held tasks are through.
         if sched.overlap == Overlap::Queue || r.data().contains_key(fields::RUNNING) {

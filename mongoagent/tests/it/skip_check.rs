@@ -192,3 +192,113 @@ async fn a_change_to_skip_waits_for_the_ticks_allow_enqueued() {
     s.scheduler().pass().await.unwrap();
     assert_eq!(ticks(&s, "a").await.len(), 4, "the next tick once it ended");
 }
+
+/// Holds the first call of one kind on one collection (once armed) until
+/// `release` is notified; `reached` is notified when it holds.
+#[derive(Debug, Default)]
+struct HoldFirst {
+    armed: Mutex<Option<(&'static str, &'static str)>>,
+    reached: Notify,
+    release: Notify,
+}
+
+#[async_trait::async_trait]
+impl<S: store_trait::Store> Intercept<S> for HoldFirst {
+    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
+        let kind = match call {
+            Call::Get(_) => "get",
+            Call::InsertMany(_) => "insert",
+            _ => return Ok(()),
+        };
+        let hold = {
+            let mut armed = self.armed.lock().unwrap();
+            let hit = *armed == Some((coll.map_or("", Collection::as_str), kind));
+            if hit {
+                *armed = None;
+            }
+            hit
+        };
+        if hold {
+            self.reached.notify_one();
+            self.release.notified().await;
+        }
+        Ok(())
+    }
+}
+
+/// A pass that reached the schedule late (held before its check) while
+/// another, later, enqueued and recorded a newer tick, reads the schedule
+/// again before its check, and enqueues nothing beside that tick.
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_reaches_the_schedule_late_reads_it_again() {
+    let store = memory();
+    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
+    let b = Schedules::new(late.clone(), "cron").unwrap();
+    let c = Schedules::new(store.clone(), "cron").unwrap();
+    c.upsert(&minutely("x", Overlap::Skip)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "x", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    tokio::time::sleep(MINUTE).await;
+    c.scheduler().pass().await.unwrap();
+    complete_one(&agent).await;
+    // B's pass at tick 2 is held before it reads the schedule again.
+    tokio::time::sleep(MINUTE).await;
+    *late.armed.lock().unwrap() = Some(("cron_schedules", "get"));
+    let pass_b = tokio::spawn(async move { b.scheduler().pass().await });
+    tokio::time::timeout(Duration::from_secs(30), late.reached.notified())
+        .await
+        .expect("the pass reads the schedule again before its check");
+    // C, a minute later, enqueues tick 3, which starts.
+    tokio::time::sleep(MINUTE).await;
+    c.scheduler().pass().await.unwrap();
+    let (hold, running) = start_held(&agent).await;
+    late.release.notify_one();
+    pass_b.await.unwrap().unwrap();
+    let open = unfinished(&c, "x").await;
+    hold.notify_one();
+    running.await.unwrap().unwrap();
+    assert_eq!(open.len(), 1, "nothing enqueued beside tick 3: {open:?}");
+}
+
+/// A pass held between its check and its insert (a stall the check cannot
+/// see) inserts tick 2 after another pass enqueued and recorded tick 3: its
+/// record is refused, and it withdraws the schedule's `only_open`, so that
+/// while tick 2 runs, later passes (which would read only tick 3 and what
+/// follows) read every unfinished tick and skip.
+#[tokio::test(start_paused = true)]
+async fn a_tick_inserted_late_is_not_hidden_from_later_passes() {
+    let store = memory();
+    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
+    let b = Schedules::new(late.clone(), "cron").unwrap();
+    let c = Schedules::new(store.clone(), "cron").unwrap();
+    c.upsert(&minutely("y", Overlap::Skip)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "y", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    tokio::time::sleep(MINUTE).await;
+    c.scheduler().pass().await.unwrap();
+    complete_one(&agent).await;
+    tokio::time::sleep(MINUTE).await;
+    *late.armed.lock().unwrap() = Some(("cron", "insert"));
+    let pass_b = tokio::spawn(async move { b.scheduler().pass().await });
+    late.reached.notified().await;
+    // C enqueues tick 3, which runs and ends.
+    tokio::time::sleep(MINUTE).await;
+    c.scheduler().pass().await.unwrap();
+    complete_one(&agent).await;
+    // B's insert of tick 2 lands; tick 2 starts.
+    late.release.notify_one();
+    pass_b.await.unwrap().unwrap();
+    let (hold, running) = start_held(&agent).await;
+    for _ in 0..2 {
+        tokio::time::sleep(MINUTE).await;
+        c.scheduler().pass().await.unwrap();
+    }
+    let open = unfinished(&c, "y").await;
+    hold.notify_one();
+    running.await.unwrap().unwrap();
+    assert_eq!(open.len(), 1, "nothing enqueued while tick 2 runs: {open:?}");
+}
+
+/// The schedule's tasks not ended.
+async fn unfinished<S: store_trait::Store + Clone>(s: &Schedules<S>, name: &str) -> Vec<String> {
+    let all = s.queue().tasks(doc! { "schedule": name }, None).await.unwrap();
+    all.iter().filter(|t| t.data().get_bool("complete").ok() != Some(true)).map(|t| t.key().to_string()).collect()
+}
