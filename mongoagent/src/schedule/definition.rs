@@ -83,8 +83,9 @@ pub enum Overlap {
     /// The tick's task is enqueued held back (not ready), and made ready once
     /// the previous tick's task has ended: ticks run one at a time, in order.
     /// Ticks enqueued under another policy before a change to this one are
-    /// waited for first. Held tasks wait while the schedule is paused, are
-    /// still let through one at a time if the policy is changed, and stay
+    /// waited for first. Held tasks wait while the schedule is paused; if
+    /// the policy is changed, they are let through one at a time under
+    /// [`Overlap::Skip`] and all at once under [`Overlap::Allow`]; they stay
     /// held if the schedule is deleted. As with [`Overlap::Skip`], a
     /// cancelled tick counts as ended at once; a tick revived by
     /// [`Queue::requeue`](crate::Queue::requeue) is ready again at once,

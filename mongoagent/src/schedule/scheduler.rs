@@ -331,9 +331,16 @@ impl<S: Store + Clone> Scheduler<S> {
                 Some(id) => m.set(fields::ONLY_OPEN, id.clone()),
                 None => m.unset(fields::ONLY_OPEN),
             };
+            // `since` too: a schedule deleted and created again under its name
+            // starts at version 1 again, with its own `since`.
             let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
+            let since = match r.data().get(fields::SINCE) {
+                Some(v) => Condition::FieldEq(fields::SINCE.into(), v.clone()),
+                None => Condition::Exists(fields::SINCE.into()).negate(),
+            };
             let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
-                .and(Condition::FieldEq(fields::VERSION.into(), version));
+                .and(Condition::FieldEq(fields::VERSION.into(), version))
+                .and(since);
             let recorded = s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?.is_applied();
             // A tick this pass inserted after another pass recorded a newer
             // one (this pass was held up) is at or before `last_tick` and not
@@ -344,7 +351,7 @@ impl<S: Store + Clone> Scheduler<S> {
         }
         // Also after a change away from Queue, until the held tasks are through.
         if sched.overlap == Overlap::Queue || r.data().contains_key(fields::RUNNING) {
-            out.held |= s.let_through(&sched.name).await?;
+            out.held |= s.let_through(&sched.name, sched.overlap).await?;
         }
         let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
         if let Some(next) = ticks.next_at_or_after(after) {

@@ -16,6 +16,7 @@ mod mongo_agent_spec;
 #[cfg(feature = "otel")]
 mod otel;
 mod outbox;
+mod overlap_change;
 mod reserved;
 mod review_debounce;
 mod review_dedupe;
@@ -34,6 +35,7 @@ mod review_refactor;
 mod review_retain;
 mod review_skip;
 mod review_timeouts;
+mod schedule_support;
 mod schedules;
 mod simulation;
 mod skip_check;

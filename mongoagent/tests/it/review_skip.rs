@@ -20,123 +20,20 @@
 //! cancelled while its handler runs counts as ended at once, and a Queue
 //! tick revived by `requeue` runs beside the tick let through.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use tokio::sync::Notify;
 
 use bson::{doc, Bson};
 use mongoagent::{
     schedule::{Overlap, Schedule, Schedules},
-    Agent, NewTask, Processed, Task,
+    Agent, NewTask,
 };
 use store_memory::MemoryStore;
-use store_test::{Call, Intercept, Intercepted, TestClock};
-use store_trait::{Collection, Key, Mutation, Store, StoreResult, StoreTime, Write};
+use store_test::Intercepted;
+use store_trait::{Key, Mutation, Store, Write};
 
-/// 2026-05-04T10:00:00.500Z: half a second past a whole minute.
-const START: i64 = 1_777_888_800_500;
-const MINUTE: Duration = Duration::from_secs(60);
-
-fn memory() -> MemoryStore {
-    MemoryStore::builder().clock(TestClock::starting_at(StoreTime::from_millis(START))).build()
-}
-
-fn minutely(name: &str, overlap: Overlap) -> Schedule {
-    Schedule::every(name, MINUTE, NewTask::new(name, doc! {})).unwrap().overlap(overlap)
-}
-
-async fn ticks<S: Store + Clone>(s: &Schedules<S>, name: &str) -> Vec<String> {
-    let mut v: Vec<String> =
-        s.queue().tasks(doc! { "schedule": name }, None).await.unwrap().iter().map(|t| t.key().to_string()).collect();
-    v.sort();
-    v
-}
-
-/// Fails every write to `cron_schedules` that sets `last_tick` while on.
-#[derive(Debug, Default)]
-struct FailRecord(Mutex<bool>);
-
-#[async_trait::async_trait]
-impl<S: Store> Intercept<S> for FailRecord {
-    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
-        if let (Some(c), Call::Write(_, w)) = (coll, call) {
-            if *self.0.lock().unwrap() && c.as_str() == "cron_schedules" && w.mutation.set.contains_key("last_tick") {
-                return Err(store_trait::StoreError::backend(store_trait::FaultKind::Unreachable, "connection reset"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Stalls the next write to `cron_schedules` that sets `last_tick` (once
-/// armed): `reached` is notified when it stalls, and it goes on when
-/// `release` is notified.
-#[derive(Debug, Default)]
-struct StallRecord {
-    armed: Mutex<bool>,
-    reached: Notify,
-    release: Notify,
-}
-
-#[async_trait::async_trait]
-impl<S: Store> Intercept<S> for StallRecord {
-    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
-        if let (Some(c), Call::Write(_, w)) = (coll, call) {
-            let stall = c.as_str() == "cron_schedules"
-                && w.mutation.set.contains_key("last_tick")
-                && std::mem::take(&mut *self.armed.lock().unwrap());
-            if stall {
-                self.reached.notify_one();
-                self.release.notified().await;
-            }
-        }
-        Ok(())
-    }
-}
-
-type Running = tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>;
-
-/// Starts the next task and holds it until the returned `Notify` is notified.
-async fn start_held(agent: &Agent<MemoryStore>) -> (Arc<Notify>, Running) {
-    let (started, hold) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let running = {
-        let (agent, started, hold) = (agent.clone(), started.clone(), hold.clone());
-        tokio::spawn(async move {
-            agent
-                .process(move |_: Task| {
-                    let (started, hold) = (started.clone(), hold.clone());
-                    async move {
-                        started.notify_one();
-                        hold.notified().await;
-                        true
-                    }
-                })
-                .await
-        })
-    };
-    started.notified().await;
-    (hold, running)
-}
-
-async fn complete_one(agent: &Agent<MemoryStore>) {
-    assert!(matches!(agent.process(|_: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
-}
-
-/// The tasks of the schedule not complete.
-async fn unfinished<S: Store + Clone>(s: &Schedules<S>, name: &str) -> Vec<String> {
-    let mut v: Vec<String> = s
-        .queue()
-        .tasks(doc! { "schedule": name }, None)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|t| t.data().get_bool("complete").ok() != Some(true))
-        .map(|t| t.key().to_string())
-        .collect();
-    v.sort();
-    v
-}
+use crate::schedule_support::{
+    complete_one, memory, minutely, start_held, ticks, unfinished_while_held, FailRecord, Settled, MINUTE,
+};
 
 /// FOUND, fixed. Tick 2 is enqueued and its record fails; the scheduler's retry
 /// (its next pass, 50 ms later in `run`; a minute later here) finds tick 2
@@ -157,7 +54,7 @@ async fn a_skip_of_an_unrecorded_tick_forgets_it() {
     *failing.0.lock().unwrap() = true;
     assert!(s.scheduler().pass().await.is_err(), "the record failed");
     *failing.0.lock().unwrap() = false;
-    let (hold, running) = start_held(&agent).await;
+    let held = start_held(&agent).await;
     // The retry, at tick 3: skipped (tick 2 runs), and tick 2 recorded as handled.
     tokio::time::sleep(MINUTE).await;
     s.scheduler().pass().await.unwrap();
@@ -165,9 +62,7 @@ async fn a_skip_of_an_unrecorded_tick_forgets_it() {
     // Tick 4: tick 2 still runs.
     tokio::time::sleep(MINUTE).await;
     s.scheduler().pass().await.unwrap();
-    let un = unfinished(&s, "u").await;
-    hold.notify_one();
-    running.await.unwrap().unwrap();
+    let un = unfinished_while_held(&s, "u", held).await;
     assert_eq!(un.len(), 1, "Skip: no tick enqueued while tick 2 runs, but: {un:?}");
 }
 
@@ -178,34 +73,19 @@ async fn a_skip_of_an_unrecorded_tick_forgets_it() {
 /// rejected. Tick 2 is forgotten: tick 3 is enqueued while it runs.
 #[tokio::test(start_paused = true)]
 async fn two_schedulers_at_one_tick_forget_the_running_tick() {
-    let store = memory();
-    let stalling: Intercepted<MemoryStore, StallRecord> = Intercepted::new(store.clone());
-    let a = Schedules::new(stalling.clone(), "cron").unwrap();
-    let b = Schedules::new(store.clone(), "cron").unwrap();
-    b.upsert(&minutely("c", Overlap::Skip)).await.unwrap();
-    let agent = Agent::builder(store.clone(), "c", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
-    tokio::time::sleep(MINUTE).await;
-    b.scheduler().pass().await.unwrap();
-    complete_one(&agent).await;
+    let r = Settled::new("c").await;
     // Tick 2: A inserts it, and stalls before its record.
     tokio::time::sleep(MINUTE).await;
-    *stalling.armed.lock().unwrap() = true;
-    let pass_a = {
-        let a = a.clone();
-        tokio::spawn(async move { a.scheduler().pass().await })
-    };
-    stalling.reached.notified().await;
+    let pass_a = r.held_pass("cron_schedules", "record").await;
     // B's pass at the same tick.
-    b.scheduler().pass().await.unwrap();
-    stalling.release.notify_one();
+    r.on_time.scheduler().pass().await.unwrap();
+    r.release();
     pass_a.await.unwrap().unwrap();
-    assert_eq!(ticks(&b, "c").await.len(), 2);
-    let (hold, running) = start_held(&agent).await;
+    assert_eq!(ticks(&r.on_time, "c").await.len(), 2);
+    let held = start_held(&r.agent).await;
     tokio::time::sleep(MINUTE).await;
-    b.scheduler().pass().await.unwrap();
-    let un = unfinished(&b, "c").await;
-    hold.notify_one();
-    running.await.unwrap().unwrap();
+    r.on_time.scheduler().pass().await.unwrap();
+    let un = unfinished_while_held(&r.on_time, "c", held).await;
     assert_eq!(un.len(), 1, "Skip: no tick enqueued while tick 2 runs, but: {un:?}");
 }
 
@@ -227,15 +107,13 @@ async fn a_resume_after_a_lost_record_forgets_the_running_tick() {
     *failing.0.lock().unwrap() = true;
     assert!(s.scheduler().pass().await.is_err(), "the record failed");
     *failing.0.lock().unwrap() = false;
-    let (hold, running) = start_held(&agent).await;
+    let held = start_held(&agent).await;
     assert!(s.pause("r").await.unwrap());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(s.resume("r").await.unwrap());
     tokio::time::sleep(MINUTE).await;
     s.scheduler().pass().await.unwrap();
-    let un = unfinished(&s, "r").await;
-    hold.notify_one();
-    running.await.unwrap().unwrap();
+    let un = unfinished_while_held(&s, "r", held).await;
     assert_eq!(un.len(), 1, "Skip: no tick enqueued while tick 2 runs, but: {un:?}");
 }
 
@@ -246,34 +124,19 @@ async fn a_resume_after_a_lost_record_forgets_the_running_tick() {
 /// while tick 2 runs.
 #[tokio::test(start_paused = true)]
 async fn an_upsert_racing_a_pass_forgets_the_running_tick() {
-    let store = memory();
-    let stalling: Intercepted<MemoryStore, StallRecord> = Intercepted::new(store.clone());
-    let a = Schedules::new(stalling.clone(), "cron").unwrap();
-    let b = Schedules::new(store.clone(), "cron").unwrap();
-    b.upsert(&minutely("v", Overlap::Skip)).await.unwrap();
-    let agent = Agent::builder(store.clone(), "v", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    let r = Settled::new("v").await;
     tokio::time::sleep(MINUTE).await;
-    b.scheduler().pass().await.unwrap();
-    complete_one(&agent).await;
-    tokio::time::sleep(MINUTE).await;
-    *stalling.armed.lock().unwrap() = true;
-    let pass_a = {
-        let a = a.clone();
-        tokio::spawn(async move { a.scheduler().pass().await })
-    };
-    stalling.reached.notified().await;
+    let pass_a = r.held_pass("cron_schedules", "record").await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     let changed = Schedule::every("v", MINUTE, NewTask::new("v", doc! {"x": 1})).unwrap();
-    b.upsert(&changed).await.unwrap();
-    stalling.release.notify_one();
+    r.on_time.upsert(&changed).await.unwrap();
+    r.release();
     pass_a.await.unwrap().unwrap();
-    assert_eq!(ticks(&b, "v").await.len(), 2);
-    let (hold, running) = start_held(&agent).await;
+    assert_eq!(ticks(&r.on_time, "v").await.len(), 2);
+    let held = start_held(&r.agent).await;
     tokio::time::sleep(MINUTE).await;
-    b.scheduler().pass().await.unwrap();
-    let un = unfinished(&b, "v").await;
-    hold.notify_one();
-    running.await.unwrap().unwrap();
+    r.on_time.scheduler().pass().await.unwrap();
+    let un = unfinished_while_held(&r.on_time, "v", held).await;
     assert_eq!(un.len(), 1, "Skip: no tick enqueued while tick 2 runs, but: {un:?}");
 }
 
@@ -344,7 +207,7 @@ async fn wrong_types_fall_back_to_the_count() {
         let agent = Agent::builder(store.clone(), "t", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
         tokio::time::sleep(MINUTE).await;
         s.scheduler().pass().await.unwrap();
-        let (hold, running) = start_held(&agent).await;
+        let held = start_held(&agent).await;
         let mut m = Mutation::new();
         for (k, v) in bad {
             m = m.set(k.as_str(), v);
@@ -353,9 +216,7 @@ async fn wrong_types_fall_back_to_the_count() {
         assert!(store.write(s.collection(), &Key::new("t").unwrap(), &w).await.unwrap().is_applied());
         tokio::time::sleep(MINUTE).await;
         s.scheduler().pass().await.unwrap();
-        let un = unfinished(&s, "t").await;
-        hold.notify_one();
-        running.await.unwrap().unwrap();
+        let un = unfinished_while_held(&s, "t", held).await;
         assert_eq!(un.len(), 1, "case {i}: {un:?}");
     }
 }

@@ -6,40 +6,18 @@
 //! `Overlap::Allow` before a change to `Skip`). More attacks on it, from an
 //! outside review, are in `review_skip.rs`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
-use bson::doc;
-use mongoagent::{
-    schedule::{Overlap, Schedule, Schedules},
-    Agent, NewTask, Processed, Task,
-};
+use mongoagent::schedule::{Overlap, Schedules};
+use mongoagent::{Agent, Processed};
 use store_memory::MemoryStore;
-use store_test::{Call, Intercept, Intercepted, TestClock};
-use store_trait::{Collection, StoreResult, StoreTime};
+use store_test::{Call, Intercept, Intercepted};
+use store_trait::{Collection, StoreResult};
 
-/// 2026-05-04T10:00:00.500Z: half a second past a whole minute.
-const START: i64 = 1_777_888_800_500;
-const MINUTE: Duration = Duration::from_secs(60);
-
-fn memory() -> MemoryStore {
-    MemoryStore::builder().clock(TestClock::starting_at(StoreTime::from_millis(START))).build()
-}
-
-/// Every minute, on queue "cron", under `overlap`.
-fn minutely(name: &str, overlap: Overlap) -> Schedule {
-    Schedule::every(name, MINUTE, NewTask::new(name, doc! {})).unwrap().overlap(overlap)
-}
-
-/// The schedule's ticks (task ids), in order.
-async fn ticks<S: store_trait::Store + Clone>(s: &Schedules<S>, name: &str) -> Vec<String> {
-    let mut v: Vec<String> =
-        s.queue().tasks(doc! { "schedule": name }, None).await.unwrap().iter().map(|t| t.key().to_string()).collect();
-    v.sort();
-    v
-}
+use crate::schedule_support::{
+    complete_one, memory, minutely, start_held, ticks, unfinished_while_held, FailRecord, Settled, MINUTE,
+};
 
 /// Records the schedule's checks on the queue: how many ticks each read by
 /// `_id` (`None`: every tick of the schedule).
@@ -56,52 +34,6 @@ impl<S: store_trait::Store> Intercept<S> for Checks {
         }
         Ok(())
     }
-}
-
-/// Fails every write to `cron_schedules` that sets `last_tick`, unapplied,
-/// while `on` is set.
-#[derive(Debug, Default)]
-struct FailRecord(Mutex<bool>);
-
-#[async_trait::async_trait]
-impl<S: store_trait::Store> Intercept<S> for FailRecord {
-    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
-        if let (Some(c), Call::Write(_, w)) = (coll, call) {
-            if *self.0.lock().unwrap() && c.as_str() == "cron_schedules" && w.mutation.set.contains_key("last_tick") {
-                return Err(store_trait::StoreError::backend(store_trait::FaultKind::Unreachable, "connection reset"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Starts the next task and holds it until the returned `Notify` is
-/// notified; the join handle gives what `process` returned.
-async fn start_held(
-    agent: &Agent<MemoryStore>,
-) -> (Arc<Notify>, tokio::task::JoinHandle<Result<Option<Processed>, mongoagent::AgentError>>) {
-    let (started, hold) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let running = {
-        let (agent, started, hold) = (agent.clone(), started.clone(), hold.clone());
-        tokio::spawn(async move {
-            agent
-                .process(move |_: Task| {
-                    let (started, hold) = (started.clone(), hold.clone());
-                    async move {
-                        started.notify_one();
-                        hold.notified().await;
-                        true
-                    }
-                })
-                .await
-        })
-    };
-    started.notified().await;
-    (hold, running)
-}
-
-async fn complete_one(agent: &Agent<MemoryStore>) {
-    assert!(matches!(agent.process(|_: Task| async { true }).await.unwrap(), Some(Processed::Completed(_))));
 }
 
 /// A minute-by-minute Skip schedule whose ticks all end: its first check
@@ -193,69 +125,22 @@ async fn a_change_to_skip_waits_for_the_ticks_allow_enqueued() {
     assert_eq!(ticks(&s, "a").await.len(), 4, "the next tick once it ended");
 }
 
-/// Holds the first call of one kind on one collection (once armed) until
-/// `release` is notified; `reached` is notified when it holds.
-#[derive(Debug, Default)]
-struct HoldFirst {
-    armed: Mutex<Option<(&'static str, &'static str)>>,
-    reached: Notify,
-    release: Notify,
-}
-
-#[async_trait::async_trait]
-impl<S: store_trait::Store> Intercept<S> for HoldFirst {
-    async fn before(&self, coll: Option<&Collection>, call: Call<'_>) -> StoreResult<()> {
-        let kind = match call {
-            Call::Get(_) => "get",
-            Call::InsertMany(_) => "insert",
-            _ => return Ok(()),
-        };
-        let hold = {
-            let mut armed = self.armed.lock().unwrap();
-            let hit = *armed == Some((coll.map_or("", Collection::as_str), kind));
-            if hit {
-                *armed = None;
-            }
-            hit
-        };
-        if hold {
-            self.reached.notify_one();
-            self.release.notified().await;
-        }
-        Ok(())
-    }
-}
-
 /// A pass that reached the schedule late (held before its check) while
 /// another, later, enqueued and recorded a newer tick, reads the schedule
 /// again before its check, and enqueues nothing beside that tick.
 #[tokio::test(start_paused = true)]
 async fn a_pass_that_reaches_the_schedule_late_reads_it_again() {
-    let store = memory();
-    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
-    let b = Schedules::new(late.clone(), "cron").unwrap();
-    let c = Schedules::new(store.clone(), "cron").unwrap();
-    c.upsert(&minutely("x", Overlap::Skip)).await.unwrap();
-    let agent = Agent::builder(store.clone(), "x", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
-    tokio::time::sleep(MINUTE).await;
-    c.scheduler().pass().await.unwrap();
-    complete_one(&agent).await;
+    let r = Settled::new("x").await;
     // B's pass at tick 2 is held before it reads the schedule again.
     tokio::time::sleep(MINUTE).await;
-    *late.armed.lock().unwrap() = Some(("cron_schedules", "get"));
-    let pass_b = tokio::spawn(async move { b.scheduler().pass().await });
-    tokio::time::timeout(Duration::from_secs(30), late.reached.notified())
-        .await
-        .expect("the pass reads the schedule again before its check");
+    let pass_b = r.held_pass("cron_schedules", "get").await;
     // C, a minute later, enqueues tick 3, which starts.
     tokio::time::sleep(MINUTE).await;
-    c.scheduler().pass().await.unwrap();
-    let (hold, running) = start_held(&agent).await;
-    late.release.notify_one();
+    r.on_time.scheduler().pass().await.unwrap();
+    let held = start_held(&r.agent).await;
+    r.release();
     pass_b.await.unwrap().unwrap();
-    let open = unfinished(&c, "x").await;
-    hold.notify_one();
-    running.await.unwrap().unwrap();
+    let open = unfinished_while_held(&r.on_time, "x", held).await;
     assert_eq!(open.len(), 1, "nothing enqueued beside tick 3: {open:?}");
 }
 
@@ -266,39 +151,38 @@ async fn a_pass_that_reaches_the_schedule_late_reads_it_again() {
 /// follows) read every unfinished tick and skip.
 #[tokio::test(start_paused = true)]
 async fn a_tick_inserted_late_is_not_hidden_from_later_passes() {
-    let store = memory();
-    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
-    let b = Schedules::new(late.clone(), "cron").unwrap();
-    let c = Schedules::new(store.clone(), "cron").unwrap();
-    c.upsert(&minutely("y", Overlap::Skip)).await.unwrap();
-    let agent = Agent::builder(store.clone(), "y", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    let r = Settled::new("y").await;
     tokio::time::sleep(MINUTE).await;
-    c.scheduler().pass().await.unwrap();
-    complete_one(&agent).await;
-    tokio::time::sleep(MINUTE).await;
-    *late.armed.lock().unwrap() = Some(("cron", "insert"));
-    let pass_b = tokio::spawn(async move { b.scheduler().pass().await });
-    late.reached.notified().await;
+    let pass_b = r.held_pass("cron", "insert").await;
     // C enqueues tick 3, which runs and ends.
     tokio::time::sleep(MINUTE).await;
-    c.scheduler().pass().await.unwrap();
-    complete_one(&agent).await;
+    r.on_time.scheduler().pass().await.unwrap();
+    complete_one(&r.agent).await;
     // B's insert of tick 2 lands; tick 2 starts.
-    late.release.notify_one();
+    r.release();
     pass_b.await.unwrap().unwrap();
-    let (hold, running) = start_held(&agent).await;
+    let held = start_held(&r.agent).await;
     for _ in 0..2 {
         tokio::time::sleep(MINUTE).await;
-        c.scheduler().pass().await.unwrap();
+        r.on_time.scheduler().pass().await.unwrap();
     }
-    let open = unfinished(&c, "y").await;
-    hold.notify_one();
-    running.await.unwrap().unwrap();
+    let open = unfinished_while_held(&r.on_time, "y", held).await;
     assert_eq!(open.len(), 1, "nothing enqueued while tick 2 runs: {open:?}");
 }
 
-/// The schedule's tasks not ended.
-async fn unfinished<S: store_trait::Store + Clone>(s: &Schedules<S>, name: &str) -> Vec<String> {
-    let all = s.queue().tasks(doc! { "schedule": name }, None).await.unwrap();
-    all.iter().filter(|t| t.data().get_bool("complete").ok() != Some(true)).map(|t| t.key().to_string()).collect()
+/// A pass that read a schedule which is then deleted and created again under
+/// its name (version 1 again) records nothing on the new one: its record is
+/// for the definition it read.
+#[tokio::test(start_paused = true)]
+async fn a_pass_of_a_deleted_schedule_records_nothing_on_its_successor() {
+    let r = Settled::new("z").await;
+    tokio::time::sleep(MINUTE).await;
+    let pass = r.held_pass("cron", "insert").await;
+    assert!(r.on_time.delete("z").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    r.on_time.upsert(&minutely("z", Overlap::Skip)).await.unwrap();
+    r.release();
+    pass.await.unwrap().unwrap();
+    let now = r.on_time.get("z").await.unwrap().unwrap();
+    assert_eq!((now.version, now.last_tick, now.last_task), (1, None, None), "the new schedule is untouched");
 }
