@@ -91,7 +91,7 @@ pub(crate) fn run(mode: Mode, target: &Target, strict: bool) -> Result<(), Strin
     }
     server::remove_stale_data();
     let (server, uri, label) = target.start(&venv)?;
-    let bin = crate::build_dir().join(profile);
+    let bin = crate::bin_dir(profile);
     let stem = if mode == Mode::Smoke { "smoke" } else { "summary" };
     let out = root().join("target").join("bench").join(format!("{stem}-{}.json", target.name()));
     let mut cmd = Command::new(bin.join("lab"));
@@ -149,7 +149,7 @@ pub(crate) fn table() -> Result<(), String> {
     debug_lab()?;
     let summaries = full_run_summaries()?;
     run_cmd(
-        Command::new(crate::build_dir().join("debug").join("lab"))
+        Command::new(crate::bin_dir("debug").join("lab"))
             .arg("bench-table")
             .arg("--readme")
             .arg(root().join("README.md"))
@@ -167,11 +167,7 @@ pub(crate) fn report(summaries: &[String]) -> Result<(), String> {
         if summaries.is_empty() { full_run_summaries()? } else { summaries.iter().map(PathBuf::from).collect() };
     let out = root().join("target").join("bench").join("report.md");
     run_cmd(
-        Command::new(crate::build_dir().join("debug").join("lab"))
-            .arg("bench-report")
-            .arg("--out")
-            .arg(&out)
-            .args(&summaries),
+        Command::new(crate::bin_dir("debug").join("lab")).arg("bench-report").arg("--out").arg(&out).args(&summaries),
     )
 }
 

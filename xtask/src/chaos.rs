@@ -9,7 +9,7 @@ use crate::server::{self, root, run_cmd};
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     // The same flags as the test build, so inside `cargo xtask ci` nothing is rebuilt.
     crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
-    let mut cmd = Command::new(crate::build_dir().join("debug").join("lab"));
+    let mut cmd = Command::new(crate::bin_dir("debug").join("lab"));
     match std::env::var("MONGODB_URI") {
         Ok(uri) if !uri.is_empty() => {
             cmd.env("MONGODB_URI", &uri).arg("chaos");
@@ -20,7 +20,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         }
     }
     let dir = root().join("target").join("chaos");
-    cmd.arg("--mongocoord").arg(crate::build_dir().join("debug").join("mongocoord"));
+    cmd.arg("--mongocoord").arg(crate::bin_dir("debug").join("mongocoord"));
     cmd.arg("--dir").arg(&dir).args(args);
     run_cmd(&mut cmd).inspect_err(|_| keep_failed_run(&dir))
 }

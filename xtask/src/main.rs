@@ -178,6 +178,20 @@ pub(crate) fn build_dir() -> PathBuf {
     .clone()
 }
 
+/// Where cargo puts the binaries of `profile` ("debug" or "release"): below
+/// the target triple's folder when `CARGO_BUILD_TARGET` names one, as cargo
+/// does for a cross build.
+pub(crate) fn bin_dir(profile: &str) -> PathBuf {
+    bin_dir_in(&build_dir(), std::env::var("CARGO_BUILD_TARGET").ok().as_deref(), profile)
+}
+
+fn bin_dir_in(build: &std::path::Path, triple: Option<&str>, profile: &str) -> PathBuf {
+    match triple.map(str::trim).filter(|t| !t.is_empty()) {
+        Some(t) => build.join(t).join(profile),
+        None => build.join(profile),
+    }
+}
+
 /// The `target_directory` of `cargo metadata`'s JSON (std only: no parser).
 fn target_directory(json: &str) -> Option<PathBuf> {
     let rest = &json[json.find("\"target_directory\":\"")? + "\"target_directory\":\"".len()..];
@@ -222,6 +236,15 @@ mod tests {
             ("RUSTDOCFLAGS".into(), "--cfg x -Dwarnings".into())
         );
         assert_eq!(f(&[("CI", "1")], "CI"), ("CI".into(), "-Dwarnings".into()));
+    }
+
+    #[test]
+    fn binaries_are_below_the_target_triple_when_one_is_set() {
+        let b = std::path::Path::new("/t");
+        assert_eq!(bin_dir_in(b, None, "debug"), PathBuf::from("/t/debug"));
+        assert_eq!(bin_dir_in(b, Some(""), "debug"), PathBuf::from("/t/debug"));
+        let triple = Some("x86_64-unknown-linux-gnu");
+        assert_eq!(bin_dir_in(b, triple, "release"), PathBuf::from("/t/x86_64-unknown-linux-gnu/release"));
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub(crate) fn run() -> Result<(), String> {
     // For our own tests: the CLI, built as `bench --smoke` and `chaos` build
     // it (in CI, that build is already there).
     crate::cargo(&["build", "-p", "lab", "-p", "mongocoord"], &[("RUSTFLAGS", "-Dwarnings")])?;
-    let mongocoord = target_dir.join("debug").join("mongocoord");
+    let mongocoord = crate::bin_dir("debug").join("mongocoord");
 
     let (server, uri) = match std::env::var("MONGODB_URI") {
         Ok(uri) if !uri.is_empty() => (None, uri),
