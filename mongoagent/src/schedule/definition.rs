@@ -22,7 +22,9 @@ pub mod fields {
     /// Whether ticks are skipped.
     pub const PAUSED: &str = "paused";
     /// Ticks before this instant (epoch ms) are never run: when the schedule
-    /// was created, last changed or resumed.
+    /// was created, last changed or resumed. A one-off time
+    /// ([`super::When::At`]) is not held to it: one that has passed runs once
+    /// or not, per the missed-tick policy.
     pub const SINCE: &str = "since";
     /// The last tick handled, run or skipped (epoch ms); only moves forward.
     pub const LAST_TICK: &str = "last_tick";
@@ -171,8 +173,23 @@ impl Schedule {
     /// # Ok::<(), mongoagent::AgentError>(())
     /// ```
     pub fn new(name: impl Into<String>, when: When, task: NewTask) -> Result<Self, AgentError> {
+        let s = Self::valid(name.into(), when, task)?;
+        // A cron expression of a date that never comes (the 30th of
+        // February) parses, then waits for ever. Checked here, for a
+        // definition being made, not on one read back: a cron with a year
+        // has no tick after its last, which a pass reads it to enqueue.
+        let now = store_trait::Clock::now(&store_trait::SystemClock).as_millis();
+        if matches!(s.when, When::Cron { .. }) && s.ticks()?.next_at_or_after(now).is_none() {
+            return Err(AgentError::Config("the cron expression never fires".into()));
+        }
+        Ok(s)
+    }
+
+    /// A schedule whose parts are each valid (what [`Schedule::new`] checks
+    /// but whether a cron expression has a tick to come).
+    fn valid(name: String, when: When, task: NewTask) -> Result<Self, AgentError> {
         let s = Schedule {
-            name: name.into(),
+            name,
             when,
             agent_name: task.agent_name,
             data: task.data,
@@ -185,12 +202,6 @@ impl Schedule {
             starting_deadline: Duration::from_secs(60),
             jitter: Duration::ZERO,
         };
-        // A cron expression of a date that never comes (the 30th of
-        // February) parses, then waits for ever.
-        let now = store_trait::Clock::now(&store_trait::SystemClock).as_millis();
-        if matches!(s.when, When::Cron { .. }) && s.ticks()?.next_at_or_after(now).is_none() {
-            return Err(AgentError::Config("the cron expression never fires".into()));
-        }
         s.ticks()?;
         s.template(StoreTime::from_millis(0)).to_document()?;
         // The name is the schedule's key, and part of every tick's task id.
@@ -429,7 +440,7 @@ impl Schedule {
             "all" => Missed::All(u32::try_from(int("missed_max")?).map_err(|_| bad("missed_max"))?),
             _ => return Err(bad("missed")),
         };
-        let s = Schedule::new(name, when, task)?
+        let s = Schedule::valid(name.to_owned(), when, task)?
             .overlap(overlap)
             .missed(missed)
             .starting_deadline(dur("starting_deadline_ms")?)

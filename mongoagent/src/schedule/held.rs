@@ -4,7 +4,7 @@
 use bson::{doc, Bson};
 use store_trait::{Condition, Key, Mutation, Query, Store, Write};
 
-use super::{fields, Overlap, Schedules};
+use super::{fields, unchanged, Overlap, Schedules};
 use crate::error::AgentError;
 use crate::schema::fields as task_fields;
 use crate::schema::not_complete;
@@ -60,10 +60,14 @@ impl<S: Store + Clone> Schedules<S> {
             return Ok(true);
         }
         let next_id = next.key().as_bson().clone();
+        // For the definition read: a let-through that stalled across a change
+        // to another policy and back must not mark a tick of the old period.
         let cond = match running {
             Some(id) => Condition::FieldEq(fields::RUNNING.into(), id),
             None => Condition::Exists(fields::RUNNING.into()).negate(),
-        };
+        }
+        .and(unchanged(&sched, fields::VERSION))
+        .and(unchanged(&sched, fields::SINCE));
         let w = Write::new(cond, Mutation::new().set(fields::RUNNING, next_id.clone()));
         if self.store.write(&self.coll, &key, &w).await?.is_applied() {
             self.release(next_id).await?;
@@ -113,7 +117,7 @@ impl<S: Store + Clone> Schedules<S> {
         Ok(false)
     }
 
-    async fn has_held(&self, name: &str) -> Result<bool, AgentError> {
+    pub(crate) async fn has_held(&self, name: &str) -> Result<bool, AgentError> {
         let q = Query::eq(doc! { task_fields::SCHEDULE: name, task_fields::OVERLAP_HELD: true }).limit(1);
         Ok(self.store.count(&self.queue.coll, &q).await? > 0)
     }

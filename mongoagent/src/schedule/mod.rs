@@ -210,7 +210,9 @@ impl<S: Store + Clone> Schedules<S> {
     }
 
     /// Resumes the schedule; the ticks that fell while it was paused are not
-    /// run. False when there is no such schedule.
+    /// run, but for a one-off time ([`When::At`]), which runs once or not per
+    /// the missed-tick policy, as one set in the past does. False when there
+    /// is no such schedule.
     ///
     /// # Cancel safety
     ///
@@ -373,6 +375,16 @@ pub(crate) enum Unfinished {
     Several,
 }
 
+/// That `field` of a schedule is still as it was in `r`: equal to its value,
+/// or still absent (or null). What a write conditions on to be for the
+/// definition it read.
+pub(crate) fn unchanged(r: &Record, field: &str) -> Condition {
+    match r.data().get(field) {
+        Some(v) if *v != Bson::Null => Condition::FieldEq(field.into(), v.clone()),
+        _ => Condition::Exists(field.into()).negate(),
+    }
+}
+
 /// An integer field, 32- or 64-bit (a document written by another client may hold either).
 fn int_field(r: &Record, k: &str) -> Option<i64> {
     match r.data().get(k) {
@@ -502,5 +514,20 @@ mod tests {
         assert!(Schedule::from_def("x", &doc! {"kind": "cron"}).is_err());
         let offset = When::Every { every: Duration::from_secs(1), offset: Duration::from_secs(1) };
         assert!(Schedule::new("o", offset, NewTask::new("w", doc! {})).is_err(), "the offset must be shorter");
+    }
+
+    /// A cron with a year has no tick after its last: a pass reads the
+    /// definition at (and just after) that tick to enqueue it, and must not
+    /// refuse it as one that never fires, which only a new definition is.
+    #[test]
+    fn a_definition_whose_last_tick_passed_is_read_back() {
+        let once = Schedule::cron("y", "0 0 9 15 3 * 2099", "Europe/Berlin", NewTask::new("w", doc! {})).unwrap();
+        let mut def = once.to_def().unwrap();
+        def.insert("cron", "0 0 9 15 3 * 2020");
+        let back = Schedule::from_def("y", &def).unwrap();
+        let last = back.ticks().unwrap().prev_at_or_before(1_609_459_200_000).unwrap();
+        assert_eq!(last, 1_584_259_200_000, "2020-03-15T09:00 in Berlin (08:00Z)");
+        let new = Schedule::cron("y", "0 0 9 15 3 * 2020", "Europe/Berlin", NewTask::new("w", doc! {}));
+        assert!(matches!(new, Err(AgentError::Config(_))), "a new one that never fires is refused");
     }
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ticks::MAX_KEYS_TO_CHECK;
-use super::{fields, from_of, last_tick, parse_record, Overlap, Schedule, Schedules, Unfinished};
+use super::{fields, from_of, last_tick, parse_record, unchanged, Overlap, Schedule, Schedules, Unfinished};
 use mongolock::unstable::Backoff;
 
 use crate::error::AgentError;
@@ -333,24 +333,26 @@ impl<S: Store + Clone> Scheduler<S> {
             };
             // `since` too: a schedule deleted and created again under its name
             // starts at version 1 again, with its own `since`.
-            let version = r.data().get(fields::VERSION).cloned().unwrap_or(Bson::Int64(0));
-            let since = match r.data().get(fields::SINCE) {
-                Some(v) => Condition::FieldEq(fields::SINCE.into(), v.clone()),
-                None => Condition::Exists(fields::SINCE.into()).negate(),
-            };
             let cond = Condition::AtMost(fields::LAST_TICK.into(), newest.saturating_sub(1))
-                .and(Condition::FieldEq(fields::VERSION.into(), version))
-                .and(since);
+                .and(unchanged(r, fields::VERSION))
+                .and(unchanged(r, fields::SINCE));
             let recorded = s.store.write(&s.coll, r.key(), &Write::new(cond, m)).await?.is_applied();
             // A tick this pass inserted after another pass recorded a newer
             // one (this pass was held up) is at or before `last_tick` and not
             // named: the next pass must look at every unfinished tick.
-            if !recorded && inserted > 0 && sched.overlap == Overlap::Skip {
+            // Whatever this pass's policy: the schedule may be Skip now.
+            if !recorded && inserted > 0 {
                 s.withdraw_only_open(r.key(), only_open.as_ref()).await?;
             }
         }
-        // Also after a change away from Queue, until the held tasks are through.
-        if sched.overlap == Overlap::Queue || r.data().contains_key(fields::RUNNING) {
+        // Also after a change away from Queue, until the held tasks are
+        // through: marked by `running`, or, where none was let through yet
+        // (or the schedule was deleted and created again), found by a pass
+        // with ticks due.
+        let held = sched.overlap == Overlap::Queue
+            || r.data().contains_key(fields::RUNNING)
+            || (plan.newest.is_some() && s.has_held(&sched.name).await?);
+        if held {
             out.held |= s.let_through(&sched.name, sched.overlap).await?;
         }
         let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));

@@ -1,7 +1,10 @@
 //! Held ticks left when a schedule changes from `Overlap::Queue` to another
 //! policy: they are not stranded. Under `Skip` they are let through one at a
 //! time, as under `Queue`; under `Allow`, which lets ticks overlap, all at
-//! once, however long the ticks enqueued since then run.
+//! once, however long the ticks enqueued since then run. Whether or not a
+//! tick was let through under Queue before the change, and when the
+//! schedule is deleted and created again. And a pass of another policy that
+//! inserts late, after a change to `Skip`, does not hide its tick.
 
 use std::time::Duration;
 
@@ -12,7 +15,11 @@ use mongoagent::{
 use store_memory::MemoryStore;
 use store_trait::{Key, Store};
 
-use crate::schedule_support::{memory, minutely, start_held, unfinished, Running, MINUTE};
+use store_test::Intercepted;
+
+use crate::schedule_support::{
+    complete_one, memory, minutely, start_held, unfinished, unfinished_while_held, HoldFirst, Running, MINUTE,
+};
 
 /// A Queue schedule `name` whose first tick runs (held) and whose next two
 /// wait held; then its policy is changed to `to`.
@@ -97,4 +104,96 @@ async fn after_a_change_to_allow_held_ticks_run_though_allow_ticks_never_end() {
     }
     assert_eq!(ran, 3, "both held ticks ran beside the Allow ticks, with this pass's own");
     assert!(!marked(&s, &store, "a").await, "with none held, the mark is removed");
+}
+
+/// Under Skip a tick runs long; the schedule changes to Queue, and two ticks
+/// are enqueued held (none let through: they wait for the Skip tick, and no
+/// `running` mark is set); it changes back to Skip before that tick ends.
+/// The held ticks still run, one at a time, and Skip then ticks again.
+#[tokio::test(start_paused = true)]
+async fn ticks_held_before_any_was_let_through_run_after_a_change_back_to_skip() {
+    let store = memory();
+    let s = Schedules::new(store.clone(), "cron").unwrap();
+    s.upsert(&minutely("b", Overlap::Skip)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "b", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    let (hold, running) = start_held(&agent).await;
+    s.upsert(&minutely("b", Overlap::Queue)).await.unwrap();
+    for _ in 0..2 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+    }
+    assert!(!marked(&s, &store, "b").await, "nothing was let through under Queue");
+    s.upsert(&minutely("b", Overlap::Skip)).await.unwrap();
+    hold.notify_one();
+    running.await.unwrap().unwrap();
+    drains_then_ticks(&s, &agent, "b").await;
+}
+
+/// A Queue schedule with held ticks is deleted (they stay held) and created
+/// again under its name with Skip: its ticks are let through one at a time,
+/// and then it ticks again.
+#[tokio::test(start_paused = true)]
+async fn ticks_held_by_a_deleted_schedule_run_under_its_successor() {
+    let (s, agent, _store, (hold, running)) = held_then_changed("d", Overlap::Queue).await;
+    assert!(s.delete("d").await.unwrap());
+    s.upsert(&minutely("d", Overlap::Skip)).await.unwrap();
+    hold.notify_one();
+    running.await.unwrap().unwrap();
+    drains_then_ticks(&s, &agent, "d").await;
+}
+
+/// The schedule has two held ticks and nothing running: the next passes let
+/// them through one at a time, and then Skip enqueues ticks again.
+async fn drains_then_ticks(s: &Schedules<MemoryStore>, agent: &Agent<MemoryStore>, name: &str) {
+    for n in 1..=2 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+        let started = tokio::time::timeout(Duration::from_secs(600), start_held(agent)).await;
+        let (next, running) = started.unwrap_or_else(|_| panic!("held tick {n} is let through"));
+        assert!(!run_one_if_ready(agent).await, "held tick {n} runs alone");
+        next.notify_one();
+        running.await.unwrap().unwrap();
+    }
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    assert!(run_one_if_ready(agent).await, "then Skip enqueues ticks again");
+    assert!(unfinished(s, name).await.is_empty());
+}
+
+/// An Allow pass held before its insert; meanwhile the schedule changes to
+/// Skip and a Skip pass enqueues the next tick and names it (`only_open`).
+/// The late insert lands (that tick starts beside the other: a stall the
+/// check cannot see) and its record is refused. The Skip tick ends; while
+/// the late one runs, later passes must still see it.
+#[tokio::test(start_paused = true)]
+async fn a_late_insert_of_another_policy_is_not_hidden_from_skip() {
+    let store = memory();
+    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
+    let held = Schedules::new(late.clone(), "cron").unwrap();
+    let s = Schedules::new(store.clone(), "cron").unwrap();
+    s.upsert(&minutely("l", Overlap::Allow)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "l", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    tokio::time::sleep(MINUTE).await;
+    *late.armed.lock().unwrap() = Some(("cron", "insert"));
+    let pass = tokio::spawn(async move { held.scheduler().pass().await });
+    late.reached.notified().await;
+    s.upsert(&minutely("l", Overlap::Skip)).await.unwrap();
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    late.release.notify_one();
+    pass.await.unwrap().unwrap();
+    // Tick 1 (the late one) starts and runs on; tick 2 (Skip's) runs and ends.
+    let both = unfinished(&s, "l").await;
+    assert_eq!(both.len(), 2, "{both:?}");
+    let held_one = start_held(&agent).await;
+    complete_one(&agent).await;
+    assert_eq!(unfinished(&s, "l").await, both[..1], "the late tick, the older, runs on");
+    for _ in 0..2 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+    }
+    let open = unfinished_while_held(&s, "l", held_one).await;
+    assert_eq!(open.len(), 1, "nothing enqueued while the late tick runs: {open:?}");
 }
