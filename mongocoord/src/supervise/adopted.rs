@@ -28,7 +28,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 
-use super::tree::{children, descendants};
+use super::tree::{descendants_in, processes};
 
 /// The supervisors started and not yet known to be reaped, by pid. Every other
 /// child of the runner is an orphan of a dead supervisor. It is held while a
@@ -57,8 +57,11 @@ pub(crate) fn become_subreaper() -> std::io::Result<()> {
     let mut inherited = INHERITED.lock();
     if inherited.is_none() {
         let me = std::process::id();
-        let me = i32::try_from(me).unwrap_or(i32::MAX);
-        *inherited = Some(children(me).into_iter().map(|p| p.pid).collect());
+        *inherited = Some(if has_no_child() {
+            Vec::new()
+        } else {
+            processes().into_iter().filter(|p| u32::try_from(p.ppid).is_ok_and(|pp| pp == me)).map(|p| p.pid).collect()
+        });
     }
     prctl::set_child_subreaper(true).map_err(std::io::Error::from)
 }
@@ -87,28 +90,49 @@ pub(crate) fn spawn(cmd: &mut tokio::process::Command) -> std::io::Result<(tokio
     Ok((child, Live(pid)))
 }
 
+/// Whether this process has no child at all, running or ended: the
+/// kernel's answer, exact (`waitid` with `WNOWAIT` reaps nothing).
+fn has_no_child() -> bool {
+    use nix::sys::wait::{waitid, Id};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    matches!(waitid(Id::All, flags), Err(Errno::ECHILD))
+}
+
 /// One round: SIGKILL to every orphan, its process group when it leads one, and
 /// its descendants; then reaps the orphans that ended. Returns how many
 /// orphans were found (0: none is left, the tree is confirmed gone).
 pub(crate) fn kill_round() -> usize {
-    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    let me = std::process::id();
     let orphans = {
         let live = SUPERVISORS.lock();
         let inherited = INHERITED.lock().clone().unwrap_or_default();
-        let orphans: Vec<_> =
-            children(me).into_iter().filter(|p| !live.contains(&p.pid) && !inherited.contains(&p.pid)).collect();
-        for o in &orphans {
+        // Where this process can have no child but an orphan, the kernel
+        // says at once whether it has any. Anywhere else, every process is
+        // read: a zero here lets the lease go, and only a reading of /proc
+        // by pid is exact while children come and go (the kernel's lists
+        // of children may skip one that stays while another is reaped).
+        if live.is_empty() && inherited.is_empty() && has_no_child() {
+            return 0;
+        }
+        let procs = processes();
+        let orphans: Vec<i32> = procs
+            .iter()
+            .filter(|p| u32::try_from(p.ppid).is_ok_and(|pp| pp == me))
+            .filter(|p| !live.contains(&p.pid) && !inherited.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        for &pid in &orphans {
             // An orphan is this process's child, not reaped yet: its pid, and so
             // the id of the group it leads, cannot have been reused.
-            if o.pgrp == o.pid {
-                let _ = killpg(Pid::from_raw(o.pid), Signal::SIGKILL);
+            if procs.iter().any(|p| p.pid == pid && p.pgrp == pid) {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             }
-            let _ = kill(Pid::from_raw(o.pid), Signal::SIGKILL);
-            for d in descendants(o.pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            for d in descendants_in(&procs, pid) {
                 let _ = kill(Pid::from_raw(d.pid), Signal::SIGKILL);
             }
         }
-        orphans.into_iter().map(|o| o.pid).collect::<Vec<i32>>()
+        orphans
     };
     for &pid in &orphans {
         match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {

@@ -3,11 +3,15 @@
 //! whose parent dies becomes its child). The runner reads `/proc` the same way
 //! for what a dead supervisor left ([`super::adopted`]).
 //!
-//! A tree is walked from its root through each process's list of children
-//! (`/proc/PID/task/TID/children`), so finding it reads its own processes
-//! only: a stop, a handover, costs as much on a machine running thousands of
-//! processes as on an idle one. Where the kernel keeps no such list (built
-//! without `CONFIG_PROC_CHILDREN`), every process's `stat` is read instead.
+//! To signal a tree, the supervisor walks it from its root through each
+//! process's list of children (`/proc/PID/task/TID/children`), so a stop
+//! reads the tree's own processes only and costs as much on a machine
+//! running thousands of processes as on an idle one (every process's `stat`
+//! is read where the kernel keeps no such lists). The walk may miss a
+//! process while the tree changes and is repeated until it finds nothing new;
+//! that is enough for a SIGTERM, and SIGKILL goes on until `waitpid` says no
+//! descendant is left, which is exact. What confirms a tree gone before a
+//! lease is let go never relies on the walk ([`super::adopted`]).
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -36,7 +40,7 @@ fn parse_stat(stat: &str) -> Option<Proc> {
 }
 
 /// Every process `/proc` shows.
-fn processes() -> Vec<Proc> {
+pub(super) fn processes() -> Vec<Proc> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| {
         let e = e.ok()?;
@@ -61,45 +65,59 @@ fn stat_of(pid: i32) -> Option<Proc> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// The children of `pid` (unreaped ones included).
-pub(super) fn children(pid: i32) -> Vec<Proc> {
-    if !children_files() {
-        return processes().into_iter().filter(|p| p.ppid == pid).collect();
-    }
+/// The children of `pid` (unreaped ones included), as its threads' lists
+/// show them while they are read (see [`descendants`]).
+fn children(pid: i32) -> Vec<Proc> {
     let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     let mut found = Vec::new();
     // A child is listed under the thread that started it (or that adopted it).
     for t in threads.flatten() {
-        // A thread that ended meanwhile has no children left to list.
+        // A thread that ended meanwhile handed its children to another
+        // thread of the process, perhaps one read already: the next pass
+        // of the walk reads that one again.
         let Ok(list) = std::fs::read_to_string(t.path().join("children")) else { continue };
         for c in list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
-            // One that was reaped meanwhile is not a child any more.
+            // One reaped meanwhile is no child; one whose parent died
+            // meanwhile was adopted by the root, where the next pass finds it.
             found.extend(stat_of(c).filter(|p| p.ppid == pid));
         }
     }
     found
 }
 
-/// Every descendant of `root`, parents before children.
+/// How many times at most [`descendants`] walks a tree that keeps changing.
+const MAX_PASSES: usize = 8;
+
+/// Every descendant of `root`, parents before children. For signalling a
+/// tree, not for confirming it gone: the kernel's lists are read one entry
+/// at a time and may skip one while they change (a child reaped, a thread
+/// ended, a parent dead and its child adopted by `root` after `root`'s list
+/// was read), so the walk is repeated until a pass finds nothing new.
 pub(super) fn descendants(root: i32) -> Vec<Proc> {
     if !children_files() {
         return descendants_in(&processes(), root);
     }
     let mut found: Vec<Proc> = Vec::new();
-    let mut frontier = vec![root];
-    while let Some(parent) = frontier.pop() {
-        for p in children(parent) {
-            if p.pid != root && !found.iter().any(|f| f.pid == p.pid) {
+    for _ in 0..MAX_PASSES {
+        let before = found.len();
+        let mut frontier = vec![root];
+        while let Some(parent) = frontier.pop() {
+            for p in children(parent) {
                 frontier.push(p.pid);
-                found.push(p);
+                if p.pid != root && !found.iter().any(|f| f.pid == p.pid) {
+                    found.push(p);
+                }
             }
+        }
+        if found.len() == before {
+            break;
         }
     }
     found
 }
 
 /// Every descendant of `root` in `procs`, parents before children.
-fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
+pub(super) fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
     let mut found = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
@@ -234,7 +252,7 @@ mod tests {
         };
         let walked = pids(descendants(sh_pid));
         let scanned = pids(descendants_in(&processes(), sh_pid));
-        assert!(children(me).iter().any(|p| p.pid == sh_pid && p.ppid == me));
+        assert!(descendants(me).iter().any(|p| p.pid == sh_pid && p.ppid == me));
         for p in &walked {
             let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
         }
