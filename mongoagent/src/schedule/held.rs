@@ -28,12 +28,21 @@ impl<S: Store + Clone> Schedules<S> {
     /// once, since Allow lets ticks overlap and waiting for one at a time
     /// would wait for Allow's own ticks, which need never all have ended at
     /// once. Once none is held, the schedule's `running` mark is removed.
-    pub(crate) async fn let_through(&self, name: &str, overlap: Overlap) -> Result<bool, AgentError> {
+    ///
+    /// The policy is the definition's as read here, not as the pass read it
+    /// (a pass that reached the schedule late, after a change from Allow to
+    /// Queue, would let that Queue period's held ticks through at once).
+    /// Nothing is let through while the schedule is paused.
+    pub(crate) async fn let_through(&self, name: &str) -> Result<bool, AgentError> {
         let key = Self::key(name)?;
+        let Some(sched) = self.store.get(&self.coll, &key).await?.record else { return Ok(false) };
+        if sched.data().get_bool(fields::PAUSED).unwrap_or(false) {
+            return self.has_held(name).await;
+        }
+        let overlap = super::parse_record(&sched)?.overlap;
         if overlap == Overlap::Allow {
             return self.let_all_through(name, &key).await;
         }
-        let Some(sched) = self.store.get(&self.coll, &key).await?.record else { return Ok(false) };
         let running = sched.data().get(fields::RUNNING).filter(|b| !matches!(b, Bson::Null)).cloned();
         if let Some(id) = &running {
             let task = self.store.get(&self.queue.coll, &Key::from_bson(id.clone())?).await?.record;
@@ -57,6 +66,18 @@ impl<S: Store + Clone> Schedules<S> {
         // None let through by this policy: a tick enqueued under another
         // (before a change to Queue) may still run, and is waited for.
         if running.is_none() && self.has_unheld_unfinished(name).await? {
+            // Under another policy, passes with no tick due look for held
+            // ticks only where the definition carries the mark: set it
+            // (emptied), so the first held tick goes as soon as that tick ends.
+            if overlap != Overlap::Queue && !sched.data().contains_key(fields::RUNNING) {
+                let unmarked = Condition::Exists(fields::RUNNING.into())
+                    .negate()
+                    .and(unchanged(&sched, fields::VERSION))
+                    .and(unchanged(&sched, fields::SINCE));
+                self.store
+                    .write(&self.coll, &key, &Write::new(unmarked, Mutation::new().set(fields::RUNNING, Bson::Null)))
+                    .await?;
+            }
             return Ok(true);
         }
         let next_id = next.key().as_bson().clone();
@@ -67,7 +88,8 @@ impl<S: Store + Clone> Schedules<S> {
             None => Condition::Exists(fields::RUNNING.into()).negate(),
         }
         .and(unchanged(&sched, fields::VERSION))
-        .and(unchanged(&sched, fields::SINCE));
+        .and(unchanged(&sched, fields::SINCE))
+        .and(unchanged(&sched, fields::PAUSED));
         let w = Write::new(cond, Mutation::new().set(fields::RUNNING, next_id.clone()));
         if self.store.write(&self.coll, &key, &w).await?.is_applied() {
             self.release(next_id).await?;
@@ -124,9 +146,12 @@ impl<S: Store + Clone> Schedules<S> {
 
     /// Whether a tick of the schedule that is not held has not ended: one
     /// enqueued under another policy, before a change to [`Overlap::Queue`].
+    ///
+    /// A find of one, not a count: a count reads every match, and with one
+    /// found there is no need to read on.
     async fn has_unheld_unfinished(&self, name: &str) -> Result<bool, AgentError> {
         let held = Condition::FieldEq(task_fields::OVERLAP_HELD.into(), Bson::Boolean(true));
         let q = Query::eq(doc! { task_fields::SCHEDULE: name }).when(not_complete().and(held.negate())).limit(1);
-        Ok(self.store.count(&self.queue.coll, &q).await? > 0)
+        Ok(!self.store.find(&self.queue.coll, &q).await?.is_empty())
     }
 }

@@ -353,7 +353,7 @@ impl<S: Store + Clone> Scheduler<S> {
             || r.data().contains_key(fields::RUNNING)
             || (plan.newest.is_some() && s.has_held(&sched.name).await?);
         if held {
-            out.held |= s.let_through(&sched.name, sched.overlap).await?;
+            out.held |= s.let_through(&sched.name).await?;
         }
         let after = from.max(now.saturating_add(1)).max(plan.newest.map_or(i64::MIN, |t| t.saturating_add(1)));
         if let Some(next) = ticks.next_at_or_after(after) {

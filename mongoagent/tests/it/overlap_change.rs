@@ -197,3 +197,36 @@ async fn a_late_insert_of_another_policy_is_not_hidden_from_skip() {
     let open = unfinished_while_held(&s, "l", held_one).await;
     assert_eq!(open.len(), 1, "nothing enqueued while the late tick runs: {open:?}");
 }
+
+/// An Allow pass held before its insert while the schedule changes to Queue
+/// and two ticks are enqueued held (an Allow tick still runs): when it goes
+/// on, it lets through by the policy the definition has now, Queue, not by
+/// the one it read: nothing is let through beside the Allow ticks.
+#[tokio::test(start_paused = true)]
+async fn a_late_allow_pass_lets_nothing_of_a_later_queue_period_through() {
+    let store = memory();
+    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
+    let held = Schedules::new(late.clone(), "cron").unwrap();
+    let s = Schedules::new(store.clone(), "cron").unwrap();
+    s.upsert(&minutely("q", Overlap::Allow)).await.unwrap();
+    let agent = Agent::builder(store.clone(), "q", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    tokio::time::sleep(MINUTE).await;
+    s.scheduler().pass().await.unwrap();
+    let first = start_held(&agent).await;
+    tokio::time::sleep(MINUTE).await;
+    *late.armed.lock().unwrap() = Some(("cron", "insert"));
+    let pass = tokio::spawn(async move { held.scheduler().pass().await });
+    late.reached.notified().await;
+    s.upsert(&minutely("q", Overlap::Queue)).await.unwrap();
+    for _ in 0..2 {
+        tokio::time::sleep(MINUTE).await;
+        s.scheduler().pass().await.unwrap();
+    }
+    late.release.notify_one();
+    pass.await.unwrap().unwrap();
+    let still_held = s.queue().tasks(bson::doc! { "schedule": "q", "overlap_held": true }, None).await.unwrap();
+    let (hold, running) = first;
+    hold.notify_one();
+    running.await.unwrap().unwrap();
+    assert_eq!(still_held.len(), 2, "the Queue period's ticks wait for the Allow ticks");
+}
