@@ -15,10 +15,8 @@ use mongoagent::{
 use store_memory::MemoryStore;
 use store_trait::{Key, Store};
 
-use store_test::Intercepted;
-
 use crate::schedule_support::{
-    complete_one, memory, minutely, start_held, unfinished, unfinished_while_held, HoldFirst, Running, MINUTE,
+    complete_one, memory, minutely, start_held, unfinished, unfinished_while_held, Race, Running, MINUTE,
 };
 
 /// A Queue schedule `name` whose first tick runs (held) and whose next two
@@ -169,32 +167,26 @@ async fn drains_then_ticks(s: &Schedules<MemoryStore>, agent: &Agent<MemoryStore
 /// the late one runs, later passes must still see it.
 #[tokio::test(start_paused = true)]
 async fn a_late_insert_of_another_policy_is_not_hidden_from_skip() {
-    let store = memory();
-    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
-    let held = Schedules::new(late.clone(), "cron").unwrap();
-    let s = Schedules::new(store.clone(), "cron").unwrap();
-    s.upsert(&minutely("l", Overlap::Allow)).await.unwrap();
-    let agent = Agent::builder(store.clone(), "l", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    let r = Race::new("l", Overlap::Allow).await;
+    let (s, agent) = (&r.on_time, &r.agent);
     tokio::time::sleep(MINUTE).await;
-    *late.armed.lock().unwrap() = Some(("cron", "insert"));
-    let pass = tokio::spawn(async move { held.scheduler().pass().await });
-    late.reached.notified().await;
+    let pass = r.held_pass("cron", "insert").await;
     s.upsert(&minutely("l", Overlap::Skip)).await.unwrap();
     tokio::time::sleep(MINUTE).await;
     s.scheduler().pass().await.unwrap();
-    late.release.notify_one();
+    r.release();
     pass.await.unwrap().unwrap();
     // Tick 1 (the late one) starts and runs on; tick 2 (Skip's) runs and ends.
-    let both = unfinished(&s, "l").await;
+    let both = unfinished(s, "l").await;
     assert_eq!(both.len(), 2, "{both:?}");
-    let held_one = start_held(&agent).await;
-    complete_one(&agent).await;
-    assert_eq!(unfinished(&s, "l").await, both[..1], "the late tick, the older, runs on");
+    let held_one = start_held(agent).await;
+    complete_one(agent).await;
+    assert_eq!(unfinished(s, "l").await, both[..1], "the late tick, the older, runs on");
     for _ in 0..2 {
         tokio::time::sleep(MINUTE).await;
         s.scheduler().pass().await.unwrap();
     }
-    let open = unfinished_while_held(&s, "l", held_one).await;
+    let open = unfinished_while_held(s, "l", held_one).await;
     assert_eq!(open.len(), 1, "nothing enqueued while the late tick runs: {open:?}");
 }
 
@@ -204,25 +196,19 @@ async fn a_late_insert_of_another_policy_is_not_hidden_from_skip() {
 /// the one it read: nothing is let through beside the Allow ticks.
 #[tokio::test(start_paused = true)]
 async fn a_late_allow_pass_lets_nothing_of_a_later_queue_period_through() {
-    let store = memory();
-    let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
-    let held = Schedules::new(late.clone(), "cron").unwrap();
-    let s = Schedules::new(store.clone(), "cron").unwrap();
-    s.upsert(&minutely("q", Overlap::Allow)).await.unwrap();
-    let agent = Agent::builder(store.clone(), "q", "cron").ttl(Duration::from_secs(3600)).build().unwrap();
+    let r = Race::new("q", Overlap::Allow).await;
+    let (s, agent) = (&r.on_time, &r.agent);
     tokio::time::sleep(MINUTE).await;
     s.scheduler().pass().await.unwrap();
-    let first = start_held(&agent).await;
+    let first = start_held(agent).await;
     tokio::time::sleep(MINUTE).await;
-    *late.armed.lock().unwrap() = Some(("cron", "insert"));
-    let pass = tokio::spawn(async move { held.scheduler().pass().await });
-    late.reached.notified().await;
+    let pass = r.held_pass("cron", "insert").await;
     s.upsert(&minutely("q", Overlap::Queue)).await.unwrap();
     for _ in 0..2 {
         tokio::time::sleep(MINUTE).await;
         s.scheduler().pass().await.unwrap();
     }
-    late.release.notify_one();
+    r.release();
     pass.await.unwrap().unwrap();
     let still_held = s.queue().tasks(bson::doc! { "schedule": "q", "overlap_held": true }, None).await.unwrap();
     let (hold, running) = first;

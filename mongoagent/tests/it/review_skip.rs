@@ -32,7 +32,7 @@ use store_test::Intercepted;
 use store_trait::{Key, Mutation, Store, Write};
 
 use crate::schedule_support::{
-    complete_one, memory, minutely, start_held, ticks, unfinished_while_held, FailRecord, Settled, MINUTE,
+    complete_one, memory, minutely, settled, start_held, ticks, unfinished_while_held, FailRecord, MINUTE,
 };
 
 /// FOUND, fixed. Tick 2 is enqueued and its record fails; the scheduler's retry
@@ -73,7 +73,7 @@ async fn a_skip_of_an_unrecorded_tick_forgets_it() {
 /// rejected. Tick 2 is forgotten: tick 3 is enqueued while it runs.
 #[tokio::test(start_paused = true)]
 async fn two_schedulers_at_one_tick_forget_the_running_tick() {
-    let r = Settled::new("c").await;
+    let r = settled("c").await;
     // Tick 2: A inserts it, and stalls before its record.
     tokio::time::sleep(MINUTE).await;
     let pass_a = r.held_pass("cron_schedules", "record").await;
@@ -124,7 +124,7 @@ async fn a_resume_after_a_lost_record_forgets_the_running_tick() {
 /// while tick 2 runs.
 #[tokio::test(start_paused = true)]
 async fn an_upsert_racing_a_pass_forgets_the_running_tick() {
-    let r = Settled::new("v").await;
+    let r = settled("v").await;
     tokio::time::sleep(MINUTE).await;
     let pass_a = r.held_pass("cron_schedules", "record").await;
     tokio::time::sleep(Duration::from_millis(10)).await;

@@ -145,28 +145,34 @@ pub(crate) async fn unfinished_while_held<S: Store + Clone>(
     open
 }
 
-/// A settled Skip schedule (its first tick has run and ended) with two
-/// schedulers, one whose calls `late` can hold, one unhindered, and an agent
-/// of its ticks.
-pub(crate) struct Settled {
+/// A schedule with two schedulers, one whose calls `late` can hold, one
+/// unhindered, and an agent of its ticks.
+pub(crate) struct Race {
     pub(crate) late: Intercepted<MemoryStore, HoldFirst>,
     pub(crate) on_time: Schedules<MemoryStore>,
     pub(crate) agent: Agent<MemoryStore>,
     held: Schedules<Intercepted<MemoryStore, HoldFirst>>,
 }
 
-impl Settled {
-    pub(crate) async fn new(name: &str) -> Self {
+/// A settled Skip schedule: its first tick has run and ended.
+pub(crate) async fn settled(name: &str) -> Race {
+    let r = Race::new(name, Overlap::Skip).await;
+    tokio::time::sleep(MINUTE).await;
+    r.on_time.scheduler().pass().await.unwrap();
+    complete_one(&r.agent).await;
+    r
+}
+
+impl Race {
+    /// Every minute under `overlap`; no tick has come yet.
+    pub(crate) async fn new(name: &str, overlap: Overlap) -> Self {
         let store = memory();
         let late: Intercepted<MemoryStore, HoldFirst> = Intercepted::new(store.clone());
         let held = Schedules::new(late.clone(), "cron").unwrap();
         let on_time = Schedules::new(store.clone(), "cron").unwrap();
-        on_time.upsert(&minutely(name, Overlap::Skip)).await.unwrap();
+        on_time.upsert(&minutely(name, overlap)).await.unwrap();
         let agent = Agent::builder(store, name, "cron").ttl(Duration::from_secs(3600)).build().unwrap();
-        tokio::time::sleep(MINUTE).await;
-        on_time.scheduler().pass().await.unwrap();
-        complete_one(&agent).await;
-        Settled { late, on_time, agent, held }
+        Race { late, on_time, agent, held }
     }
 
     /// Starts a pass of the held scheduler and returns once it holds at its

@@ -16,7 +16,7 @@ use store_test::{Call, Intercept, Intercepted};
 use store_trait::{Collection, StoreResult};
 
 use crate::schedule_support::{
-    complete_one, memory, minutely, start_held, ticks, unfinished_while_held, FailRecord, Settled, MINUTE,
+    complete_one, memory, minutely, settled, start_held, ticks, unfinished_while_held, FailRecord, MINUTE,
 };
 
 /// Records the schedule's checks on the queue: how many ticks each read by
@@ -130,7 +130,7 @@ async fn a_change_to_skip_waits_for_the_ticks_allow_enqueued() {
 /// again before its check, and enqueues nothing beside that tick.
 #[tokio::test(start_paused = true)]
 async fn a_pass_that_reaches_the_schedule_late_reads_it_again() {
-    let r = Settled::new("x").await;
+    let r = settled("x").await;
     // B's pass at tick 2 is held before it reads the schedule again.
     tokio::time::sleep(MINUTE).await;
     let pass_b = r.held_pass("cron_schedules", "get").await;
@@ -151,7 +151,7 @@ async fn a_pass_that_reaches_the_schedule_late_reads_it_again() {
 /// follows) read every unfinished tick and skip.
 #[tokio::test(start_paused = true)]
 async fn a_tick_inserted_late_is_not_hidden_from_later_passes() {
-    let r = Settled::new("y").await;
+    let r = settled("y").await;
     tokio::time::sleep(MINUTE).await;
     let pass_b = r.held_pass("cron", "insert").await;
     // C enqueues tick 3, which runs and ends.
@@ -175,7 +175,7 @@ async fn a_tick_inserted_late_is_not_hidden_from_later_passes() {
 /// for the definition it read.
 #[tokio::test(start_paused = true)]
 async fn a_pass_of_a_deleted_schedule_records_nothing_on_its_successor() {
-    let r = Settled::new("z").await;
+    let r = settled("z").await;
     tokio::time::sleep(MINUTE).await;
     let pass = r.held_pass("cron", "insert").await;
     assert!(r.on_time.delete("z").await.unwrap());
