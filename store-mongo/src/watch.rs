@@ -61,6 +61,9 @@ pub(crate) struct Hub {
     opening: tokio::sync::Mutex<()>,
     /// The runtime the store was made on (the driver's own tasks run there).
     runtime: Option<tokio::runtime::Handle>,
+    /// Set when the process shuts its clients down ([`Hub::close`]): the
+    /// pumps end quietly, before their `getMore` fails for want of a client.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -76,7 +79,19 @@ impl Hub {
             pumps: Mutex::default(),
             opening: tokio::sync::Mutex::default(),
             runtime: tokio::runtime::Handle::try_current().ok(),
+            closing: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Ends every pump, and any opened later, without a word: the client is
+    /// about to be shut down ([`crate::Clients::close`]), and a stream that
+    /// then fails is no fault to report. Watchers' streams end.
+    pub(crate) fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    fn is_closing(&self) -> bool {
+        *self.closing.borrow()
     }
 
     /// A stream of changes to `coll` (to the document `key` only, if given;
@@ -168,6 +183,7 @@ impl Hub {
 /// poll meanwhile.
 async fn pump(hub: Arc<Hub>, name: Pump, mut stream: DriverStream, tx: broadcast::Sender<ChangeEvent>) {
     let mut check = tokio::time::interval(CHECK);
+    let mut closing = hub.closing.subscribe();
     loop {
         // One reply: an event, or `None` for an empty batch (`AWAIT` passed).
         let item = {
@@ -180,6 +196,11 @@ async fn pump(hub: Arc<Hub>, name: Pump, mut stream: DriverStream, tx: broadcast
                     item = &mut next => break item,
                     _ = &mut stalled => {
                         tracing::warn!(collection = %name.0, filter = %name.1, waited = ?(AWAIT + STALL), "change stream stalled: no reply; watchers subscribe again, and poll meanwhile");
+                        hub.retire(&name, &tx);
+                        return;
+                    }
+                    _ = closing.wait_for(|c| *c) => {
+                        tracing::debug!(collection = %name.0, "change stream closed: the client is shutting down");
                         hub.retire(&name, &tx);
                         return;
                     }
@@ -198,6 +219,10 @@ async fn pump(hub: Arc<Hub>, name: Pump, mut stream: DriverStream, tx: broadcast
             }
             Ok(None) if stream.is_alive() => {}
             Ok(None) => break,
+            Err(e) if hub.is_closing() => {
+                tracing::debug!(collection = %name.0, error = %map_err(e), "change stream ended: the client is shutting down");
+                break;
+            }
             Err(e) => {
                 tracing::warn!(collection = %name.0, filter = %name.1, error = %map_err(e), "change stream failed; watchers fall back to polling");
                 break;
