@@ -232,12 +232,15 @@ impl<S: Store + Clone> Lock<S> {
             }
             waited = true;
             match events.as_mut() {
+                // Woken, a waiter tries at once: a handover's time is the
+                // release, the notification and this one write. Waiters
+                // woken together race in conditional writes the server
+                // serialises, and the losers read `Held`; a pause to spread
+                // them would add its length to every handover without
+                // saving a write.
                 Some(w) => tokio::select! {
                     _ = tokio::time::sleep_until(wait_until) => {}
-                    _ = w.changed() => {
-                        // Spread a herd of woken waiters a little.
-                        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=3))).await;
-                    }
+                    _ = w.changed() => {}
                 },
                 None => tokio::time::sleep_until(wait_until).await,
             }
