@@ -326,10 +326,10 @@ enum Cmd {
         /// Milliseconds between SIGTERM and SIGKILL.
         #[arg(long)]
         grace_ms: u64,
-        /// An inherited pipe on which the runner sends the lease's deadline after
-        /// each renewal.
+        /// An inherited pipe on which the runner sends the word to start CMD,
+        /// then the lease's deadline after each renewal.
         #[arg(long)]
-        deadline_fd: Option<i32>,
+        control_fd: Option<i32>,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -514,8 +514,8 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             let (run, schedule) = (args.run()?, args.schedule()?);
             cron::cron(connect(uri, db).await?, &args, schedule, &run).await
         }
-        Cmd::Supervise { parent, grace_ms, deadline_fd, cmd } => {
-            supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), deadline_fd, &cmd).await
+        Cmd::Supervise { parent, grace_ms, control_fd, cmd } => {
+            supervise::supervisor(parent, std::time::Duration::from_millis(grace_ms), control_fd, &cmd).await
         }
         Cmd::Locks { collection } => views::locks(&connect(uri, db).await?, &collection, json).await,
         Cmd::Leaders { collection, status_collection } => {

@@ -15,7 +15,7 @@ use store_mongo::MongoStore;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{CliError, Lost};
-use crate::supervise::{self, exit_code, Spec, Stops, Why};
+use crate::supervise::{self, exit_code, Spec, Standby, Stops, Why};
 
 fn secs(what: &str, s: f64) -> Result<Duration, CliError> {
     crate::args::seconds(what, s, false)
@@ -70,6 +70,8 @@ pub(crate) async fn lock(
 ) -> Result<u8, CliError> {
     let lock = Lock::builder(store, key).collection(collection).ttl(run.ttl).build()?;
     let signal = supervise::on_signal();
+    // The supervisor starts while the lock is waited for, not after.
+    let standby = Standby::start(run.spec(vec![("MONGOCOORD_KEY", key.to_owned())], None, false));
     let mut opts = Acquire::new().auto_renew();
     if let Some(t) = timeout {
         opts = opts.timeout(secs("timeout", t)?);
@@ -82,8 +84,7 @@ pub(crate) async fn lock(
     let mut stops = Stops::new();
     stops.terminate_on(&signal, Why::Signal);
     stops.lease(guard.validity(), run.grace);
-    let env = vec![("MONGOCOORD_FENCE", guard.fence().to_string()), ("MONGOCOORD_KEY", key.to_owned())];
-    let done = supervise::run(&run.spec(env, None, false), &stops).await;
+    let done = standby.run(vec![("MONGOCOORD_FENCE", guard.fence().to_string())], &stops).await;
     drop(stops);
     // The command's whole tree is gone (or was never started): only now is the
     // lock let go of.
@@ -109,10 +110,15 @@ pub(crate) async fn lock(
 /// `mongocoord elect KEY -- CMD`.
 pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result<u8, CliError> {
     let elector = Elector::builder(store, key).ttl(run.ttl).build()?;
+    // Each term's supervisor starts while this node waits to lead, so that a
+    // handover does not wait for it.
+    let standby = || Standby::start(run.spec(vec![("MONGOCOORD_KEY", key.to_owned())], None, false));
+    let mut first = Some(standby());
     elector.start()?;
     let signal = supervise::on_signal();
     let mut leadership = elector.leadership();
     loop {
+        let waiting = first.take().unwrap_or_else(standby);
         let term = loop {
             if let Some(t) = elector.term_cancellation() {
                 break t;
@@ -135,8 +141,7 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
             // The term ended already.
             None => stops.kill_now(Why::LeaseLost),
         }
-        let env = vec![("MONGOCOORD_FENCE", fence.to_string()), ("MONGOCOORD_KEY", key.to_owned())];
-        let done = supervise::run(&run.spec(env, None, false), &stops).await;
+        let done = waiting.run(vec![("MONGOCOORD_FENCE", fence.to_string())], &stops).await;
         drop(stops);
         // The command's whole tree is gone: only now is leadership let go of.
         if signal.is_cancelled() {

@@ -11,6 +11,11 @@
 //!   commands and are not counted, as in the queue figures.
 //! - CPU: user plus system time from `/proc/PID/stat`.
 //! - Memory: `VmRSS` from `/proc/PID/status` at the end of the window.
+//!
+//! Both are summed over the process and its descendants: a follower and a
+//! waiter keep their command's supervisor started ahead, and that process is
+//! part of what they cost. (RSS summed counts the pages they share, the
+//! binary's, once per process: an upper bound.)
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -206,6 +211,34 @@ fn read(m: &mut Measured) -> Result<Reading, LabError> {
     let log =
         std::fs::read_to_string(&m.log).map_err(|e| LabError::io(format!("cannot read {}", m.log.display()), e))?;
     let commands = log.lines().filter(|l| l.contains("Command started")).count() as u64;
+    // The process itself must be readable; a descendant that just ended counts nothing.
+    let mut ticks = cpu_ticks(pid)?;
+    for p in &with_descendants(pid)[1..] {
+        ticks += cpu_ticks(*p).unwrap_or(0);
+    }
+    Ok(Reading { commands, ticks })
+}
+
+/// `pid` and its descendants, from the kernel's lists of each thread's
+/// children (a process that comes or goes meanwhile may be missed: an idle
+/// process's tree does not change).
+fn with_descendants(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            all.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+    }
+    all
+}
+
+/// CPU ticks (user plus system) a process used so far.
+fn cpu_ticks(pid: u32) -> Result<u64, LabError> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|e| LabError::io(format!("cannot read /proc/{pid}/stat"), e))?;
     // Fields after the command name, which may itself hold spaces or ')':
@@ -221,10 +254,19 @@ fn read(m: &mut Measured) -> Result<Reading, LabError> {
             .and_then(|v| v.parse::<u64>().ok())
             .ok_or_else(|| LabError::Unreadable(format!("/proc/{pid}/stat: no CPU times")))
     };
-    Ok(Reading { commands, ticks: tick(11)? + tick(12)? })
+    Ok(tick(11)? + tick(12)?)
 }
 
+/// The resident memory of `pid` and its descendants, summed.
 fn rss_mb(pid: u32) -> Result<f64, LabError> {
+    let mut mb = process_rss_mb(pid)?;
+    for p in &with_descendants(pid)[1..] {
+        mb += process_rss_mb(*p).unwrap_or(0.0);
+    }
+    Ok(mb)
+}
+
+fn process_rss_mb(pid: u32) -> Result<f64, LabError> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|e| LabError::io(format!("cannot read /proc/{pid}/status"), e))?;
     let kb = status

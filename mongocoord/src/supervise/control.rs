@@ -1,14 +1,23 @@
-//! The lease deadline, told by the runner to its supervisor, so that the
-//! supervisor stops the command by itself when the runner cannot (stopped by
-//! SIGSTOP or Ctrl-Z, or hung) before the lease can lapse on the server.
+//! The control pipe from a runner to its supervisor: the word to start the
+//! command, then the lease's deadline after each renewal.
 //!
 //! The runner passes the read end of a pipe to the supervisor (an inherited
-//! file descriptor, `--deadline-fd`) and writes one line per confirmed renewal:
-//! the lease's local deadline as an absolute `CLOCK_MONOTONIC` time in
+//! file descriptor, `--control-fd`). A supervisor is started before its
+//! command is due ([`super::Standby`]: an elector's follower, a lock's
+//! waiter), so that its start (an exec, a runtime, its signal handlers) is not
+//! on the path from election to command; it waits for the first line, `go`
+//! and the command's last environment variables (the term's fence, known only
+//! then) as JSON, and starts the command.
+//!
+//! Then, for a command under a lease, one line per confirmed renewal: the
+//! lease's local deadline as an absolute `CLOCK_MONOTONIC` time in
 //! microseconds (runner and supervisor share that clock, and an absolute time
-//! does not go late while a message waits in the pipe). The supervisor sends
-//! SIGTERM to the tree the grace period before that deadline (less
-//! [`ALLOWANCE`]) and SIGKILL at it, unless a later deadline arrives first.
+//! does not go late while a message waits in the pipe), the first in the same
+//! write as `go`. The supervisor sends SIGTERM to the tree the grace period
+//! before that deadline (less [`ALLOWANCE`]) and SIGKILL at it, unless a
+//! later deadline arrives first; so a runner that is stopped (SIGSTOP,
+//! Ctrl-Z) or hung, and cannot renew or signal, does not leave the command
+//! running past its lease.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -61,59 +70,77 @@ impl Sent {
     }
 }
 
-/// The runner's end: passes each confirmed renewal's deadline on.
+/// The runner's end once the word to start was given: passes each confirmed
+/// renewal's deadline on.
 #[derive(Debug)]
 pub(crate) struct Feed {
     sent: Arc<Mutex<Sent>>,
     grace: Duration,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
 }
 
-/// A pipe made for a supervisor not spawned yet.
+/// A control pipe made for a supervisor; its read end is inherited by the
+/// supervisor when spawned ([`spawn`]).
 #[derive(Debug)]
-pub(crate) struct Prepared {
-    read: OwnedFd,
+pub(crate) struct Pipe {
+    read: Option<OwnedFd>,
     write: std::fs::File,
-    validity: mongolock::Validity,
-    grace: Duration,
-    sent: Arc<Mutex<Sent>>,
 }
 
-impl Prepared {
-    /// A pipe for `validity`'s deadlines; the first is in it at once, before
-    /// the supervisor starts.
-    pub(crate) fn new(validity: mongolock::Validity, grace: Duration) -> std::io::Result<Self> {
+/// The longest `go` line: a pipe takes a write of up to `PIPE_BUF` (4 KiB on
+/// Linux) whole or not at all, so the non-blocking write never splits it.
+const GO_MAX: usize = 4096;
+
+impl Pipe {
+    /// A new pipe, both ends close-on-exec; the write end does not block.
+    pub(crate) fn new() -> std::io::Result<Self> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-        let mut write = std::fs::File::from(write);
-        let sent = Arc::new(Mutex::new(Sent::default()));
-        send(&mut write, &validity, &sent, grace);
-        Ok(Prepared { read, write, validity, grace, sent })
+        Ok(Pipe { read: Some(read), write: std::fs::File::from(write) })
     }
 
-    /// The number of the read end, for the supervisor's `--deadline-fd`.
+    /// The number of the read end, for the supervisor's `--control-fd`.
     pub(crate) fn fd(&self) -> i32 {
-        self.read.as_raw_fd()
+        self.read.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
-}
 
-impl Feed {
-    /// Spawns `cmd` (the supervisor, given `--deadline-fd` [`Prepared::fd`])
-    /// with the read end, and passes each renewal's deadline on until dropped.
-    pub(crate) fn spawn(cmd: &mut tokio::process::Command, prepared: Prepared) -> std::io::Result<(Spawned, Self)> {
-        let Prepared { read, mut write, validity, grace, sent } = prepared;
-        let child = spawn_with(cmd, Some(read))?;
-        let task = tokio::spawn({
-            let sent = sent.clone();
-            async move {
+    /// Tells the supervisor to start its command with `env` added, and (with
+    /// `lease`: its validity and the grace period) passes each renewal's
+    /// deadline on from now until the [`Feed`] is dropped. Fails with
+    /// `BrokenPipe` when the supervisor is gone (it exited before the word).
+    pub(crate) fn go(
+        mut self,
+        env: &[(&'static str, String)],
+        lease: Option<(mongolock::Validity, Duration)>,
+    ) -> std::io::Result<Feed> {
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let json = serde_json::to_string(&pairs).map_err(std::io::Error::other)?;
+        let mut line = format!("go {json}\n");
+        let sent = Arc::new(Mutex::new(Sent::default()));
+        if let Some((validity, _)) = &lease {
+            let now = monotonic_now();
+            let deadline = now + validity.remaining();
+            line.push_str(&format!("{}\n", deadline.as_micros()));
+            sent.lock().deadline = Some(deadline);
+        }
+        if line.len() > GO_MAX {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the command's variables are too long"));
+        }
+        self.write.write_all(line.as_bytes())?;
+        let grace = lease.as_ref().map_or(Duration::ZERO, |(_, g)| *g);
+        let task = lease.map(|(validity, grace)| {
+            let (sent, mut write) = (sent.clone(), self.write);
+            tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(POLL).await;
                     send(&mut write, &validity, &sent, grace);
                 }
-            }
+            })
         });
-        Ok((child, Feed { sent, grace, task }))
+        Ok(Feed { sent, grace, task })
     }
+}
 
+impl Feed {
     /// Whether the supervisor's own deadline came (it sent SIGTERM): the
     /// runner's last word, once the supervisor exited.
     pub(crate) fn supervisor_acted(&self) -> bool {
@@ -125,21 +152,23 @@ impl Feed {
 
 impl Drop for Feed {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
 /// A supervisor just spawned, counted as live until the [`Live`] is dropped.
 pub(crate) type Spawned = (tokio::process::Child, Live);
 
-/// Spawns `cmd` with `fd` inherited (not close-on-exec), and closes `fd` here.
+/// Spawns `cmd` (the supervisor, given `--control-fd` [`Pipe::fd`]) with the
+/// pipe's read end inherited (not close-on-exec), and closes that end here.
 /// Every supervisor is spawned through here, so none inherits another's pipe,
 /// and each is recorded as live ([`super::adopted::spawn`]).
-pub(crate) fn spawn_with(cmd: &mut tokio::process::Command, fd: Option<OwnedFd>) -> std::io::Result<Spawned> {
+pub(crate) fn spawn(cmd: &mut tokio::process::Command, pipe: &mut Pipe) -> std::io::Result<Spawned> {
     let _one_at_a_time = SPAWN.lock();
-    if let Some(fd) = &fd {
-        fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
-    }
+    let fd = pipe.read.take().ok_or_else(|| std::io::Error::other("the control pipe was handed on already"))?;
+    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
     let spawned = super::adopted::spawn(cmd);
     drop(fd);
     spawned
@@ -162,13 +191,14 @@ fn send(write: &mut std::fs::File, validity: &mongolock::Validity, sent: &Mutex<
     }
 }
 
-/// The supervisor's end: the deadlines the runner sends.
-pub(crate) struct Deadlines(Option<Lines<BufReader<pipe::Receiver>>>);
+/// The supervisor's end: the word to start, then the deadlines the runner
+/// sends.
+pub(crate) struct Control(Option<Lines<BufReader<pipe::Receiver>>>);
 
-impl Deadlines {
-    /// No deadline: nothing is ever received.
+impl Control {
+    /// No pipe: the command starts at once, and no deadline is ever received.
     pub(crate) fn none() -> Self {
-        Deadlines(None)
+        Control(None)
     }
 
     /// Opens the inherited pipe `fd` (anew, close-on-exec) and closes `fd`, so
@@ -176,7 +206,22 @@ impl Deadlines {
     pub(crate) fn open(fd: i32) -> std::io::Result<Self> {
         let receiver = pipe::OpenOptions::new().open_receiver(format!("/proc/self/fd/{fd}"))?;
         nix::unistd::close(fd)?;
-        Ok(Deadlines(Some(BufReader::new(receiver).lines())))
+        Ok(Control(Some(BufReader::new(receiver).lines())))
+    }
+
+    /// Waits for the word to start: the variables to add to the command's
+    /// environment, or `None` if the runner closed the pipe without it (it
+    /// no longer needs this supervisor). At once, with no variable, without a
+    /// pipe.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe ([`Lines::next_line`] is).
+    pub(crate) async fn go(&mut self) -> std::io::Result<Option<Vec<(String, String)>>> {
+        let Some(lines) = &mut self.0 else { return Ok(Some(Vec::new())) };
+        let Some(line) = lines.next_line().await? else { return Ok(None) };
+        let json = line.strip_prefix("go ").ok_or_else(|| bad(&line))?;
+        serde_json::from_str(json).map(Some).map_err(|_| bad(&line))
     }
 
     /// The next deadline, as an instant of this process's clock less
@@ -203,9 +248,46 @@ impl Deadlines {
     }
 }
 
+fn bad(line: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not the word to start: {line:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::IntoRawFd;
+
+    /// A pipe and the supervisor's end of it.
+    fn both() -> (Pipe, Control) {
+        let mut pipe = Pipe::new().unwrap();
+        let fd = pipe.read.take().unwrap().into_raw_fd();
+        (pipe, Control::open(fd).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_word_to_start_carries_the_variables_whole() {
+        let (pipe, mut control) = both();
+        let env = vec![("MONGOCOORD_FENCE", "7".to_owned()), ("ODD", "a\nb \"c\" = ü".to_owned())];
+        let _feed = pipe.go(&env, None).unwrap();
+        let got = control.go().await.unwrap().unwrap();
+        let want: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn a_pipe_closed_without_the_word_lets_the_supervisor_go() {
+        let (pipe, mut control) = both();
+        drop(pipe);
+        assert!(control.go().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn variables_too_long_for_one_write_are_refused() {
+        let (pipe, _control) = both();
+        let env = vec![("LONG", "x".repeat(GO_MAX))];
+        let e = pipe.go(&env, None).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    }
 
     #[test]
     fn the_supervisor_counts_as_acting_from_the_grace_period_before_its_deadline() {

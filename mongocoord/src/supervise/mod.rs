@@ -19,7 +19,7 @@
 
 mod adopted;
 mod capture;
-mod deadline;
+mod control;
 mod supervisor;
 mod timing;
 mod tree;
@@ -47,7 +47,7 @@ pub(crate) use timing::grace;
 const DRAIN: Duration = Duration::from_secs(1);
 
 /// What to run, and how.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Spec<'a> {
     /// The command and its arguments.
     pub(crate) argv: &'a [String],
@@ -143,7 +143,7 @@ impl Stops {
     /// once when it counts as lost (its local deadline, which comes before the
     /// lease can lapse on the server). The supervisor is told each renewal and
     /// does the same by itself, a little earlier, should the runner be stopped
-    /// or hung ([`deadline`]).
+    /// or hung ([`control`]).
     pub(crate) fn lease(&mut self, validity: mongolock::Validity, grace: Duration) {
         self.lease = Some((validity.clone(), grace));
         let v = validity.clone();
@@ -223,6 +223,7 @@ fn this_binary() -> std::io::Result<std::path::PathBuf> {
 
 /// The supervisor process, as the runner holds it. Dropped before it exited (a
 /// drain timeout aborting a task, say), it has the tree killed.
+#[derive(Debug)]
 struct Job {
     child: tokio::process::Child,
     /// Counts it as live, not as an orphan to kill, until it was reaped.
@@ -247,11 +248,69 @@ impl Drop for Job {
 /// Runs `spec` under a supervisor until its whole tree is gone, stopping it as
 /// `stops` says.
 pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finished> {
+    Standby::start(spec.clone()).run(Vec::new(), stops).await
+}
+
+/// A supervisor started ahead of its command, waiting for the word to start it
+/// ([`control`]): a runner that will run the command when elected, or when a
+/// lock is free, starts one while it waits, so that the supervisor's own start
+/// (an exec of this binary, a runtime, its signal handlers: most of a
+/// handover's time) is not between the election and the command. Dropped
+/// without [`run`](Self::run), it exits (its pipe closes) and has no tree.
+#[derive(Debug)]
+pub(crate) struct Standby<'a> {
+    spec: Spec<'a>,
+    started: Option<(Job, control::Pipe)>,
+}
+
+impl<'a> Standby<'a> {
+    /// Starts a supervisor for `spec`. One that cannot be started now is
+    /// started by [`run`](Self::run), which reports why it cannot.
+    pub(crate) fn start(spec: Spec<'a>) -> Self {
+        let started = match spawn(&spec) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot start a supervisor ahead; one is started with the command");
+                None
+            }
+        };
+        Standby { spec, started }
+    }
+
+    /// Starts the command with `env` added to the spec's environment, and
+    /// runs it until its whole tree is gone, stopping it as `stops` says. A
+    /// supervisor that ended while it waited (it was killed) is replaced.
+    pub(crate) async fn run(mut self, env: Vec<(&'static str, String)>, stops: &Stops) -> std::io::Result<Finished> {
+        let lease = || stops.lease.clone();
+        let given = match self.started.take() {
+            Some((mut job, pipe)) => match job.child.try_wait() {
+                Ok(None) => pipe.go(&env, lease()).map(|feed| (job, feed)).ok(),
+                _ => None,
+            },
+            None => None,
+        };
+        if given.is_none() {
+            tracing::debug!("no supervisor waits for this command: one is started with it");
+        }
+        let (mut job, feed) = match given {
+            Some(given) => given,
+            None => {
+                let (job, pipe) = spawn(&self.spec)?;
+                (job, pipe.go(&env, lease())?)
+            }
+        };
+        supervise(&self.spec, &mut job, feed, stops).await
+    }
+}
+
+/// Spawns a supervisor for `spec`, waiting for the word on its control pipe.
+fn spawn(spec: &Spec<'_>) -> std::io::Result<(Job, control::Pipe)> {
     if spec.argv.is_empty() {
         return Err(std::io::Error::other("no command given"));
     }
     // Should the supervisor die before its tree, the tree comes back here.
     adopted::become_subreaper()?;
+    let mut pipe = control::Pipe::new()?;
     let mut cmd = tokio::process::Command::new(this_binary()?);
     // Its own process group: a Ctrl-Z or SIGSTOP to the runner's group does not
     // stop it, so it still enforces the lease's deadline. (Ctrl-C reaches the
@@ -260,15 +319,8 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     cmd.arg0(supervisor::NAME)
         .process_group(0)
         .args(["supervise", "--parent", &std::process::id().to_string()])
-        .args(["--grace-ms", &spec.grace.as_millis().to_string()]);
-    let prepared = match &stops.lease {
-        Some((validity, grace)) => {
-            let p = deadline::Prepared::new(validity.clone(), *grace)?;
-            cmd.args(["--deadline-fd", &p.fd().to_string()]);
-            Some(p)
-        }
-        None => None,
-    };
+        .args(["--grace-ms", &spec.grace.as_millis().to_string()])
+        .args(["--control-fd", &pipe.fd().to_string()]);
     cmd.arg("--").args(spec.argv);
     if !spec.pass_env {
         for (name, _) in std::env::vars_os().filter(|(n, _)| is_connection_var(n)) {
@@ -288,11 +340,12 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     if spec.capture {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
-    let ((child, live), feed) = match prepared {
-        Some(p) => deadline::Feed::spawn(&mut cmd, p).map(|(c, f)| (c, Some(f)))?,
-        None => (deadline::spawn_with(&mut cmd, None)?, None),
-    };
-    let mut job = Job { child, live: Some(live) };
+    let (child, live) = control::spawn(&mut cmd, &mut pipe)?;
+    Ok((Job { child, live: Some(live) }, pipe))
+}
+
+/// The command, told to start through `feed`, run until its whole tree is gone.
+async fn supervise(spec: &Spec<'_>, job: &mut Job, feed: control::Feed, stops: &Stops) -> std::io::Result<Finished> {
     if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), job.child.stdin.take()) {
         tokio::spawn(async move {
             let _ = pipe.write_all(&data).await;
@@ -348,7 +401,7 @@ pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finis
     // Reaped: from now on a child of this process with its pid is an orphan.
     job.live = None;
     // Whether the supervisor's own deadline came, before the runner's.
-    let supervisor_acted = feed.as_ref().is_some_and(deadline::Feed::supervisor_acted);
+    let supervisor_acted = feed.supervisor_acted();
     drop(feed);
     // A supervisor exits by itself only once its tree is reaped; one that was
     // killed (by SIGKILL, say) or crashed left it to this process. It is killed

@@ -15,11 +15,14 @@
 //! - SIGUSR1 (from the runner) kills the tree at once.
 //! - When the main process exits, whatever it left running gets SIGTERM, then
 //!   SIGKILL after the grace period.
-//! - With `--deadline-fd`, it reads the lease's deadline from the runner after
-//!   each renewal ([`super::deadline`]) and enforces it by itself: SIGTERM the
-//!   grace period before it, SIGKILL at it, unless a later one comes first. So
-//!   a runner that is stopped (SIGSTOP, Ctrl-Z) or hung, and cannot renew or
-//!   signal, does not leave the command running past its lease.
+//! - With `--control-fd`, it waits for the runner's word to start the command
+//!   (it may be started ahead: [`super::Standby`]), and exits quietly if the
+//!   runner closes the pipe first, or dies; other signals are dropped meanwhile.
+//!   Then it reads the lease's deadline from the runner after each renewal
+//!   ([`super::control`]) and enforces it by itself: SIGTERM the grace period
+//!   before it, SIGKILL at it, unless a later one comes first. So a runner
+//!   that is stopped (SIGSTOP, Ctrl-Z) or hung, and cannot renew or signal,
+//!   does not leave the command running past its lease.
 //! - It runs in its own process group (the runner starts it so), so a Ctrl-Z
 //!   to the runner's group does not stop it.
 //! - It handles every signal a handler can be set for ([`ignore_the_rest`]:
@@ -43,7 +46,7 @@ use nix::unistd::{getppid, Pid};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
-use super::deadline::Deadlines;
+use super::control::Control;
 use super::tree::{Left, Tree};
 use crate::error::CliError;
 
@@ -102,12 +105,12 @@ fn ignore_the_rest() -> Result<Vec<tokio::signal::unix::Signal>, CliError> {
 /// How often the parent is checked besides the parent-death signal.
 const PARENT_CHECK: Duration = Duration::from_millis(500);
 
-/// `mongocoord supervise --parent PID --grace-ms MS [--deadline-fd FD] -- CMD...`:
+/// `mongocoord supervise --parent PID --grace-ms MS [--control-fd FD] -- CMD...`:
 /// runs `argv` as described in the module documentation and returns the exit code.
 pub(crate) async fn run(
     parent: i32,
     grace: Duration,
-    deadline_fd: Option<i32>,
+    control_fd: Option<i32>,
     argv: &[String],
 ) -> Result<u8, CliError> {
     let parent = Pid::from_raw(parent);
@@ -134,13 +137,39 @@ pub(crate) async fn run(
         return Ok(1);
     }
     // Before the command starts, so that it does not inherit the pipe.
-    let mut deadlines = match deadline_fd {
-        Some(fd) => Deadlines::open(fd).map_err(|e| CliError::io("cannot read the lease's deadlines", e))?,
-        None => Deadlines::none(),
+    let mut control = match control_fd {
+        Some(fd) => Control::open(fd).map_err(|e| CliError::io("cannot read the runner's control pipe", e))?,
+        None => Control::none(),
+    };
+    let mut check = tokio::time::interval(PARENT_CHECK);
+    // Started ahead, it waits for the word. Signals are taken and dropped
+    // meanwhile: there is no tree to stop, and one that came early must not
+    // stop the command about to start. The word comes first (`biased`): a
+    // signal the runner sends after it is for the command, and is still
+    // pending for the loop below.
+    let env = loop {
+        tokio::select! {
+            biased;
+            go = control.go() => match go {
+                Ok(Some(env)) => break env,
+                // The runner let this supervisor go.
+                Ok(None) => return Ok(0),
+                Err(e) => return Err(CliError::io("cannot read the runner's control pipe", e)),
+            },
+            _ = term.recv() => {}
+            _ = kill_now.recv() => {}
+            _ = parent_died.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+            _ = check.tick() => {}
+        }
+        if getppid() != parent {
+            return Ok(1);
+        }
     };
     let main = {
         use std::os::unix::process::CommandExt;
-        match std::process::Command::new(program).args(args).process_group(0).spawn() {
+        match std::process::Command::new(program).args(args).envs(env).process_group(0).spawn() {
             Ok(child) => Pid::from_raw(
                 i32::try_from(child.id())
                     .map_err(|e| CliError::io("bad pid", std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?,
@@ -156,7 +185,6 @@ pub(crate) async fn run(
     let mut kill_at: Option<Instant> = None;
     // The lease's deadline as the runner last told it.
     let mut lease: Option<Instant> = None;
-    let mut check = tokio::time::interval(PARENT_CHECK);
     loop {
         let mut terminate = false;
         tokio::select! {
@@ -174,7 +202,7 @@ pub(crate) async fn run(
                 tracing::debug!("grace period over: killing the command's tree");
                 break;
             }
-            at = deadlines.next() => lease = Some(at),
+            at = control.next() => lease = Some(at),
             _ = sleep_until(lease.map(|d| d.checked_sub(grace).unwrap_or(d))), if kill_at.is_none() => {
                 tracing::info!("less than the grace period of the lease is left: SIGTERM to the command's tree");
                 terminate = true;

@@ -22,6 +22,7 @@ mod review_otel;
 mod review_otel2;
 mod review_retain;
 mod schedules;
+mod standby;
 mod supervise;
 mod timeouts;
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::{env, lines, signal, wait_until, Env, BIN};
 
 /// Whether a process exists and has not ended (a zombie has ended).
-fn alive(pid: &str) -> bool {
+pub(super) fn alive(pid: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().to_owned()))
