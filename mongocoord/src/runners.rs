@@ -131,16 +131,23 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
                 r = leadership.changed() => if r.is_err() { return Err(CliError::Stopped("elector")) },
             }
         };
-        let fence = elector.node_status().fence.unwrap_or_default();
+        // The fence and the validity are the term's only if it is still on
+        // after both are read: a term ends (its token cancelled) before the
+        // next can begin.
+        let (fence, validity) = match (elector.node_status().fence, elector.term_validity()) {
+            (Some(fence), Some(v)) if !term.is_cancelled() => (fence, v),
+            _ => {
+                eprintln!(
+                    "mongocoord: leadership of {key} ended as it began; the command was not started; campaigning again"
+                );
+                continue;
+            }
+        };
         eprintln!("mongocoord: elected leader of {key} (term {fence})");
         let mut stops = Stops::new();
         stops.terminate_on(&signal, Why::Signal);
         stops.kill_on(&term, Why::LeaseLost);
-        match elector.term_validity() {
-            Some(v) => stops.lease(v, run.grace),
-            // The term ended already.
-            None => stops.kill_now(Why::LeaseLost),
-        }
+        stops.lease(validity, run.grace);
         let done = waiting.run(vec![("MONGOCOORD_FENCE", fence.to_string())], &stops).await;
         drop(stops);
         // The command's whole tree is gone: only now is leadership let go of.

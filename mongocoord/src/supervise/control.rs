@@ -18,6 +18,13 @@
 //! later deadline arrives first; so a runner that is stopped (SIGSTOP,
 //! Ctrl-Z) or hung, and cannot renew or signal, does not leave the command
 //! running past its lease.
+//!
+//! And the runner's own requests to stop the command: `term` (SIGTERM to the
+//! tree, SIGKILL after the grace period) and `kill` (SIGKILL now). Told in
+//! the pipe, they come after `go`, in order; a signal sent just after the
+//! word could be taken with one that came before it, which the supervisor
+//! drops at the word ([`super::supervisor`]). The runner signals only when
+//! the pipe will not take the line.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -77,6 +84,16 @@ pub(crate) struct Feed {
     sent: Arc<Mutex<Sent>>,
     grace: Duration,
     task: Option<JoinHandle<()>>,
+    write: Arc<Mutex<std::fs::File>>,
+}
+
+/// A request from the runner, after the word to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// SIGTERM to the tree, SIGKILL after the grace period.
+    Term,
+    /// SIGKILL to the tree now.
+    Kill,
 }
 
 /// A control pipe made for a supervisor; its read end is inherited by the
@@ -127,20 +144,32 @@ impl Pipe {
         }
         self.write.write_all(line.as_bytes())?;
         let grace = lease.as_ref().map_or(Duration::ZERO, |(_, g)| *g);
+        let write = Arc::new(Mutex::new(self.write));
         let task = lease.map(|(validity, grace)| {
-            let (sent, mut write) = (sent.clone(), self.write);
+            let (sent, write) = (sent.clone(), write.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(POLL).await;
-                    send(&mut write, &validity, &sent, grace);
+                    send(&mut write.lock(), &validity, &sent, grace);
                 }
             })
         });
-        Ok(Feed { sent, grace, task })
+        Ok(Feed { sent, grace, task, write })
     }
 }
 
 impl Feed {
+    /// Tells the supervisor to stop the command; false if the pipe did not
+    /// take it (the supervisor is gone, or stopped with its pipe full), and
+    /// the caller signals instead.
+    pub(crate) fn stop(&self, how: Stop) -> bool {
+        let line: &[u8] = match how {
+            Stop::Term => b"term\n",
+            Stop::Kill => b"kill\n",
+        };
+        self.write.lock().write_all(line).is_ok()
+    }
+
     /// Whether the supervisor's own deadline came (it sent SIGTERM): the
     /// runner's last word, once the supervisor exited.
     pub(crate) fn supervisor_acted(&self) -> bool {
@@ -224,28 +253,42 @@ impl Control {
         serde_json::from_str(json).map(Some).map_err(|_| bad(&line))
     }
 
-    /// The next deadline, as an instant of this process's clock less
-    /// [`ALLOWANCE`]. Pending forever once the runner's end is closed.
+    /// The runner's next word after `go`: a deadline (as an instant of this
+    /// process's clock less [`ALLOWANCE`]) or a request to stop. Pending
+    /// forever once the runner's end is closed.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe ([`Lines::next_line`] is).
-    pub(crate) async fn next(&mut self) -> Instant {
+    pub(crate) async fn next(&mut self) -> Word {
         loop {
             let Some(lines) = &mut self.0 else { return std::future::pending().await };
             match lines.next_line().await {
-                Ok(Some(line)) => {
-                    let Ok(micros) = line.trim().parse::<u64>() else {
-                        tracing::warn!(line, "not a deadline: ignored");
-                        continue;
-                    };
-                    let left = Duration::from_micros(micros).saturating_sub(monotonic_now());
-                    return Instant::now() + left.saturating_sub(ALLOWANCE);
-                }
+                Ok(Some(line)) => match line.trim() {
+                    "term" => return Word::Stop(Stop::Term),
+                    "kill" => return Word::Stop(Stop::Kill),
+                    other => {
+                        let Ok(micros) = other.parse::<u64>() else {
+                            tracing::warn!(line, "not a word of the runner's: ignored");
+                            continue;
+                        };
+                        let left = Duration::from_micros(micros).saturating_sub(monotonic_now());
+                        return Word::Deadline(Instant::now() + left.saturating_sub(ALLOWANCE));
+                    }
+                },
                 Ok(None) | Err(_) => self.0 = None,
             }
         }
     }
+}
+
+/// What the runner says after `go`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Word {
+    /// The lease's deadline, after a renewal.
+    Deadline(Instant),
+    /// Stop the command.
+    Stop(Stop),
 }
 
 fn bad(line: &str) -> std::io::Error {

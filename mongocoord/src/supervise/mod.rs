@@ -167,14 +167,24 @@ impl Stops {
         );
     }
 
-    /// Stops at once, now.
-    pub(crate) fn kill_now(&self, why: Why) {
-        Self::note(&self.why, why);
-        self.kill.cancel();
-    }
-
     fn why(&self) -> Option<Why> {
         *self.why.lock()
+    }
+
+    /// Why the command must stop already, before it starts: a stop asked
+    /// for, or a lease with less than the grace period confirmed.
+    fn due(&self) -> Option<Why> {
+        if self.kill.is_cancelled() || self.terminate.is_cancelled() {
+            return Some(self.why().unwrap_or(Why::Signal));
+        }
+        let (validity, grace) = self.lease.as_ref()?;
+        if validity.is_lost() {
+            Some(Why::LeaseLost)
+        } else if validity.remaining() <= *grace {
+            Some(Why::LeaseAtRisk)
+        } else {
+            None
+        }
     }
 }
 
@@ -231,6 +241,17 @@ struct Job {
 }
 
 impl Job {
+    /// Asks the supervisor to stop the command: in the control pipe, after
+    /// the word to start; by a signal if the pipe does not take it.
+    fn stop(&self, feed: &control::Feed, how: control::Stop) {
+        if !feed.stop(how) {
+            self.send(match how {
+                control::Stop::Term => Signal::SIGTERM,
+                control::Stop::Kill => supervisor::KILL_NOW,
+            });
+        }
+    }
+
     fn send(&self, sig: Signal) {
         // `id` is `None` once the supervisor was reaped: its pid may be reused.
         if let Some(pid) = self.child.id().and_then(|id| i32::try_from(id).ok()) {
@@ -281,6 +302,21 @@ impl<'a> Standby<'a> {
     /// runs it until its whole tree is gone, stopping it as `stops` says. A
     /// supervisor that ended while it waited (it was killed) is replaced.
     pub(crate) async fn run(mut self, env: Vec<(&'static str, String)>, stops: &Stops) -> std::io::Result<Finished> {
+        // A stop already due: the command is not started at all (the term
+        // ended, the lease is at risk, the runner was told to stop).
+        if let Some(why) = stops.due() {
+            Stops::note(&stops.why, why);
+            tracing::info!(?why, "the command is not started: its stop is due already");
+            use std::os::unix::process::ExitStatusExt;
+            let sig = if why == Why::Signal { Signal::SIGTERM } else { Signal::SIGKILL };
+            let status = ExitStatus::from_raw(sig as i32);
+            return Ok(Finished {
+                status,
+                stopped: Some(why),
+                stdout: Captured::default(),
+                stderr: Captured::default(),
+            });
+        }
         let lease = || stops.lease.clone();
         let given = match self.started.take() {
             Some((mut job, pipe)) => match job.child.try_wait() {
@@ -377,23 +413,23 @@ async fn supervise(spec: &Spec<'_>, job: &mut Job, feed: control::Feed, stops: &
             s = job.child.wait() => break s?,
             _ = stops.terminate.cancelled(), if graceful => {
                 tracing::info!(why = ?stops.why(), grace = ?spec.grace, "stopping the command: SIGTERM to its process tree");
-                job.send(Signal::SIGTERM);
+                job.stop(&feed, control::Stop::Term);
                 kill_at = Some(Instant::now() + spec.grace);
             }
             _ = overflow.cancelled(), if graceful => {
                 Stops::note(&stops.why, Why::Output);
                 tracing::info!(limit = STDOUT_LIMIT, "stopping the command: too much output");
-                job.send(Signal::SIGTERM);
+                job.stop(&feed, control::Stop::Term);
                 kill_at = Some(Instant::now() + spec.grace);
             }
             _ = sleep_until(kill_at), if !killed => {
                 tracing::info!("grace period over: SIGKILL to the command's process tree");
-                job.send(supervisor::KILL_NOW);
+                job.stop(&feed, control::Stop::Kill);
                 killed = true;
             }
             _ = stops.kill.cancelled(), if !killed => {
                 tracing::info!(why = ?stops.why(), "SIGKILL to the command's process tree");
-                job.send(supervisor::KILL_NOW);
+                job.stop(&feed, control::Stop::Kill);
                 killed = true;
             }
         }

@@ -5,24 +5,25 @@
 //! - It is a child subreaper: a descendant whose parent dies (a daemon that
 //!   double-forks, say) becomes its child rather than init's, so it is found and
 //!   reaped.
-//! - Its parent-death signal is SIGUSR2, and it checks its parent right after
-//!   setting it (the runner may have died before) and every half second: when
-//!   the runner dies, however it dies, it SIGKILLs the group and every
-//!   descendant, reaps them, and exits.
-//! - SIGTERM (from the runner, or from anyone) is passed on to the group and to
-//!   every descendant that left it; SIGKILL follows after the grace period unless
-//!   the tree is gone by then.
-//! - SIGUSR1 (from the runner) kills the tree at once.
-//! - When the main process exits, whatever it left running gets SIGTERM, then
-//!   SIGKILL after the grace period.
+//! - Its parent-death signal is SIGUSR2, and once the command runs it checks
+//!   its parent right after setting it (the runner may have died before) and
+//!   every half second: when the runner dies, however it dies, it SIGKILLs the
+//!   group and every descendant, reaps them, and exits.
 //! - With `--control-fd`, it waits for the runner's word to start the command
 //!   (it may be started ahead: [`super::Standby`]), and exits quietly if the
-//!   runner closes the pipe first, or dies; other signals are dropped meanwhile.
-//!   Then it reads the lease's deadline from the runner after each renewal
-//!   ([`super::control`]) and enforces it by itself: SIGTERM the grace period
-//!   before it, SIGKILL at it, unless a later one comes first. So a runner
-//!   that is stopped (SIGSTOP, Ctrl-Z) or hung, and cannot renew or signal,
-//!   does not leave the command running past its lease.
+//!   runner closes the pipe first, or dies; signals are dropped meanwhile, and
+//!   those pending at the word too. Then the pipe carries the runner's stops
+//!   (`term`, `kill`) and the lease's deadline after each renewal
+//!   ([`super::control`]), which it enforces by itself: SIGTERM the grace
+//!   period before it, SIGKILL at it, unless a later one comes first. So a
+//!   runner that is stopped (SIGSTOP, Ctrl-Z) or hung, and cannot renew or
+//!   signal, does not leave the command running past its lease.
+//! - Once the command runs, SIGTERM (from anyone; from the runner when its
+//!   pipe is full) is passed on to the group and to every descendant that left
+//!   it; SIGKILL follows after the grace period unless the tree is gone by
+//!   then. SIGUSR1 kills the tree at once.
+//! - When the main process exits, whatever it left running gets SIGTERM, then
+//!   SIGKILL after the grace period.
 //! - It runs in its own process group (the runner starts it so), so a Ctrl-Z
 //!   to the runner's group does not stop it.
 //! - It handles every signal a handler can be set for ([`ignore_the_rest`]:
@@ -40,13 +41,14 @@
 
 use std::time::Duration;
 
+use futures::FutureExt;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
 use nix::unistd::{getppid, Pid};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
-use super::control::Control;
+use super::control::{Control, Stop, Word};
 use super::tree::{Left, Tree};
 use crate::error::CliError;
 
@@ -141,12 +143,13 @@ pub(crate) async fn run(
         Some(fd) => Control::open(fd).map_err(|e| CliError::io("cannot read the runner's control pipe", e))?,
         None => Control::none(),
     };
-    let mut check = tokio::time::interval(PARENT_CHECK);
-    // Started ahead, it waits for the word. Signals are taken and dropped
-    // meanwhile: there is no tree to stop, and one that came early must not
-    // stop the command about to start. The word comes first (`biased`): a
-    // signal the runner sends after it is for the command, and is still
-    // pending for the loop below.
+    // Started ahead, it waits for the word, without a timer: the end of the
+    // pipe (whose write end only the runner holds) says that the runner let it
+    // go or died, and the parent-death signal says the latter too. Signals
+    // are dropped meanwhile, and those pending at the word with them: there
+    // is no tree to stop, and one that came early must not stop the command
+    // about to start. The runner asks for a stop after the word in the pipe
+    // ([`Word::Stop`]), so nothing of its is dropped.
     let env = loop {
         tokio::select! {
             biased;
@@ -161,12 +164,15 @@ pub(crate) async fn run(
             _ = parent_died.recv() => {}
             _ = int.recv() => {}
             _ = hup.recv() => {}
-            _ = check.tick() => {}
         }
         if getppid() != parent {
             return Ok(1);
         }
     };
+    for s in [&mut term, &mut kill_now, &mut int, &mut hup] {
+        while let Some(Some(())) = s.recv().now_or_never() {}
+    }
+    let mut check = tokio::time::interval(PARENT_CHECK);
     let main = {
         use std::os::unix::process::CommandExt;
         match std::process::Command::new(program).args(args).envs(env).process_group(0).spawn() {
@@ -202,7 +208,14 @@ pub(crate) async fn run(
                 tracing::debug!("grace period over: killing the command's tree");
                 break;
             }
-            at = control.next() => lease = Some(at),
+            word = control.next() => match word {
+                Word::Deadline(at) => lease = Some(at),
+                Word::Stop(Stop::Term) => terminate = true,
+                Word::Stop(Stop::Kill) => {
+                    tracing::debug!("told to kill the command's tree");
+                    break;
+                }
+            },
             _ = sleep_until(lease.map(|d| d.checked_sub(grace).unwrap_or(d))), if kill_at.is_none() => {
                 tracing::info!("less than the grace period of the lease is left: SIGTERM to the command's tree");
                 terminate = true;

@@ -103,3 +103,36 @@ fn a_waiters_killed_supervisor_is_replaced_when_the_lock_comes() {
     assert!(fence.parse::<u64>().unwrap() >= 2, "{got:?}");
     assert_eq!(key, "standby");
 }
+
+/// A signal that reached the supervisor ahead just before the word to start
+/// (stopped, it takes both at once when continued) does not stop the command
+/// it then starts: the runner asks for its stops in the pipe, after the word.
+#[test]
+fn a_signal_pending_at_the_word_does_not_stop_the_command() {
+    let Some(e) = env("standby_pending") else { return };
+    for sig in ["-TERM", "-USR1"] {
+        let (release, out) = (e.file(format!("release{sig}").as_str()), e.file(format!("out{sig}").as_str()));
+        let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", release.display());
+        let mut holder = e.spawn(&["lock", "pending", "--", "sh", "-c", hold.as_str()]);
+        let locks = || e.json(&["locks"]);
+        wait_until("the holder", Duration::from_secs(20), || {
+            locks().as_array().is_some_and(|a| a.iter().any(|l| l["held"] == true))
+        });
+        let run = format!("sleep 0.5; echo ran > {}", out.display());
+        let mut waiter = e.spawn(&["lock", "pending", "--", "sh", "-c", run.as_str()]);
+        let ahead = supervisor_ahead(waiter.id());
+        kill(ahead, "-STOP");
+        kill(ahead, sig);
+        std::fs::write(&release, "").unwrap();
+        assert!(holder.wait().unwrap().success());
+        // The waiter holds the lock now, and has told the stopped supervisor to start.
+        wait_until("the waiter to hold the lock", Duration::from_secs(20), || {
+            locks().as_array().is_some_and(|a| a.iter().any(|l| l["held"] == true))
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        kill(ahead, "-CONT");
+        let status = waiter.wait().unwrap();
+        assert!(status.success(), "{sig}: {status:?}");
+        assert_eq!(lines(&out), ["ran"], "{sig}: the command ran to its end");
+    }
+}
