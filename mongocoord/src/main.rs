@@ -404,7 +404,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let supervising = matches!(cli.cmd, Cmd::Supervise { .. });
     if supervising {
-        // Before the runtime's threads exist: they inherit the signal mask.
+        // On the main thread, whose name is the process's, before any other.
         if let Err(e) = supervise::before_supervisor_runtime() {
             return fail("mongocoord supervise", &e);
         }

@@ -176,7 +176,12 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
                 return Ok(exit_code(done.status));
             }
             Some(Why::LeaseAtRisk) => {
+                // The term may yet be renewed: it is given up, so that the
+                // next command runs in a term (and under a fence) of its own.
                 eprintln!("mongocoord: leadership of {key} could not be renewed in time; the command was stopped");
+                if let Err(e) = elector.release().await {
+                    tracing::warn!(key, error = %e, "giving up leadership at risk failed; it lapses by itself");
+                }
             }
             Some(_) => eprintln!("mongocoord: leadership of {key} lost; the command was killed; campaigning again"),
         }

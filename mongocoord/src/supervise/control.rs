@@ -48,7 +48,7 @@ pub(crate) const ALLOWANCE: Duration = Duration::from_millis(10);
 
 /// How often the runner looks for a renewal to pass on (a read of the lease's
 /// state; a message goes out only when the deadline moved on).
-const POLL: Duration = Duration::from_millis(20);
+pub(crate) const POLL: Duration = Duration::from_millis(20);
 
 /// Only one supervisor is spawned at a time: the read end of its pipe is
 /// inheritable only meanwhile, so no other child gets it.
@@ -87,8 +87,9 @@ pub(crate) struct Feed {
     write: Arc<Mutex<std::fs::File>>,
 }
 
-/// A request from the runner, after the word to start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A request from the runner, after the word to start; a kill outranks a
+/// termination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Stop {
     /// SIGTERM to the tree, SIGKILL after the grace period.
     Term,
@@ -160,8 +161,8 @@ impl Pipe {
 
 impl Feed {
     /// Tells the supervisor to stop the command; false if the pipe did not
-    /// take it (the supervisor is gone, or stopped with its pipe full), and
-    /// the caller signals instead.
+    /// take it (the supervisor is gone, or does not read and its pipe is
+    /// full), and the caller asks again later.
     pub(crate) fn stop(&self, how: Stop) -> bool {
         let line: &[u8] = match how {
             Stop::Term => b"term\n",
@@ -212,8 +213,9 @@ fn send(write: &mut std::fs::File, validity: &mongolock::Validity, sent: &Mutex<
     if sent.deadline.is_some_and(|d| deadline <= d + Duration::from_millis(1)) {
         return;
     }
-    // Non-blocking: a supervisor that does not read loses only messages, and a
-    // line is shorter than PIPE_BUF, so it is written whole or not at all.
+    // Non-blocking: a supervisor that does not read misses deadlines (the last
+    // it read, an earlier one, stays in force), and a line is shorter than
+    // PIPE_BUF, so it is written whole or not at all.
     if write.write_all(format!("{}\n", deadline.as_micros()).as_bytes()).is_ok() {
         tracing::trace!(remaining = ?deadline.saturating_sub(now), "lease deadline passed on to the supervisor");
         sent.deadline = Some(deadline);
@@ -254,8 +256,8 @@ impl Control {
     }
 
     /// The runner's next word after `go`: a deadline (as an instant of this
-    /// process's clock less [`ALLOWANCE`]) or a request to stop. Pending
-    /// forever once the runner's end is closed.
+    /// process's clock less [`ALLOWANCE`]) or a request to stop; a kill when
+    /// the runner's end is closed, and pending forever after that.
     ///
     /// # Cancel safety
     ///
@@ -276,7 +278,13 @@ impl Control {
                         return Word::Deadline(Instant::now() + left.saturating_sub(ALLOWANCE));
                     }
                 },
-                Ok(None) | Err(_) => self.0 = None,
+                // Only the runner holds the write end, and it closes it only
+                // once this process exited, or when it died or gave up the
+                // command: kill the tree.
+                Ok(None) | Err(_) => {
+                    self.0 = None;
+                    return Word::Stop(Stop::Kill);
+                }
             }
         }
     }

@@ -46,6 +46,15 @@ pub(crate) use timing::grace;
 /// supervisor left), unless a descendant escaped the tree with them.
 const DRAIN: Duration = Duration::from_secs(1);
 
+/// How long a supervisor told to kill the command's tree may take to exit
+/// before the runner kills it, and with it the tree (it is the subreaper the
+/// tree comes back to, [`adopted`]). A supervisor that is stopped (SIGSTOP)
+/// or hung acts on nothing, not even its own deadline; this is well inside
+/// the lease's safety margin that the hard kill leaves (a tenth of the ttl),
+/// and a supervisor that is running kills and reaps its tree in a few
+/// milliseconds.
+const UNHEEDED: Duration = Duration::from_millis(100);
+
 /// What to run, and how.
 #[derive(Debug, Clone)]
 pub(crate) struct Spec<'a> {
@@ -171,6 +180,19 @@ impl Stops {
         *self.why.lock()
     }
 
+    /// A stop already due (the term ended, the lease is at risk, the runner
+    /// was told to stop): the command is not started at all, and this is
+    /// what it did.
+    fn not_started(&self) -> Option<Finished> {
+        use std::os::unix::process::ExitStatusExt;
+        let why = self.due()?;
+        Self::note(&self.why, why);
+        tracing::info!(?why, "the command is not started: its stop is due already");
+        let sig = if why == Why::Signal { Signal::SIGTERM } else { Signal::SIGKILL };
+        let status = ExitStatus::from_raw(sig as i32);
+        Some(Finished { status, stopped: Some(why), stdout: Captured::default(), stderr: Captured::default() })
+    }
+
     /// Why the command must stop already, before it starts: a stop asked
     /// for, or a lease with less than the grace period confirmed.
     fn due(&self) -> Option<Why> {
@@ -241,17 +263,6 @@ struct Job {
 }
 
 impl Job {
-    /// Asks the supervisor to stop the command: in the control pipe, after
-    /// the word to start; by a signal if the pipe does not take it.
-    fn stop(&self, feed: &control::Feed, how: control::Stop) {
-        if !feed.stop(how) {
-            self.send(match how {
-                control::Stop::Term => Signal::SIGTERM,
-                control::Stop::Kill => supervisor::KILL_NOW,
-            });
-        }
-    }
-
     fn send(&self, sig: Signal) {
         // `id` is `None` once the supervisor was reaped: its pid may be reused.
         if let Some(pid) = self.child.id().and_then(|id| i32::try_from(id).ok()) {
@@ -269,6 +280,9 @@ impl Drop for Job {
 /// Runs `spec` under a supervisor until its whole tree is gone, stopping it as
 /// `stops` says.
 pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finished> {
+    if let Some(finished) = stops.not_started() {
+        return Ok(finished);
+    }
     Standby::start(spec.clone()).run(Vec::new(), stops).await
 }
 
@@ -302,20 +316,8 @@ impl<'a> Standby<'a> {
     /// runs it until its whole tree is gone, stopping it as `stops` says. A
     /// supervisor that ended while it waited (it was killed) is replaced.
     pub(crate) async fn run(mut self, env: Vec<(&'static str, String)>, stops: &Stops) -> std::io::Result<Finished> {
-        // A stop already due: the command is not started at all (the term
-        // ended, the lease is at risk, the runner was told to stop).
-        if let Some(why) = stops.due() {
-            Stops::note(&stops.why, why);
-            tracing::info!(?why, "the command is not started: its stop is due already");
-            use std::os::unix::process::ExitStatusExt;
-            let sig = if why == Why::Signal { Signal::SIGTERM } else { Signal::SIGKILL };
-            let status = ExitStatus::from_raw(sig as i32);
-            return Ok(Finished {
-                status,
-                stopped: Some(why),
-                stdout: Captured::default(),
-                stderr: Captured::default(),
-            });
+        if let Some(finished) = stops.not_started() {
+            return Ok(finished);
         }
         let lease = || stops.lease.clone();
         let given = match self.started.take() {
@@ -407,30 +409,54 @@ async fn supervise(spec: &Spec<'_>, job: &mut Job, feed: control::Feed, stops: &
     );
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    // A stop the pipe did not take (full: the supervisor does not read),
+    // asked again until it does; a signal could come before the word and be
+    // dropped with the stray ones.
+    let mut unsent: Option<control::Stop> = None;
+    // When a supervisor told to kill that has not exited is killed itself
+    // (stopped, or hung), and the tree with it by this process.
+    let mut unheeded_at: Option<Instant> = None;
+    let ask = |how: control::Stop, unsent: &mut Option<control::Stop>| {
+        if !feed.stop(how) {
+            *unsent = Some(unsent.map_or(how, |u| u.max(how)));
+        }
+    };
     let status = loop {
         let graceful = kill_at.is_none() && !killed;
         tokio::select! {
             s = job.child.wait() => break s?,
             _ = stops.terminate.cancelled(), if graceful => {
                 tracing::info!(why = ?stops.why(), grace = ?spec.grace, "stopping the command: SIGTERM to its process tree");
-                job.stop(&feed, control::Stop::Term);
+                ask(control::Stop::Term, &mut unsent);
                 kill_at = Some(Instant::now() + spec.grace);
             }
             _ = overflow.cancelled(), if graceful => {
                 Stops::note(&stops.why, Why::Output);
                 tracing::info!(limit = STDOUT_LIMIT, "stopping the command: too much output");
-                job.stop(&feed, control::Stop::Term);
+                ask(control::Stop::Term, &mut unsent);
                 kill_at = Some(Instant::now() + spec.grace);
             }
             _ = sleep_until(kill_at), if !killed => {
                 tracing::info!("grace period over: SIGKILL to the command's process tree");
-                job.stop(&feed, control::Stop::Kill);
+                ask(control::Stop::Kill, &mut unsent);
                 killed = true;
+                unheeded_at = Some(Instant::now() + UNHEEDED);
             }
             _ = stops.kill.cancelled(), if !killed => {
                 tracing::info!(why = ?stops.why(), "SIGKILL to the command's process tree");
-                job.stop(&feed, control::Stop::Kill);
+                ask(control::Stop::Kill, &mut unsent);
                 killed = true;
+                unheeded_at = Some(Instant::now() + UNHEEDED);
+            }
+            _ = tokio::time::sleep(control::POLL), if unsent.is_some() => {
+                if let Some(how) = unsent.take() {
+                    ask(how, &mut unsent);
+                }
+            }
+            _ = sleep_until(unheeded_at) => {
+                tracing::warn!(waited = ?UNHEEDED, "the supervisor did not end the command's tree when told (stopped, or hung): the runner kills it, then the tree");
+                job.send(Signal::SIGKILL);
+                unheeded_at = None;
             }
         }
     };

@@ -148,8 +148,9 @@ pub(crate) async fn run(
     // go or died, and the parent-death signal says the latter too. Signals
     // are dropped meanwhile, and those pending at the word with them: there
     // is no tree to stop, and one that came early must not stop the command
-    // about to start. The runner asks for a stop after the word in the pipe
-    // ([`Word::Stop`]), so nothing of its is dropped.
+    // about to start. The runner asks for its stops in the pipe, after the
+    // word ([`Word::Stop`]), and the pipe's end (the runner gone, or done
+    // with this command) kills the tree, so nothing of its is lost.
     let env = loop {
         tokio::select! {
             biased;
@@ -169,6 +170,10 @@ pub(crate) async fn run(
             return Ok(1);
         }
     };
+    // A signal whose handler ran as the word came is in once the runtime has
+    // polled its driver again, which it does before it resumes a task that
+    // yielded.
+    tokio::task::yield_now().await;
     for s in [&mut term, &mut kill_now, &mut int, &mut hup] {
         while let Some(Some(())) = s.recv().now_or_never() {}
     }

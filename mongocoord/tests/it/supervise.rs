@@ -310,6 +310,25 @@ fn a_stopped_runners_command_is_killed_before_its_lease_lapses() {
     assert_eq!(status.code(), Some(75), "the lock was lost");
 }
 
+/// A stopped supervisor acts on nothing: the runner, stopping the command
+/// (SIGTERM, then SIGKILL after the grace period), kills the supervisor once
+/// it has not exited a moment after the kill, and then the tree itself, before
+/// it lets the lock go.
+#[test]
+fn a_stopped_supervisor_is_killed_by_its_runner_with_the_tree() {
+    let Some(e) = env("supervise_stopped_supervisor") else { return };
+    let (mut runner, main, gc) = locked_tree(&e);
+    let supervisor = parent_of(&main);
+    assert!(Command::new("kill").args(["-STOP", &supervisor]).status().unwrap().success());
+    wait_until("the supervisor stopped", Duration::from_secs(10), || state(&supervisor) == Some('T'));
+    signal(&runner, "-TERM");
+    let status = exits_within(&mut runner, Duration::from_secs(20), "the runner, its supervisor stopped");
+    assert_eq!(status.code(), Some(137), "the command's tree was killed: {status:?}");
+    assert!(!alive(&supervisor), "the stopped supervisor was killed");
+    assert!(!alive(&main) && !alive(&gc), "the tree was killed with it");
+    assert!(!held(&e, "k"), "the lock is free");
+}
+
 /// Ctrl-Z (SIGTSTP to the runner's process group) stops the runner, not its
 /// supervisor, which still stops the command before the lease can lapse.
 #[test]
