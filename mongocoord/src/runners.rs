@@ -178,9 +178,17 @@ pub(crate) async fn elect(store: MongoStore, key: &str, run: &Run<'_>) -> Result
             Some(Why::LeaseAtRisk) => {
                 // The term may yet be renewed: it is given up, so that the
                 // next command runs in a term (and under a fence) of its own.
+                // Only this term: one won since (the loss came after the risk)
+                // is the next command's.
                 eprintln!("mongocoord: leadership of {key} could not be renewed in time; the command was stopped");
-                if let Err(e) = elector.release().await {
-                    tracing::warn!(key, error = %e, "giving up leadership at risk failed; it lapses by itself");
+                if !term.is_cancelled() {
+                    tokio::select! {
+                        _ = elector.release() => {}
+                        _ = signal.cancelled() => {
+                            elector.stop().await;
+                            return Ok(0);
+                        }
+                    }
                 }
             }
             Some(_) => eprintln!("mongocoord: leadership of {key} lost; the command was killed; campaigning again"),

@@ -195,6 +195,7 @@ pub(crate) async fn counted_store(uri: &str, db: &str) -> Result<(MongoStore, Ar
         _ => {}
     }));
     let client = Client::with_options(opts)?;
-    crate::CLIENTS.keep(&client);
-    Ok((MongoStore::new(client.database(db)), commands))
+    let store = MongoStore::new(client.database(db));
+    crate::CLIENTS.keep_store(&store);
+    Ok((store, commands))
 }

@@ -23,8 +23,9 @@
 //! tree, SIGKILL after the grace period) and `kill` (SIGKILL now). Told in
 //! the pipe, they come after `go`, in order; a signal sent just after the
 //! word could be taken with one that came before it, which the supervisor
-//! drops at the word ([`super::supervisor`]). The runner signals only when
-//! the pipe will not take the line.
+//! drops at the word ([`super::supervisor`]). A line the pipe will not take
+//! (the supervisor does not read) is asked again; the end of the pipe, the
+//! runner gone or done with the command, is a kill.
 
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -48,12 +48,18 @@ const DRAIN: Duration = Duration::from_secs(1);
 
 /// How long a supervisor told to kill the command's tree may take to exit
 /// before the runner kills it, and with it the tree (it is the subreaper the
-/// tree comes back to, [`adopted`]). A supervisor that is stopped (SIGSTOP)
-/// or hung acts on nothing, not even its own deadline; this is well inside
-/// the lease's safety margin that the hard kill leaves (a tenth of the ttl),
-/// and a supervisor that is running kills and reaps its tree in a few
-/// milliseconds.
-const UNHEEDED: Duration = Duration::from_millis(100);
+/// tree comes back to, [`adopted`]), when the lease is lost: a supervisor that
+/// is hung acts on nothing, not even its own deadline, and the lease lapses on
+/// the server a safety margin (a tenth of the ttl, from 5 ms to 2 s) after it
+/// counts as lost here; this fits that margin from a ttl of 1 s up. One that
+/// is stopped (SIGSTOP) is killed at once. A running supervisor may take
+/// longer than this (a large process's exit, a process in uninterruptible
+/// sleep): the runner then goes on killing the tree itself, to the same end.
+const UNHEEDED_LEASE_LOST: Duration = Duration::from_millis(100);
+
+/// The same, for a kill that is not about the lease (the grace period after
+/// a stop asked for ran out).
+const UNHEEDED: Duration = Duration::from_secs(1);
 
 /// What to run, and how.
 #[derive(Debug, Clone)]
@@ -263,6 +269,25 @@ struct Job {
 }
 
 impl Job {
+    /// When the supervisor, just told to kill the tree, must have exited:
+    /// now if it is stopped (it acts on nothing until continued), else after
+    /// [`UNHEEDED_LEASE_LOST`] or [`UNHEEDED`].
+    fn heed_by(&self, stops: &Stops) -> Instant {
+        let stopped = self.child.id().is_some_and(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['T', 't'])))
+                .unwrap_or(false)
+        });
+        let lost = stops.lease.as_ref().is_some_and(|(v, _)| v.is_lost());
+        Instant::now()
+            + match (stopped, lost) {
+                (true, _) => Duration::ZERO,
+                (false, true) => UNHEEDED_LEASE_LOST,
+                (false, false) => UNHEEDED,
+            }
+    }
+
     fn send(&self, sig: Signal) {
         // `id` is `None` once the supervisor was reaped: its pid may be reused.
         if let Some(pid) = self.child.id().and_then(|id| i32::try_from(id).ok()) {
@@ -440,13 +465,13 @@ async fn supervise(spec: &Spec<'_>, job: &mut Job, feed: control::Feed, stops: &
                 tracing::info!("grace period over: SIGKILL to the command's process tree");
                 ask(control::Stop::Kill, &mut unsent);
                 killed = true;
-                unheeded_at = Some(Instant::now() + UNHEEDED);
+                unheeded_at = Some(job.heed_by(stops));
             }
             _ = stops.kill.cancelled(), if !killed => {
                 tracing::info!(why = ?stops.why(), "SIGKILL to the command's process tree");
                 ask(control::Stop::Kill, &mut unsent);
                 killed = true;
-                unheeded_at = Some(Instant::now() + UNHEEDED);
+                unheeded_at = Some(job.heed_by(stops));
             }
             _ = tokio::time::sleep(control::POLL), if unsent.is_some() => {
                 if let Some(how) = unsent.take() {
@@ -454,7 +479,7 @@ async fn supervise(spec: &Spec<'_>, job: &mut Job, feed: control::Feed, stops: &
                 }
             }
             _ = sleep_until(unheeded_at) => {
-                tracing::warn!(waited = ?UNHEEDED, "the supervisor did not end the command's tree when told (stopped, or hung): the runner kills it, then the tree");
+                tracing::warn!("the supervisor has not ended the command's tree since it was told to kill it: the runner kills the supervisor, then the tree");
                 job.send(Signal::SIGKILL);
                 unheeded_at = None;
             }

@@ -18,10 +18,12 @@
 //!   period before it, SIGKILL at it, unless a later one comes first. So a
 //!   runner that is stopped (SIGSTOP, Ctrl-Z) or hung, and cannot renew or
 //!   signal, does not leave the command running past its lease.
-//! - Once the command runs, SIGTERM (from anyone; from the runner when its
-//!   pipe is full) is passed on to the group and to every descendant that left
+//! - Once the command runs, SIGTERM (from anyone but the runner, which asks
+//!   in the pipe) is passed on to the group and to every descendant that left
 //!   it; SIGKILL follows after the grace period unless the tree is gone by
-//!   then. SIGUSR1 kills the tree at once.
+//!   then. SIGUSR1 kills the tree at once. A supervisor that does not end the
+//!   tree when the runner asks (stopped, or hung) is killed by the runner,
+//!   which then kills the tree ([`super::adopted`]).
 //! - When the main process exits, whatever it left running gets SIGTERM, then
 //!   SIGKILL after the grace period.
 //! - It runs in its own process group (the runner starts it so), so a Ctrl-Z
@@ -54,7 +56,8 @@ use crate::error::CliError;
 
 /// The supervisor's parent-death signal.
 pub(crate) const PARENT_DIED: Signal = Signal::SIGUSR2;
-/// What a runner sends to have the tree killed at once.
+/// What a runner sends as it drops a supervisor, to have the tree killed at
+/// once (it asks for its other stops in the control pipe).
 pub(crate) const KILL_NOW: Signal = Signal::SIGUSR1;
 
 /// The supervisor's process name, its comm (which `pkill` and `pgrep` match,
