@@ -464,31 +464,8 @@ impl Cmd {
     }
 }
 
-/// The URI the flags give: `--uri`, with a warning when it carries a secret
-/// (every user of the host can read a command line), or `--uri-file`'s first
-/// line.
-fn uri_from_flags(uri: Option<String>, file: Option<&std::path::Path>) -> Result<Option<String>, CliError> {
-    if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CliError::io(format!("cannot read --uri-file {}", path.display()), e))?;
-        let line = text.lines().next().unwrap_or_default().trim().to_owned();
-        if line.is_empty() {
-            return Err(CliError::invalid(format!("--uri-file {} holds no URI", path.display())));
-        }
-        return Ok(Some(line));
-    }
-    if let Some(u) = &uri {
-        if store_mongo::redact_uri(u) != *u {
-            eprintln!(
-                "mongocoord: warning: --uri carries a password or secret option, which every user of this host can read in /proc; use $MONGODB_URI or --uri-file"
-            );
-        }
-    }
-    Ok(uri)
-}
-
 async fn run(cli: Cli) -> Result<u8, CliError> {
-    let uri = uri_from_flags(cli.uri, cli.uri_file.as_deref())?;
+    let uri = connection::uri_from_flags(cli.uri, cli.uri_file.as_deref())?;
     let (uri, db, json) = (uri.as_deref(), cli.db.as_deref(), cli.json);
     if let Some(addr) = cli.cmd.metrics_bind() {
         let bound = exposition::serve(addr).await?;
