@@ -273,12 +273,7 @@ impl Job {
     /// now if it is stopped (it acts on nothing until continued), else after
     /// [`UNHEEDED_LEASE_LOST`] or [`UNHEEDED`].
     fn heed_by(&self, stops: &Stops) -> Instant {
-        let stopped = self.child.id().is_some_and(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['T', 't'])))
-                .unwrap_or(false)
-        });
+        let stopped = self.child.id().and_then(|id| i32::try_from(id).ok()).is_some_and(tree::is_stopped);
         let lost = stops.lease.as_ref().is_some_and(|(v, _)| v.is_lost());
         Instant::now()
             + match (stopped, lost) {

@@ -60,6 +60,15 @@ fn children_files() -> bool {
     })
 }
 
+/// Whether `pid` is stopped (SIGSTOP, or traced), as `/proc/PID/stat`'s
+/// state field says; not if it is gone.
+pub(super) fn is_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').and_then(|(_, tail)| tail.split_whitespace().next().map(str::to_owned)))
+        .is_some_and(|state| state == "T" || state == "t")
+}
+
 /// One process as `/proc/PID/stat` shows it, if it is still there.
 fn stat_of(pid: i32) -> Option<Proc> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
