@@ -391,7 +391,7 @@ pub(crate) async fn work_tasks(
                     }
                 })
             };
-            let done = supervise::run(&spec, &stops).await;
+            let done = supervise::run(spec, &stops).await;
             watcher.abort();
             drop(stops);
             task_outcome(&argv0, done)

@@ -1,8 +1,9 @@
-// Agenda on the same server, for `cargo xtask bench`: `node bench.mjs DB N [PICKS]`,
-// the server's URI in MONGODB_URI (not on the command line, where `ps` would show a password).
+// Agenda on the same server, for `cargo xtask bench`: `node bench.mjs DB N`
+// (a throughput run) or `node bench.mjs DB 0 PICKS` (pickups), the server's URI
+// in MONGODB_URI (not on the command line, where `ps` would show a password).
 // Prints one JSON line: {"tasks_per_s", "commands_per_task", "completed",
-// "timed_out", "lock_limit", "process_every_ms", "pickup_ms_p50"}. DB is dropped first: give it a
-// database of its own.
+// "timed_out", "lock_limit", "process_every_ms"}, or {"pickup_ms_p50",
+// "picks_seen", "picks"}. DB is dropped first: give it a database of its own.
 //
 // - throughput: N trivial jobs saved one by one with `agenda.now()` before
 //   start (as an application enqueues them; saving triggers no processing
@@ -23,12 +24,17 @@
 //   around; the sweep finds the setting at which Agenda does its best.
 //   After AGENDA_TIME_LIMIT_S seconds (default 600) the run stops and reports
 //   the jobs completed so far per second, with "timed_out": true.
-// - pickup: Agenda's defaults (processEvery 5 s, no notification channel); a
-//   job created with now() while it runs, timed from the call to the handler's
-//   start. A pick not seen within 30 s ends the pickups (the server may still
-//   be working off the throughput run's lock queries), as does a stop that
-//   does not return within 30 s: "pickup_ms_p50" is then over the picks seen,
-//   or null.
+// - pickup (N = 0: the pickups alone, on a server of their own, so no lock
+//   query left in flight by a throughput run slows them): Agenda's defaults
+//   (processEvery 5 s, no notification channel); a job created with now()
+//   while it runs, timed from the call to the handler's start. Agenda finds
+//   a job only on its tick, so each job is created at a random point of the
+//   tick (after a pause drawn from 300 ms to 300 ms + 5 s): created at a
+//   fixed pause after the last pickup, every job would come just after a
+//   tick and wait nearly a whole one. A pick not seen within 30 s ends the
+//   pickups, as does a start, save or stop that does not return within 30 s:
+//   "pickup_ms_p50" is then over the picks seen, or null, and "picks_seen"
+//   says how many.
 // - idle (AGENDA_IDLE_S set, instead of the above): one Agenda with a job
 //   defined and none saved, at AGENDA_PROCESS_EVERY_MS, measured over
 //   AGENDA_IDLE_S seconds after a 3 s warm-up; prints {"commands_per_min",
@@ -40,18 +46,29 @@ import { MongoClient } from 'mongodb';
 const uri = process.env.MONGODB_URI;
 const [dbName, nArg, picksArg] = process.argv.slice(2);
 const n = Number(nArg ?? 400);
-const picks = Number(picksArg ?? 10);
+const picks = Number(picksArg ?? 0);
 // The slots our side has (4 agents × concurrency 4): lab passes 16.
 const concurrency = Number(process.env.AGENDA_CONCURRENCY ?? 16);
 const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? 0);
 const timeLimitMs = Number(process.env.AGENDA_TIME_LIMIT_S ?? 600) * 1000;
 const processEvery = Number(process.env.AGENDA_PROCESS_EVERY_MS ?? 100);
 const pickupLimitMs = 30_000;
+// Agenda's own processEvery, at which the pickups run.
+const defaultProcessEveryMs = 5000;
 const client = await MongoClient.connect(uri, { monitorCommands: true });
 let commands = 0;
 client.on('commandStarted', () => (commands += 1));
 const db = client.db(dbName);
 await db.dropDatabase();
+
+// Resolves to `p`'s value, or to `fallback` after `ms` (the work in flight
+// is left to run: a choked server may never answer it).
+async function within(p, ms, fallback) {
+  let timer;
+  const out = await Promise.race([p, new Promise((resolve) => (timer = setTimeout(() => resolve(fallback), ms)))]);
+  clearTimeout(timer);
+  return out;
+}
 
 async function throughput() {
   const agenda = new Agenda({ backend: new MongoBackend({ mongo: db, collection: 'agenda_bench' }), processEvery });
@@ -70,19 +87,14 @@ async function throughput() {
   const c0 = commands;
   const t0 = performance.now();
   await agenda.start();
-  let timer;
-  const timedOut = await Promise.race([
-    finished.then(() => false),
-    new Promise((resolve) => (timer = setTimeout(() => resolve(true), timeLimitMs))),
-  ]);
-  clearTimeout(timer);
+  const timedOut = await within(finished.then(() => false), timeLimitMs, true);
   const completed = done;
   const secs = (performance.now() - t0) / 1000;
   const used = commands - c0;
   console.error(`  agenda: ${completed} of ${n} jobs in ${secs.toFixed(1)} s${timedOut ? ' (time limit)' : ''}; stopping`);
   // Stopping waits for the lock queries in flight, which a choked server
   // may take minutes to answer.
-  await Promise.race([agenda.stop(), new Promise((r) => setTimeout(r, pickupLimitMs))]);
+  await within(agenda.stop(), pickupLimitMs, null);
   return { tasksPerS: completed / secs, commandsPerTask: used / Math.max(completed, 1), completed, timedOut };
 }
 
@@ -94,26 +106,19 @@ async function pickup() {
     lat.push(performance.now() - job.attrs.data.sent);
     got();
   });
-  await agenda.start();
+  const late = Symbol('late');
+  if ((await within(agenda.start(), pickupLimitMs, late)) === late) return { p50: null, seen: 0 };
   for (let i = 0; i < picks; i++) {
     const seen = new Promise((resolve) => (got = resolve));
-    await new Promise((r) => setTimeout(r, 300));
-    await agenda.now('pickup', { sent: performance.now() });
-    // A server still working off the throughput run's piled-up lock queries
-    // may not answer for minutes: a pick not seen within PICKUP_LIMIT_MS
-    // ends the pickups, reported as missing rather than waited for.
-    let timer;
-    const inTime = await Promise.race([
-      seen.then(() => true),
-      new Promise((resolve) => (timer = setTimeout(() => resolve(false), pickupLimitMs))),
-    ]);
-    clearTimeout(timer);
-    if (!inTime) break;
+    await new Promise((r) => setTimeout(r, 300 + Math.random() * defaultProcessEveryMs));
+    const saved = await within(agenda.now('pickup', { sent: performance.now() }), pickupLimitMs, late);
+    if (saved === late) break;
+    if (!(await within(seen.then(() => true), pickupLimitMs, false))) break;
   }
-  await Promise.race([agenda.stop(), new Promise((r) => setTimeout(r, pickupLimitMs))]);
-  if (lat.length === 0) return null;
+  await within(agenda.stop(), pickupLimitMs, null);
+  if (lat.length === 0) return { p50: null, seen: 0 };
   lat.sort((a, b) => a - b);
-  return lat[Math.floor((lat.length - 1) / 2)];
+  return { p50: lat[Math.floor((lat.length - 1) / 2)], seen: lat.length };
 }
 
 async function idle(seconds) {
@@ -134,7 +139,7 @@ async function idle(seconds) {
     rss_mb: process.memoryUsage().rss / (1024 * 1024),
     process_every_ms: processEvery,
   };
-  await Promise.race([agenda.stop(), new Promise((r) => setTimeout(r, pickupLimitMs))]);
+  await within(agenda.stop(), pickupLimitMs, null);
   return out;
 }
 
@@ -143,8 +148,13 @@ if (process.env.AGENDA_IDLE_S) {
   process.exit(0);
 }
 
+if (n === 0) {
+  const { p50, seen } = await pickup();
+  console.log(JSON.stringify({ pickup_ms_p50: p50, picks_seen: seen, picks }));
+  process.exit(0);
+}
+
 const { tasksPerS, commandsPerTask, completed, timedOut } = await throughput();
-const pickupP50 = picks > 0 ? await pickup() : null;
 console.log(
   JSON.stringify({
     tasks_per_s: tasksPerS,
@@ -153,7 +163,6 @@ console.log(
     timed_out: timedOut,
     lock_limit: lockLimit,
     process_every_ms: processEvery,
-    pickup_ms_p50: pickupP50,
   }),
 );
 // Not client.close(): after a timed-out run, lock queries are still in flight

@@ -299,11 +299,11 @@ impl Drop for Job {
 
 /// Runs `spec` under a supervisor until its whole tree is gone, stopping it as
 /// `stops` says.
-pub(crate) async fn run(spec: &Spec<'_>, stops: &Stops) -> std::io::Result<Finished> {
+pub(crate) async fn run(spec: Spec<'_>, stops: &Stops) -> std::io::Result<Finished> {
     if let Some(finished) = stops.not_started() {
         return Ok(finished);
     }
-    Standby::start(spec.clone()).run(Vec::new(), stops).await
+    Standby::start(spec).run(Vec::new(), stops).await
 }
 
 /// A supervisor started ahead of its command, waiting for the word to start it
@@ -357,7 +357,7 @@ impl<'a> Standby<'a> {
                 (job, pipe.go(&env, lease())?)
             }
         };
-        supervise(&self.spec, &mut job, feed, stops).await
+        supervise(&mut self.spec, &mut job, feed, stops).await
     }
 }
 
@@ -402,9 +402,15 @@ fn spawn(spec: &Spec<'_>) -> std::io::Result<(Job, control::Pipe)> {
     Ok((Job { child, live: Some(live) }, pipe))
 }
 
-/// The command, told to start through `feed`, run until its whole tree is gone.
-async fn supervise(spec: &Spec<'_>, job: &mut Job, feed: control::Feed, stops: &Stops) -> std::io::Result<Finished> {
-    if let (Some(data), Some(mut pipe)) = (spec.stdin.clone(), job.child.stdin.take()) {
+/// The command, told to start through `feed`, run until its whole tree is gone
+/// (its stdin payload is handed to it, not copied).
+async fn supervise(
+    spec: &mut Spec<'_>,
+    job: &mut Job,
+    feed: control::Feed,
+    stops: &Stops,
+) -> std::io::Result<Finished> {
+    if let (Some(data), Some(mut pipe)) = (spec.stdin.take(), job.child.stdin.take()) {
         tokio::spawn(async move {
             let _ = pipe.write_all(&data).await;
         });
