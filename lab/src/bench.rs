@@ -129,7 +129,7 @@ pub(crate) async fn run(uri: &str, db: &str, store: MongoStore, o: BenchOpts) ->
         Some(dir) => {
             let peer = agenda::PeerServer::new(o.peer_server.clone(), uri);
             agenda::put_figures(&mut f, dir, &peer, db, size.agenda).await;
-            agenda::put_idle_figures(&mut f, dir, &peer, db, size.idle_s.min(60)).await;
+            agenda::put_idle_figures(&mut f, dir, &peer, db, size.idle_warm_up_s, size.idle_s.min(60)).await;
         }
         None => f.skip(
             Section::Agenda,

@@ -8,7 +8,8 @@
 // - throughput: N trivial jobs saved one by one with `agenda.now()` before
 //   start (as an application enqueues them; saving triggers no processing
 //   without a notification channel), one Agenda, concurrency AGENDA_CONCURRENCY (16); the clock
-//   runs from start() to the N-th completion. Commands are counted with the
+//   runs from start() to the N-th completion (with AGENDA_INSTANCES k, k
+//   Agendas of concurrency AGENDA_CONCURRENCY each, each with its own client). Commands are counted with the
 //   driver's command monitoring over that span.
 //   Settings (`lab bench` sweeps them and reports each, and the best):
 //   AGENDA_LOCK_LIMIT (default 0, Agenda's own: no limit) and
@@ -37,7 +38,8 @@
 //   says how many.
 // - idle (AGENDA_IDLE_S set, instead of the above): one Agenda with a job
 //   defined and none saved, at AGENDA_PROCESS_EVERY_MS, measured over
-//   AGENDA_IDLE_S seconds after a 3 s warm-up; prints {"commands_per_min",
+//   AGENDA_IDLE_S seconds after a warm-up of AGENDA_IDLE_WARM_UP_S (3 s; lab
+//   passes the warm-up ours get); prints {"commands_per_min",
 //   "cpu_s_per_min", "rss_mb", "process_every_ms"}.
 import { Agenda } from 'agenda';
 import { MongoBackend } from '@agendajs/mongo-backend';
@@ -49,16 +51,24 @@ const n = Number(nArg ?? 400);
 const picks = Number(picksArg ?? 0);
 // The slots our side has (4 agents × concurrency 4): lab passes 16.
 const concurrency = Number(process.env.AGENDA_CONCURRENCY ?? 16);
+// Agenda instances on the queue (AGENDA_INSTANCES, default 1), each with a
+// client of its own, as processes would have: one instance locks jobs one
+// `findOneAndUpdate` after another, so a deployment that wants more runs
+// more instances, as ours runs 4 agents.
+const instances = Number(process.env.AGENDA_INSTANCES ?? 1);
 const lockLimit = Number(process.env.AGENDA_LOCK_LIMIT ?? 0);
 const timeLimitMs = Number(process.env.AGENDA_TIME_LIMIT_S ?? 600) * 1000;
 const processEvery = Number(process.env.AGENDA_PROCESS_EVERY_MS ?? 100);
 const pickupLimitMs = 30_000;
 // Agenda's own processEvery, at which the pickups run.
 const defaultProcessEveryMs = 5000;
-const client = await MongoClient.connect(uri, { monitorCommands: true });
 let commands = 0;
-client.on('commandStarted', () => (commands += 1));
-const db = client.db(dbName);
+async function connect() {
+  const client = await MongoClient.connect(uri, { monitorCommands: true });
+  client.on('commandStarted', () => (commands += 1));
+  return client.db(dbName);
+}
+const db = await connect();
 await db.dropDatabase();
 
 // Resolves to `p`'s value, or to `fallback` after `ms` (the work in flight
@@ -71,22 +81,28 @@ async function within(p, ms, fallback) {
 }
 
 async function throughput() {
-  const agenda = new Agenda({ backend: new MongoBackend({ mongo: db, collection: 'agenda_bench' }), processEvery });
+  const dbs = [db];
+  while (dbs.length < instances) dbs.push(await connect());
+  const agendas = dbs.map(
+    (d) => new Agenda({ backend: new MongoBackend({ mongo: d, collection: 'agenda_bench' }), processEvery }),
+  );
   let done = 0;
   let finish;
   const finished = new Promise((resolve) => (finish = resolve));
-  agenda.define('bench', async () => {
-    done += 1;
-    if (done === n) finish();
-  }, { concurrency, lockLimit });
+  for (const agenda of agendas) {
+    agenda.define('bench', async () => {
+      done += 1;
+      if (done === n) finish();
+    }, { concurrency, lockLimit });
+  }
   // Agenda creates its indexes on connect; wait for it before saving jobs.
-  await agenda.ready;
+  await Promise.all(agendas.map((a) => a.ready));
   const saving = performance.now();
-  for (let i = 0; i < n; i++) await agenda.now('bench', { i });
+  for (let i = 0; i < n; i++) await agendas[0].now('bench', { i });
   console.error(`  agenda: saved ${n} jobs one by one in ${((performance.now() - saving) / 1000).toFixed(1)} s`);
   const c0 = commands;
   const t0 = performance.now();
-  await agenda.start();
+  await Promise.all(agendas.map((a) => a.start()));
   const timedOut = await within(finished.then(() => false), timeLimitMs, true);
   const completed = done;
   const secs = (performance.now() - t0) / 1000;
@@ -94,7 +110,7 @@ async function throughput() {
   console.error(`  agenda: ${completed} of ${n} jobs in ${secs.toFixed(1)} s${timedOut ? ' (time limit)' : ''}; stopping`);
   // Stopping waits for the lock queries in flight, which a choked server
   // may take minutes to answer.
-  await within(agenda.stop(), pickupLimitMs, null);
+  await within(Promise.all(agendas.map((a) => a.stop())), pickupLimitMs, null);
   return { tasksPerS: completed / secs, commandsPerTask: used / Math.max(completed, 1), completed, timedOut };
 }
 
@@ -126,7 +142,7 @@ async function idle(seconds) {
   agenda.define('idle', async () => {});
   await agenda.ready;
   await agenda.start();
-  await new Promise((r) => setTimeout(r, 3000));
+  await new Promise((r) => setTimeout(r, Number(process.env.AGENDA_IDLE_WARM_UP_S ?? 3) * 1000));
   const c0 = commands;
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
@@ -163,6 +179,7 @@ console.log(
     timed_out: timedOut,
     lock_limit: lockLimit,
     process_every_ms: processEvery,
+    instances,
   }),
 );
 // Not client.close(): after a timed-out run, lock queries are still in flight

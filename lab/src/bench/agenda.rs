@@ -56,21 +56,22 @@ pub(super) struct AgendaSize {
 pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, db: &str, size: AgendaSize) {
     let mut best: Option<(f64, AgendaSetting, bool)> = None;
     let mut ran = false;
+    // A setting that could not run might have been the best: without it, the
+    // best of the others is no peer at its best.
+    let mut missing = Vec::new();
     for setting in &AGENDA_SWEEP {
         eprintln!(
-            "Agenda: {} jobs saved one by one, concurrency {}, lockLimit {}, processEvery {} ms…",
-            size.jobs, setting.concurrency, setting.lock_limit, setting.process_every_ms,
+            "Agenda: {} jobs saved one by one, {} instance(s) of concurrency {}, lockLimit {}, processEvery {} ms…",
+            size.jobs, setting.instances, setting.concurrency, setting.lock_limit, setting.process_every_ms,
         );
         let a = match throughput(dir, peer, db, *setting, size).await {
             Ok(a) => a,
             Err(e) => {
-                let reason = format!(
-                    "concurrency {}, lockLimit {}, processEvery {} ms: {e}",
-                    setting.concurrency, setting.lock_limit, setting.process_every_ms
-                );
+                let reason = format!("{}: {e}", setting.name);
                 for suffix in ["tasks_per_s", "commands_per_task"] {
                     f.skip_figure(&format!("agenda_{}_{suffix}", setting.name), reason.clone());
                 }
+                missing.push(setting.name);
                 continue;
             }
         };
@@ -89,29 +90,35 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
             best = Some((a.tasks_per_s, *setting, a.timed_out));
         }
     }
-    match best {
-        Some((rate, setting, timed_out)) => {
+    let why = match (best, missing.is_empty()) {
+        (Some((rate, setting, timed_out)), true) => {
             f.put("agenda_best_tasks_per_s", rate);
             f.put("agenda_best_lock_limit", f64::from(setting.lock_limit));
             f.put("agenda_best_process_every_ms", f64::from(setting.process_every_ms));
             f.put("agenda_best_concurrency", f64::from(setting.concurrency));
+            f.put("agenda_best_instances", f64::from(setting.instances));
             if timed_out {
                 // Its rate is of the jobs it did by the time limit.
                 f.put("agenda_best_timed_out", 1.0);
             }
+            None
         }
+        (_, false) if ran => Some(format!("the sweep is incomplete (no figures for {})", missing.join(", "))),
         // A ratio to a peer that did nothing is no comparison (it would be
-        // infinite): the best and the ratios are skipped, saying why.
-        None if ran => {
-            let why = "no setting of Agenda's sweep completed a job within its time limit";
-            for name in ["tasks_per_s", "lock_limit", "process_every_ms", "concurrency"] {
-                f.skip_figure(&format!("agenda_best_{name}"), why);
-            }
-            for shape in SHAPES {
-                f.skip_figure(&format!("queue_{shape}_vs_agenda"), why);
-            }
+        // infinite).
+        (None, true) if ran => Some("no setting of Agenda's sweep completed a job within its time limit".to_owned()),
+        _ => None,
+    };
+    if let Some(why) = why {
+        // The best and the ratios are skipped, saying why.
+        for name in ["tasks_per_s", "lock_limit", "process_every_ms", "concurrency", "instances"] {
+            f.skip_figure(&format!("agenda_best_{name}"), why.clone());
         }
-        None => f.skip(Section::Agenda, "no setting of the sweep ran"),
+        for shape in SHAPES {
+            f.skip_figure(&format!("queue_{shape}_vs_agenda"), why.clone());
+        }
+    } else if !ran {
+        f.skip(Section::Agenda, "no setting of the sweep ran");
     }
     put_pickup_figure(f, dir, peer, db, size.picks).await;
 }
@@ -141,16 +148,28 @@ async fn put_pickup_figure(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, d
     }
 }
 
-/// An idle Agenda (a job defined, none saved) for `seconds`: at its default
+/// An idle Agenda (a job defined, none saved) for `seconds` after `warm_up_s`
+/// (as ours are measured): at its default
 /// `processEvery` (5 s), `agenda_idle_{commands_per_min,cpu_s_per_min,rss_mb}`,
 /// and at the 100 ms its best throughput may need, its commands a minute.
-pub(super) async fn put_idle_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, db: &str, seconds: u64) {
+pub(super) async fn put_idle_figures(
+    f: &mut Figures,
+    dir: &Path,
+    peer: &PeerServer<'_>,
+    db: &str,
+    warm_up_s: u64,
+    seconds: u64,
+) {
     for (every_ms, prefix) in [(5000_u32, "agenda_idle"), (100, "agenda_idle_every_100ms")] {
         eprintln!("Agenda idle: a job defined, none saved, processEvery {every_ms} ms, {seconds} s…");
         let names: &[&str] =
             if every_ms == 5000 { &["commands_per_min", "cpu_s_per_min", "rss_mb"] } else { &["commands_per_min"] };
-        let env = [("AGENDA_IDLE_S", seconds.to_string()), ("AGENDA_PROCESS_EVERY_MS", every_ms.to_string())];
-        let limit = Duration::from_secs(seconds + 90);
+        let env = [
+            ("AGENDA_IDLE_S", seconds.to_string()),
+            ("AGENDA_IDLE_WARM_UP_S", warm_up_s.to_string()),
+            ("AGENDA_PROCESS_EVERY_MS", every_ms.to_string()),
+        ];
+        let limit = Duration::from_secs(warm_up_s + seconds + 90);
         let parsed = node(dir, peer, &format!("{db}_agenda_idle"), &env, &["0"], limit).await;
         for name in names {
             let figure = format!("{prefix}_{name}");
@@ -192,6 +211,7 @@ async fn throughput(
         ("AGENDA_LOCK_LIMIT", setting.lock_limit.to_string()),
         ("AGENDA_PROCESS_EVERY_MS", setting.process_every_ms.to_string()),
         ("AGENDA_CONCURRENCY", setting.concurrency.to_string()),
+        ("AGENDA_INSTANCES", setting.instances.to_string()),
     ];
     // A safety net only: the harness bounds its own parts (the throughput run
     // by the time limit, the stop by 30 s); saving the jobs one by one on a

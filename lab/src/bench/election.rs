@@ -37,7 +37,8 @@ pub(super) async fn put_figures(
         // is the runner's supervisor, not the runner.
         let script = format!("echo $(date +%s%N) $MONGOCOORD_RUNNER_PID >> {}; exec sleep 100000", file.display());
         let mut c = tokio::process::Command::new(mongocoord);
-        c.env("MONGODB_URI", uri).args(["--db", db, "elect", key, "--ttl", "3", "--", "sh", "-c", &script]);
+        let ttl = TTL.as_secs().to_string();
+        c.env("MONGODB_URI", uri).args(["--db", db, "elect", key, "--ttl", &ttl, "--", "sh", "-c", &script]);
         c
     };
     let lease = LeaseDoc::new(store, mongoelector::DEFAULT_COLLECTION).await?;
@@ -45,7 +46,7 @@ pub(super) async fn put_figures(
     let (h, fo) = (sorted(t.handovers_ms), sorted(t.failovers_s));
     f.put("elector_handover_ms_p50", pct(&h, 0.5));
     f.put("failover_s_p50", pct(&fo, 0.5));
-    f.put("failover_over_ttl", pct(&fo, 0.5) / 3.0);
+    f.put("failover_over_ttl", pct(&fo, 0.5) / TTL.as_secs_f64());
     f.put("failover_overhead_ms_p50", pct(&sorted(t.overheads_ms), 0.5));
     Ok(())
 }
@@ -92,6 +93,9 @@ impl LeaseDoc {
         Ok(until as f64 - self.offset_ms)
     }
 }
+
+/// The candidates' ttl, ours and the seed's alike.
+pub(super) const TTL: Duration = Duration::from_secs(3);
 
 fn unix_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
@@ -169,9 +173,18 @@ pub(super) async fn trials(
             t.handovers_ms.push((t1 - t0).max(0.0));
         }
         let mut old = procs.remove(idx);
-        let _ = old.wait().await;
+        // A stopped leader that has not gone within the grace of a stop is
+        // killed: a trial never waits on it for ever.
+        if tokio::time::timeout(Duration::from_secs(15), old.wait()).await.is_err() {
+            let _ = old.start_kill();
+            let _ = old.wait().await;
+        }
         procs.push(start(&mut spawn(key, &file))?);
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // The next stop or kill comes at a random point of the leader's
+        // cycle (its renewals, a seed follower's polls, every ttl/3 to ttl):
+        // at a fixed pause after the takeover, every trial would land at the
+        // same point of it, which favours or penalises a design by chance.
+        tokio::time::sleep(Duration::from_millis(700) + TTL.mul_f64(fastrand::f64())).await;
     }
     for p in &mut procs {
         let _ = p.start_kill();

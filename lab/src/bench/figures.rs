@@ -59,22 +59,39 @@ pub(crate) const SHAPES: [&str; 4] = ["per_agent", "shared", "shared_global_1000
 /// Agenda's default, no limit) and `processEvery` (5 s is its default), jobs
 /// saved one by one. In the order they run: the ones that keep up first,
 /// since a run whose lock queries pile up leaves the server busy after it.
-pub(crate) const AGENDA_SWEEP: [AgendaSetting; 6] = [
-    AgendaSetting { name: "lock_limit_0_every_100ms", lock_limit: 0, process_every_ms: 100, concurrency: 16 },
-    AgendaSetting { name: "lock_limit_0_every_1s", lock_limit: 0, process_every_ms: 1000, concurrency: 16 },
-    AgendaSetting { name: "lock_limit_0_every_5s", lock_limit: 0, process_every_ms: 5000, concurrency: 16 },
-    AgendaSetting { name: "lock_limit_4_every_5s", lock_limit: 4, process_every_ms: 5000, concurrency: 16 },
-    AgendaSetting { name: "lock_limit_4_every_100ms", lock_limit: 4, process_every_ms: 100, concurrency: 16 },
+pub(crate) const AGENDA_SWEEP: [AgendaSetting; 9] = [
+    one("lock_limit_0_every_100ms", 0, 100, 16),
+    one("lock_limit_0_every_1s", 0, 1000, 16),
+    one("lock_limit_0_every_5s", 0, 5000, 16),
+    // A longer tick than its default: on a backlog, Agenda's rate grew with
+    // its tick up to 5 s (fewer lock queries in flight at once).
+    one("lock_limit_0_every_10s", 0, 10_000, 16),
+    one("lock_limit_4_every_5s", 4, 5000, 16),
+    one("lock_limit_4_every_100ms", 4, 100, 16),
+    // A limit as large as its slots: short ticks, and no more fills once
+    // they are all locked.
+    one("lock_limit_16_every_100ms", 16, 100, 16),
     // Fewer slots: on `secantusd-py`, Agenda at 16 collapses under its own
     // lock queries (0 jobs/s at 100 ms in a full run), where at 4 it did
     // 42 jobs/s on a fresh server.
+    one("lock_limit_0_every_100ms_concurrency_4", 0, 100, 4),
+    // Four instances of concurrency 4, each with its own client, as four
+    // processes: one instance locks one job at a time, and ours is 4 agents
+    // (or 4 processes), so this is Agenda deployed as ours is. (Measured by
+    // hand at 1 s too, on secantusd-rs: 23 jobs/s, under the 31 at 5 s.)
     AgendaSetting {
-        name: "lock_limit_0_every_100ms_concurrency_4",
+        name: "lock_limit_0_every_5s_x4",
         lock_limit: 0,
-        process_every_ms: 100,
+        process_every_ms: 5000,
         concurrency: 4,
+        instances: 4,
     },
 ];
+
+/// A setting of one Agenda instance.
+const fn one(name: &'static str, lock_limit: u32, process_every_ms: u32, concurrency: u32) -> AgendaSetting {
+    AgendaSetting { name, lock_limit, process_every_ms, concurrency, instances: 1 }
+}
 
 /// One point of [`AGENDA_SWEEP`].
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +102,8 @@ pub(crate) struct AgendaSetting {
     /// Agenda's `maxConcurrency`/`defaultConcurrency`: 16 is the slots our
     /// side has (4 agents of concurrency 4, or 4 processes of one each).
     pub(crate) concurrency: u32,
+    /// Agenda instances, each with its own client (as processes would be).
+    pub(crate) instances: u32,
 }
 
 use Section::{Agenda, Core, Elector, Idle, Schedule, Seed, SeedFailover};
@@ -166,7 +185,10 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("idle_cron_commands_per_min", Idle),
     ("idle_cron_cpu_s_per_min", Idle),
     ("idle_cron_rss_mb", Idle),
+    ("seed_lock_timeparanoid_cycles_per_s", Seed),
+    ("seed_lock_no_timeparanoid_cycles_per_s", Seed),
     ("seed_lock_cycles_per_s", Seed),
+    ("seed_lock_best_timeparanoid", Seed),
     ("seed_handover_ms_p50", Seed),
     ("seed_failover_s_p50", SeedFailover),
     ("agenda_lock_limit_0_every_100ms_tasks_per_s", Agenda),
@@ -181,10 +203,17 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("agenda_lock_limit_4_every_100ms_commands_per_task", Agenda),
     ("agenda_lock_limit_0_every_100ms_concurrency_4_tasks_per_s", Agenda),
     ("agenda_lock_limit_0_every_100ms_concurrency_4_commands_per_task", Agenda),
+    ("agenda_lock_limit_0_every_10s_tasks_per_s", Agenda),
+    ("agenda_lock_limit_0_every_10s_commands_per_task", Agenda),
+    ("agenda_lock_limit_16_every_100ms_tasks_per_s", Agenda),
+    ("agenda_lock_limit_16_every_100ms_commands_per_task", Agenda),
+    ("agenda_lock_limit_0_every_5s_x4_tasks_per_s", Agenda),
+    ("agenda_lock_limit_0_every_5s_x4_commands_per_task", Agenda),
     ("agenda_best_tasks_per_s", Agenda),
     ("agenda_best_lock_limit", Agenda),
     ("agenda_best_process_every_ms", Agenda),
     ("agenda_best_concurrency", Agenda),
+    ("agenda_best_instances", Agenda),
     ("agenda_pickup_ms_p50", Agenda),
     ("agenda_idle_commands_per_min", Agenda),
     ("agenda_idle_cpu_s_per_min", Agenda),

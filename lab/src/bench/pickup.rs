@@ -61,7 +61,10 @@ pub(super) async fn put_figures(f: &mut Figures, store: &MongoStore, picks: usiz
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     agent.shutdown();
-    let _ = worker.await;
+    let stop_limit = Duration::from_secs(60);
+    if tokio::time::timeout(stop_limit, worker).await.is_err() {
+        return Err(LabError::timed_out("the pickup benchmark's agent did not stop", stop_limit));
+    }
     let pk = sorted(picked.lock().clone());
     f.put("pickup_ms_p50", pct(&pk, 0.5));
     f.put("pickup_ms_p99", pct(&pk, 0.99));

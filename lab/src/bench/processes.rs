@@ -106,7 +106,11 @@ pub(super) async fn queue_processes_run(
             }
             _ => return Err(LabError::Unreadable(format!("bench agent reported {line:?}"))),
         }
-        let _ = child.wait().await;
+        // Its report was its last word: it exits next, or is killed.
+        if tokio::time::timeout(Duration::from_secs(30), child.wait()).await.is_err() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
     }
     if completed != u64::from(tasks) {
         return Err(LabError::Completions { run: "queue processes", completed, tasks: u64::from(tasks) });

@@ -98,9 +98,15 @@ pub(super) async fn drive(
         a.shutdown();
     }
     let mut completed = 0;
+    // An agent told to shut down with nothing in hand stops at once: one that
+    // does not within a minute is a fault to report, not to wait on.
+    let stop_limit = Duration::from_secs(60);
     for w in workers {
-        completed +=
-            w.await.map_err(|e| LabError::join(format!("an agent of the {what} benchmark stopped"), e))??.completed;
+        completed += tokio::time::timeout(stop_limit, w)
+            .await
+            .map_err(|_| LabError::timed_out(format!("an agent of the {what} benchmark did not stop"), stop_limit))?
+            .map_err(|e| LabError::join(format!("an agent of the {what} benchmark stopped"), e))??
+            .completed;
     }
     Ok((rate, completed))
 }

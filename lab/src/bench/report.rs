@@ -25,12 +25,13 @@ enum Better {
 /// baseline or a peer are better higher; times, commands, CPU, memory, and
 /// ratios of our cost over a baseline's, lower.
 fn better(figure: &str) -> Better {
-    const NEITHER: [&str; 6] = [
+    const NEITHER: [&str; 7] = [
         "queue_tasks",
         "queue_global_1000_pair_tasks",
         "agenda_best_lock_limit",
         "agenda_best_process_every_ms",
         "agenda_best_concurrency",
+        "agenda_best_instances",
         "queue_events_per_task",
     ];
     const LOWER_RATIOS: [&str; 3] = ["lock_acquire_vs_raw", "lock_vs_minimal_pipeline", "failover_over_ttl"];

@@ -3,6 +3,7 @@
 //! failovers) measured as ours are.
 
 use std::path::Path;
+use std::time::Duration;
 
 use super::election;
 use super::figures::{Figures, Section};
@@ -22,20 +23,32 @@ pub(super) async fn put_figures(
 ) -> Result<(), LabError> {
     let size = o.mode.size();
     eprintln!("the seed's Python mongoelector, same server…");
-    let cycles = tokio::process::Command::new(py)
-        .arg(script)
-        .env("MONGODB_URI", uri)
-        .args([db, "lock-cycles", &size.seed_cycles.to_string()])
-        .output()
-        .await
-        .map_err(|e| LabError::io(format!("cannot run {} {}", py.display(), script.display()), e))?;
-    let text = String::from_utf8_lossy(&cycles.stdout);
-    match text.trim().parse::<f64>() {
-        Ok(v) => f.put("seed_lock_cycles_per_s", v),
-        Err(_) => f.skip_figure(
-            "seed_lock_cycles_per_s",
-            format!("seed_bench.py lock-cycles failed: {}", String::from_utf8_lossy(&cycles.stderr).trim()),
-        ),
+    // Its one setting that bears on a cycle: `timeparanoid` (the default)
+    // reads the server's clock on every acquire. Both are run; the best
+    // stands for the seed.
+    let mut best: Option<(f64, bool)> = None;
+    for paranoid in [true, false] {
+        let figure = format!("seed_lock_{}timeparanoid_cycles_per_s", if paranoid { "" } else { "no_" });
+        match lock_cycles(uri, db, py, script, size.calls, paranoid).await {
+            Ok(v) => {
+                f.put(&figure, v);
+                if best.is_none_or(|(b, _)| v > b) {
+                    best = Some((v, paranoid));
+                }
+            }
+            Err(e) => f.skip_figure(&figure, e.to_string()),
+        }
+    }
+    match best {
+        Some((v, paranoid)) => {
+            f.put("seed_lock_cycles_per_s", v);
+            f.put("seed_lock_best_timeparanoid", if paranoid { 1.0 } else { 0.0 });
+        }
+        None => {
+            for figure in ["seed_lock_cycles_per_s", "seed_lock_best_timeparanoid"] {
+                f.skip_figure(figure, "neither setting of the seed's lock ran");
+            }
+        }
     }
     let seed = |key: &str, file: &Path| {
         let mut c = tokio::process::Command::new(py);
@@ -53,4 +66,27 @@ pub(super) async fn put_figures(
         f.skip(Section::SeedFailover, "full runs only: a failover waits for the TTL monitor, about a minute a trial");
     }
     Ok(())
+}
+
+/// `seed_bench.py DB lock-cycles N PARANOID`: the seed's lock's cycles per
+/// second, bounded by a minute plus 100 ms a cycle.
+async fn lock_cycles(uri: &str, db: &str, py: &Path, script: &Path, n: usize, paranoid: bool) -> Result<f64, LabError> {
+    let run = tokio::process::Command::new(py)
+        .arg(script)
+        .env("MONGODB_URI", uri)
+        .args([db, "lock-cycles", &n.to_string(), if paranoid { "1" } else { "0" }])
+        .kill_on_drop(true)
+        .output();
+    let limit =
+        Duration::from_secs(60) + Duration::from_millis(100).saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+    let out = tokio::time::timeout(limit, run)
+        .await
+        .map_err(|_| LabError::timed_out("seed_bench.py lock-cycles did not finish", limit))?
+        .map_err(|e| LabError::io(format!("cannot run {} {}", py.display(), script.display()), e))?;
+    String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().map_err(|_| {
+        LabError::Unreadable(format!(
+            "seed_bench.py lock-cycles failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    })
 }

@@ -22,7 +22,8 @@ pub(crate) enum Mode {
 /// The sizes of each section in one [`Mode`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Size {
-    /// Raw `findAndModify` calls, lock cycles, minimal-pipeline cycles.
+    /// Raw `findAndModify` calls, lock cycles (ours and the seed's),
+    /// minimal-pipeline cycles.
     pub(super) calls: usize,
     pub(super) handovers: usize,
     /// Clean stops, then as many kills, of the elected leader.
@@ -39,7 +40,6 @@ pub(super) struct Size {
     /// Seconds before the idle window opens: past an agent's quiet spell
     /// (`mongoagent/src/control.rs`, 30 s), so the window sees it idle.
     pub(super) idle_warm_up_s: u64,
-    pub(super) seed_cycles: usize,
     pub(super) agenda: AgendaSize,
 }
 
@@ -56,7 +56,6 @@ impl Mode {
                 sim_minutes: 1,
                 idle_s: 2,
                 idle_warm_up_s: 3,
-                seed_cycles: 10,
                 // As many jobs as our tasks, so the ratios compare like with like.
                 agenda: AgendaSize { jobs: 20, picks: 1, limit_s: 30 },
             },
@@ -70,7 +69,6 @@ impl Mode {
                 sim_minutes: 10,
                 idle_s: 130,
                 idle_warm_up_s: 35,
-                seed_cycles: 100,
                 agenda: AgendaSize { jobs: 400, picks: 5, limit_s: 120 },
             },
             Mode::Full => Size {
@@ -83,7 +81,6 @@ impl Mode {
                 sim_minutes: 60,
                 idle_s: 600,
                 idle_warm_up_s: 35,
-                seed_cycles: 500,
                 agenda: AgendaSize { jobs: 2000, picks: 15, limit_s: 180 },
             },
         }

@@ -32,7 +32,14 @@ pub(super) fn finish(mut f: Figures, o: &BenchOpts, server: &str, version: &str)
     let commit = std::env::var("MONGOCOORD_BENCH_COMMIT").unwrap_or_else(|_| "unknown".into());
     let date = bson::DateTime::now().try_to_rfc3339_string().unwrap_or_default();
     let date = date.get(..10).unwrap_or("unknown");
+    let checked = f.check(std::env::var_os("CI").is_some());
+    // Whether the run kept every promise: `bench-table` publishes no other.
+    let check = match &checked {
+        Ok(()) => "passed".to_owned(),
+        Err(e) => format!("failed: {e}"),
+    };
     let header = [
+        ("check", check.as_str()),
         ("server", server),
         ("server_name", &name),
         ("server_version", version),
@@ -50,7 +57,7 @@ pub(super) fn finish(mut f: Figures, o: &BenchOpts, server: &str, version: &str)
     scaling::write_plot(&f, server, &plot)?;
     eprintln!("wrote {}", plot.display());
     eprintln!("wrote {}", o.out.display());
-    match f.check(std::env::var_os("CI").is_some()) {
+    match checked {
         Ok(()) => Ok(0),
         Err(e) if o.mode == Mode::Smoke => {
             eprintln!("lab bench --smoke: {e}");

@@ -42,7 +42,7 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
         &[("raw_fam_per_s", Unit::PerS), ("raw_fam_p50_us", Unit::UsAsMs)],
     ),
     (
-        "lock acquire + release cycles (ours / the seed's)",
+        "lock acquire + release cycles (ours / the seed's at its best `timeparanoid`)",
         &[("lock_cycles_per_s", Unit::PerS), ("seed_lock_cycles_per_s", Unit::PerS)],
     ),
     ("lock acquire p50 / p99", &[("lock_acquire_p50_us", Unit::UsAsMs), ("lock_acquire_p99_us", Unit::UsAsMs)]),
@@ -126,12 +126,13 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
     ),
     ("a global concurrency of 1,000 that never binds, ÷ none", &[("queue_global_1000_vs_shared", Unit::Times)]),
     (
-        "Agenda at its best setting of the sweep: jobs/s (`lockLimit`, `processEvery` ms, concurrency)",
+        "Agenda at its best setting of the sweep: jobs/s (`lockLimit`, `processEvery` ms, concurrency, instances)",
         &[
             ("agenda_best_tasks_per_s", Unit::PerS),
             ("agenda_best_lock_limit", Unit::Plain),
             ("agenda_best_process_every_ms", Unit::Plain),
             ("agenda_best_concurrency", Unit::Plain),
+            ("agenda_best_instances", Unit::Plain),
         ],
     ),
     (
@@ -216,6 +217,8 @@ fn cell(summary: &Value, figure: &str, unit: Unit) -> String {
         Unit::S => format!("{} s", n(v)),
         Unit::Times => format!("{}×", n(v)),
         Unit::Mb => format!("{} MB", n(v)),
+        // A setting: whole numbers as such.
+        Unit::Plain if v.fract() == 0.0 => format!("{v:.0}"),
         Unit::Plain => n(v),
     }
 }
@@ -335,6 +338,17 @@ fn render_columns(columns: &[Column]) -> String {
     out
 }
 
+/// Whether a summary may stand in the README: a full run's (a quick one's
+/// figures compare within the run only) whose check passed (a summary
+/// written before the check was recorded counts as passed).
+fn publishable(summary: &Value) -> Result<(), String> {
+    match (text(summary, "mode"), summary.get("check").and_then(Value::as_str)) {
+        ("full", None | Some("passed")) => Ok(()),
+        ("full", Some(failed)) => Err(format!("its check {failed}")),
+        (mode, _) => Err(format!("a {mode} run")),
+    }
+}
+
 /// The table of `summaries`, a column each.
 #[cfg(test)]
 fn render(summaries: &[Value]) -> String {
@@ -351,10 +365,17 @@ pub(crate) fn rewrite(readme: &Path, summaries: &[&Path]) -> Result<(), LabError
             std::fs::read_to_string(path).map_err(|e| LabError::io(format!("cannot read {}", path.display()), e))?;
         let value = serde_json::from_str::<Value>(&text)
             .map_err(|e| LabError::Json { what: format!("{} is not a summary", path.display()), source: e })?;
-        values.push(value);
+        match publishable(&value) {
+            Ok(()) => values.push(value),
+            Err(why) => {
+                eprintln!("lab bench-table: {} is not published ({why}); its server's column stays", path.display())
+            }
+        }
     }
     if values.is_empty() {
-        return Err(LabError::invalid("no summary to write a table from (run `cargo xtask bench` first)"));
+        return Err(LabError::invalid(
+            "no summary of a full run that kept every promise to write a table from (run `cargo xtask bench`)",
+        ));
     }
     let doc =
         std::fs::read_to_string(readme).map_err(|e| LabError::io(format!("cannot read {}", readme.display()), e))?;
@@ -395,13 +416,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (readme, py_path, rs_path) = (dir.join("README.md"), dir.join("py.json"), dir.join("rs.json"));
         std::fs::write(&readme, format!("{START}\nold\n{END}\n")).unwrap();
-        let py = json!({"server_name": "py", "commit": "aaa", "raw_fam_per_s": 900.0, "raw_fam_p50_us": 1100.0});
-        let rs = json!({"server_name": "rs", "commit": "bbb", "raw_fam_per_s": 3500.0, "raw_fam_p50_us": 300.0});
+        let py = json!({"server_name": "py", "mode": "full", "commit": "aaa", "raw_fam_per_s": 900.0, "raw_fam_p50_us": 1100.0});
+        let rs = json!({"server_name": "rs", "mode": "full", "commit": "bbb", "raw_fam_per_s": 3500.0, "raw_fam_p50_us": 300.0});
         std::fs::write(&py_path, py.to_string()).unwrap();
         std::fs::write(&rs_path, rs.to_string()).unwrap();
         rewrite(&readme, &[&py_path, &rs_path]).unwrap();
         // A later run on py alone: rs's column and its line stay.
-        let py2 = json!({"server_name": "py", "commit": "ccc", "raw_fam_per_s": 1000.0, "raw_fam_p50_us": 1000.0});
+        let py2 = json!({"server_name": "py", "mode": "full", "commit": "ccc", "raw_fam_per_s": 1000.0, "raw_fam_p50_us": 1000.0});
         std::fs::write(&py_path, py2.to_string()).unwrap();
         rewrite(&readme, &[&py_path]).unwrap();
         let doc = std::fs::read_to_string(&readme).unwrap();
@@ -439,13 +460,23 @@ mod tests {
     }
 
     #[test]
+    fn only_a_full_run_that_kept_its_promises_is_published() {
+        assert!(publishable(&json!({"mode": "full", "check": "passed"})).is_ok());
+        assert!(publishable(&json!({"mode": "full"})).is_ok(), "written before the check was recorded");
+        let failed = publishable(&json!({"mode": "full", "check": "failed: x: missing"}));
+        assert!(failed.is_err_and(|e| e.contains("x: missing")));
+        assert!(publishable(&json!({"mode": "quick", "check": "passed"})).is_err_and(|e| e == "a quick run"));
+        assert!(publishable(&json!({})).is_err());
+    }
+
+    #[test]
     fn rewrite_replaces_only_what_lies_between_the_markers() {
         let dir = std::env::temp_dir().join(format!("lab-table-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let readme = dir.join("README.md");
         let summary = dir.join("summary-py.json");
         std::fs::write(&readme, format!("# T\nbefore\n{START}\nold table\n{END}\nafter\n")).unwrap();
-        std::fs::write(&summary, r#"{"server_name": "py", "sim_steps_per_s": 249000.0}"#).unwrap();
+        std::fs::write(&summary, r#"{"server_name": "py", "mode": "full", "sim_steps_per_s": 249000.0}"#).unwrap();
         rewrite(&readme, &[&summary]).unwrap();
         let doc = std::fs::read_to_string(&readme).unwrap();
         assert!(doc.starts_with(&format!("# T\nbefore\n{START}\n")), "{doc}");
