@@ -42,7 +42,7 @@ const ROWS: &[(&str, &[(&str, Unit)])] = &[
         &[("raw_fam_per_s", Unit::PerS), ("raw_fam_p50_us", Unit::UsAsMs)],
     ),
     (
-        "lock acquire + release cycles (ours / the seed's at its best `timeparanoid`)",
+        "lock acquire + release cycles (ours / the seed's)",
         &[("lock_cycles_per_s", Unit::PerS), ("seed_lock_cycles_per_s", Unit::PerS)],
     ),
     ("lock acquire p50 / p99", &[("lock_acquire_p50_us", Unit::UsAsMs), ("lock_acquire_p99_us", Unit::UsAsMs)]),
