@@ -1,9 +1,8 @@
 """Drives the Python `mongoelector` from PyPI (the seed's own implementation) for
 `cargo xtask bench`, so both are measured on the same server in the same run.
 
-    seed_bench.py DB lock-cycles N PARANOID -> prints cycles per second, with
-                                           timeparanoid on (1) or off (0),
-                                           after one cycle untimed
+    seed_bench.py DB lock-cycles N      -> prints cycles per second, after one
+                                           cycle untimed
     seed_bench.py DB elect KEY TTL FILE -> on leadership appends "<ns> <pid>" to FILE;
                                            SIGTERM stops the elector cleanly
 
@@ -25,10 +24,11 @@ def main():
     dbname, mode = sys.argv[1], sys.argv[2]
     db = MongoClient(uri)[dbname]
     if mode == "lock-cycles":
-        n, paranoid = int(sys.argv[3]), sys.argv[4] == "1"
-        lock = MongoLocker("seed-bench-lock", db, ttl=30, timeparanoid=paranoid)
-        # The connection's handshake and the first server round trip are
-        # not a cycle's cost (ours are timed on a warm client too).
+        n = int(sys.argv[3])
+        lock = MongoLocker("seed-bench-lock", db, ttl=30)
+        # The connection's handshake and the clock check (`timeparanoid`,
+        # which trusts its answer for ten minutes) are not a cycle's cost:
+        # ours are timed on a warm client too.
         lock.acquire(blocking=False)
         lock.release()
         start = time.perf_counter()

@@ -109,7 +109,7 @@ pub use connect::{redact_uri, ConnectionConfig, DEFAULT_DATABASE};
 pub(crate) use errors::{in_coll, is_change_streams_unsupported, map_err};
 pub use mongodb;
 pub use server::MIN_SERVER_VERSION;
-pub use shutdown::Clients;
+pub use shutdown::{Clients, SHUTDOWN_LIMIT};
 
 /// Read and write concerns for the operations that grant or check ownership.
 ///

@@ -9,12 +9,22 @@
 //! A store's change streams are ended first: a stream whose client is shut
 //! under it fails, and that failure, reported as a fault, would be a false
 //! alarm at every clean exit.
+//!
+//! A client's shutdown is bounded ([`SHUTDOWN_LIMIT`]): it waits for every
+//! background task of the driver to end, and once in CI a `mongocoord
+//! tasks --list` hung there for good with no connection left open. An exit
+//! must never hang; past the bound the process goes on without it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use mongodb::Client;
 
 use crate::{watch::Hub, MongoStore};
+
+/// How long one client's shutdown may take before [`Clients::close`] goes on
+/// without it.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
 
 /// The clients a process made, to shut down together before its runtime
 /// ends; meant for a `static`.
@@ -61,7 +71,8 @@ impl Clients {
     /// Ends the kept stores' change streams (their watchers' streams end;
     /// no failure is reported), then shuts down every client kept so far, at
     /// once (`immediate`: the process is ending, nothing it still has in
-    /// flight is waited for), and forgets them.
+    /// flight is waited for), and forgets them. A shutdown that has not
+    /// ended after [`SHUTDOWN_LIMIT`] is given up with a warning.
     ///
     /// # Cancel safety
     ///
@@ -73,7 +84,9 @@ impl Clients {
             hub.close();
         }
         for c in clients {
-            c.shutdown().immediate(true).await;
+            if tokio::time::timeout(SHUTDOWN_LIMIT, c.shutdown().immediate(true)).await.is_err() {
+                tracing::warn!(limit = ?SHUTDOWN_LIMIT, "a MongoDB client's shutdown did not end; going on without it");
+            }
         }
     }
 }

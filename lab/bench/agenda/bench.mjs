@@ -62,6 +62,14 @@ const processEvery = Number(process.env.AGENDA_PROCESS_EVERY_MS ?? 100);
 const pickupLimitMs = 30_000;
 // Agenda's own processEvery, at which the pickups run.
 const defaultProcessEveryMs = 5000;
+// Connecting, dropping the database, Agenda's indexes and saving the jobs
+// (before any clock runs) get a minute plus 100 ms a job; past that the
+// harness exits 3, saying so, and lab reports the setting as not run.
+const setupLimitMs = 60_000 + 100 * n;
+const setup = setTimeout(() => {
+  console.error(`  agenda: setting up took over ${setupLimitMs / 1000} s; giving up`);
+  process.exit(3);
+}, setupLimitMs);
 let commands = 0;
 async function connect() {
   const client = await MongoClient.connect(uri, { monitorCommands: true });
@@ -71,11 +79,16 @@ async function connect() {
 const db = await connect();
 await db.dropDatabase();
 
-// Resolves to `p`'s value, or to `fallback` after `ms` (the work in flight
-// is left to run: a choked server may never answer it).
+// Resolves to `p`'s value, or to `fallback` after `ms` or should `p` fail (the
+// work in flight is left to run: a choked server may never answer it; a
+// failed stop must not cost a run its measured figures).
 async function within(p, ms, fallback) {
   let timer;
-  const out = await Promise.race([p, new Promise((resolve) => (timer = setTimeout(() => resolve(fallback), ms)))]);
+  const settled = Promise.resolve(p).catch((e) => {
+    console.error(`  agenda: ${e?.message ?? e}`);
+    return fallback;
+  });
+  const out = await Promise.race([settled, new Promise((resolve) => (timer = setTimeout(() => resolve(fallback), ms)))]);
   clearTimeout(timer);
   return out;
 }
@@ -100,9 +113,15 @@ async function throughput() {
   const saving = performance.now();
   for (let i = 0; i < n; i++) await agendas[0].now('bench', { i });
   console.error(`  agenda: saved ${n} jobs one by one in ${((performance.now() - saving) / 1000).toFixed(1)} s`);
+  clearTimeout(setup);
   const c0 = commands;
   const t0 = performance.now();
-  await Promise.all(agendas.map((a) => a.start()));
+  // Instance i starts i/k of a tick after the first, as processes started
+  // apart would: started together, k instances would fill on the same
+  // ticks, each racing the others for the same next job.
+  const starting = Promise.all(
+    agendas.map((a, i) => new Promise((r) => setTimeout(r, (i * processEvery) / instances)).then(() => a.start())),
+  );
   const timedOut = await within(finished.then(() => false), timeLimitMs, true);
   const completed = done;
   const secs = (performance.now() - t0) / 1000;
@@ -110,7 +129,11 @@ async function throughput() {
   console.error(`  agenda: ${completed} of ${n} jobs in ${secs.toFixed(1)} s${timedOut ? ' (time limit)' : ''}; stopping`);
   // Stopping waits for the lock queries in flight, which a choked server
   // may take minutes to answer.
-  await within(Promise.all(agendas.map((a) => a.stop())), pickupLimitMs, null);
+  await within(
+    starting.then(() => Promise.all(agendas.map((a) => a.stop()))),
+    pickupLimitMs,
+    null,
+  );
   return { tasksPerS: completed / secs, commandsPerTask: used / Math.max(completed, 1), completed, timedOut };
 }
 
@@ -159,12 +182,15 @@ async function idle(seconds) {
   return out;
 }
 
+// The idle and pickup runs bound their own waits.
 if (process.env.AGENDA_IDLE_S) {
+  clearTimeout(setup);
   console.log(JSON.stringify(await idle(Number(process.env.AGENDA_IDLE_S))));
   process.exit(0);
 }
 
 if (n === 0) {
+  clearTimeout(setup);
   const { p50, seen } = await pickup();
   console.log(JSON.stringify({ pickup_ms_p50: p50, picks_seen: seen, picks }));
   process.exit(0);

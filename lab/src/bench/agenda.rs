@@ -90,8 +90,8 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
             best = Some((a.tasks_per_s, *setting, a.timed_out));
         }
     }
-    let why = match (best, missing.is_empty()) {
-        (Some((rate, setting, timed_out)), true) => {
+    match verdict(best, &missing, ran) {
+        Verdict::Best(rate, setting, timed_out) => {
             f.put("agenda_best_tasks_per_s", rate);
             f.put("agenda_best_lock_limit", f64::from(setting.lock_limit));
             f.put("agenda_best_process_every_ms", f64::from(setting.process_every_ms));
@@ -101,26 +101,47 @@ pub(super) async fn put_figures(f: &mut Figures, dir: &Path, peer: &PeerServer<'
                 // Its rate is of the jobs it did by the time limit.
                 f.put("agenda_best_timed_out", 1.0);
             }
-            None
         }
-        (_, false) if ran => Some(format!("the sweep is incomplete (no figures for {})", missing.join(", "))),
-        // A ratio to a peer that did nothing is no comparison (it would be
-        // infinite).
-        (None, true) if ran => Some("no setting of Agenda's sweep completed a job within its time limit".to_owned()),
-        _ => None,
-    };
-    if let Some(why) = why {
-        // The best and the ratios are skipped, saying why.
-        for name in ["tasks_per_s", "lock_limit", "process_every_ms", "concurrency", "instances"] {
-            f.skip_figure(&format!("agenda_best_{name}"), why.clone());
+        Verdict::NoBest(why) => {
+            // The best and the ratios are skipped, saying why.
+            for name in ["tasks_per_s", "lock_limit", "process_every_ms", "concurrency", "instances"] {
+                f.skip_figure(&format!("agenda_best_{name}"), why.clone());
+            }
+            for shape in SHAPES {
+                f.skip_figure(&format!("queue_{shape}_vs_agenda"), why.clone());
+            }
         }
-        for shape in SHAPES {
-            f.skip_figure(&format!("queue_{shape}_vs_agenda"), why.clone());
-        }
-    } else if !ran {
-        f.skip(Section::Agenda, "no setting of the sweep ran");
+        Verdict::NotRun => f.skip(Section::Agenda, "no setting of the sweep ran"),
     }
     put_pickup_figure(f, dir, peer, db, size.picks).await;
+}
+
+/// What a sweep says of Agenda at its best.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// Its best rate, at that setting (timed out: the rate is of the jobs
+    /// done by the time limit).
+    Best(f64, AgendaSetting, bool),
+    /// No best can be named, and why.
+    NoBest(String),
+    /// No setting ran at all.
+    NotRun,
+}
+
+/// The verdict of a sweep whose best completed setting is `best`, in which
+/// the settings `missing` could not run (one of them might have been the
+/// best: then there is none), and some setting `ran`.
+fn verdict(best: Option<(f64, AgendaSetting, bool)>, missing: &[&str], ran: bool) -> Verdict {
+    match best {
+        _ if !ran => Verdict::NotRun,
+        _ if !missing.is_empty() => {
+            Verdict::NoBest(format!("the sweep is incomplete (no figures for {})", missing.join(", ")))
+        }
+        Some((rate, setting, timed_out)) => Verdict::Best(rate, setting, timed_out),
+        // A ratio to a peer that did nothing is no comparison (it would be
+        // infinite).
+        None => Verdict::NoBest("no setting of Agenda's sweep completed a job within its time limit".into()),
+    }
 }
 
 /// `agenda_pickup_ms_p50`: Agenda at its defaults, on a server of its own
@@ -134,17 +155,17 @@ async fn put_pickup_figure(f: &mut Figures, dir: &Path, peer: &PeerServer<'_>, d
     let limit = Duration::from_secs(90 + 66 * u64::from(picks));
     let v = match node(dir, peer, &format!("{db}_agenda_pickup"), &env, &["0", &picks.to_string()], limit).await {
         Ok(v) => v,
-        Err(e) => return f.skip_figure("agenda_pickup_ms_p50", e.to_string()),
+        Err(e) => {
+            f.skip_figure("agenda_pickup_picks_seen", e.to_string());
+            return f.skip_figure("agenda_pickup_ms_p50", e.to_string());
+        }
     };
     let seen = v.get("picks_seen").and_then(Value::as_f64).unwrap_or(0.0);
+    f.put("agenda_pickup_picks_seen", seen);
+    // A p50 over the picks seen in time would leave out the slow ones.
     match v.get("pickup_ms_p50").and_then(Value::as_f64) {
-        Some(p) => {
-            if seen < f64::from(picks) {
-                eprintln!("  Agenda picked up {seen} of {picks} jobs in time: its p50 is of those");
-            }
-            f.put("agenda_pickup_ms_p50", p);
-        }
-        None => f.skip_figure("agenda_pickup_ms_p50", "no pickup seen within 30 s"),
+        Some(p) if seen >= f64::from(picks) => f.put("agenda_pickup_ms_p50", p),
+        _ => f.skip_figure("agenda_pickup_ms_p50", format!("{seen} of {picks} picks seen within 30 s each")),
     }
 }
 
@@ -274,6 +295,17 @@ mod tests {
 
     fn run(tasks_per_s: f64, completed: Option<f64>, timed_out: bool) -> AgendaRun {
         AgendaRun { tasks_per_s, commands_per_task: 3.0, completed, timed_out }
+    }
+
+    #[test]
+    fn a_sweep_names_a_best_only_when_every_setting_ran_and_one_did_a_job() {
+        use super::{verdict, Verdict, AGENDA_SWEEP};
+        let s = AGENDA_SWEEP[2];
+        assert_eq!(verdict(Some((135.0, s, false)), &[], true), Verdict::Best(135.0, s, false));
+        let incomplete = verdict(Some((135.0, s, false)), &["lock_limit_0_every_10s"], true);
+        assert!(matches!(incomplete, Verdict::NoBest(why) if why.contains("lock_limit_0_every_10s")));
+        assert!(matches!(verdict(None, &[], true), Verdict::NoBest(why) if why.contains("completed a job")));
+        assert_eq!(verdict(None, &["a", "b"], false), Verdict::NotRun);
     }
 
     #[test]

@@ -182,8 +182,9 @@ pub(super) async fn trials(
         procs.push(start(&mut spawn(key, &file))?);
         // The next stop or kill comes at a random point of the leader's
         // cycle (its renewals, a seed follower's polls, every ttl/3 to ttl):
-        // at a fixed pause after the takeover, every trial would land at the
-        // same point of it, which favours or penalises a design by chance.
+        // at a fixed pause after the replacement started, every trial would
+        // land at the same point of it, which favours or penalises a design
+        // by chance.
         tokio::time::sleep(Duration::from_millis(700) + TTL.mul_f64(fastrand::f64())).await;
     }
     for p in &mut procs {

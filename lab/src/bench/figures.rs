@@ -94,7 +94,7 @@ const fn one(name: &'static str, lock_limit: u32, process_every_ms: u32, concurr
 }
 
 /// One point of [`AGENDA_SWEEP`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct AgendaSetting {
     pub(crate) name: &'static str,
     pub(crate) lock_limit: u32,
@@ -185,10 +185,7 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("idle_cron_commands_per_min", Idle),
     ("idle_cron_cpu_s_per_min", Idle),
     ("idle_cron_rss_mb", Idle),
-    ("seed_lock_timeparanoid_cycles_per_s", Seed),
-    ("seed_lock_no_timeparanoid_cycles_per_s", Seed),
     ("seed_lock_cycles_per_s", Seed),
-    ("seed_lock_best_timeparanoid", Seed),
     ("seed_handover_ms_p50", Seed),
     ("seed_failover_s_p50", SeedFailover),
     ("agenda_lock_limit_0_every_100ms_tasks_per_s", Agenda),
@@ -215,6 +212,7 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("agenda_best_concurrency", Agenda),
     ("agenda_best_instances", Agenda),
     ("agenda_pickup_ms_p50", Agenda),
+    ("agenda_pickup_picks_seen", Agenda),
     ("agenda_idle_commands_per_min", Agenda),
     ("agenda_idle_cpu_s_per_min", Agenda),
     ("agenda_idle_rss_mb", Agenda),

@@ -339,12 +339,12 @@ fn render_columns(columns: &[Column]) -> String {
 }
 
 /// Whether a summary may stand in the README: a full run's (a quick one's
-/// figures compare within the run only) whose check passed (a summary
-/// written before the check was recorded counts as passed).
+/// figures compare within the run only) whose strict check passed.
 fn publishable(summary: &Value) -> Result<(), String> {
     match (text(summary, "mode"), summary.get("check").and_then(Value::as_str)) {
-        ("full", None | Some("passed")) => Ok(()),
+        ("full", Some("passed")) => Ok(()),
         ("full", Some(failed)) => Err(format!("its check {failed}")),
+        ("full", None) => Err("it records no check (a run before the check was recorded)".into()),
         (mode, _) => Err(format!("a {mode} run")),
     }
 }
@@ -416,13 +416,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (readme, py_path, rs_path) = (dir.join("README.md"), dir.join("py.json"), dir.join("rs.json"));
         std::fs::write(&readme, format!("{START}\nold\n{END}\n")).unwrap();
-        let py = json!({"server_name": "py", "mode": "full", "commit": "aaa", "raw_fam_per_s": 900.0, "raw_fam_p50_us": 1100.0});
-        let rs = json!({"server_name": "rs", "mode": "full", "commit": "bbb", "raw_fam_per_s": 3500.0, "raw_fam_p50_us": 300.0});
+        let py = json!({"server_name": "py", "mode": "full", "check": "passed", "commit": "aaa", "raw_fam_per_s": 900.0, "raw_fam_p50_us": 1100.0});
+        let rs = json!({"server_name": "rs", "mode": "full", "check": "passed", "commit": "bbb", "raw_fam_per_s": 3500.0, "raw_fam_p50_us": 300.0});
         std::fs::write(&py_path, py.to_string()).unwrap();
         std::fs::write(&rs_path, rs.to_string()).unwrap();
         rewrite(&readme, &[&py_path, &rs_path]).unwrap();
         // A later run on py alone: rs's column and its line stay.
-        let py2 = json!({"server_name": "py", "mode": "full", "commit": "ccc", "raw_fam_per_s": 1000.0, "raw_fam_p50_us": 1000.0});
+        let py2 = json!({"server_name": "py", "mode": "full", "check": "passed", "commit": "ccc", "raw_fam_per_s": 1000.0, "raw_fam_p50_us": 1000.0});
         std::fs::write(&py_path, py2.to_string()).unwrap();
         rewrite(&readme, &[&py_path]).unwrap();
         let doc = std::fs::read_to_string(&readme).unwrap();
@@ -462,7 +462,7 @@ mod tests {
     #[test]
     fn only_a_full_run_that_kept_its_promises_is_published() {
         assert!(publishable(&json!({"mode": "full", "check": "passed"})).is_ok());
-        assert!(publishable(&json!({"mode": "full"})).is_ok(), "written before the check was recorded");
+        assert!(publishable(&json!({"mode": "full"})).is_err_and(|e| e.contains("no check")));
         let failed = publishable(&json!({"mode": "full", "check": "failed: x: missing"}));
         assert!(failed.is_err_and(|e| e.contains("x: missing")));
         assert!(publishable(&json!({"mode": "quick", "check": "passed"})).is_err_and(|e| e == "a quick run"));
@@ -476,7 +476,11 @@ mod tests {
         let readme = dir.join("README.md");
         let summary = dir.join("summary-py.json");
         std::fs::write(&readme, format!("# T\nbefore\n{START}\nold table\n{END}\nafter\n")).unwrap();
-        std::fs::write(&summary, r#"{"server_name": "py", "mode": "full", "sim_steps_per_s": 249000.0}"#).unwrap();
+        std::fs::write(
+            &summary,
+            r#"{"server_name": "py", "mode": "full", "check": "passed", "sim_steps_per_s": 249000.0}"#,
+        )
+        .unwrap();
         rewrite(&readme, &[&summary]).unwrap();
         let doc = std::fs::read_to_string(&readme).unwrap();
         assert!(doc.starts_with(&format!("# T\nbefore\n{START}\n")), "{doc}");
