@@ -163,10 +163,3 @@ pub(crate) struct Command {
     #[arg(last = true, required = true)]
     pub(crate) cmd: Vec<String>,
 }
-
-impl Command {
-    /// The checked run of this command under a lease of `ttl` seconds.
-    pub(crate) fn run(&self, ttl: f64) -> Result<crate::runners::Run<'_>, CliError> {
-        crate::runners::Run::new("ttl", ttl, self.grace, self.pass_env, &self.cmd)
-    }
-}

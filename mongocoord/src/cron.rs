@@ -131,7 +131,7 @@ impl CronArgs {
     pub(crate) fn run(&self) -> Result<Run<'_>, CliError> {
         self.timeout()?;
         self.retain()?;
-        self.command.run(self.lease)
+        Run::of(&self.command, self.lease)
     }
 
     /// `--retain`, checked: `None` (0) keeps ended ticks for ever.

@@ -477,15 +477,15 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             demo::run(target, seconds, tasks, json).await
         }
         Cmd::Lock { key, ttl, timeout, collection, command } => {
-            let run = command.run(ttl)?;
+            let run = runners::Run::of(&command, ttl)?;
             runners::lock(connect(uri, db).await?, &key, &collection, timeout, &run).await
         }
         Cmd::Elect { key, ttl, command } => {
-            let run = command.run(ttl)?;
+            let run = runners::Run::of(&command, ttl)?;
             runners::elect(connect(uri, db).await?, &key, &run).await
         }
         Cmd::Agent { name, queue, concurrency, prefetch, max_attempts, lease, max_tasks, timeout, limits, command } => {
-            let run = command.run(lease)?;
+            let run = runners::Run::of(&command, lease)?;
             let prefetch = prefetch.map(usize::from);
             let timeout = timeout.map(|t| args::seconds("timeout", t, false)).transpose()?;
             let (limits, retain) = (Some(limits), None);

@@ -14,6 +14,7 @@ use mongolock::{Acquire, Lock};
 use store_mongo::MongoStore;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::Command;
 use crate::error::{CliError, Lost};
 use crate::supervise::{self, exit_code, Spec, Standby, Stops, Why};
 
@@ -32,16 +33,13 @@ pub(crate) struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    /// `lease` names the option that set the lease length (`--ttl`) in errors.
-    pub(crate) fn new(
-        lease: &str,
-        ttl: f64,
-        grace: Option<f64>,
-        pass_env: bool,
-        cmd: &'a [String],
-    ) -> Result<Self, CliError> {
-        let ttl = secs(lease, ttl)?;
-        let grace = supervise::grace(lease, ttl, grace)?;
+    /// The checked run of `command` under a lease of `ttl` seconds (set by
+    /// `--ttl`, which errors name).
+    pub(crate) fn of(command: &'a Command, ttl: f64) -> Result<Self, CliError> {
+        let Command { grace, pass_env, cmd, .. } = command;
+        let ttl = secs("ttl", ttl)?;
+        let grace = supervise::grace("ttl", ttl, *grace)?;
+        let pass_env = *pass_env;
         if cmd.is_empty() {
             return Err(CliError::invalid("no command given"));
         }

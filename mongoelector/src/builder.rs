@@ -12,7 +12,8 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::callbacks::{Dispatcher, Handlers};
-use crate::elector::{Elector, Inner};
+use crate::elector::Elector;
+use crate::inner::Inner;
 use crate::{ElectorError, Leadership, DEFAULT_COLLECTION, DEFAULT_STATUS_COLLECTION, DEFAULT_TTL};
 
 /// Configures an [`Elector`].

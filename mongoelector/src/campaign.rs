@@ -10,7 +10,7 @@ use mongolock::Acquire;
 use store_trait::Store;
 use tokio_util::sync::CancellationToken;
 
-use crate::elector::Inner;
+use crate::inner::Inner;
 
 /// Campaigns as follower, leads until the term ends, again, until stopped.
 pub(crate) async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {

@@ -1,63 +1,18 @@
-//! The elector handle and the state its background tasks share.
+//! The elector handle: each method delegates to the machinery in the sibling
+//! modules, which work on the state the handle and its tasks share (`inner.rs`).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-use std::time::Duration;
-
-use mongolock::{Identity, Lock, LockError};
-use store_trait::{Collection, Store, StoreTime};
-use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
+use mongolock::{Identity, LockError};
+use store_trait::Store;
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::callbacks::Dispatcher;
+use crate::inner::{Inner, RunState};
 use crate::status::{ClusterDetail, NodeStatus};
-use crate::term::{Term, TermSnapshot};
 use crate::{campaign, observer, round, ElectorBuilder, ElectorError, Leadership, Role};
-
-pub(crate) struct RunState {
-    pub(crate) stop: CancellationToken,
-    pub(crate) main: JoinHandle<()>,
-}
-
-/// What the handle and the background tasks share.
-pub(crate) struct Inner<S: Store + Clone> {
-    pub(crate) key: String,
-    pub(crate) lock: Lock<S>,
-    pub(crate) store: S,
-    pub(crate) status_coll: Collection,
-    pub(crate) renew_every: Duration,
-    pub(crate) report: bool,
-    pub(crate) version: String,
-    pub(crate) identity: Identity,
-    pub(crate) stop_timeout: Duration,
-    pub(crate) callbacks: Dispatcher,
-    /// Cancelled when the last handle is dropped.
-    pub(crate) lifetime: CancellationToken,
-    pub(crate) run: Mutex<Option<RunState>>,
-    pub(crate) running: AtomicBool,
-    /// Set by [`Elector::stop`], cleared by [`Elector::start`]: a stopped
-    /// elector's [`Elector::poll`] never campaigns (the seed's shutdown flag).
-    /// Apart from `running`, which is also false for an elector never started
-    /// and driven by `poll` alone.
-    pub(crate) stopped: AtomicBool,
-    /// The current term; held across a renewal or release.
-    pub(crate) term: tokio::sync::Mutex<Option<Term<S>>>,
-    /// The current term, readable without awaiting (`is_leader`).
-    pub(crate) snapshot: Mutex<Option<TermSnapshot>>,
-    pub(crate) leadership: watch::Sender<Leadership>,
-    /// Wakes the observer after a local transition.
-    pub(crate) changed: Notify,
-    pub(crate) terms_won: AtomicU64,
-    /// Held while a status report is written; true once the status collection's
-    /// TTL index was ensured.
-    pub(crate) reporting: tokio::sync::Mutex<bool>,
-    /// When this node last reported its status (store clock).
-    pub(crate) last_poll: Mutex<Option<StoreTime>>,
-}
 
 /// A leader-election participant. Cheap to clone; when the last clone is dropped
 /// the background loop stops and leadership is released.

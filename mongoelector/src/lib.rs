@@ -56,18 +56,21 @@
 //! first (the leader renews; a follower's campaign runs apart and wakes on change
 //! notifications), then `on_loop`, then the status report.
 //!
-//! Code map: `builder.rs` (configuration), `elector.rs` (the handle), `term.rs`
-//! (a term: how it begins and ends), `campaign.rs` (campaign and lead),
-//! `round.rs` (the rounds: renewal, `on_loop`, status), `observer.rs` (who
-//! leads), `callbacks.rs` (the callback lanes), `status.rs` (the status-document
-//! schema), `metrics.rs` (the figures emitted through the `metrics` facade:
-//! `mongoelector_*`, see [`metrics`]), `error.rs`.
+//! Code map: `builder.rs` (configuration), `elector.rs` (the handle, whose
+//! methods delegate to the modules below), `inner.rs` (the state they share,
+//! and how a term begins and ends), `term.rs` (a term and its snapshot),
+//! `campaign.rs` (campaign and lead), `round.rs` (the rounds: renewal,
+//! `on_loop`, status), `observer.rs` (who leads), `callbacks.rs` (the callback
+//! lanes), `status.rs` (the status-document schema), `metrics.rs` (the figures
+//! emitted through the `metrics` facade: `mongoelector_*`, see [`metrics`]),
+//! `error.rs`.
 
 mod builder;
 mod callbacks;
 mod campaign;
 mod elector;
 mod error;
+mod inner;
 pub mod metrics;
 mod observer;
 mod round;

@@ -7,7 +7,7 @@ use store_trait::helpers::Watcher;
 use store_trait::{ChangeFilter, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::elector::Inner;
+use crate::inner::Inner;
 use crate::Leadership;
 
 /// Keeps the published leadership current: on change notifications for the key,

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::elector::Inner;
+use crate::inner::Inner;
 
 /// Runs a round every renew interval until stopped.
 pub(crate) async fn rounds<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {

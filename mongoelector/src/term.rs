@@ -1,14 +1,10 @@
-//! A leadership term held by this node: how it begins (an election won) and ends
-//! (lost, released or stopped), and the snapshot read without awaiting.
-
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+//! A leadership term held by this node, and the snapshot of it read without
+//! awaiting. How a term begins and ends is in `inner.rs`, beside the state it
+//! changes.
 
 use mongolock::{LockGuard, Validity};
 use store_trait::Store;
 use tokio_util::sync::CancellationToken;
-
-use crate::elector::Inner;
 
 /// A term held by this node: the lease's guard and the term's cancellation token
 /// (a child of the guard's lost signal, cancelled when the term ends).
@@ -26,7 +22,19 @@ pub(crate) struct TermSnapshot {
     validity: Validity,
 }
 
+impl<S: Store + Clone> Term<S> {
+    /// The term an election won with `guard` begins.
+    pub(crate) fn new(guard: LockGuard<S>) -> Self {
+        Term { cancel: guard.cancellation(), guard }
+    }
+}
+
 impl TermSnapshot {
+    /// What can be read of `term` without awaiting its mutex.
+    pub(crate) fn of<S: Store + Clone>(term: &Term<S>) -> Self {
+        TermSnapshot { cancel: term.cancel.clone(), fence: term.guard.fence(), validity: term.guard.validity() }
+    }
+
     /// Whether the term still holds: not ended, and its lease confirmed recently
     /// enough that it cannot have lapsed on the store.
     pub(crate) fn is_live(&self) -> bool {
@@ -46,57 +54,5 @@ impl TermSnapshot {
     /// How long the term's lease is confirmed.
     pub(crate) fn validity(&self) -> &Validity {
         &self.validity
-    }
-}
-
-impl<S: Store + Clone> Inner<S> {
-    /// The current term, if live.
-    pub(crate) fn live_term(&self) -> Option<TermSnapshot> {
-        self.snapshot.lock().as_ref().filter(|t| t.is_live()).cloned()
-    }
-
-    /// Whether this node leads now (a live term).
-    pub(crate) fn is_leader(&self) -> bool {
-        self.live_term().is_some()
-    }
-
-    /// Records a won election (the caller holds the term mutex).
-    pub(crate) fn become_leader(&self, slot: &mut Option<Term<S>>, guard: LockGuard<S>) {
-        let cancel = guard.cancellation();
-        let fence = guard.fence();
-        *self.snapshot.lock() = Some(TermSnapshot { cancel: cancel.clone(), fence, validity: guard.validity() });
-        self.terms_won.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(key = %self.key, node = %self.identity, fence, "elected leader");
-        crate::metrics::term(&self.key, true);
-        // The callback gets a child: cancelling it does not end the term.
-        self.callbacks.leader(cancel.child_token());
-        *slot = Some(Term { guard, cancel });
-        self.changed.notify_one();
-    }
-
-    /// Ends this node's term, if any: cancels the term's cancellation token first (leader-only
-    /// work stops), reports the loss, then releases the lease when `release` is
-    /// set. Returns whether there was a term.
-    ///
-    /// Dropped half-way, the term has still ended and its loss is reported; the
-    /// guard's drop releases the lease in the background.
-    pub(crate) async fn step_down(self: &Arc<Self>, why: &str, release: bool) -> bool {
-        let Some(term) = self.term.lock().await.take() else { return false };
-        term.cancel.cancel();
-        *self.snapshot.lock() = None;
-        let fence = term.guard.fence();
-        tracing::info!(key = %self.key, node = %self.identity, fence, why, "leadership ended");
-        crate::metrics::term(&self.key, false);
-        self.callbacks.loss();
-        self.changed.notify_one();
-        if release && !term.guard.is_lost() {
-            if let Err(e) = term.guard.release().await {
-                tracing::warn!(key = %self.key, fence, error = %e, "releasing leadership failed; it lapses at expiry");
-            }
-            // The observer publishes the free lease at once, also without change
-            // notifications.
-            self.changed.notify_one();
-        }
-        true
     }
 }

@@ -8,9 +8,9 @@ use store_trait::{ChangeFilter, Condition, Mutation, Record, Store, StoreError, 
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
+use crate::bounded::on_own_task;
 use crate::guard::LockGuard;
 use crate::info::{check_native, data, LockInfo, Metrics, FOREIGN_LOCK_FIELDS};
-use crate::lock::on_own_task;
 use crate::{Lock, LockError};
 
 /// How to acquire: blocking or not, with a timeout, by force, with auto-renew.

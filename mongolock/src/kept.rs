@@ -8,20 +8,66 @@
 //! Either, beyond its tolerance, is treated as a loss.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use store_trait::{Clock, Condition, Key, Mutation, Nonce, Record, Store, StoreTime, Write, WriteOutcome};
+use store_trait::{
+    Clock, Collection, Condition, Key, Mutation, Nonce, Record, Store, StoreTime, Ttl, Write, WriteOutcome,
+};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::bounded::spawn_with_deadline;
+use crate::identity::Identity;
 use crate::info::Metrics;
-use crate::lease::{Current, LeaseConfig};
-use crate::lock::spawn_with_deadline;
 use crate::{LockError, LockInfo};
+
+/// What every kept lease of one [`Leases`](crate::unstable::Leases) shares.
+#[derive(Debug)]
+pub(crate) struct LeaseConfig<S> {
+    pub(crate) store: S,
+    pub(crate) coll: Collection,
+    pub(crate) ttl: Ttl,
+    pub(crate) renew_every: Duration,
+    pub(crate) safety_margin: Duration,
+    pub(crate) identity: Identity,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Whether guards may mark their documents for garbage collection (task leases).
+    pub(crate) allow_gc: bool,
+    pub(crate) metrics: Metrics,
+}
+
+/// The live acquisition of one lock instance, for `Lock::release`, `touch` and
+/// `owned`: a kept lease clears it when it ends.
+#[derive(Debug)]
+pub(crate) struct Current<S>(Mutex<Option<Weak<KeptLease<S>>>>);
+
+impl<S> Default for Current<S> {
+    fn default() -> Self {
+        Current(Mutex::new(None))
+    }
+}
+
+impl<S> Current<S> {
+    pub(crate) fn get(&self) -> Option<Arc<KeptLease<S>>> {
+        self.0.lock().as_ref().and_then(Weak::upgrade)
+    }
+
+    pub(crate) fn set(&self, kept: Option<&Arc<KeptLease<S>>>) {
+        *self.0.lock() = kept.map(Arc::downgrade);
+    }
+
+    /// Forgets the kept lease `kept` if it is the current one.
+    pub(crate) fn clear(&self, kept: &KeptLease<S>) {
+        let mut slot = self.0.lock();
+        if slot.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), kept)) {
+            *slot = None;
+        }
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct KeptState {

@@ -7,12 +7,12 @@
 //! form, so each is renewed, signals its loss and fences its writes the same way.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use store_trait::{Clock, Collection, Record, Store, SystemClock, Ttl};
+use store_trait::{Clock, Collection, Record, Store, SystemClock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::guard::LockGuard;
 use crate::info::{LockMetrics, Metrics};
 use crate::keeper::keeper;
-use crate::kept::{Confirmed, KeptLease, KeptState};
+use crate::kept::{Confirmed, Current, KeptLease, KeptState, LeaseConfig};
 use crate::timing::LeaseTiming;
 use crate::{ConfigError, Identity, LockError};
 
@@ -150,50 +150,6 @@ pub struct Leases<S> {
 impl<S> Clone for Leases<S> {
     fn clone(&self) -> Self {
         Leases { config: self.config.clone() }
-    }
-}
-
-/// What every kept lease of one [`Leases`] shares.
-#[derive(Debug)]
-pub(crate) struct LeaseConfig<S> {
-    pub(crate) store: S,
-    pub(crate) coll: Collection,
-    pub(crate) ttl: Ttl,
-    pub(crate) renew_every: Duration,
-    pub(crate) safety_margin: Duration,
-    pub(crate) identity: Identity,
-    pub(crate) clock: Arc<dyn Clock>,
-    /// Whether guards may mark their documents for garbage collection (task leases).
-    pub(crate) allow_gc: bool,
-    pub(crate) metrics: Metrics,
-}
-
-/// The live acquisition of one lock instance, for `Lock::release`, `touch` and
-/// `owned`: a kept lease clears it when it ends.
-#[derive(Debug)]
-pub(crate) struct Current<S>(Mutex<Option<Weak<KeptLease<S>>>>);
-
-impl<S> Default for Current<S> {
-    fn default() -> Self {
-        Current(Mutex::new(None))
-    }
-}
-
-impl<S> Current<S> {
-    pub(crate) fn get(&self) -> Option<Arc<KeptLease<S>>> {
-        self.0.lock().as_ref().and_then(Weak::upgrade)
-    }
-
-    fn set(&self, kept: Option<&Arc<KeptLease<S>>>) {
-        *self.0.lock() = kept.map(Arc::downgrade);
-    }
-
-    /// Forgets the kept lease `kept` if it is the current one.
-    pub(crate) fn clear(&self, kept: &KeptLease<S>) {
-        let mut slot = self.0.lock();
-        if slot.as_ref().is_some_and(|w| std::ptr::eq(w.as_ptr(), kept)) {
-            *slot = None;
-        }
     }
 }
 

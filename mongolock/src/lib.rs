@@ -109,6 +109,7 @@
 
 mod acquire;
 mod backoff;
+mod bounded;
 mod error;
 mod guard;
 mod identity;

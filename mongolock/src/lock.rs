@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use store_trait::{Clock, Collection, Condition, Key, Mutation, Record, Store, StoreError, StoreTime, Write};
-use tokio::time::Instant;
 
 use crate::info::{check_native, LockInfo, LockMetrics, LockStatus, Metrics};
-use crate::lease::{Current, LeaseConfig, Leases, LeasesBuilder};
+use crate::kept::{Current, LeaseConfig};
+use crate::lease::{Leases, LeasesBuilder};
 use crate::timing::check_interval;
 use crate::{ConfigError, Identity, LockError};
 
@@ -155,34 +155,6 @@ impl<S> LockInner<S> {
     pub(crate) fn next_owner(&self) -> String {
         self.config().identity.owner(self.seq.fetch_add(1, Ordering::Relaxed))
     }
-}
-
-/// Runs a store call on its own task, so a deadline never drops a driver future
-/// half-way (the driver's own advice); the call may still complete after the
-/// deadline and its result is then ignored.
-pub(crate) async fn spawn_with_deadline<T: Send + 'static>(
-    deadline: Instant,
-    fut: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-) -> Option<Result<T, StoreError>> {
-    Some(on_own_task(Some(deadline), fut).await?.unwrap_or_else(|e| {
-        Err(StoreError::backend(store_trait::FaultKind::Transient, format!("store call task failed: {e}")))
-    }))
-}
-
-/// The one way a store call is bounded by a deadline: it runs on its own task,
-/// waited for until `deadline` (when there is one); `None` when the deadline
-/// passed first. The task is not cancelled, so a driver call is never dropped
-/// half-way (the driver's own advice); its late result is ignored. A task that
-/// failed (a panic, a runtime shutting down) is the `Err`.
-pub(crate) async fn on_own_task<T: Send + 'static>(
-    deadline: Option<Instant>,
-    fut: impl std::future::Future<Output = T> + Send + 'static,
-) -> Option<Result<T, tokio::task::JoinError>> {
-    let task = tokio::spawn(fut);
-    Some(match deadline {
-        Some(d) => tokio::time::timeout_at(d, task).await.ok()?,
-        None => task.await,
-    })
 }
 
 impl<S: Store + Clone> Lock<S> {

@@ -15,7 +15,7 @@ use store_trait::{ChangeFilter, Claim, Condition, Mutation, Order, Query, Record
 use tokio::time::Instant;
 
 use crate::info::data;
-use crate::lease::LeaseConfig;
+use crate::kept::LeaseConfig;
 use crate::lock::{Lock, LockBuilder};
 use crate::Acquire;
 use crate::{ConfigError, LockError, LockGuard, LockMetrics};

@@ -14,8 +14,8 @@ use store_trait::{Key, Store};
 
 use super::confirm::{self, TaskAction};
 use super::pages::{self, Page};
-use super::routes::{html, known_queue, page, AppState, Fail};
-use super::{audit, auth, App};
+use super::respond::{html, known_queue, page, AppState, Fail};
+use super::{audit, auth, escape, App};
 use crate::data;
 use crate::schedules::Action;
 
@@ -101,7 +101,7 @@ async fn act<S: Store + Clone>(
     audit::record(who, action.verb(), &f.queue, &done_ids);
     if !f.id.is_empty() {
         return Ok(
-            Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&f.id), pages::url(&f.queue))).into_response()
+            Redirect::to(&format!("/tasks/{}?queue={}", escape::url(&f.id), escape::url(&f.queue))).into_response()
         );
     }
     let (title, text) = match action {
@@ -221,7 +221,8 @@ pub(super) async fn enqueue<S: Store + Clone>(
     app.changed().await;
     let what = if inserted { "enqueue" } else { "enqueue (a duplicate, not inserted)" };
     audit::record(&who, what, &f.queue, &[id.to_string()]);
-    Ok(Redirect::to(&format!("/tasks/{}?queue={}", pages::url(&id.to_string()), pages::url(&f.queue))).into_response())
+    Ok(Redirect::to(&format!("/tasks/{}?queue={}", escape::url(&id.to_string()), escape::url(&f.queue)))
+        .into_response())
 }
 
 pub(super) async fn login_form<S>(State(app): AppState<S>, headers: HeaderMap) -> Response {

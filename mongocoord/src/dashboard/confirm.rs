@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::pages::{cell, esc, url};
+use super::escape::{cell, esc, url};
 use store_trait::Key;
 
 use crate::data::StatsRow;

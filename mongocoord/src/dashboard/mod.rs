@@ -21,10 +21,12 @@ mod audit;
 mod auth;
 mod confirm;
 mod conns;
+mod escape;
 mod history;
 mod live;
 mod metrics;
 mod pages;
+mod respond;
 mod routes;
 #[cfg(test)]
 mod tests;

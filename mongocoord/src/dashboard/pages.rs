@@ -7,38 +7,9 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use super::confirm::TaskAction;
+use super::escape::{cell, esc, url};
 use super::history::TaskHistory;
 use crate::data::{Elections, Locks, QueueCounts, StatsRow, TaskDetail, TaskList};
-
-/// Text made safe for HTML element content and quoted attribute values.
-pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A query-string component.
-pub(crate) fn url(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(char::from(b)),
-            b => {
-                let _ = write!(out, "%{b:02X}");
-            }
-        }
-    }
-    out
-}
 
 fn secs(ms: Option<u64>) -> String {
     ms.map_or("-".into(), |m| format!("{:.1}s", m as f64 / 1000.0))
@@ -203,14 +174,6 @@ fn queue(h: &mut String, q: &str, counts: &QueueCounts, actions: bool) {
     h.push_str("</table>");
     skipped(h, counts.skipped.len());
     h.push_str("</section>");
-}
-
-pub(crate) fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => esc(s),
-        other => esc(&other.to_string()),
-    }
 }
 
 fn schedule_table(h: &mut String, q: &str, rows: &[Value], actions: bool) {

@@ -18,50 +18,9 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use super::pages::{self, Overview, Page};
-use super::{actions, auth, metrics, App, BODY_LIMIT};
+use super::respond::{known_queue, page, AppState, Fail};
+use super::{actions, auth, escape, metrics, App, BODY_LIMIT};
 use crate::data;
-use crate::error::CliError;
-
-pub(super) type AppState<S> = State<Arc<App<S>>>;
-
-/// An error page with its status: the status says whose fault it is, the
-/// error (kept with its source) what went wrong.
-#[derive(Debug)]
-pub(crate) enum Fail {
-    /// The request is wrong (bad JSON, an unknown queue, a bad number, a task
-    /// the queue refuses).
-    Bad(CliError),
-    /// No such task or schedule.
-    NotFound(String),
-    /// The store failed.
-    Store(CliError),
-}
-
-impl Fail {
-    /// A wrong request, with the dashboard's own message.
-    pub(super) fn bad(message: impl Into<String>) -> Fail {
-        Fail::Bad(CliError::invalid(message))
-    }
-}
-
-impl IntoResponse for Fail {
-    fn into_response(self) -> Response {
-        let (status, title, text) = match self {
-            Fail::Bad(e) => (StatusCode::BAD_REQUEST, "Bad request", e.to_string()),
-            Fail::NotFound(t) => (StatusCode::NOT_FOUND, "Not found", t),
-            Fail::Store(e) => (StatusCode::SERVICE_UNAVAILABLE, "The store failed", e.to_string()),
-        };
-        (status, html(pages::message(title, &text, "/").render(false, true))).into_response()
-    }
-}
-
-pub(super) fn html(body: String) -> Response {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
-}
-
-pub(super) fn page<S>(app: &App<S>, headers: &HeaderMap, p: Page) -> Response {
-    html(p.render(headers.contains_key("x-fragment"), app.cfg.read_only))
-}
 
 /// The router of `app`'s dashboard.
 pub(crate) fn router<S: Store + Clone + 'static>(app: Arc<App<S>>) -> Router {
@@ -206,25 +165,6 @@ const PAGE_SIZE: u32 = 50;
 /// the filters reach the rest.
 const MAX_PAGE: u32 = 199;
 
-/// The queue named by a request: one the dashboard was started with.
-pub(super) fn known_queue<'a, S>(app: &'a App<S>, q: Option<&str>) -> Result<&'a str, Fail> {
-    match q {
-        None | Some("") => app
-            .cfg
-            .queues
-            .first()
-            .map(String::as_str)
-            .ok_or_else(|| Fail::bad("the dashboard shows no queue: start it with --queue NAME")),
-        Some(q) => app
-            .cfg
-            .queues
-            .iter()
-            .find(|k| *k == q)
-            .map(String::as_str)
-            .ok_or_else(|| Fail::bad(format!("the dashboard does not show queue {q}"))),
-    }
-}
-
 /// The equality filter of a task-list state. States that need a time or
 /// lease condition list their nearest superset (delayed with ready, lapsed
 /// with claimed, also under its former name, which saved links hold);
@@ -279,10 +219,10 @@ async fn task_list<S: Store + Clone>(
     let id = tq.id.clone().unwrap_or_default();
     let query = format!(
         "queue={}&agent={}&state={}&id={}",
-        pages::url(&q),
-        pages::url(&agent),
-        pages::url(&state),
-        pages::url(&id)
+        escape::url(&q),
+        escape::url(&agent),
+        escape::url(&state),
+        escape::url(&id)
     );
     let live = pages::task_list(&q, &l, &query, page, more, !app.cfg.read_only);
     let extra = pages::task_filters(&app.cfg.queues, &q, &pages::Filters { agent: &agent, state: &state, id: &id });

@@ -63,7 +63,7 @@ fn post(path: &str, form: &str, auth: Option<&str>) -> Request<Body> {
 }
 
 fn enc(s: &str) -> String {
-    super::pages::url(s)
+    super::escape::url(s)
 }
 
 const SCRIPT: &str = "<script>alert(1)</script>";
