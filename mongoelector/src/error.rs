@@ -30,7 +30,7 @@ impl From<LockError> for ElectorError {
     }
 }
 
-/// A status document that could not be read as a [`crate::NodeReport`]: written
+/// A status document that could not be read as a [`crate::status::NodeReport`]: written
 /// by something else, or by hand.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("status document {id}: field `{field}` {problem}")]

@@ -86,7 +86,6 @@ pub use callbacks::Callback;
 pub use elector::Elector;
 pub use error::{ElectorError, MalformedReport};
 pub use mongolock;
-pub use status::{ClusterDetail, NodeReport, NodeStatus};
 
 /// The MongoDB backend, re-exported for convenience.
 #[cfg(feature = "mongo")]

@@ -48,13 +48,11 @@ use store_trait::{
 };
 
 mod batch;
-mod client;
 mod faults;
 mod state;
 
 use state::{diff, map_key, to_record, Entry, State};
 
-pub use client::Client;
 pub use faults::Faults;
 
 /// The in-memory store. Clones share the same data.

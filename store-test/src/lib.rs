@@ -27,12 +27,14 @@ mod intercept;
 mod machine;
 pub mod memory;
 pub mod mongo;
+mod partition;
 pub mod secantus;
 
 pub use clock::TestClock;
 pub use harness::{Harness, Needs};
 pub use intercept::{Call, Intercept, Intercepted};
 pub use machine::{free_port, target_dir, wait_for_port};
+pub use partition::{Client, Partition, Partitionable};
 pub use store_test_macros::suite;
 
 /// Generates one test per conformance test, on the backend `$harness` gives:

@@ -20,7 +20,7 @@ pub(super) async fn simulate(minutes: u64) -> Result<f64, LabError> {
             let store = MemoryStore::new();
             let electors: Vec<_> = (0..5)
                 .map(|_| {
-                    mongoelector::Elector::builder(store.client(), "sim")
+                    mongoelector::Elector::builder(store.clone(), "sim")
                         .ttl(Duration::from_secs(3))
                         .report_status(false)
                         .build()

@@ -191,6 +191,15 @@ impl Take {
 /// claim follows after a pause (the last claim saw nothing while paused), and
 /// under a global concurrency limit (the last claim may have found no permit,
 /// and permits free without a queue event: [`Claimer::claim`]).
+/// The pause state as one claim sees it.
+#[derive(Debug, Clone, Copy)]
+struct Pause {
+    /// What the agent had seen before this claim (`None`: nothing yet).
+    was: Option<bool>,
+    /// Paused now.
+    now: bool,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Woken {
     /// Keys of inserted documents, in the order of their events (at most
@@ -328,8 +337,9 @@ impl<S: Store + Clone> Claimer<S> {
         // The pause state is read at this agent's turn, right before the
         // claim's commands: a turn or a permit waited for is no time for a
         // pause to go unseen in.
-        let was_paused = self.seen_paused().unwrap_or(true);
-        if self.paused().await? {
+        let Pause { was, now } = self.paused().await?;
+        let was_paused = was.unwrap_or(true);
+        if now {
             drop(lists);
             self.limits.release(&self.name, permits.unwrap_or_default()).await;
             self.release_pooled().await;
@@ -447,9 +457,12 @@ impl<S: Store + Clone> Claimer<S> {
     /// what the queue's control task last read while its subscription is live
     /// (an agent of the queue is idle; no read here) and that read is younger
     /// than [`CONTROL_REFRESH`]; else the agent's own read of its
-    /// control document, at most [`CONTROL_REFRESH`] old.
-    async fn paused(&self) -> Result<bool, AgentError> {
+    /// control document, at most [`CONTROL_REFRESH`] old. With it, what the
+    /// agent had seen before: both from one look at its cache, so a claim
+    /// acts on one view of the pause.
+    async fn paused(&self) -> Result<Pause, AgentError> {
         let cached = *self.paused.lock();
+        let was = cached.map(|(_, paused)| paused);
         let view = self.control.peek();
         // Stamped with when the read behind the answer was sent, not when
         // it was looked at: an answer is trusted for `CONTROL_REFRESH` from
@@ -457,7 +470,7 @@ impl<S: Store + Clone> Claimer<S> {
         let (read_at, paused) = match view {
             Some((at, names)) => (at, names.contains(&self.name)),
             None => match cached {
-                Some((at, paused)) if at.elapsed() < CONTROL_REFRESH => return Ok(paused),
+                Some((at, paused)) if at.elapsed() < CONTROL_REFRESH => return Ok(Pause { was, now: paused }),
                 _ => {
                     let sent = Instant::now();
                     let paused = self.queue.is_paused(&self.name).await?;
@@ -473,7 +486,7 @@ impl<S: Store + Clone> Claimer<S> {
             tracing::info!(agent = %self.name, paused, "agent pause state seen");
         }
         *self.paused.lock() = Some((read_at, paused));
-        Ok(paused)
+        Ok(Pause { was, now: paused })
     }
 
     async fn claim_from(&self, query: &Query, seq: u64, take: Take) -> Result<Vec<Claimed<S>>, AgentError> {

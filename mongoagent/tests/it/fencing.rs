@@ -9,6 +9,7 @@ use store_memory::MemoryStore;
 use store_trait::{Collection, Key, Store};
 
 use crate::hold_back::{HoldBack, Op};
+use store_test::Partitionable;
 
 fn record(store: &MemoryStore, id: &str) -> store_trait::Record {
     store.peek(&Collection::new("tasks").unwrap(), &Key::new(id).unwrap()).unwrap().record.unwrap()
@@ -130,7 +131,7 @@ async fn taken_over_on<S: Store + Clone>(
     store: MemoryStore,
     a: S,
     b: S,
-    a_client: &store_memory::Client,
+    a_client: &store_test::Client,
 ) -> TakenOver {
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
@@ -406,7 +407,7 @@ async fn a_run_whose_outcome_was_written_keeps_its_follow_ups() {
     let q = Queue::new(store.clone(), "tasks").unwrap();
     q.enqueue(NewTask::new("split", doc! {}).id("job")).await.unwrap();
     let client_a = store.client();
-    let builder = |c: store_memory::Client| {
+    let builder = |c: store_test::Client| {
         Agent::builder(c, "split", "tasks").ttl(Duration::from_secs(2)).poll_interval(Duration::from_secs(3600))
     };
     let a = builder(client_a.clone()).build().unwrap();

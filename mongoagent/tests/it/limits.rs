@@ -220,6 +220,7 @@ async fn rate_limit_holds<S: Store + Clone>(store: S, n: u32, per: Duration, run
 mod memory {
     use super::*;
     use store_memory::MemoryStore;
+    use store_test::Partitionable;
 
     #[tokio::test(start_paused = true)]
     async fn global_concurrency_across_crashes_and_restarts() {
@@ -229,7 +230,7 @@ mod memory {
     /// A crash: cut off from the store, then the process is gone (its
     /// handlers with it); its permits and claims lapse with their leases.
     pub(super) async fn global_concurrency_crashes(store: MemoryStore) {
-        let clients: Arc<Mutex<Vec<store_memory::Client>>> =
+        let clients: Arc<Mutex<Vec<store_test::Client>>> =
             Arc::new(Mutex::new((0..3).map(|_| store.client()).collect()));
         let first = clients.lock().unwrap().clone();
         let crash_clients = clients.clone();

@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::hold_back::{HoldBack, Op};
+use store_test::Partitionable;
 
 /// The default `poll_interval`: what "promptly" means when no notification comes.
 const POLL: Duration = Duration::from_secs(5);

@@ -28,8 +28,9 @@ use std::time::Duration;
 
 use bson::doc;
 use mongoagent::{Agent, AgentCounters, NewTask, Outcome, Queue, Task};
-use store_memory::{Client, MemoryStore};
+use store_memory::MemoryStore;
 use store_test::memory::FaultSchedule;
+use store_test::{Client, Partitionable};
 use store_trait::{Collection, Query, Store};
 
 fn coll() -> Collection {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use mongoelector::{Elector, DEFAULT_COLLECTION};
 use store_memory::MemoryStore;
+use store_test::Partitionable;
 use store_trait::{Collection, Key};
 use tokio::time::Instant;
 

@@ -9,6 +9,7 @@ use store_memory::MemoryStore;
 use store_mongo::MongoStore;
 
 use crate::suite::wait_leader;
+use store_test::Partitionable;
 
 /// The next leader's term began only after the dead leader's lease lapsed.
 fn assert_taken_over_after(dead: &mongolock::LockInfo, next: &mongolock::LockInfo) {

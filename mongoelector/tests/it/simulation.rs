@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongoelector::{Elector, DEFAULT_COLLECTION};
-use store_memory::{Client, MemoryStore};
+use store_memory::MemoryStore;
 use store_test::memory::FaultSchedule;
 use store_test::TestClock;
+use store_test::{Client, Partitionable};
 use store_trait::{Collection, Key, StoreTime};
 
 const NODES: usize = 5;

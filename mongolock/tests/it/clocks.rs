@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use mongolock::{Acquire, Lock, LockGuard};
 use store_memory::MemoryStore;
+use store_test::Partitionable;
 use store_test::TestClock;
 use store_trait::{Collection, Key, Store, StoreTime};
 

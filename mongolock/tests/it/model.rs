@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use mongolock::{Acquire, Lock, LockGuard};
 use proptest::prelude::*;
-use store_memory::{Client as Gate, MemoryStore};
+use store_memory::MemoryStore;
 use store_test::TestClock;
+use store_test::{Client as Gate, Partitionable};
 use store_trait::{Collection, Key, StoreTime};
 
 #[derive(Debug, Clone)]

@@ -2,6 +2,7 @@
 //! and what becomes of the tasks it claimed ahead.
 
 use super::*;
+use store_test::Partitionable;
 
 /// Claims ahead of free slots (`ahead.rs`): a busy agent with short tasks
 /// and a backlog (more ready than its list's window of 64) claims more than

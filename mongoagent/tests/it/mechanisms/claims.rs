@@ -3,6 +3,7 @@
 //! recovery of lapsed claims.
 
 use super::*;
+use store_test::Partitionable;
 
 /// Fence check: an agent cut off for longer than its lease finishes its handler
 /// after another agent took the task over and completed it. Its late outcome is

@@ -2,6 +2,7 @@
 //! cancel interrupts.
 
 use super::*;
+use store_test::Partitionable;
 
 /// Fan-in conditional wake: the wake-up is conditional on the round the task
 /// waits on. A follow-up of round 0 whose agent died after recording its outcome

@@ -2,6 +2,7 @@
 //! permit cancels its task, a freed one wakes an idle agent.
 
 use super::*;
+use store_test::Partitionable;
 
 /// A stop while a claimed task waits for its start under the rate limit gives
 /// the claim back unspent: the handler never ran, so the task's next run is
