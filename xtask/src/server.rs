@@ -25,8 +25,9 @@ const MONGOELECTOR: &str = "mongoelector==1.0.2";
 
 /// The pinned Rust server: `cargo install secantus-mdb --version` this. The
 /// crate declares rust-version 1.98, yet this version builds on our 1.95
-/// (hence `--ignore-rust-version`, and the exact pin).
-pub(crate) const SECANTUS_RS: &str = "0.5.3-beta.196";
+/// (hence `--ignore-rust-version`, and the exact pin). Pinned once, beside
+/// the Python server's pin, in `store-test/SECANTUS_RS_VERSION`.
+pub(crate) const SECANTUS_RS: &str = include_str!("../../store-test/SECANTUS_RS_VERSION").trim_ascii();
 
 /// The workspace root.
 pub(crate) fn root() -> PathBuf {

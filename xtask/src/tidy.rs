@@ -314,19 +314,25 @@ mod tests {
         assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
     }
 
-    /// The test server is pinned once, in `store-test/SECANTUS_VERSION`: the
-    /// harness and xtask both read that file, and no source names a version.
+    /// Each test server is pinned once, in `store-test/SECANTUS_VERSION`
+    /// (Python) and `store-test/SECANTUS_RS_VERSION` (Rust): the harness and
+    /// xtask read those files, and no source names either version.
     #[test]
     fn secantus_is_pinned_once() {
-        let pin = std::fs::read_to_string(root().join("store-test").join("SECANTUS_VERSION")).unwrap();
-        let pin = pin.trim();
-        assert!(!pin.is_empty() && !pin.contains(char::is_whitespace), "one version: {pin:?}");
+        let read = |name: &str| std::fs::read_to_string(root().join("store-test").join(name)).unwrap();
+        let (pin, pin_rs) = (read("SECANTUS_VERSION"), read("SECANTUS_RS_VERSION"));
+        let (pin, pin_rs) = (pin.trim(), pin_rs.trim());
+        for p in [pin, pin_rs] {
+            assert!(!p.is_empty() && !p.contains(char::is_whitespace), "one version: {p:?}");
+        }
         assert_eq!(crate::server::secantus(), format!("SecantusDB=={pin}"));
+        assert_eq!(crate::server::SECANTUS_RS, pin_rs);
         let mut files = Vec::new();
         rust_files(&root(), &mut files);
         for f in files {
             let text = std::fs::read_to_string(&f).unwrap();
             assert!(!text.contains(&format!("\"{pin}\"")), "{} names the pinned version: read the pin", f.display());
+            assert!(!text.contains(pin_rs), "{} names the Rust server's pinned version: read the pin", f.display());
             assert!(!text.contains(concat!("SecantusDB", "==0")), "{} pins SecantusDB again", f.display());
         }
     }

@@ -27,7 +27,7 @@ use super::{db_name, required, server_uri, skip_unless_required, with_option};
 pub enum Feature {
     /// `configureFailPoint` with `failCommand`: `mongod` started with
     /// `--setParameter enableTestCommands=1`, `secantusd-py` started with
-    /// `--enable-test-commands`. (`secantusd-rs` 0.5.3-beta.196 has no such
+    /// `--enable-test-commands`. (The pinned `secantusd-rs` has no such
     /// command.)
     FailPoints,
     /// Open idle cursors (change streams between two `getMore`s) listed per
@@ -39,7 +39,7 @@ pub enum Feature {
     /// (`secantusd-rs` keeps the key until the document is deleted.)
     UniqueKeyRelease,
     /// Change streams keep delivering other writes while a transaction is
-    /// open: `mongod`, `secantusd-py`. (`secantusd-rs` 0.5.3-beta.196 holds
+    /// open: `mongod`, `secantusd-py`. (The pinned `secantusd-rs` holds
     /// back every change stream's events, on every collection, until the
     /// open transaction ends: one a crashed client leaves open stops all
     /// notifications for its lifetime, 60 s by default.)
