@@ -18,7 +18,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{schedule::fields as sched_fields, Queue};
+use mongoagent::{fields, schedule::fields as sched_fields, Queue};
 use store_mongo::MongoStore;
 use store_trait::{Collection, Condition, Key, Query, Store};
 use tokio::process::Child;
@@ -68,10 +68,13 @@ async fn now_ms(store: &MongoStore) -> Result<i64, LabError> {
 /// The ticks whose tasks have not ended.
 async fn open_ticks(store: &MongoStore) -> Result<Vec<i64>, LabError> {
     let coll = Collection::new(QUEUE)?;
-    let q = Query::eq(doc! { "schedule": NAME })
-        .when(Condition::FieldEq("complete".into(), bson::Bson::Boolean(true)).negate());
+    let q = Query::eq(doc! { fields::SCHEDULE: NAME })
+        .when(Condition::FieldEq(fields::COMPLETE.into(), bson::Bson::Boolean(true)).negate());
     let open = store.find(&coll, &q).await?;
-    Ok(open.iter().filter_map(|r| r.data().get_datetime("scheduled_for").ok().map(|d| d.timestamp_millis())).collect())
+    Ok(open
+        .iter()
+        .filter_map(|r| r.data().get_datetime(fields::SCHEDULED_FOR).ok().map(|d| d.timestamp_millis()))
+        .collect())
 }
 
 impl Crons {
@@ -252,14 +255,14 @@ impl Crons {
         }
         let queue = Queue::new(store.clone(), QUEUE)?;
         let mut recorded: BTreeMap<i64, (bool, bool, u64)> = BTreeMap::new();
-        for t in queue.tasks(doc! { "schedule": NAME }, None).await? {
+        for t in queue.tasks(doc! { fields::SCHEDULE: NAME }, None).await? {
             let d = t.data();
             let tick = d
-                .get_datetime("scheduled_for")
+                .get_datetime(fields::SCHEDULED_FOR)
                 .map_err(|e| LabError::Field { what: format!("task {}", t.key()), source: e })?;
-            let attempts = d.get_i64("attempts").ok().and_then(|a| u64::try_from(a).ok()).unwrap_or(0);
-            let ok = d.get_bool("error_encountered").ok() == Some(false);
-            recorded.insert(tick.timestamp_millis(), (d.get_bool("complete").ok() == Some(true), ok, attempts));
+            let attempts = d.get_i64(fields::ATTEMPTS).ok().and_then(|a| u64::try_from(a).ok()).unwrap_or(0);
+            let ok = d.get_bool(fields::ERROR_ENCOUNTERED).ok() == Some(false);
+            recorded.insert(tick.timestamp_millis(), (d.get_bool(fields::COMPLETE).ok() == Some(true), ok, attempts));
         }
         let first = self.window_start.div_euclid(EVERY_MS) * EVERY_MS
             + if self.window_start.rem_euclid(EVERY_MS) == 0 { 0 } else { EVERY_MS };

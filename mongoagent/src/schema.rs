@@ -132,6 +132,11 @@ pub mod fields {
     /// The timeout that attempt ran under, in milliseconds (see
     /// [`TIMED_OUT_FENCE`]).
     pub const TIMED_OUT_AFTER_MS: &str = "timed_out_after_ms";
+    /// On a follow-up that waits for its parent's fenced outcome write
+    /// before it exists for anyone: the fence of the parent's claim that
+    /// enqueued it. A document with it is no task yet (inert, and removed
+    /// with a stale run's other follow-ups).
+    pub const PENDING_PARENT_FENCE: &str = "pending_parent_fence";
 
     /// The fields the queue keeps for itself: the store's (`_id`, the lease,
     /// `fence`, `rev`, `last_op`, `gc_at`), the task's bookkeeping above, and
@@ -209,7 +214,7 @@ pub(crate) mod pending {
     use super::fields;
 
     /// On a pending follow-up: the fence of the parent's claim that enqueued it.
-    pub(crate) const FENCE: &str = "pending_parent_fence";
+    pub(crate) const FENCE: &str = fields::PENDING_PARENT_FENCE;
     /// On a pending follow-up: the fields activation sets (`ready`, and `join`,
     /// `join_round`, `waiting` where the follow-up has them).
     pub(crate) const FIELDS: &str = "pending_fields";

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Agent, NewTask, Outcome, Queue, Task};
+use mongoagent::{fields, Agent, NewTask, Outcome, Queue, Task};
 use mongoelector::Elector;
 use mongolock::{Acquire, Lock};
 use serde_json::json;
@@ -173,7 +173,8 @@ fn handler(
                 }
                 "batch" => {
                     let children = task.children();
-                    let ended = children.iter().filter(|c| c.data().get_bool("complete").ok() == Some(true)).count();
+                    let ended =
+                        children.iter().filter(|c| c.data().get_bool(fields::COMPLETE).ok() == Some(true)).count();
                     if ended != children.len() || children.len() as i64 != task.data().get_i64("size").unwrap_or(-1) {
                         shared.early_joins.fetch_add(1, Ordering::Relaxed);
                     }
@@ -407,14 +408,17 @@ async fn demo<S: Store + Clone>(store: S, backend: &str, seconds: u64, tasks: u3
     let coll = Collection::new(QUEUE)?;
     let all = store.count(&coll, &Query::all()).await?;
     let open = store
-        .count(&coll, &Query::all().when(Condition::FieldEq("complete".into(), bson::Bson::Boolean(true)).negate()))
+        .count(
+            &coll,
+            &Query::all().when(Condition::FieldEq(fields::COMPLETE.into(), bson::Bson::Boolean(true)).negate()),
+        )
         .await?;
     let fetch = queue.stats("fetch").await?;
-    let parse_total = store.count(&coll, &Query::eq(doc! {"agent_name": "parse"})).await?;
+    let parse_total = store.count(&coll, &Query::eq(doc! {fields::AGENT_NAME: "parse"})).await?;
     let joined = store
         .count(
             &coll,
-            &Query::eq(doc! {"agent_name": "batch", "complete": true, "error_encountered": false, "round": 1}),
+            &Query::eq(doc! {fields::AGENT_NAME: "batch", fields::COMPLETE: true, fields::ERROR_ENCOUNTERED: false, fields::ROUND: 1}),
         )
         .await?;
     let fences = shared.lock_fences.lock().clone();

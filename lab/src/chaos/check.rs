@@ -1,6 +1,7 @@
 //! The chaos run's checker: reads every worker's log and the store
 //! afterwards and verifies the history (see the module's docs for the lines).
 
+use mongoagent::fields;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
@@ -144,7 +145,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
         match r {
             // A stale run's follow-ups that the holder's outcome did not take
             // over stay pending and inert: not tasks (checked below).
-            Ok(t) if t.data().contains_key("pending_parent_fence") => debris.push(t),
+            Ok(t) if t.data().contains_key(fields::PENDING_PARENT_FENCE) => debris.push(t),
             Ok(t) => all.push(t),
             Err(_) => unreadable += 1,
         }
@@ -153,7 +154,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     r.grouped_tasks = super::grouped::check_store(store, &gruns.seeded, &mut r.violations).await?;
     for d in &debris {
         let parent = d.data().get("parent").and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
-        if parent.is_none_or(|p| p.data().get_bool("complete").ok() != Some(true)) {
+        if parent.is_none_or(|p| p.data().get_bool(fields::COMPLETE).ok() != Some(true)) {
             r.violations.push(format!("pending follow-up {} of a parent that has not ended", d.key()));
         }
     }
@@ -169,8 +170,11 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
         r.violations.push(format!("{} of {foreign} foreign documents were changed", foreign as u64 - untouched));
     }
     r.tasks = all.len() as u64;
-    let open: Vec<String> =
-        all.iter().filter(|t| t.data().get_bool("complete").ok() != Some(true)).map(|t| t.key().to_string()).collect();
+    let open: Vec<String> = all
+        .iter()
+        .filter(|t| t.data().get_bool(fields::COMPLETE).ok() != Some(true))
+        .map(|t| t.key().to_string())
+        .collect();
     if !open.is_empty() {
         r.violations.push(format!("{} task(s) never finished, e.g. {}", open.len(), open[0]));
     }
@@ -181,7 +185,8 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     let completed_parents = all
         .iter()
         .filter(|t| {
-            t.data().get_i32("stage").ok() == Some(0) && t.data().get_bool("error_encountered").ok() == Some(false)
+            t.data().get_i32("stage").ok() == Some(0)
+                && t.data().get_bool(fields::ERROR_ENCOUNTERED).ok() == Some(false)
         })
         .count();
     let children = all.iter().filter(|t| t.data().contains_key("parent")).count();
@@ -191,7 +196,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     // Odd seeded tasks that completed waited for their follow-ups once.
     for t in &all {
         let odd = t.data().get_i64("i").is_ok_and(|i| i % 2 == 1);
-        let completed = t.data().get_bool("error_encountered").ok() == Some(false);
+        let completed = t.data().get_bool(fields::ERROR_ENCOUNTERED).ok() == Some(false);
         if odd && completed && t.data().get_i64("round").ok() != Some(1) {
             r.violations.push(format!("task {} completed without waiting for its follow-ups once", t.key()));
         }

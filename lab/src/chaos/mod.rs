@@ -49,7 +49,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use mongoagent::{NewTask, Queue};
+use mongoagent::{fields, NewTask, Queue};
 use serde_json::json;
 use store_mongo::MongoStore;
 use store_trait::{Collection, Condition, Query, Store};
@@ -319,12 +319,12 @@ pub(crate) async fn run(uri: Option<String>, db: &str, o: ChaosOpts) -> Result<u
     let coll = Collection::new(QUEUE)?;
     let open = || {
         Query::all()
-            .when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate())
+            .when(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate())
             .when(Condition::FieldEq("foreign".into(), Bson::Boolean(true)).negate())
-            .when(Condition::Exists("pending_parent_fence".into()).negate())
+            .when(Condition::Exists(fields::PENDING_PARENT_FENCE.into()).negate())
     };
     let lcoll = Collection::new(limited::QUEUE)?;
-    let lopen = Query::all().when(Condition::FieldEq("complete".into(), Bson::Boolean(true)).negate());
+    let lopen = Query::all().when(Condition::FieldEq(fields::COMPLETE.into(), Bson::Boolean(true)).negate());
     let gcoll = Collection::new(grouped::QUEUE)?;
     // Wait while the queues still move: the check then reports a queue that
     // stopped (no task ended for `STALL`), not one that drains slowly on a

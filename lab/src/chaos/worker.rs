@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bson::doc;
-use mongoagent::{Agent, NewTask, Outcome, Processed, Task};
+use mongoagent::{fields, Agent, NewTask, Outcome, Processed, Task};
 use mongoelector::Elector;
 use mongolock::{Acquire, Lock};
 use store_trait::{Collection, Condition, Key, Mutation, Store, Write, WriteOutcome};
@@ -145,7 +145,8 @@ pub(crate) async fn worker(uri: &str, db: &str, log_path: &Path) -> Result<u8, L
                 let (joins, runs) = (joins.clone(), runs.clone());
                 async move {
                     if task.round() > 0 {
-                        let ended = task.children().iter().filter(|c| c.data().get_bool("complete").ok() == Some(true));
+                        let ended =
+                            task.children().iter().filter(|c| c.data().get_bool(fields::COMPLETE).ok() == Some(true));
                         joins.line(format!("joined {} {} {}", task.id(), ended.count(), task.children().len()));
                     }
                     tokio::time::sleep(Duration::from_millis(fastrand::u64(runs.clone()))).await;

@@ -150,8 +150,8 @@ const ROUNDS: usize = 4;
 
 /// Fields of a slot document.
 pub mod slot_fields {
-    /// The agent name whose cap applies.
-    pub const AGENT_NAME: &str = "agent_name";
+    /// The agent name whose cap applies (named as on a task).
+    pub const AGENT_NAME: &str = crate::schema::fields::AGENT_NAME;
     /// The group key.
     pub const GROUP: &str = "group";
     /// The last number given to a task of the group.

@@ -11,6 +11,7 @@ use store_trait::{Key, StoreTime};
 use super::ticks::{self, Ticks};
 use super::{task_id, Plan};
 use crate::error::AgentError;
+use crate::schema::fields as task_fields;
 use crate::task::NewTask;
 
 /// Field names of a schedule document.
@@ -345,16 +346,16 @@ impl Schedule {
     }
 
     pub(crate) fn to_def(&self) -> Result<Document, AgentError> {
-        let mut d = doc! { "agent_name": &self.agent_name, "data": self.data.clone(), "priority": self.priority };
+        let mut d = doc! { task_fields::AGENT_NAME: &self.agent_name, "data": self.data.clone(), task_fields::PRIORITY: self.priority };
         if let Some(n) = self.max_attempts {
-            d.insert("max_attempts", i64::from(n));
+            d.insert(task_fields::MAX_ATTEMPTS, i64::from(n));
         }
         if let Some(t) = self.timeout {
-            d.insert("timeout_ms", crate::task::timeout_ms(t)?);
+            d.insert(task_fields::TIMEOUT_MS, crate::task::timeout_ms(t)?);
         }
         self.check_overlap()?;
         if let Some(g) = &self.group {
-            d.insert("group_key", g.as_str());
+            d.insert(task_fields::GROUP_KEY, g.as_str());
         }
         match &self.when {
             When::Cron { expr, zone } => {
@@ -415,18 +416,20 @@ impl Schedule {
             _ => return Err(bad("kind")),
         };
         let mut task = NewTask::new(
-            d.get_str("agent_name").map_err(|_| bad("agent_name"))?,
+            d.get_str(task_fields::AGENT_NAME).map_err(|_| bad(task_fields::AGENT_NAME))?,
             d.get_document("data").map_err(|_| bad("data"))?.clone(),
         )
-        .priority(int("priority")?);
-        if d.contains_key("max_attempts") {
-            task = task.max_attempts(u32::try_from(int("max_attempts")?).map_err(|_| bad("max_attempts"))?);
+        .priority(int(task_fields::PRIORITY)?);
+        if d.contains_key(task_fields::MAX_ATTEMPTS) {
+            task = task.max_attempts(
+                u32::try_from(int(task_fields::MAX_ATTEMPTS)?).map_err(|_| bad(task_fields::MAX_ATTEMPTS))?,
+            );
         }
-        if d.contains_key("timeout_ms") {
-            task = task.timeout(dur("timeout_ms")?);
+        if d.contains_key(task_fields::TIMEOUT_MS) {
+            task = task.timeout(dur(task_fields::TIMEOUT_MS)?);
         }
-        if d.contains_key("group_key") {
-            task = task.group(d.get_str("group_key").map_err(|_| bad("group_key"))?);
+        if d.contains_key(task_fields::GROUP_KEY) {
+            task = task.group(d.get_str(task_fields::GROUP_KEY).map_err(|_| bad(task_fields::GROUP_KEY))?);
         }
         let overlap = match d.get_str("overlap").map_err(|_| bad("overlap"))? {
             "skip" => Overlap::Skip,
