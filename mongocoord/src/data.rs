@@ -161,7 +161,7 @@ pub(crate) async fn elections<S: Store>(store: &S, collection: &str, status: &st
                     pid: n.pid,
                     version: n.version.clone(),
                     is_leader: n.is_leader,
-                    last_seen_ms_ago: now.as_millis().saturating_sub(n.last_poll.as_millis()),
+                    last_seen_ms_ago: now.as_millis().saturating_sub(n.last_round.as_millis()),
                 })
                 .collect();
             ElectionRow {

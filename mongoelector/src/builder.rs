@@ -221,7 +221,7 @@ impl<S: Store + Clone> ElectorBuilder<S> {
             changed: Notify::new(),
             terms_won: AtomicU64::new(0),
             reporting: tokio::sync::Mutex::new(false),
-            last_poll: Mutex::new(None),
+            last_round: Mutex::new(None),
         });
         Ok(Elector::from_inner(inner, lifetime))
     }

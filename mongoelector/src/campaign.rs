@@ -1,4 +1,4 @@
-//! The main loop: campaign as follower, lead until the term ends, again, until
+//! The campaign: campaign as follower, lead until the term ends, again, until
 //! stopped. The lease is renewed by the rounds (`round.rs`); its guard's keeper
 //! ends the term before the lease can lapse when a renewal is not confirmed.
 
@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::inner::Inner;
 
 /// Campaigns as follower, leads until the term ends, again, until stopped.
-pub(crate) async fn main_loop<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
+pub(crate) async fn run<S: Store + Clone>(inner: Arc<Inner<S>>, stop: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_millis(50), inner.renew_every);
     while !stop.is_cancelled() {
         // Campaign: the blocking acquire wakes on a change notification (release)

@@ -15,7 +15,7 @@ use crate::status::{ClusterDetail, NodeStatus};
 use crate::{campaign, observer, round, ElectorBuilder, ElectorError, Leadership, Role};
 
 /// A leader-election participant. Cheap to clone; when the last clone is dropped
-/// the background loop stops and leadership is released.
+/// its background tasks stop and leadership is released.
 #[derive(Clone)]
 pub struct Elector<S: Store + Clone> {
     pub(crate) inner: Arc<Inner<S>>,
@@ -52,7 +52,7 @@ impl<S: Store + Clone> Elector<S> {
         &self.inner.identity
     }
 
-    /// Starts the background loop (campaign as follower, renew as leader) and
+    /// Starts the background tasks (the campaign, the rounds, the observer) and
     /// returns. Idempotent. Must be called inside a tokio runtime.
     pub fn start(&self) -> Result<(), ElectorError> {
         let mut run = self.inner.run.lock();
@@ -61,7 +61,7 @@ impl<S: Store + Clone> Elector<S> {
         }
         self.inner.stopped.store(false, Ordering::SeqCst);
         let stop = self.inner.lifetime.child_token();
-        let main = tokio::spawn(campaign::main_loop(self.inner.clone(), stop.clone()));
+        let main = tokio::spawn(campaign::run(self.inner.clone(), stop.clone()));
         tokio::spawn(observer::observer(self.inner.clone(), stop.clone()));
         tokio::spawn(round::rounds(self.inner.clone(), stop.clone()));
         self.inner.running.store(true, Ordering::SeqCst);
@@ -86,7 +86,7 @@ impl<S: Store + Clone> Elector<S> {
         Ok(())
     }
 
-    /// Stops the background loop and surrenders leadership at once; returns once
+    /// Stops the background tasks and surrenders leadership at once; returns once
     /// the lease is released and `on_leader_loss` has run, or after the stop
     /// timeout ([`ElectorBuilder::stop_timeout`], default the ttl), whichever
     /// comes first. It never waits for `on_loop`. After the timeout, a release
@@ -95,7 +95,7 @@ impl<S: Store + Clone> Elector<S> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe once polled: the loop has been told to stop and the release
+    /// Cancel-safe once polled: the campaign has been told to stop and the release
     /// runs on a task of its own, so dropping the future only stops waiting for
     /// the release and the callbacks.
     pub async fn stop(&self) {
@@ -106,12 +106,12 @@ impl<S: Store + Clone> Elector<S> {
         inner.running.store(false, Ordering::SeqCst);
         if let Some(run) = run {
             run.stop.cancel();
-            // The loop releases the lease as it ends.
+            // The campaign releases the lease as it ends.
             if tokio::time::timeout_at(deadline, run.main).await.is_err() {
                 tracing::warn!(key = %inner.key, "releasing leadership takes longer than the stop timeout");
             }
         }
-        // Not running its own loop (driven by `poll`): release here, on a task of
+        // Not running its own tasks (driven by `poll`): release here, on a task of
         // its own, so the timeout never drops a store call half-way.
         let step_down = tokio::spawn({
             let inner = inner.clone();
@@ -125,7 +125,7 @@ impl<S: Store + Clone> Elector<S> {
     }
 
     /// Releases leadership if held (calling `on_leader_loss`), letting another node
-    /// take over; the loop keeps running and campaigns again after a renew interval.
+    /// take over; the campaign goes on and tries again after a renew interval.
     ///
     /// # Cancel safety
     ///
@@ -198,7 +198,7 @@ impl<S: Store + Clone> Elector<S> {
         Ok(self.inner.lock.locked().await?)
     }
 
-    /// Whether the background loop runs.
+    /// Whether the background tasks run.
     pub fn running(&self) -> bool {
         self.inner.running.load(Ordering::SeqCst)
     }
@@ -269,7 +269,7 @@ impl<S: Store + Clone> Elector<S> {
             fence,
             leader: inner.leadership.borrow().leader.clone(),
             terms_won: inner.terms_won.load(Ordering::Relaxed),
-            last_poll: *inner.last_poll.lock(),
+            last_round: *inner.last_round.lock(),
         }
     }
 

@@ -58,7 +58,7 @@ pub(crate) struct Inner<S: Store + Clone> {
     /// TTL index was ensured.
     pub(crate) reporting: tokio::sync::Mutex<bool>,
     /// When this node last reported its status (store clock).
-    pub(crate) last_poll: Mutex<Option<StoreTime>>,
+    pub(crate) last_round: Mutex<Option<StoreTime>>,
 }
 
 impl<S: Store + Clone> Inner<S> {

@@ -52,7 +52,7 @@
 //! | `ismaster`, `leader_exists`, `running` | [`Elector::is_leader`], [`Elector::leader_exists`], [`Elector::running`] |
 //! | `cluster_detail`, `node_status`, `report_status()` | [`Elector::cluster_detail`], [`Elector::node_status`], [`Elector::report_status`] |
 //!
-//! Each round of the background loop is the Python `MongoElector`'s `poll()`: lease maintenance
+//! Each round of the background tasks is the Python `MongoElector`'s `poll()`: lease maintenance
 //! first (the leader renews; a follower's campaign runs apart and wakes on change
 //! notifications), then `on_loop`, then the status report.
 //!

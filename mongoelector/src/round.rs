@@ -2,8 +2,8 @@
 //! first (the leader renews, through mongolock's one retrying renewal), then `on_loop`, then
 //! the status report.
 //!
-//! A follower's campaign does not wait for the rounds: it runs in the main loop
-//! and wakes on change notifications (`campaign.rs`). The status report runs on a
+//! A follower's campaign does not wait for the rounds: it runs on a task of its
+//! own and wakes on change notifications (`campaign.rs`). The status report runs on a
 //! task of its own (one at a time), so a slow status write never delays the next
 //! renewal; `on_loop` only marks its lane due.
 
@@ -48,7 +48,7 @@ impl<S: Store + Clone> Inner<S> {
     /// ([`mongolock::Lock::renew`]: transient failures retried with its backoff
     /// while the lease cannot have lapsed). A renewal that is not confirmed in
     /// time, or fails for good, is a loss: the term is cancelled and the
-    /// main loop steps down without releasing (a lost lease is never released
+    /// campaign steps down without releasing (a lost lease is never released
     /// behind the leader's back; it lapses by itself).
     async fn maintain_lease(self: &Arc<Self>, stop: &CancellationToken) {
         let Some(term) = self.live_term() else { return };
@@ -58,7 +58,7 @@ impl<S: Store + Clone> Inner<S> {
             _ = term.cancel().cancelled() => {}
             r = self.lock.renew() => match r {
                 Ok(expires) => tracing::trace!(key = %self.key, %expires, "leadership renewed"),
-                // The term ended (or was never this instance's): the main loop steps down.
+                // The term ended (or was never this instance's): the campaign steps down.
                 Err(e) => tracing::debug!(key = %self.key, error = %e, "renewing leadership ended the term"),
             },
         }

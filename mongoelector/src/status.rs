@@ -32,8 +32,10 @@ pub mod fields {
     pub const VERSION: &str = "version";
     /// Whether the node reported itself leader.
     pub const IS_LEADER: &str = "is_leader";
-    /// When the node last reported (a date, store clock).
-    pub const LAST_POLL: &str = "last_poll";
+    /// When the node last reported, at the end of its last round (a date,
+    /// store clock). Stored under the seed's name for a round, `last_poll`,
+    /// as every status document written so far has it.
+    pub const LAST_ROUND: &str = "last_poll";
 }
 
 /// This node's own status (the Python `MongoElector`'s `node_status`).
@@ -49,7 +51,7 @@ pub struct NodeStatus {
     pub pid: u32,
     /// The application's version ([`crate::ElectorBuilder::version`]).
     pub version: String,
-    /// Whether the background loop runs.
+    /// Whether the background tasks run.
     pub running: bool,
     /// Whether this node leads.
     pub is_leader: bool,
@@ -61,7 +63,7 @@ pub struct NodeStatus {
     pub terms_won: u64,
     /// When this node last reported its status (store clock); `None` before its
     /// first report, or with reports off.
-    pub last_poll: Option<StoreTime>,
+    pub last_round: Option<StoreTime>,
 }
 
 /// One node as reported in the status collection.
@@ -80,7 +82,7 @@ pub struct NodeReport {
     /// Whether it reported itself leader.
     pub is_leader: bool,
     /// When it last reported (store clock).
-    pub last_poll: StoreTime,
+    pub last_round: StoreTime,
 }
 
 /// All recently reporting nodes and who leads since when (the Python `MongoElector`'s `cluster_detail`).
@@ -137,7 +139,7 @@ impl NodeReport {
             pid: field(r, fields::PID, pid)?,
             version: field(r, fields::VERSION, string)?,
             is_leader: field(r, fields::IS_LEADER, Record::get_bool)?,
-            last_poll: field(r, fields::LAST_POLL, Record::get_time)?,
+            last_round: field(r, fields::LAST_ROUND, Record::get_time)?,
         })
     }
 }
@@ -189,12 +191,12 @@ impl<S: Store + Clone> Inner<S> {
             .set(fields::PID, i64::from(self.identity.pid()))
             .set(fields::VERSION, self.version.as_str())
             .set(fields::IS_LEADER, self.is_leader())
-            .set_now(fields::LAST_POLL)
+            .set_now(fields::LAST_ROUND)
             .gc_after(gc);
         let out = self.store.write(&self.status_coll, &id, &Write::new(Condition::Always, m).upsert()).await?;
         if let WriteOutcome::Applied(r) = out {
             if let Ok(report) = NodeReport::from_record(&r) {
-                *self.last_poll.lock() = Some(report.last_poll);
+                *self.last_round.lock() = Some(report.last_round);
             }
         }
         Ok(())
@@ -209,7 +211,7 @@ impl<S: Store + Clone> Inner<S> {
         for bad in &reports.skipped {
             tracing::warn!(key = %self.key, error = %bad, "status document left out");
         }
-        let nodes = reports.nodes.into_iter().filter(|n| n.last_poll.as_millis() >= horizon).collect();
+        let nodes = reports.nodes.into_iter().filter(|n| n.last_round.as_millis() >= horizon).collect();
         Ok(ClusterDetail { key: self.key.clone(), now: status.now, leader: status.holder, nodes })
     }
 }

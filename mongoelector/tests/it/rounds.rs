@@ -98,14 +98,14 @@ async fn status_documents_carry_the_version_and_are_garbage_collected() {
     let store = MemoryStore::new();
     let coll = Collection::new(DEFAULT_STATUS_COLLECTION).unwrap();
     let a = Elector::builder(store.clone(), "scheduler").ttl(TTL).version("app-1.2.3").build().unwrap();
-    assert_eq!(a.node_status().last_poll, None);
+    assert_eq!(a.node_status().last_round, None);
     a.start().unwrap();
     wait_leader(std::slice::from_ref(&a)).await;
     a.report_status().await.unwrap();
     let st = a.node_status();
     assert_eq!((st.version.as_str(), st.pid), ("app-1.2.3", std::process::id()));
     assert_eq!(st.host, a.identity().host());
-    assert!(st.last_poll.is_some());
+    assert!(st.last_round.is_some());
     // A document the schema does not fit is left out and reported.
     let bad = Mutation::new().set(status::fields::ELECTION, "scheduler");
     store.write(&coll, &Key::new("by-hand").unwrap(), &Write::new(Condition::Always, bad).upsert()).await.unwrap();
@@ -122,7 +122,7 @@ async fn status_documents_carry_the_version_and_are_garbage_collected() {
     let wide = wide
         .set(status::fields::ELECTION, "other")
         .set(status::fields::IS_LEADER, false)
-        .set_now(status::fields::LAST_POLL);
+        .set_now(status::fields::LAST_ROUND);
     store.write(&coll, &Key::new("wide-pid").unwrap(), &Write::new(Condition::Always, wide).upsert()).await.unwrap();
     let other = status::read_reports(&store, &coll, Some("other")).await.unwrap();
     assert_eq!((other.nodes.len(), other.skipped[0].field), (0, status::fields::PID), "{other:?}");
