@@ -10,7 +10,8 @@ use mongolock::{ConfigError, Identity};
 use store_trait::{Store, Ttl};
 use tokio_util::sync::CancellationToken;
 
-use super::{Agent, AgentCounters, Inner};
+use super::processed::AgentCounters;
+use super::{Agent, Inner};
 use crate::error::AgentError;
 use crate::queue::Queue;
 
@@ -416,9 +417,12 @@ impl<S: Store + Clone> AgentBuilder<S> {
         // Without a cap, groups only to nudge the capped agents (a queue name
         // too long for the slots' collection has no grouped tasks anyway).
         let groups = match (self.group_concurrency, queue.groups()) {
-            (Some(cap), groups) => Some(super::groups::GroupCap::new(groups?, Some(cap))),
-            (None, groups) => groups.ok().map(|g| super::groups::GroupCap::new(g, None)),
+            (Some(cap), groups) => Some((groups?, Some(cap))),
+            (None, groups) => groups.ok().map(|g| (g, None)),
         };
+        let groups = groups.map(|(g, cap)| {
+            Arc::new(super::groups::GroupCap::new(self.name.clone(), self.store.clone(), self.poll_interval, g, cap))
+        });
         let shutdown = self.shutdown_on.unwrap_or_default();
         Ok(Agent {
             inner: Arc::new(Inner {

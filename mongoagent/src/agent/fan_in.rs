@@ -6,7 +6,7 @@ use mongolock::{LockError, LockGuard};
 use store_trait::{Condition, Key, Mutation, Query, Record, Store, StoreError};
 
 use super::finish::Finisher;
-use super::Processed;
+use super::processed::Processed;
 use crate::error::AgentError;
 use crate::schema::pending::{self, Finish};
 use crate::schema::{fields, not_complete, task_round};

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use store_trait::{Key, Mutation, Record, Store, Ttl};
 
 use super::commit::Committer;
-use super::{AgentCounters, Processed};
+use super::processed::{AgentCounters, Processed};
 use crate::error::AgentError;
 use crate::outcome::{Outcome, Retry};
 use crate::schema::pending::Finish;

@@ -12,7 +12,8 @@ use tracing::Instrument;
 
 use super::claim::Claimed;
 use super::finish::TimeoutMark;
-use super::{Agent, Processed};
+use super::processed::Processed;
+use super::Agent;
 use crate::error::AgentError;
 use crate::outcome::Outcome;
 use crate::schema::pending::Finish;
@@ -54,8 +55,8 @@ impl<S: Store + Clone> Agent<S> {
         if let Ok(p) = &processed {
             span.record("outcome", p.label());
         }
-        if let Ok(p) = &processed {
-            self.after_grouped(group, fence, p).await;
+        if let (Ok(p), Some(g)) = (&processed, &self.inner.groups) {
+            g.after_grouped(group, fence, p).await;
         }
         if let Ok(Processed::Abandoned(_)) = &processed {
             // Its claim is left to lapse, work of the handler perhaps still

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 
 use super::ahead::Ahead;
 use super::claim::{Claimed, Woken};
-use super::{Agent, AgentCounters, Handler, Processed};
+use super::processed::{AgentCounters, Processed};
+use super::{Agent, Handler};
 use mongolock::unstable::Backoff;
 
 use crate::control::ControlView;
@@ -44,8 +45,8 @@ impl<S: Store + Clone> Agent<S> {
         // Grouped tasks are let through beside the work loop, for as long as it runs.
         let groups = tokio_util::sync::CancellationToken::new();
         let _stop_groups = groups.clone().drop_guard();
-        if self.inner.groups.as_ref().is_some_and(|g| g.cap.is_some()) {
-            tokio::spawn(self.clone().let_groups_through(groups));
+        if let Some(g) = self.inner.groups.as_ref().filter(|g| g.cap.is_some()) {
+            tokio::spawn(g.clone().let_through_until(groups));
         }
         Worker::new(self, Arc::new(handler)).run().await
     }
