@@ -273,9 +273,4 @@ impl<S: Store + Clone> Queue<S> {
     pub fn control_collection(&self) -> Result<Collection, AgentError> {
         Collection::new(format!("{}_control", self.coll)).map_err(|e| AgentError::Config(ConfigError::caused_by(e)))
     }
-
-    /// A view of what the control task reads, which keeps it running (see the module's docs).
-    pub(crate) fn control_view(&self) -> watch::Receiver<ControlView> {
-        self.shared.get::<ControlWatch>().view(&self.store, self.control_collection())
-    }
 }

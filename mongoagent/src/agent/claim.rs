@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::candidates::Candidates;
 use super::limits::{Limits, Permit};
-use crate::control::{ControlWatch, CONTROL_REFRESH};
+use crate::control::{ControlView, ControlWatch, CONTROL_REFRESH};
 use crate::error::AgentError;
 use crate::queue::Queue;
 use crate::schema::{fields, lapsed_tasks, ready_tasks};
@@ -276,6 +276,12 @@ impl<S: Store + Clone> Claimer<S> {
     /// Releases the permits kept for a next claim that is not coming.
     pub(super) async fn release_pooled(&self) {
         self.limits.release_pooled(&self.name).await;
+    }
+
+    /// A view of what the queue's control task reads, which keeps it
+    /// running while the agent idles (see [`crate::control`]).
+    pub(super) fn control_view(&self) -> tokio::sync::watch::Receiver<ControlView> {
+        self.control.view(&self.store, self.queue.control_collection())
     }
 
     /// The pause state this agent last saw, if it looked yet.

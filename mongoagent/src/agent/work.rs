@@ -421,7 +421,7 @@ impl<'a, S: Store + Clone> Worker<'a, S> {
             let watcher = Watcher::open_filtered(store, coll, filter, poll).await.ignore_renewals();
             tracing::debug!(agent = %inner.name, push = watcher.is_live(), "idle: watching for changes");
             self.events = Some(watcher);
-            self.control = Some(inner.queue.control_view());
+            self.control = Some(inner.claimer.control_view());
             // Claim once more now that the subscription is open.
             return Turn::Again;
         };
