@@ -7,6 +7,11 @@ use bson::Document;
 use store_trait::{Collection, Store};
 
 /// What a backend provides to run the suite.
+///
+/// # Cancel safety
+///
+/// Test set-up, never raced: a dropped call may leave its store, document or
+/// TTL pass half made, and the test that dropped it is over anyway.
 #[async_trait::async_trait]
 pub trait Harness: Send + Sync + 'static {
     /// The store under test.

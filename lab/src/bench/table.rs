@@ -338,14 +338,35 @@ fn render_columns(columns: &[Column]) -> String {
     out
 }
 
+/// Why a summary may not stand in the README.
+#[derive(Debug, PartialEq, Eq)]
+enum Unpublishable {
+    /// A quick or smoke run: its figures compare within the run only.
+    Mode(String),
+    /// Its strict check failed, saying how.
+    CheckFailed(String),
+    /// A run from before the check was recorded.
+    NoCheck,
+}
+
+impl std::fmt::Display for Unpublishable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unpublishable::Mode(mode) => write!(f, "a {mode} run"),
+            Unpublishable::CheckFailed(how) => write!(f, "its check {how}"),
+            Unpublishable::NoCheck => f.write_str("it records no check (a run before the check was recorded)"),
+        }
+    }
+}
+
 /// Whether a summary may stand in the README: a full run's (a quick one's
 /// figures compare within the run only) whose strict check passed.
-fn publishable(summary: &Value) -> Result<(), String> {
+fn publishable(summary: &Value) -> Result<(), Unpublishable> {
     match (text(summary, "mode"), summary.get("check").and_then(Value::as_str)) {
         ("full", Some("passed")) => Ok(()),
-        ("full", Some(failed)) => Err(format!("its check {failed}")),
-        ("full", None) => Err("it records no check (a run before the check was recorded)".into()),
-        (mode, _) => Err(format!("a {mode} run")),
+        ("full", Some(failed)) => Err(Unpublishable::CheckFailed(failed.to_owned())),
+        ("full", None) => Err(Unpublishable::NoCheck),
+        (mode, _) => Err(Unpublishable::Mode(mode.to_owned())),
     }
 }
 
@@ -462,10 +483,12 @@ mod tests {
     #[test]
     fn only_a_full_run_that_kept_its_promises_is_published() {
         assert!(publishable(&json!({"mode": "full", "check": "passed"})).is_ok());
-        assert!(publishable(&json!({"mode": "full"})).is_err_and(|e| e.contains("no check")));
+        assert_eq!(publishable(&json!({"mode": "full"})), Err(Unpublishable::NoCheck));
         let failed = publishable(&json!({"mode": "full", "check": "failed: x: missing"}));
-        assert!(failed.is_err_and(|e| e.contains("x: missing")));
-        assert!(publishable(&json!({"mode": "quick", "check": "passed"})).is_err_and(|e| e == "a quick run"));
+        assert!(failed.is_err_and(|e| e.to_string().contains("x: missing")));
+        assert!(
+            publishable(&json!({"mode": "quick", "check": "passed"})).is_err_and(|e| e.to_string() == "a quick run")
+        );
         assert!(publishable(&json!({})).is_err());
     }
 
