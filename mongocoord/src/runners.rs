@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use mongoagent::{Agent, AgentBuilder, AgentCounters, NewTask, Outcome, Task};
+use mongoagent::{fields, Agent, AgentBuilder, AgentCounters, NewTask, Outcome, Task};
 use mongoelector::Elector;
 use mongolock::{Acquire, Lock};
 use store_mongo::MongoStore;
@@ -243,10 +243,10 @@ pub(crate) fn parse_output(stdout: &[u8]) -> Result<Outcome, CliError> {
             let serde_json::Value::Object(mut m) = item else {
                 return Err(CliError::invalid("each follow-up must be an object"));
             };
-            let Some(serde_json::Value::String(agent)) = m.remove("agent_name") else {
+            let Some(serde_json::Value::String(agent)) = m.remove(fields::AGENT_NAME) else {
                 return Err(CliError::invalid("each follow-up needs an agent_name string"));
             };
-            let group = match m.remove("group_key") {
+            let group = match m.remove(fields::GROUP_KEY) {
                 None => None,
                 Some(serde_json::Value::String(g)) => Some(g),
                 Some(_) => return Err(CliError::invalid("a follow-up's group_key must be a string")),

@@ -13,8 +13,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::callbacks::{Dispatcher, Handlers};
 use crate::elector::Elector;
+use crate::error::ElectorError;
 use crate::inner::Inner;
-use crate::{ElectorError, Leadership, DEFAULT_COLLECTION, DEFAULT_STATUS_COLLECTION, DEFAULT_TTL};
+use crate::leadership::Leadership;
+
+/// The collection holding election leases unless configured otherwise.
+pub const DEFAULT_COLLECTION: &str = "electorlocks";
+/// The collection holding node status reports unless configured otherwise.
+pub const DEFAULT_STATUS_COLLECTION: &str = "electorstatus";
+/// The lease length unless configured otherwise (as in `MongoElector`).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+
+// Beside the builder, so that the handle's module never names it.
+impl<S: Store + Clone> Elector<S> {
+    /// Configures an elector for election `key` on `store`.
+    pub fn builder(store: S, key: impl Into<String>) -> ElectorBuilder<S> {
+        ElectorBuilder::new(store, key.into())
+    }
+}
 
 /// Configures an [`Elector`].
 pub struct ElectorBuilder<S> {

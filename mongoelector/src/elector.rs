@@ -10,9 +10,13 @@ use store_trait::Store;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::campaign;
+use crate::error::ElectorError;
 use crate::inner::{Inner, RunState};
+use crate::leadership::{Leadership, Role};
+use crate::observer;
+use crate::round;
 use crate::status::{ClusterDetail, NodeStatus};
-use crate::{campaign, observer, round, ElectorBuilder, ElectorError, Leadership, Role};
 
 /// A leader-election participant. Cheap to clone; when the last clone is dropped
 /// its background tasks stop and leadership is released.
@@ -33,11 +37,6 @@ impl<S: Store + Clone> std::fmt::Debug for Elector<S> {
 }
 
 impl<S: Store + Clone> Elector<S> {
-    /// Configures an elector for election `key` on `store`.
-    pub fn builder(store: S, key: impl Into<String>) -> ElectorBuilder<S> {
-        ElectorBuilder::new(store, key.into())
-    }
-
     pub(crate) fn from_inner(inner: Arc<Inner<S>>, lifetime: CancellationToken) -> Self {
         Elector { inner, _drop: Arc::new(lifetime.drop_guard()) }
     }
@@ -88,7 +87,7 @@ impl<S: Store + Clone> Elector<S> {
 
     /// Stops the background tasks and surrenders leadership at once; returns once
     /// the lease is released and `on_leader_loss` has run, or after the stop
-    /// timeout ([`ElectorBuilder::stop_timeout`], default the ttl), whichever
+    /// timeout ([`ElectorBuilder::stop_timeout`](crate::ElectorBuilder::stop_timeout), default the ttl), whichever
     /// comes first. It never waits for `on_loop`. After the timeout, a release
     /// still in flight and callbacks still running (an `on_leader` that ignores
     /// its cancellation token, then `on_leader_loss`) finish in the background.
@@ -206,7 +205,7 @@ impl<S: Store + Clone> Elector<S> {
     /// A channel of leadership changes (who leads, with which fence), for leaders
     /// and followers alike. Followers learn of a new leader by change notification
     /// where the store has them, else within a renew interval. To be called back
-    /// instead, see [`ElectorBuilder::on_new_leader`].
+    /// instead, see [`ElectorBuilder::on_new_leader`](crate::ElectorBuilder::on_new_leader).
     pub fn leadership(&self) -> watch::Receiver<Leadership> {
         self.inner.leadership.subscribe()
     }

@@ -17,8 +17,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::callbacks::Dispatcher;
+use crate::leadership::Leadership;
 use crate::term::{Term, TermSnapshot};
-use crate::Leadership;
 
 pub(crate) struct RunState {
     pub(crate) stop: CancellationToken,

@@ -71,47 +71,20 @@ mod campaign;
 mod elector;
 mod error;
 mod inner;
+mod leadership;
 pub mod metrics;
 mod observer;
 mod round;
 pub mod status;
 mod term;
 
-use std::time::Duration;
-
-use mongolock::LockInfo;
-
-pub use builder::ElectorBuilder;
+pub use builder::{ElectorBuilder, DEFAULT_COLLECTION, DEFAULT_STATUS_COLLECTION, DEFAULT_TTL};
 pub use callbacks::Callback;
 pub use elector::Elector;
 pub use error::{ElectorError, MalformedReport};
+pub use leadership::{Leadership, Role};
 pub use mongolock;
 
 /// The MongoDB backend, re-exported for convenience.
 #[cfg(feature = "mongo")]
 pub use store_mongo as mongo;
-
-/// The collection holding election leases unless configured otherwise.
-pub const DEFAULT_COLLECTION: &str = "electorlocks";
-/// The collection holding node status reports unless configured otherwise.
-pub const DEFAULT_STATUS_COLLECTION: &str = "electorstatus";
-/// The lease length unless configured otherwise (as in `MongoElector`).
-pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
-
-/// This node's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// It holds the leadership lease.
-    Leader,
-    /// It does not.
-    Follower,
-}
-
-/// Who leads, as this node last observed it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Leadership {
-    /// The leader, if any (owner, host, pid, since, expiry, fence).
-    pub leader: Option<LockInfo>,
-    /// Whether this node is the leader.
-    pub is_me: bool,
-}

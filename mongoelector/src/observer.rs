@@ -8,7 +8,7 @@ use store_trait::{ChangeFilter, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::inner::Inner;
-use crate::Leadership;
+use crate::leadership::Leadership;
 
 /// Keeps the published leadership current: on change notifications for the key,
 /// on local transitions, and every renew interval.

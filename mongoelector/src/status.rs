@@ -15,8 +15,8 @@ use mongolock::{Identity, LockInfo};
 use store_trait::{Collection, Condition, IndexSpec, Key, Mutation, Order, Query, Record, Store, StoreError};
 use store_trait::{StoreTime, Ttl, Write, WriteOutcome};
 
+use crate::error::{ElectorError, MalformedReport};
 use crate::inner::Inner;
-use crate::{ElectorError, MalformedReport};
 
 /// The status document's field names.
 pub mod fields {

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::bounded::on_own_task;
+use crate::error::{check_native, LockError};
 use crate::guard::LockGuard;
-use crate::info::{check_native, data, LockInfo, Metrics, FOREIGN_LOCK_FIELDS};
-use crate::{Lock, LockError};
+use crate::info::{data, LockInfo, Metrics, FOREIGN_LOCK_FIELDS};
+use crate::lock::Lock;
 
 /// How to acquire: blocking or not, with a timeout, by force, with auto-renew.
 ///

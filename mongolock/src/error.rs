@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use store_trait::StoreError;
+use store_trait::{Key, Record, StoreError};
 
-use crate::LockInfo;
+use crate::info::{foreign_fields, LockInfo};
 
 /// Everything a lock operation can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -155,5 +155,13 @@ impl From<&str> for ConfigError {
 impl From<StoreError> for ConfigError {
     fn from(source: StoreError) -> Self {
         ConfigError::caused_by(source)
+    }
+}
+
+/// `Err(Foreign)` when `record` is another program's lock document.
+pub(crate) fn check_native(key: &Key, record: Option<&Record>) -> Result<(), LockError> {
+    match record.map(|r| foreign_fields(r.data())) {
+        Some(fields) if !fields.is_empty() => Err(LockError::Foreign { key: key.to_string(), fields }),
+        _ => Ok(()),
     }
 }

@@ -11,8 +11,8 @@ use store_trait::{Condition, Key, Mutation, Record, Store, StoreTime, Write, Wri
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::LockError;
 use crate::kept::{KeptLease, KeptState};
-use crate::LockError;
 
 /// Whether an acquisition still holds its lock, readable without the guard.
 #[derive(Debug, Clone)]
@@ -340,7 +340,9 @@ mod tests {
     use store_memory::MemoryStore;
     use tokio::time::Instant;
 
-    use crate::{Acquire, Lock};
+    use crate::acquire::Acquire;
+
+    use crate::lock::Lock;
 
     /// `expiring` waits while renewals keep the deadline ahead, returns `within`
     /// before the deadline once renewals stop being confirmed, and at once after a

@@ -4,9 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use store_trait::{Key, Record, StoreTime};
-
-use crate::LockError;
+use store_trait::{Record, StoreTime};
 
 /// Data fields the lock writes beside the lease, for operators.
 pub(crate) mod data {
@@ -17,20 +15,12 @@ pub(crate) mod data {
 
 /// The fields of a document written by the Python `MongoLocker`: a lock in
 /// another program's format, never taken nor reported free
-/// ([`LockError::Foreign`]).
+/// ([`LockError::Foreign`](crate::LockError::Foreign)).
 pub const FOREIGN_LOCK_FIELDS: [&str; 3] = ["uuid", "locked", "ts_expire"];
 
 /// The foreign lock fields `data` has (present and not null).
 pub(crate) fn foreign_fields(data: &bson::Document) -> Vec<&'static str> {
     FOREIGN_LOCK_FIELDS.into_iter().filter(|f| data.get(f).is_some_and(|v| !matches!(v, bson::Bson::Null))).collect()
-}
-
-/// `Err(Foreign)` when `record` is another program's lock document.
-pub(crate) fn check_native(key: &Key, record: Option<&Record>) -> Result<(), LockError> {
-    match record.map(|r| foreign_fields(r.data())) {
-        Some(fields) if !fields.is_empty() => Err(LockError::Foreign { key: key.to_string(), fields }),
-        _ => Ok(()),
-    }
 }
 
 /// Who holds a lock, since and until when (store clock), with which fence.

@@ -11,9 +11,9 @@ use store_trait::{Store, StoreTime};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
+use crate::error::LockError;
 use crate::info::Metrics;
 use crate::kept::KeptLease;
-use crate::LockError;
 
 /// Renews until the guard goes away or the lease is lost.
 pub(crate) async fn keeper<S: Store + Clone>(kept: Arc<KeptLease<S>>, auto_renew: bool) {

@@ -21,9 +21,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::bounded::spawn_with_deadline;
+use crate::error::LockError;
 use crate::identity::Identity;
+use crate::info::LockInfo;
 use crate::info::Metrics;
-use crate::{LockError, LockInfo};
 
 /// What every kept lease of one [`Leases`](crate::unstable::Leases) shares.
 #[derive(Debug)]

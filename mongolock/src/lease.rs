@@ -17,12 +17,13 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{ConfigError, LockError};
 use crate::guard::LockGuard;
+use crate::identity::Identity;
 use crate::info::{LockMetrics, Metrics};
 use crate::keeper::keeper;
 use crate::kept::{Confirmed, Current, KeptLease, KeptState, LeaseConfig};
 use crate::timing::LeaseTiming;
-use crate::{ConfigError, Identity, LockError};
 
 /// Configures [`Leases`].
 #[derive(Debug)]
@@ -159,7 +160,7 @@ impl<S: Store + Clone> Leases<S> {
         LeasesBuilder {
             store,
             collection: collection.into(),
-            ttl: crate::DEFAULT_TTL,
+            ttl: crate::timing::DEFAULT_TTL,
             renew_every: None,
             safety_margin: None,
             identity: None,

@@ -128,10 +128,10 @@ pub use error::{ConfigError, LockError};
 pub use guard::{LockGuard, Validity};
 pub use identity::Identity;
 pub use info::{LockInfo, LockMetrics, LockStatus, FOREIGN_LOCK_FIELDS};
-pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_POLL_INTERVAL, DEFAULT_TTL};
+pub use lock::{Lock, LockBuilder, DEFAULT_COLLECTION, DEFAULT_POLL_INTERVAL};
 pub use semaphore::Semaphore;
 pub use store_trait;
-pub use timing::MAX_INTERVAL;
+pub use timing::{DEFAULT_TTL, MAX_INTERVAL};
 
 /// The building blocks the sibling crates (`mongoelector`, `mongoagent`)
 /// share with the lock: a task claim is kept through [`unstable::Leases`]

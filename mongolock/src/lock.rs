@@ -6,16 +6,15 @@ use std::time::Duration;
 
 use store_trait::{Clock, Collection, Condition, Key, Mutation, Record, Store, StoreError, StoreTime, Write};
 
-use crate::info::{check_native, LockInfo, LockMetrics, LockStatus, Metrics};
+use crate::error::{check_native, ConfigError, LockError};
+use crate::identity::Identity;
+use crate::info::{LockInfo, LockMetrics, LockStatus, Metrics};
 use crate::kept::{Current, LeaseConfig};
 use crate::lease::{Leases, LeasesBuilder};
 use crate::timing::check_interval;
-use crate::{ConfigError, Identity, LockError};
 
 /// The collection locks live in unless configured otherwise (as in `MongoLocker`).
 pub const DEFAULT_COLLECTION: &str = "mongolocker";
-/// The lease length unless configured otherwise (as in `MongoLocker`).
-pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 /// The poll interval of a waiter when change notifications are unavailable.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 

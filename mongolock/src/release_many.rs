@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use store_trait::{BatchOutcome, Key, Mutation, Nonce, Store, Write};
 
-use crate::{LockError, LockGuard};
+use crate::error::LockError;
+
+use crate::guard::LockGuard;
 
 impl<S: Store + Clone> LockGuard<S> {
     /// Releases several locks, each applying its `changes` in the same atomic
@@ -116,8 +118,9 @@ mod tests {
     use store_trait::{Claim, Collection, Condition, Key, Mutation, Query, Store, Ttl, Write};
     use tokio::time::Instant;
 
+    use crate::error::LockError;
+    use crate::guard::LockGuard;
     use crate::lease::Leases;
-    use crate::{LockError, LockGuard};
 
     /// One batch of three fenced releases: the one whose fence is stale (its
     /// document was taken over in between) is rejected and changes nothing;

@@ -14,11 +14,13 @@ use store_trait::helpers::Watcher;
 use store_trait::{ChangeFilter, Claim, Condition, Mutation, Order, Query, Record, Store, StoreError};
 use tokio::time::Instant;
 
+use crate::acquire::Acquire;
+use crate::error::{ConfigError, LockError};
+use crate::guard::LockGuard;
 use crate::info::data;
+use crate::info::LockMetrics;
 use crate::kept::LeaseConfig;
 use crate::lock::{Lock, LockBuilder};
-use crate::Acquire;
-use crate::{ConfigError, LockError, LockGuard, LockMetrics};
 
 /// The fewest slot documents created at once when every existing one is held.
 const SLOT_CHUNK: u32 = 8;

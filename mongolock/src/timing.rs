@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use store_trait::Ttl;
 
-use crate::{ConfigError, LockError};
+use crate::error::{ConfigError, LockError};
 
 /// The longest poll interval or renewal interval accepted (a year): longer
 /// values are typos, and would overflow the clock arithmetic of a waiter.
 pub const MAX_INTERVAL: Duration = Ttl::MAX;
+
+/// The lease length unless configured otherwise (as in `MongoLocker`).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 
 /// A validated lease timing: `renew_every + safety_margin < ttl`, all positive.
 ///

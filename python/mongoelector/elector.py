@@ -198,7 +198,7 @@ class MongoLeaderElector:
             "elector_running": s["running"],
             "fence": s["fence"],
             "terms_won": s["terms_won"],
-            "last_poll": _utc(s["last_poll_ms"]),
+            "last_poll": _utc(s["last_round_ms"]),
         }
         if self._app_version:
             status["app_version"] = self._app_version
@@ -215,7 +215,7 @@ class MongoLeaderElector:
                 "pid": n["pid"],
                 "app_version": n["version"],
                 "is_leader": n["is_leader"],
-                "timestamp": _utc(n["last_poll_ms"]),
+                "timestamp": _utc(n["last_round_ms"]),
             }
             for n in c["nodes"]
         ]

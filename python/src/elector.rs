@@ -206,7 +206,7 @@ impl NativeElector {
         d.set_item("fence", s.fence)?;
         d.set_item("leader", s.leader.as_ref().map(|h| holder_dict(py, h)).transpose()?)?;
         d.set_item("terms_won", s.terms_won)?;
-        d.set_item("last_poll_ms", s.last_round.map(|t| t.as_millis()))?;
+        d.set_item("last_round_ms", s.last_round.map(|t| t.as_millis()))?;
         Ok(d)
     }
 
@@ -223,7 +223,7 @@ impl NativeElector {
             d.set_item("pid", n.pid)?;
             d.set_item("version", &n.version)?;
             d.set_item("is_leader", n.is_leader)?;
-            d.set_item("last_poll_ms", n.last_round.as_millis())?;
+            d.set_item("last_round_ms", n.last_round.as_millis())?;
             nodes.append(d)?;
         }
         let d = PyDict::new(py);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::doc;
-use mongoagent::{Agent, Outcome, Task};
+use mongoagent::{fields, Agent, Outcome, Task};
 use parking_lot::Mutex;
 use store_mongo::MongoStore;
 
@@ -71,7 +71,7 @@ pub(super) async fn queue_processes_run(
     let limit = Duration::from_secs(1800);
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let n = c.count_documents(doc! {"agent_name": "bench", "complete": true}).await?;
+        let n = c.count_documents(doc! {fields::AGENT_NAME: "bench", fields::COMPLETE: true}).await?;
         if n >= u64::from(tasks) {
             break;
         }

@@ -153,7 +153,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     r.limited_tasks = super::limited::check_store(store, &pauses.seeded, &mut r.violations).await?;
     r.grouped_tasks = super::grouped::check_store(store, &gruns.seeded, &mut r.violations).await?;
     for d in &debris {
-        let parent = d.data().get("parent").and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
+        let parent = d.data().get(fields::PARENT).and_then(|p| all.iter().find(|t| t.key().as_bson() == p));
         if parent.is_none_or(|p| p.data().get_bool(fields::COMPLETE).ok() != Some(true)) {
             r.violations.push(format!("pending follow-up {} of a parent that has not ended", d.key()));
         }
@@ -178,7 +178,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
     if !open.is_empty() {
         r.violations.push(format!("{} task(s) never finished, e.g. {}", open.len(), open[0]));
     }
-    let seeded = all.iter().filter(|t| !t.data().contains_key("parent")).count();
+    let seeded = all.iter().filter(|t| !t.data().contains_key(fields::PARENT)).count();
     if seeded != SEEDED as usize {
         r.violations.push(format!("{seeded} seeded tasks of {SEEDED} are in the store"));
     }
@@ -189,7 +189,7 @@ pub(super) async fn check(store: &MongoStore, logs: &Path) -> Result<Report, Lab
                 && t.data().get_bool(fields::ERROR_ENCOUNTERED).ok() == Some(false)
         })
         .count();
-    let children = all.iter().filter(|t| t.data().contains_key("parent")).count();
+    let children = all.iter().filter(|t| t.data().contains_key(fields::PARENT)).count();
     if children != 2 * completed_parents {
         r.violations.push(format!("{children} follow-ups for {completed_parents} completed parents (want two each)"));
     }

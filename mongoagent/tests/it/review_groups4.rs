@@ -306,7 +306,7 @@ pub(crate) mod cases {
 
     /// FOUND, fixed (it failed before; nothing scans the groups per claim). `Agent::process` sweeps
     /// every active slot of its name before its claim, "busy or not", once
-    /// its last sweep is a poll interval old (`sweep_groups_if_due`, with
+    /// its last sweep is a poll interval old (`GroupCap::sweep_if_due`, with
     /// `all`): docs/performance.md says it does so "at most once per poll
     /// interval when it finds nothing". A `process` loop whose handler
     /// runs at least a poll interval (5 s by default) thus reads and

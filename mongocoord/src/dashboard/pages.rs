@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use mongoagent::fields;
 use serde_json::Value;
 
 use super::confirm::TaskAction;
@@ -267,11 +268,11 @@ pub(crate) fn task_list(q: &str, list: &TaskList, query: &str, page: u32, more: 
             url(&id),
             url(q),
             esc(&id),
-            cell(&t["agent_name"]),
+            cell(&t[fields::AGENT_NAME]),
             timed_out_badge(t),
-            cell(&t["attempts"]),
-            cell(&t["priority"]),
-            cell(&t["last_error"]),
+            cell(&t[fields::ATTEMPTS]),
+            cell(&t[fields::PRIORITY]),
+            cell(&t[fields::LAST_ERROR]),
             if actions { task_buttons(q, &id, st) } else { String::new() }
         );
     }
@@ -325,12 +326,12 @@ fn when(v: &Value) -> String {
 
 /// What the task last reported of its progress (`Task::progress`), and when.
 fn progress(t: &Value) -> String {
-    if t["progress"].is_null() {
+    if t[fields::PROGRESS].is_null() {
         return "-".into();
     }
-    match &t["progress_at"] {
-        Value::Null => cell(&t["progress"]),
-        at => format!("{} (at {})", cell(&t["progress"]), when(at)),
+    match &t[fields::PROGRESS_AT] {
+        Value::Null => cell(&t[fields::PROGRESS]),
+        at => format!("{} (at {})", cell(&t[fields::PROGRESS]), when(at)),
     }
 }
 
@@ -342,30 +343,37 @@ pub(crate) fn task_detail(q: &str, d: &TaskDetail, seen: &TaskHistory, actions: 
     let mut h = format!(
         r#"<dl><dt>queue</dt><dd>{}</dd><dt>state</dt><dd id="state" class="{st}">{st}</dd><dt>agent</dt><dd>{}</dd><dt>attempts</dt><dd id="attempts">{}{}</dd><dt>last error</dt><dd id="last-error">{}</dd><dt>progress</dt><dd id="progress">{}</dd><dt>fence</dt><dd>{}</dd><dt>priority</dt><dd>{}</dd>"#,
         esc(q),
-        cell(&t["agent_name"]),
-        cell(&t["attempts"]),
-        if t["max_attempts"].is_null() { String::new() } else { format!(" of at most {}", cell(&t["max_attempts"])) },
-        cell(&t["last_error"]),
+        cell(&t[fields::AGENT_NAME]),
+        cell(&t[fields::ATTEMPTS]),
+        if t[fields::MAX_ATTEMPTS].is_null() {
+            String::new()
+        } else {
+            format!(" of at most {}", cell(&t[fields::MAX_ATTEMPTS]))
+        },
+        cell(&t[fields::LAST_ERROR]),
         progress(t),
-        cell(&t["fence"]),
-        cell(&t["priority"])
+        cell(&t[store_trait::fields::FENCE]),
+        cell(&t[fields::PRIORITY])
     );
     if let Some(timed_out) = crate::data::timed_out_json(t) {
         let _ = write!(h, r#"<dt>timed out</dt><dd id="timed-out" class="timed-out">{}</dd>"#, esc(&timed_out));
     }
-    if !t["group_key"].is_null() {
+    if !t[fields::GROUP_KEY].is_null() {
         // Its group, its number in it, and whether it waits for its turn.
-        let waits = if t["group_held"] == Value::Bool(true) { ", waiting for its turn" } else { "" };
+        let waits = if t[fields::GROUP_HELD] == Value::Bool(true) { ", waiting for its turn" } else { "" };
         let _ = write!(
             h,
             r#"<dt>group</dt><dd id="group">{} (number {}{waits})</dd>"#,
-            cell(&t["group_key"]),
-            cell(&t["group_seq"])
+            cell(&t[fields::GROUP_KEY]),
+            cell(&t[fields::GROUP_SEQ])
         );
     }
-    for (label, field) in
-        [("run at", "run_at"), ("started", "started_at"), ("on host", "agent_host"), ("ended", "completed_at")]
-    {
+    for (label, field) in [
+        ("run at", fields::RUN_AT),
+        ("started", fields::STARTED_AT),
+        ("on host", fields::AGENT_HOST),
+        ("ended", fields::COMPLETED_AT),
+    ] {
         if !t[field].is_null() {
             let _ = write!(h, "<dt>{label}</dt><dd>{}</dd>", when(&t[field]));
         }
