@@ -34,7 +34,7 @@ impl<S: Store + Clone> LockBuilder<S> {
         self
     }
 
-    /// The lease length (default [`DEFAULT_TTL`]). If the holder neither renews nor
+    /// The lease length (default [`DEFAULT_TTL`](crate::DEFAULT_TTL)). If the holder neither renews nor
     /// releases within it, the lock is free for others.
     #[doc(alias = "lease")]
     #[must_use]

@@ -49,7 +49,7 @@ pub enum Processed {
     /// limit: the handler never ran, and the claim was given back.
     NotStarted(Key),
     /// The attempt's timeout passed and its handler did not end within the
-    /// grace ([`AgentBuilder::timeout_grace`]): it was aborted, and its claim
+    /// grace ([`AgentBuilder::timeout_grace`](crate::AgentBuilder::timeout_grace)): it was aborted, and its claim
     /// left to lapse at its lease's end (no outcome written; the next claim
     /// is the next attempt).
     Abandoned(Key),
