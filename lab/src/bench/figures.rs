@@ -59,21 +59,24 @@ pub(crate) const SHAPES: [&str; 4] = ["per_agent", "shared", "shared_global_1000
 /// Agenda's default, no limit) and `processEvery` (5 s is its default), jobs
 /// saved one by one. In the order they run: the ones that keep up first,
 /// since a run whose lock queries pile up leaves the server busy after it.
-pub(crate) const AGENDA_SWEEP: [AgendaSetting; 9] = [
+pub(crate) const AGENDA_SWEEP: [AgendaSetting; 10] = [
     one("lock_limit_0_every_100ms", 0, 100, 16),
     one("lock_limit_0_every_1s", 0, 1000, 16),
     one("lock_limit_0_every_5s", 0, 5000, 16),
-    // A longer tick than its default: on a backlog, Agenda's rate grew with
-    // its tick up to 5 s (fewer lock queries in flight at once).
+    // Longer ticks than its default: on a backlog, Agenda's rate grows with
+    // its tick while its lock queries pile up (fewer in flight at once).
+    // On `secantusd-py` it did best at 10 s (33 jobs/s, 14.8 at 5 s), so
+    // 30 s brackets its best there; on `secantusd-rs` 5 s did.
     one("lock_limit_0_every_10s", 0, 10_000, 16),
+    one("lock_limit_0_every_30s", 0, 30_000, 16),
     one("lock_limit_4_every_5s", 4, 5000, 16),
     one("lock_limit_4_every_100ms", 4, 100, 16),
     // A limit as large as its slots: short ticks, and no more fills once
     // they are all locked.
     one("lock_limit_16_every_100ms", 16, 100, 16),
-    // Fewer slots: on `secantusd-py`, Agenda at 16 collapses under its own
-    // lock queries (0 jobs/s at 100 ms in a full run), where at 4 it did
-    // 42 jobs/s on a fresh server.
+    // Fewer slots, fewer lock queries in flight: on `secantusd-py`, Agenda
+    // at 16 collapses under its own (no job in 180 s at 100 ms). At 4, by
+    // hand on a fresh server, it once did 42 jobs/s; in the full runs, none.
     one("lock_limit_0_every_100ms_concurrency_4", 0, 100, 4),
     // Four instances of concurrency 4, each with its own client, as four
     // processes: one instance locks one job at a time, and ours is 4 agents
@@ -202,6 +205,8 @@ pub(crate) const PROMISED: &[(&str, Section)] = &[
     ("agenda_lock_limit_0_every_100ms_concurrency_4_commands_per_task", Agenda),
     ("agenda_lock_limit_0_every_10s_tasks_per_s", Agenda),
     ("agenda_lock_limit_0_every_10s_commands_per_task", Agenda),
+    ("agenda_lock_limit_0_every_30s_tasks_per_s", Agenda),
+    ("agenda_lock_limit_0_every_30s_commands_per_task", Agenda),
     ("agenda_lock_limit_16_every_100ms_tasks_per_s", Agenda),
     ("agenda_lock_limit_16_every_100ms_commands_per_task", Agenda),
     ("agenda_lock_limit_0_every_5s_x4_tasks_per_s", Agenda),
