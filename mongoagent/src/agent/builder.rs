@@ -420,9 +420,8 @@ impl<S: Store + Clone> AgentBuilder<S> {
             (Some(cap), groups) => Some((groups?, Some(cap))),
             (None, groups) => groups.ok().map(|g| (g, None)),
         };
-        let groups = groups.map(|(g, cap)| {
-            Arc::new(super::groups::GroupCap::new(self.name.clone(), self.store.clone(), self.poll_interval, g, cap))
-        });
+        let groups = groups
+            .map(|(g, cap)| Arc::new(super::groups::GroupCap::new(self.name.clone(), self.poll_interval, g, cap)));
         let shutdown = self.shutdown_on.unwrap_or_default();
         Ok(Agent {
             inner: Arc::new(Inner {

@@ -25,7 +25,6 @@ use crate::schema::fields;
 pub(super) struct GroupCap<S> {
     /// The agent name.
     name: String,
-    store: S,
     /// The agent's poll interval: the sweep's pace without notifications.
     poll_interval: Duration,
     groups: Groups<S>,
@@ -39,10 +38,10 @@ pub(super) struct GroupCap<S> {
 }
 
 impl<S> GroupCap<S> {
-    /// The groups of agent `name` on `store`, which polls every `poll_interval`.
-    pub(super) fn new(name: String, store: S, poll_interval: Duration, groups: Groups<S>, cap: Option<usize>) -> Self {
+    /// The groups of agent `name`, which polls every `poll_interval`.
+    pub(super) fn new(name: String, poll_interval: Duration, groups: Groups<S>, cap: Option<usize>) -> Self {
         let (swept, busy) = (parking_lot::Mutex::new(None), std::sync::atomic::AtomicBool::new(false));
-        GroupCap { name, store, poll_interval, groups, cap, swept, busy }
+        GroupCap { name, poll_interval, groups, cap, swept, busy }
     }
 }
 
@@ -89,7 +88,7 @@ impl<S: Store + Clone> GroupCap<S> {
         }
         let filter = ChangeFilter::new().inserts().update(UpdateClause::touches(slot_fields::ENQUEUED));
         let mut nudges =
-            Watcher::open_filtered(self.store.clone(), groups.slots().clone(), filter, self.poll_interval).await;
+            Watcher::open_filtered(groups.store().clone(), groups.slots().clone(), filter, self.poll_interval).await;
         let mut sweep_at = Instant::now();
         // The first sweep reads every active slot: nudges may have come before.
         let mut all = true;

@@ -242,6 +242,11 @@ impl<S: Store + Clone> Groups<S> {
     }
 
     /// The slot collection.
+    /// The store the slots and tasks are in.
+    pub(crate) fn store(&self) -> &S {
+        &self.store
+    }
+
     pub(crate) fn slots(&self) -> &Collection {
         &self.slots
     }
