@@ -1,7 +1,7 @@
-//! A batch claim in few commands: one `find` of candidate ids (the claim's
-//! filter, sort, and [`WINDOW`] times the limit, served by the claim's index;
-//! none when the claim names no more keys than the limit, [`Query::keys`]:
-//! those are the candidates),
+//! A batch claim in few commands: one `find` of the ids of readable candidates
+//! (the claim's filter, sort, and [`WINDOW`] times the limit, served by the
+//! claim's index, as `Store::find_keys` reads them; none when the claim names
+//! no more keys than the limit, [`Query::keys`]: those are the candidates),
 //! one conditional `update` of the first `limit` of them (the claim's filter
 //! again, so a candidate another caller took in between is passed over; each
 //! document's own fence bumped by the pipeline; the call's nonce stamped into
@@ -50,22 +50,8 @@ impl MongoStore {
             // another caller took.
             Some(keys) if keys.len() <= limit => keys.iter().map(|k| k.as_bson().clone()).collect(),
             _ => {
-                let mut find = collection
-                    .find(filter.clone())
-                    .projection(doc! { fields::ID: 1 })
-                    .limit(i64::try_from(limit.saturating_mul(WINDOW)).unwrap_or(i64::MAX))
-                    .max_time(self.operation_timeout);
-                if let Some(s) = &sort {
-                    find = find.sort(s.clone());
-                }
-                find.await
-                    .map_err(map_err)?
-                    .try_collect::<Vec<Document>>()
-                    .await
-                    .map_err(map_err)?
-                    .into_iter()
-                    .filter_map(|mut d| d.remove(fields::ID))
-                    .collect()
+                let window = i64::try_from(limit.saturating_mul(WINDOW)).unwrap_or(i64::MAX);
+                self.readable_ids(coll, &claim.query, Some(window)).await?
             }
         };
         if ids.is_empty() {

@@ -81,6 +81,7 @@ mod compile;
 mod connect;
 mod distinct;
 mod errors;
+mod find_keys;
 mod server;
 mod session;
 mod shutdown;
@@ -334,25 +335,18 @@ impl MongoStore {
     }
 
     async fn find_each_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        let docs = self.find_docs(coll, query, compile::filter(query), None).await?;
+        let docs = self.find_docs(coll, query, compile::filter(query), None, query.limit.map(i64::from)).await?;
         Ok(docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect())
     }
 
-    /// One `find` with the claim's filter (readable documents only), projected
-    /// to `_id`.
-    async fn find_keys_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<Key>> {
-        let only_id = doc! { fields::ID: 1 };
-        let docs = self.find_docs(coll, query, compile::claim_filter(query), Some(only_id)).await?;
-        Ok(docs.into_iter().filter_map(|mut d| d.remove(fields::ID)).filter_map(|id| Key::from_bson(id).ok()).collect())
-    }
-
-    /// One `find` of `filter` in `query`'s order, up to its limit.
-    async fn find_docs(
+    /// One `find` of `filter` in `query`'s order, up to `limit`.
+    pub(crate) async fn find_docs(
         &self,
         coll: &Collection,
         query: &Query,
         filter: Document,
         projection: Option<Document>,
+        limit: Option<i64>,
     ) -> StoreResult<Vec<Document>> {
         query.validate()?;
         let collection = self.coll(coll);
@@ -363,8 +357,8 @@ impl MongoStore {
         if let Some(sort) = compile::sort(query) {
             op = op.sort(sort);
         }
-        if let Some(n) = query.limit {
-            op = op.limit(i64::from(n));
+        if let Some(n) = limit {
+            op = op.limit(n);
         }
         op.await.map_err(map_err)?.try_collect().await.map_err(map_err)
     }

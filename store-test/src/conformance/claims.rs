@@ -58,6 +58,18 @@ pub mod cases {
         h.insert_raw(&s, &c, unreadable).await;
         let listed = s.find_keys(&c, &claim_for("w", ttl).query.limit(3)).await.unwrap();
         assert_eq!(listed, [key("k3"), key("k2"), oid_key_of(oid)]);
+        // A head of unreadable documents longer than the limit starves no
+        // list, and a list shorter than its limit leaves them out too.
+        for bad in ["bad2", "bad3"] {
+            let unreadable = doc! { "_id": bad, "agent_name": "a", "ready": true, "priority": 10, "rev": -1 };
+            h.insert_raw(&s, &c, unreadable).await;
+        }
+        let listed = s.find_keys(&c, &claim_for("w", ttl).query.limit(2)).await.unwrap();
+        assert_eq!(listed, [key("k3"), key("k2")]);
+        let listed = s.find_keys(&c, &claim_for("w", ttl).query.limit(50)).await.unwrap();
+        assert_eq!(listed, [key("k3"), key("k2"), oid_key_of(oid), key("k4"), key("k1")]);
+        let listed = s.find_keys(&c, &claim_for("w", ttl).query).await.unwrap();
+        assert_eq!(listed, [key("k3"), key("k2"), oid_key_of(oid), key("k4"), key("k1")]);
         // No keys: nothing, though every document matches otherwise.
         assert!(s.claim(&c, &by_keys("w", vec![])).await.unwrap().is_none());
         assert_eq!(s.find(&c, &Query::all().keys([])).await.unwrap().len(), 0);
