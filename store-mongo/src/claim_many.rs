@@ -23,7 +23,7 @@ use futures::TryStreamExt;
 use store_trait::Query;
 use store_trait::{fields, Claim, Collection, Record, StoreResult};
 
-use crate::{compile, in_coll, map_err, MongoStore};
+use crate::{compile, filter, in_coll, map_err, MongoStore};
 
 /// Candidate ids read per document wanted: the room a batch has to go on past
 /// candidates other callers took first. Four racing callers each find a full
@@ -42,8 +42,8 @@ impl MongoStore {
             return Ok(Vec::new());
         }
         let collection = self.coll(coll);
-        let filter = compile::claim_filter(&claim.query);
-        let sort = compile::sort(&claim.query);
+        let filter = filter::claim(&claim.query);
+        let sort = filter::sort(&claim.query);
         let ids: Vec<Bson> = match &claim.query.keys {
             // The caller named its candidates (a claim by key from its list):
             // no read of candidates; the update's filter passes over those

@@ -1,12 +1,13 @@
-//! Compiles contract data ([`Condition`], [`Mutation`], [`Query`]) into MongoDB
-//! aggregation expressions, filters and pipeline updates.
+//! Compiles contract data ([`Condition`], [`Mutation`]) into MongoDB
+//! aggregation expressions and pipeline updates (the filters that select
+//! documents with them: `filter.rs`).
 //!
 //! Times are compared as epoch milliseconds (`$toLong` of `$$NOW`): comparing
 //! dates against `$$NOW` directly is wrong on some MongoDB-compatible servers,
 //! and this form is right on all of them.
 
 use bson::{doc, Bson, Document};
-use store_trait::{fields, ChangeFilter, Condition, LeaseOp, Mutation, Query};
+use store_trait::{fields, ChangeFilter, Condition, LeaseOp, Mutation};
 
 fn now_ms() -> Bson {
     Bson::Document(doc! { "$toLong": "$$NOW" })
@@ -84,7 +85,7 @@ fn absent_field(c: &Condition) -> Option<&str> {
 }
 
 /// The conjunction of `cs`, its absent fields (`Not(Exists)`) tested at once.
-fn all(cs: &[Condition]) -> Bson {
+pub(crate) fn all(cs: &[Condition]) -> Bson {
     let absent: Vec<&str> = cs.iter().filter_map(absent_field).collect();
     let mut parts: Vec<Bson> = cs.iter().filter(|c| absent_field(c).is_none()).map(condition).collect();
     if !absent.is_empty() {
@@ -97,7 +98,7 @@ fn all(cs: &[Condition]) -> Bson {
 }
 
 /// Converts an unsigned counter (validated to fit by `Condition::validate`).
-fn int(n: u64) -> Bson {
+pub(crate) fn int(n: u64) -> Bson {
     Bson::Int64(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
@@ -148,43 +149,6 @@ pub(crate) fn condition(c: &Condition) -> Bson {
             Bson::Boolean(false)
         }
     }
-}
-
-/// A find filter: equality fields plus the condition as `$expr`.
-pub(crate) fn filter(q: &Query) -> Document {
-    let mut f = keyed(q);
-    if q.condition != Condition::Always {
-        f.insert("$expr", condition(&q.condition));
-    }
-    f
-}
-
-/// The query's equality fields, and its keys as an `_id` `$in` (served by the
-/// `_id` index; beside an `_id` equality, both must hold).
-fn keyed(q: &Query) -> Document {
-    let mut f = q.filter.clone();
-    if let Some(keys) = &q.keys {
-        let any_of = doc! { "$in": keys.iter().map(|k| k.as_bson().clone()).collect::<Vec<_>>() };
-        if f.contains_key(fields::ID) {
-            f.insert("$and", vec![doc! { fields::ID: any_of }]);
-        } else {
-            f.insert(fields::ID, any_of);
-        }
-    }
-    f
-}
-
-/// A claim's filter: the query's, and only documents the store can read
-/// ([`readable`]). The equality fields stay first, so the index serving them
-/// still selects the candidates; the check runs on those alone.
-pub(crate) fn claim_filter(q: &Query) -> Document {
-    let mut f = keyed(q);
-    let cond = match &q.condition {
-        Condition::Always => readable(),
-        c => Bson::Document(doc! { "$and": [readable(), condition(c)] }),
-    };
-    f.insert("$expr", cond);
-    f
 }
 
 fn type_of(f: &str) -> Bson {
@@ -308,14 +272,6 @@ pub(crate) fn change_match(f: &ChangeFilter) -> Document {
         any.push(Bson::Document(doc! { "$and": all }));
     }
     doc! { "$match": { "$or": any } }
-}
-
-/// A sort document.
-pub(crate) fn sort(q: &Query) -> Option<Document> {
-    if q.sort.is_empty() {
-        return None;
-    }
-    Some(q.sort.iter().map(|(f, o)| (f.clone(), Bson::Int32(o.as_i32()))).collect())
 }
 
 /// True when `c` holding rules out a live lease (of anyone): a grant under it
@@ -549,6 +505,5 @@ mod tests {
     fn empty_combinators() {
         assert_eq!(condition(&Condition::Any(vec![])), Bson::Boolean(false));
         assert_eq!(condition(&Condition::All(vec![])), Bson::Boolean(true));
-        assert!(!filter(&Query::all()).contains_key("$expr"));
     }
 }

@@ -4,7 +4,7 @@
 
 use store_trait::{Collection, Query, StoreResult};
 
-use crate::{compile, map_err, MongoStore};
+use crate::{filter, map_err, MongoStore};
 
 impl MongoStore {
     pub(crate) async fn distinct_strings_op(
@@ -17,7 +17,7 @@ impl MongoStore {
         query.validate()?;
         let found = self
             .coll(coll)
-            .distinct(field, compile::claim_filter(query))
+            .distinct(field, filter::claim(query))
             .max_time(self.operation_timeout)
             .await
             .map_err(map_err)?;

@@ -81,6 +81,7 @@ mod compile;
 mod connect;
 mod distinct;
 mod errors;
+mod filter;
 mod find_keys;
 mod server;
 mod session;
@@ -279,9 +280,7 @@ impl MongoStore {
     async fn delete_op(&self, coll: &Collection, key: &Key, condition: &Condition) -> StoreResult<DeleteOutcome> {
         condition.validate()?;
         let mut filter = doc! { fields::ID: key.as_bson().clone() };
-        if *condition != Condition::Always {
-            filter.insert("$expr", compile::condition(condition));
-        }
+        filter::select(&mut filter, condition, None);
         match self.coll(coll).find_one_and_delete(filter).max_time(self.operation_timeout).await.map_err(map_err)? {
             Some(doc) => Ok(DeleteOutcome::Deleted(Record::from_document(coll.as_str(), doc)?)),
             None => Ok(DeleteOutcome::Rejected(self.get_op(coll, key).await?.record)),
@@ -294,12 +293,12 @@ impl MongoStore {
         let collection = self.coll(coll);
         let mut op = collection
             .find_one_and_update(
-                compile::claim_filter(&claim.query),
+                filter::claim(&claim.query),
                 compile::update(compile::Applies::Matched(&claim.query.condition), &claim.mutation, &nonce),
             )
             .return_document(ReturnDocument::After)
             .max_time(self.operation_timeout);
-        if let Some(sort) = compile::sort(&claim.query) {
+        if let Some(sort) = filter::sort(&claim.query) {
             op = op.sort(sort);
         }
         match op.await.map_err(map_err).map_err(in_coll(coll))? {
@@ -335,7 +334,7 @@ impl MongoStore {
     }
 
     async fn find_each_op(&self, coll: &Collection, query: &Query) -> StoreResult<Vec<StoreResult<Record>>> {
-        let docs = self.find_docs(coll, query, compile::filter(query), None, query.limit.map(i64::from)).await?;
+        let docs = self.find_docs(coll, query, filter::query(query), None, query.limit.map(i64::from)).await?;
         Ok(docs.into_iter().map(|d| Record::from_document(coll.as_str(), d)).collect())
     }
 
@@ -349,12 +348,16 @@ impl MongoStore {
         limit: Option<i64>,
     ) -> StoreResult<Vec<Document>> {
         query.validate()?;
+        // The server reads a limit of 0 as none; the contract, as nothing.
+        if limit == Some(0) {
+            return Ok(Vec::new());
+        }
         let collection = self.coll(coll);
         let mut op = collection.find(filter).max_time(self.operation_timeout);
         if let Some(p) = projection {
             op = op.projection(p);
         }
-        if let Some(sort) = compile::sort(query) {
+        if let Some(sort) = filter::sort(query) {
             op = op.sort(sort);
         }
         if let Some(n) = limit {
@@ -365,7 +368,7 @@ impl MongoStore {
 
     async fn count_op(&self, coll: &Collection, query: &Query) -> StoreResult<u64> {
         query.validate()?;
-        self.coll(coll).count_documents(compile::filter(query)).max_time(self.operation_timeout).await.map_err(map_err)
+        self.coll(coll).count_documents(filter::query(query)).max_time(self.operation_timeout).await.map_err(map_err)
     }
 
     async fn watch_op(

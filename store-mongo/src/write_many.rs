@@ -8,11 +8,9 @@
 
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
-use store_trait::{
-    fields, BatchOutcome, Collection, Condition, FaultKind, Key, Record, StoreError, StoreResult, Write,
-};
+use store_trait::{fields, BatchOutcome, Collection, FaultKind, Key, Record, StoreError, StoreResult, Write};
 
-use crate::{compile, in_coll, map_err, MongoStore};
+use crate::{compile, filter, in_coll, map_err, MongoStore};
 
 impl MongoStore {
     pub(crate) async fn write_many_op(
@@ -42,9 +40,7 @@ impl MongoStore {
             .zip(&stamps)
             .map(|((key, w), stamp)| {
                 let mut q = doc! { fields::ID: key.as_bson().clone() };
-                if w.condition != Condition::Always {
-                    q.insert("$expr", compile::condition(&w.condition));
-                }
+                filter::select(&mut q, &w.condition, None);
                 doc! { "q": q, "u": compile::update(compile::Applies::Matched(&w.condition), &w.mutation, stamp), "multi": false, "upsert": false }
             })
             .collect();

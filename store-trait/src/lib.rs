@@ -155,8 +155,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// [`Store::claim`].
     ///
     /// A batch, not one atomic operation: on MongoDB it is three commands, a
-    /// `find` of candidates (four times `limit`; none when the query names at
-    /// most `limit` keys, [`Query::keys`]), one conditional `update` of
+    /// `find` of candidates (four times `limit`, read as [`Store::find_keys`]
+    /// reads them; none when the query names at most `limit` keys,
+    /// [`Query::keys`]), one conditional `update` of
     /// the first `limit` of those still matching, and a read back of those this
     /// call changed (by its nonce), whatever `limit` is; plus one `update` of
     /// the next candidates each time concurrent callers took some first, so a
@@ -246,8 +247,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The keys of the readable documents matching `query`, in its order, up to
     /// its limit: how a claimer reads the candidates it then claims by key
     /// ([`Query::keys`]). Documents a claim would pass over as unreadable are
-    /// left out. On MongoDB one `find` projected to `_id`, so large documents
-    /// cost nothing to list. The default reads every matching record with
+    /// left out. On MongoDB one `find` projected to the fields readability
+    /// depends on, so large documents cost nothing to list (a second one only
+    /// when more than a few unreadable documents stand before the limit). The
+    /// default reads every matching record with
     /// [`Store::find_each`] (the limit counts readable documents, which only
     /// the records tell) and keeps their keys: right, but a backend whose
     /// queues grow long should override it.

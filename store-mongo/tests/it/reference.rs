@@ -41,10 +41,17 @@ fn random_doc(rng: &mut fastrand::Rng, key: &str, now: i64) -> Document {
         }
     }
     for f in [fields::FENCE, fields::REV] {
-        match rng.u8(..4) {
+        match rng.u8(..6) {
             0 => {}
             1 => {
                 d.insert(f, rng.i32(0..4));
+            }
+            // Readable doubles, which a fence comparison reads by value.
+            2 => {
+                d.insert(f, pick(rng, &[0.0, -0.0, 1.0, 2.0]));
+            }
+            3 => {
+                d.insert(f, Bson::Null);
             }
             _ => {
                 d.insert(f, rng.i64(0..4));
@@ -60,6 +67,14 @@ fn random_doc(rng: &mut fastrand::Rng, key: &str, now: i64) -> Document {
             Some(Bson::String("$s".into())),
             Some(Bson::Null),
             Some(Bson::Array(vec![Bson::Null])),
+            // What a query's `$eq` matches and the aggregation's does not
+            // (an array holding the value), or both by value across types.
+            Some(Bson::Array(vec![Bson::Int32(1)])),
+            Some(Bson::Array(vec![Bson::String("s".into())])),
+            Some(Bson::Double(1.0)),
+            Some(Bson::Int64(1)),
+            Some(Bson::Boolean(true)),
+            Some(Bson::Document(doc! { "s": 1 })),
         ],
     );
     if let Some(x) = x {
@@ -101,7 +116,16 @@ fn random_condition(rng: &mut fastrand::Rng, depth: u8) -> Condition {
         6 => Condition::RevIs(rng.u64(0..4)),
         7 => Condition::FieldEq(
             "x".into(),
-            pick(rng, &[Bson::Int32(1), Bson::String("s".into()), Bson::String("$s".into())]),
+            pick(
+                rng,
+                &[
+                    Bson::Int32(1),
+                    Bson::Int64(1),
+                    Bson::Boolean(true),
+                    Bson::String("s".into()),
+                    Bson::String("$s".into()),
+                ],
+            ),
         ),
         8 => Condition::Exists(pick(rng, &["x", "y"]).into()),
         9 => Condition::DueBy("due".into()),

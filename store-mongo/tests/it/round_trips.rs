@@ -97,6 +97,41 @@ async fn lock_and_claim_operations_are_one_command_each() {
     }
 }
 
+/// A list of candidates is one `find`, with a few unreadable documents (another
+/// program's, left for good) before its limit too; a head of them longer than
+/// that costs one more, asking the server for readable documents alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_candidates_is_one_find_past_a_few_unreadable_documents() {
+    let Some((s, seen, _)) = monitored("round_trips_find_keys").await else { return };
+    let q = Collection::new("tasks").unwrap();
+    let task = |id: String, p: i32| doc! {"_id": id, "agent_name": "x", "ready": true, "priority": p};
+    let readable: Vec<bson::Document> = (0..20).map(|i| task(format!("t{i:02}"), 0)).collect();
+    s.insert_many(&q, readable).await.unwrap();
+    let list = Query::eq(doc! {"agent_name": "x", "ready": true})
+        .sort("priority", store_trait::Order::Desc)
+        .sort("_id", store_trait::Order::Asc)
+        .limit(4);
+    let keys = |names: &[&str]| names.iter().map(|n| Key::new(*n).unwrap()).collect::<Vec<_>>();
+    take(&seen);
+    assert_eq!(s.find_keys(&q, &list).await.unwrap(), keys(&["t00", "t01", "t02", "t03"]));
+    assert_eq!(take(&seen), ["find"], "a list of readable candidates");
+    // Unreadable documents inserted as another program would, at the head.
+    let raw = s.database().collection::<bson::Document>("tasks");
+    let bad = |i: i32| {
+        let mut d = task(format!("bad{i:02}"), 9);
+        d.insert("fence", "not a number");
+        d
+    };
+    raw.insert_many((0..3).map(bad).collect::<Vec<_>>()).await.unwrap();
+    take(&seen);
+    assert_eq!(s.find_keys(&q, &list).await.unwrap(), keys(&["t00", "t01", "t02", "t03"]));
+    assert_eq!(take(&seen), ["find"], "a few unreadable documents before the limit");
+    raw.insert_many((3..30).map(bad).collect::<Vec<_>>()).await.unwrap();
+    take(&seen);
+    assert_eq!(s.find_keys(&q, &list).await.unwrap(), keys(&["t00", "t01", "t02", "t03"]));
+    assert_eq!(take(&seen), ["find", "find"], "a head of unreadable documents");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_a_typed_error() {
     // Nothing listens on this port: connecting fails fast and is classified.

@@ -191,12 +191,22 @@ pub mod cases {
             query: Query::eq(doc! {"agent_name": "a", "ready": true}).sort("priority", Order::Desc),
             mutation: Mutation::new().grant("w", ttl_of(Duration::from_secs(30))).bump_fence().set("ready", false),
         };
-        let mut claimed = Vec::new();
+        let good_keys: Vec<Key> = good.iter().map(|d| Key::from_bson(d.get("_id").unwrap().clone()).unwrap()).collect();
+        // Lists of candidates leave every kind out: read whole, read up to
+        // a limit the unreadable head fills many times over, and read for a
+        // batch claimed behind that head.
+        let list = claim.query.clone();
+        assert_eq!(s.find_keys(&c, &list).await.unwrap(), good_keys);
+        let five = u32::try_from(good.len()).unwrap();
+        assert_eq!(s.find_keys(&c, &list.clone().limit(five)).await.unwrap(), good_keys);
+        assert_eq!(s.find_keys(&c, &list.clone().limit(2)).await.unwrap(), good_keys[..2]);
+        let batch = s.claim_many(&c, &claim, 2).await.unwrap();
+        assert_eq!(batch.iter().map(|r| r.key().clone()).collect::<Vec<_>>(), good_keys[..2]);
+        let mut claimed: Vec<Key> = batch.iter().map(|r| r.key().clone()).collect();
         while let Some(r) = s.claim(&c, &claim).await.unwrap() {
             claimed.push(r.key().clone());
             assert!(claimed.len() <= good.len(), "claimed an unreadable document: {claimed:?}");
         }
-        let good_keys: Vec<Key> = good.iter().map(|d| Key::from_bson(d.get("_id").unwrap().clone()).unwrap()).collect();
         assert_eq!(claimed, good_keys, "every readable task, in order, and nothing else");
 
         let each = s.find_each(&c, &Query::all()).await.unwrap();
