@@ -75,21 +75,20 @@ pub(crate) fn select(f: &mut Document, c: &Condition, first: Option<Bson>) {
 }
 
 /// A conjunct as a query operator on one field, when the query language
-/// decides it exactly as [`condition`](crate::compile::condition) does: the aggregation `$eq` of a
-/// top-level field with a string, a boolean or an integer (numbers by value
-/// across types, as the query's `$eq`; never an array holding the value,
-/// which the query's `$eq` would match; a missing counter read as 0).
+/// decides it exactly as the aggregation's `$eq` in [`condition`](crate::compile::condition)
+/// does: a top-level field equal to a string, a boolean or an integer
+/// (numbers by value across types, as the query's `$eq`; never an array
+/// holding the value, which the query's `$eq` would match). A counter equal
+/// to 0 stays an expression: a missing, null or `undefined` counter reads as
+/// 0 there, and since MongoDB 8.0 no query operator matches `undefined`
+/// (`store-mongo/tests/it/filters.rs` holds both forms to each other).
 fn as_query(c: &Condition) -> Option<(&str, Document)> {
     let not_array = doc! { "$type": "array" };
     let equal = |v: Bson| doc! { "$eq": v, "$not": not_array.clone() };
-    let counter = |n: u64| match n {
-        0 => doc! { "$in": [Bson::Null, Bson::Int64(0)], "$not": not_array.clone() },
-        n => equal(int(n)),
-    };
     match c {
         Condition::OwnedBy(o) => Some((fields::LEASE_OWNER, equal(Bson::String(o.clone())))),
-        Condition::FenceIs(n) => Some((fields::FENCE, counter(*n))),
-        Condition::RevIs(n) => Some((fields::REV, counter(*n))),
+        Condition::FenceIs(n) if *n > 0 => Some((fields::FENCE, equal(int(*n)))),
+        Condition::RevIs(n) if *n > 0 => Some((fields::REV, equal(int(*n)))),
         Condition::FieldEq(name, v) if !name.contains('.') && !name.starts_with('$') && name != fields::ID => match v {
             Bson::String(_) | Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) => {
                 Some((name.as_str(), equal(v.clone())))
@@ -129,11 +128,14 @@ mod tests {
             }
         );
         let mut f = doc! { "fence": 1 };
-        select(&mut f, &Condition::FenceIs(0).and(Condition::Free).and(Condition::RevIs(0)), None);
+        select(&mut f, &Condition::FenceIs(2).and(Condition::Free).and(Condition::RevIs(4)), None);
         assert_eq!(f.get_i32("fence").unwrap(), 1, "the filter's own equality stays");
-        assert_eq!(f.get_document("rev").unwrap(), &doc! { "$in": [null, 0_i64], "$not": not_array });
+        assert_eq!(f.get_document("rev").unwrap(), &doc! { "$eq": 4_i64, "$not": not_array });
         let expr = f.get_document("$expr").unwrap().get_array("$and").unwrap();
         assert_eq!(expr.len(), 2, "the fence and the lease's clock: {expr:?}");
+        let mut f = Document::new();
+        select(&mut f, &Condition::FenceIs(0), None);
+        assert_eq!(f.keys().collect::<Vec<_>>(), ["$expr"], "a counter of 0 may be missing or undefined");
         let mut f = Document::new();
         select(&mut f, &Condition::FieldEq("a.b".into(), Bson::Int32(1)), Some(readable()));
         assert_eq!(f.keys().collect::<Vec<_>>(), ["$expr"], "a dotted path reads arrays its own way");

@@ -5,6 +5,7 @@
 
 mod batches;
 mod claim_many;
+mod filters;
 mod lag;
 mod pool;
 mod reference;
