@@ -42,7 +42,7 @@ impl MongoStore {
             return Ok(Vec::new());
         }
         let collection = self.coll(coll);
-        let filter = filter::claim(&claim.query);
+        let claimable = filter::claim(&claim.query);
         let sort = filter::sort(&claim.query);
         let ids: Vec<Bson> = match &claim.query.keys {
             // The caller named its candidates (a claim by key from its list):
@@ -65,7 +65,7 @@ impl MongoStore {
         while got < limit && tried < ids.len() {
             let next = &ids[tried..ids.len().min(tried.saturating_add(limit - got))];
             tried += next.len();
-            let candidates = doc! { "$and": [ { fields::ID: { "$in": next } }, filter.clone() ] };
+            let candidates = doc! { "$and": [ { fields::ID: { "$in": next } }, claimable.clone() ] };
             let changed =
                 collection.update_many(candidates, update.clone()).await.map_err(map_err).map_err(in_coll(coll))?;
             got += usize::try_from(changed.modified_count).unwrap_or(usize::MAX);
